@@ -1,0 +1,37 @@
+# The README's two commands: `make demo` and `make test`. Each bootstraps .venv idempotently.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+# The CPU wheel of torch lies on this machine's disk for exactly this pin; an open `torch`
+# requirement with no torch installed would pull a multi-GB CUDA build.
+TORCH_PIN := torch==2.13.0
+
+.PHONY: demo test test-fast bench lint venv clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_PIN)"
+	$(PY) -m pip install -q -e ".[models,analytics,dev]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/maxent-arrow demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow"
+
+bench: $(STAMP)
+	for b in benchmarks/bench_*.py; do $(PY) $$b || exit 1; done
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check maxent_arrow tests benchmarks
+
+clean:
+	rm -rf $(VENV) build *.egg-info

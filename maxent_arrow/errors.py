@@ -1,0 +1,60 @@
+"""The error hierarchy of maxent-arrow.
+
+Every error raised on purpose derives from :class:`MaxentArrowError`, and also from the
+built-in exception a caller would expect (``TypeError`` for a wrong type, ``ValueError`` for a
+wrong shape, ``OSError`` for the store), so ``except ValueError`` keeps working.
+
+Messages follow one pattern: what, expected, got, and where (field, row, group, sample)::
+
+    AdvantageStats.samples: expected 12 values (sum of group sizes), got 11
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "MaxentArrowError",
+    "SchemaError",
+    "LayoutError",
+    "ComputeError",
+    "StoreError",
+    "SchemaVersionError",
+    "MissingExtraError",
+]
+
+
+class MaxentArrowError(Exception):
+    """Root of every error that maxent-arrow raises on purpose."""
+
+
+class SchemaError(MaxentArrowError, TypeError):
+    """A value or column has the wrong type: a string where a float belongs, a missing or
+    mistyped Arrow column, a tensor of the wrong dtype, metadata that is not JSON."""
+
+
+class LayoutError(MaxentArrowError, ValueError):
+    """Values have the right types but the wrong shape or content: groups whose fields
+    disagree in length, offsets that are not monotone, nulls inside lists, negative ids."""
+
+
+class ComputeError(MaxentArrowError, ValueError):
+    """Group math refused its input: empty batches, non-finite utilities, bad temperatures."""
+
+
+class StoreError(MaxentArrowError, OSError):
+    """The rollout store could not do what was asked: a corrupt or missing file, a conflicting
+    schema, a read-only or full disk, a path that escapes the store."""
+
+
+class SchemaVersionError(StoreError):
+    """Data written by a newer, incompatible schema major version."""
+
+
+class MissingExtraError(MaxentArrowError, ImportError):
+    """An optional dependency is not installed; the message names the extra to install."""
+
+    def __init__(self, package: str, extra: str) -> None:
+        super().__init__(
+            f"{package} is not installed; run: pip install 'maxent-arrow[{extra}]'"
+        )
+        self.package = package
+        self.extra = extra

@@ -1,0 +1,770 @@
+"""The 15 per-batch dataclasses of ``maxent_grpo.training.types.rewards``, over Arrow.
+
+Names, fields, field order, defaults and properties are the seed's (see
+``reference/seed_types_rewards_api.txt``), so code written against that module keeps working.
+They are real dataclasses (``dataclasses.fields`` and ``replace`` work), constructible from the
+seed's Python types. Each value is normalised when it is assigned (in ``__init__`` or later, as
+the original pipeline reassigns fields in place):
+
+- list fields hold Arrow-backed read-only views (:mod:`maxent_arrow.views`);
+- ``grouped`` and ``samples`` pairs are one Arrow list array and its flattened child;
+- tensor fields keep the tensors given (gradients included).
+
+Every class but ``ValidationContext`` has ``to_arrow()`` and ``from_arrow()``; tensors pass
+through ``.detach().cpu()`` and come back as zero-copy tensors. The Arrow layouts are in
+:mod:`maxent_arrow.types.records`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Dict, List, Optional
+
+import numpy as np
+import pyarrow as pa
+
+from maxent_arrow.errors import LayoutError, SchemaError
+from maxent_arrow.types import fields as F
+from maxent_arrow.types.columns import tensor_equal
+from maxent_arrow.views import ArrowSequence, GroupedSequence
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from maxent_arrow.types.settings import (
+        EvaluationSettings,
+        GenerationFn,
+        GenerationSettings,
+        LoggingHandles,
+        RewardSpec,
+        RuntimeHandles,
+        ScoringSettings,
+    )
+
+__all__ = [
+    "AdvantageStats",
+    "BatchDiagnostics",
+    "GenerationBatch",
+    "LengthStats",
+    "LossOutputs",
+    "LossScalarBundle",
+    "PromptCacheEntry",
+    "PromptCompletionBatch",
+    "QDistribution",
+    "ReferenceLogprobs",
+    "RewardComputation",
+    "RewardMoments",
+    "ScoreBatch",
+    "SequenceScores",
+    "ValidationContext",
+]
+
+
+class _Record:
+    """Base of the seed classes: normalises every field on assignment and converts to Arrow."""
+
+    _convert: ClassVar[dict[str, Any]] = {}
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        convert = type(self)._convert.get(name)
+        if convert is not None:
+            value = convert(f"{type(self).__name__}.{name}", value)
+        object.__setattr__(self, name, value)
+        check = getattr(self, f"_after_{name}", None)
+        if check is not None:
+            check()
+
+    def to_arrow(self) -> pa.RecordBatch:
+        """This record as an Arrow record batch (tensors via ``.detach().cpu()``)."""
+        from maxent_arrow.types import records
+
+        return records.encode(self)
+
+    @classmethod
+    def from_arrow(cls, data: pa.RecordBatch | pa.Table):
+        """Rebuild from ``to_arrow()`` output (also after a Parquet or IPC round trip)."""
+        from maxent_arrow.types import records
+
+        return records.decode(cls, data)
+
+
+class _TensorRecord(_Record):
+    """Records holding tensors compare tensors by value (the generated ``==`` cannot)."""
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return all(
+            tensor_equal(getattr(self, f.name), getattr(other, f.name))
+            for f in dataclasses.fields(self)
+        )
+
+    __hash__ = None
+
+
+def _seq(convert):
+    return lambda field, value: convert(field, value)
+
+
+def _optional(convert):
+    return lambda field, value: None if value is None else convert(field, value)
+
+
+# ---------------------------------------------------------------------------- PromptCacheEntry
+@dataclass
+class PromptCacheEntry(_Record):
+    """Cached prompt tokenization used during scoring."""
+
+    input_ids: List[int]
+    attention_mask: List[int]
+
+    _convert: ClassVar[dict] = {
+        "input_ids": F.ensure_token_list,
+        "attention_mask": lambda field, value: F.ensure_token_list(field, value, kind=pa.int8()),
+    }
+
+    def __post_init__(self) -> None:
+        if len(self.attention_mask) != len(self.input_ids):
+            raise LayoutError(
+                f"PromptCacheEntry.attention_mask: expected {len(self.input_ids)} entries "
+                f"(as input_ids), got {len(self.attention_mask)}"
+            )
+
+    @property
+    def length(self) -> int:
+        """Return cached prompt length."""
+        return len(self.input_ids)
+
+
+class PromptEntries(Sequence):
+    """``ScoreBatch.prompt_entries`` over two Arrow list arrays (ids and masks), one per sample.
+
+    Items are :class:`PromptCacheEntry` records viewing slices of the arrays; equal to a list of
+    entries with the same ids and masks.
+    """
+
+    __slots__ = ("ids", "masks")
+
+    def __init__(self, ids: pa.Array, masks: pa.Array):
+        self.ids = ids
+        self.masks = masks
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            start, stop, step = index.indices(len(self))
+            if step == 1:
+                n = max(stop - start, 0)
+                return PromptEntries(self.ids.slice(start, n), self.masks.slice(start, n))
+            return [self[i] for i in range(start, stop, step)]
+        n = len(self)
+        if not -n <= index < n:
+            raise IndexError(f"prompt entry {index} out of range for {n}")
+        index %= n
+        return PromptCacheEntry(
+            ArrowSequence(self.ids[index].values), ArrowSequence(self.masks[index].values)
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, PromptEntries):
+            return self.ids.equals(other.ids) and self.masks.equals(other.masks)
+        if not isinstance(other, list | tuple):
+            return NotImplemented
+        return len(other) == len(self) and all(a == b for a, b in zip(self, other))
+
+    __hash__ = None
+
+    def __repr__(self) -> str:
+        return f"PromptEntries({len(self)} entries, {self.ids.type})"
+
+
+def _ensure_prompt_entries(field: str, value: Any) -> PromptEntries:
+    if isinstance(value, PromptEntries):
+        return value
+    if isinstance(value, str | bytes) or not isinstance(value, Sequence):
+        raise SchemaError(f"{field}: expected a list of PromptCacheEntry, got {type(value).__name__}")
+    ids, masks = [], []
+    for i, entry in enumerate(value):
+        if not isinstance(entry, PromptCacheEntry):
+            raise SchemaError(
+                f"{field}: expected a PromptCacheEntry at sample {i}, got {type(entry).__name__}"
+            )
+        ids.append(entry.input_ids.arrow)
+        masks.append(entry.attention_mask.arrow)
+    sizes = [len(a) for a in ids]
+    id_values = pa.concat_arrays(ids) if ids else pa.array([], pa.int32())
+    mask_values = pa.concat_arrays(masks) if masks else pa.array([], pa.int8())
+    return PromptEntries(
+        F._list_array(id_values, sizes), F._list_array(mask_values, sizes)
+    )
+
+
+# ---------------------------------------------------------------------------- generation
+@dataclass
+class GenerationBatch(_Record):
+    """Completions grouped per prompt after filtering."""
+
+    prompts: List[str]
+    answers: List[str]
+    grouped_completions: List[List[str]]
+    grouped_ref_meta: Optional[List[List[Optional[Any]]]]
+    grouped_completion_info: Optional[List[List[Dict[str, Any]]]] = None
+
+    _convert: ClassVar[dict] = {
+        "prompts": F.ensure_str_list,
+        "answers": F.ensure_str_list,
+        "grouped_completions": F.ensure_grouped_strings,
+        "grouped_ref_meta": F.ensure_grouped_json,
+        "grouped_completion_info": F.ensure_grouped_info,
+    }
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Check that prompts, answers and every per-completion field agree per group."""
+        if len(self.answers) != len(self.prompts):
+            raise LayoutError(
+                f"GenerationBatch.answers: expected {len(self.prompts)} answers (one per "
+                f"prompt), got {len(self.answers)}"
+            )
+        if len(self.grouped_completions) != len(self.prompts):
+            raise LayoutError(
+                f"GenerationBatch.grouped_completions: expected {len(self.prompts)} groups (one "
+                f"per prompt), got {len(self.grouped_completions)}"
+            )
+        F.check_same_groups(
+            "GenerationBatch",
+            "grouped_completions",
+            self.grouped_completions,
+            {
+                "grouped_ref_meta": self.grouped_ref_meta,
+                "grouped_completion_info": self.grouped_completion_info,
+            },
+        )
+
+
+@dataclass
+class PromptCompletionBatch(_Record):
+    """Flattened prompt/completion pairs."""
+
+    prompts: List[str]
+    completions: List[str]
+    metadata: Optional[List[Dict[str, Any]]] = None
+
+    _convert: ClassVar[dict] = {
+        "prompts": F.ensure_str_list,
+        "completions": F.ensure_str_list,
+        "metadata": F.ensure_info_list,
+    }
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        n = len(self.prompts)
+        for name in ("completions", "metadata"):
+            value = getattr(self, name)
+            if value is not None and len(value) != n:
+                raise LayoutError(
+                    f"PromptCompletionBatch.{name}: expected {n} entries (one per prompt), "
+                    f"got {len(value)}"
+                )
+
+
+# ---------------------------------------------------------------------------- grouped pairs
+class _GroupedPair(_Record):
+    """``grouped`` and ``samples``: one Arrow list array and its flattened child, never two copies.
+
+    Assigning either field checks it against the other; ``samples`` always ends up as the view
+    of ``grouped``'s child buffer.
+    """
+
+    _convert: ClassVar[dict] = {
+        "grouped": F.ensure_grouped_floats,
+        "samples": F.ensure_float_list,
+    }
+
+    def _after_grouped(self) -> None:
+        if "samples" in self.__dict__:
+            self._reconcile()
+
+    def _after_samples(self) -> None:
+        if "grouped" in self.__dict__:
+            self._reconcile()
+
+    def _reconcile(self) -> None:
+        name = type(self).__name__
+        grouped: GroupedSequence = self.__dict__["grouped"]
+        samples: ArrowSequence = self.__dict__["samples"]
+        flat = grouped.arrow.flatten()
+        if len(samples) != len(flat):
+            raise LayoutError(
+                f"{name}.samples: expected {len(flat)} values (sum of group sizes), "
+                f"got {len(samples)}"
+            )
+        if samples.arrow is not flat:
+            a = flat.to_numpy(zero_copy_only=False)
+            b = samples.arrow.to_numpy(zero_copy_only=False)
+            differ = np.flatnonzero(~((a == b) | (np.isnan(a) & np.isnan(b))))
+            if differ.size:
+                i = int(differ[0])
+                g = int(np.searchsorted(grouped.offsets, i, side="right") - 1)
+                raise LayoutError(
+                    f"{name}.samples: value {i} is {b[i]!r} but grouped[{g}][{i - grouped.offsets[g]}] "
+                    f"is {a[i]!r}; samples must be grouped flattened"
+                )
+        object.__setattr__(self, "samples", ArrowSequence(flat))
+
+
+@dataclass
+class AdvantageStats(_GroupedPair):
+    """Grouped and flattened advantages."""
+
+    grouped: List[List[float]]
+    samples: List[float]
+
+
+@dataclass
+class QDistribution(_GroupedPair):
+    """Sequence-level q-distribution."""
+
+    grouped: List[List[float]]
+    samples: List[float]
+
+
+@dataclass
+class RewardMoments(_Record):
+    """Summary statistics for sequence rewards."""
+
+    mean: float
+    std: float
+
+    _convert: ClassVar[dict] = {"mean": F.ensure_float, "std": F.ensure_float}
+
+
+def _opt_float(field, value):
+    return F.ensure_float(field, value, optional=True)
+
+
+def _typed(kind):
+    def check(field: str, value: Any):
+        if not isinstance(value, kind):
+            raise SchemaError(f"{field}: expected a {kind.__name__}, got {type(value).__name__}")
+        return value
+
+    return check
+
+
+@dataclass
+class RewardComputation(_Record):
+    """Utility values and statistics computed per batch."""
+
+    total_utils: List[float]
+    per_reward_values: Dict[str, List[float]]
+    advantage: AdvantageStats
+    pairs: PromptCompletionBatch
+    q_distribution: QDistribution
+    moments: RewardMoments
+    ref_logprob_meta: Optional[List[Optional[Any]]] = None
+    completion_metadata: Optional[List[Dict[str, Any]]] = None
+    entropy_bonus_scale: Optional[float] = None
+    seed_semantic_entropies: Optional[List[float]] = None
+    seed_advantage_scales: Optional[List[float]] = None
+    seed_alpha_effective: Optional[float] = None
+    seed_max_possible_entropy: Optional[float] = None
+
+    _convert: ClassVar[dict] = {
+        "total_utils": F.ensure_float_list,
+        "per_reward_values": F.ensure_column_dict,
+        "advantage": _typed(AdvantageStats),
+        "pairs": _typed(PromptCompletionBatch),
+        "q_distribution": _typed(QDistribution),
+        "moments": _typed(RewardMoments),
+        "ref_logprob_meta": F.ensure_json_list,
+        "completion_metadata": F.ensure_info_list,
+        "entropy_bonus_scale": _opt_float,
+        "seed_semantic_entropies": lambda f, v: F.ensure_float_list(f, v, optional=True),
+        "seed_advantage_scales": lambda f, v: F.ensure_float_list(f, v, optional=True),
+        "seed_alpha_effective": _opt_float,
+        "seed_max_possible_entropy": _opt_float,
+    }
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Every ``[N]`` field has N entries, every ``[P]`` field P, and q matches the groups."""
+        n = len(self.total_utils)
+        per_sample = {
+            "advantage.samples": self.advantage.samples,
+            "q_distribution.samples": self.q_distribution.samples,
+            "pairs.prompts": self.pairs.prompts,
+            "ref_logprob_meta": self.ref_logprob_meta,
+            "completion_metadata": self.completion_metadata,
+            **{f"per_reward_values[{k!r}]": v for k, v in self.per_reward_values.items()},
+        }
+        for name, value in per_sample.items():
+            if value is not None and len(value) != n:
+                raise LayoutError(
+                    f"RewardComputation.{name}: expected {n} values (one per sample, as "
+                    f"total_utils), got {len(value)}"
+                )
+        F.check_same_groups(
+            "RewardComputation",
+            "advantage.grouped",
+            self.advantage.grouped,
+            {"q_distribution.grouped": self.q_distribution.grouped},
+        )
+        groups = len(self.advantage.grouped)
+        for name in ("seed_semantic_entropies", "seed_advantage_scales"):
+            value = getattr(self, name)
+            if value is not None and len(value) != groups:
+                raise LayoutError(
+                    f"RewardComputation.{name}: expected {groups} values (one per group), "
+                    f"got {len(value)}"
+                )
+
+    @property
+    def advantage_samples(self) -> List[float]:
+        """Return flattened advantage samples for logging."""
+        return self.advantage.samples
+
+    @property
+    def q_grouped(self) -> List[List[float]]:
+        """Expose grouped q-values for downstream weighting."""
+        return self.q_distribution.grouped
+
+    @property
+    def train_reward_mean(self) -> float:
+        """Return the cached mean reward."""
+        return self.moments.mean
+
+    @property
+    def train_reward_std(self) -> float:
+        """Return the cached reward standard deviation."""
+        return self.moments.std
+
+
+# ---------------------------------------------------------------------------- tensors
+def _ids_matrix(field, value):
+    tensor = F.ensure_tensor(field, value, ndim=2, kind="int")
+    if tensor.numel() and bool((tensor < 0).any()):
+        row, col = (int(x) for x in (tensor < 0).nonzero()[0])
+        raise LayoutError(
+            f"{field}: expected token ids >= 0, got {int(tensor[row, col])} at row {row}, "
+            f"position {col}"
+        )
+    return tensor
+
+
+def _vector(field, value):
+    return F.ensure_tensor(field, value, ndim=1, kind="any")
+
+
+def _opt(convert):
+    return lambda field, value: None if value is None else convert(field, value)
+
+
+def _matrix(field, value):
+    return F.ensure_tensor(field, value, ndim=2, kind="any")
+
+
+def _float_vector(field, value):
+    return F.ensure_tensor(field, value, ndim=1, kind="float")
+
+
+@dataclass(eq=False)
+class ScoreBatch(_TensorRecord):
+    """Prompt cache entries and completion tokens ready for scoring.
+
+    In Arrow, ``completion_ids`` is stored ragged: each row keeps the tokens its attention mask
+    marks (the mask must be ones then zeros) and comes back right-padded with ``pad_token_id``.
+    """
+
+    prompt_entries: List["PromptCacheEntry"]
+    completion_ids: "Tensor"
+    completion_attention_mask: "Tensor"
+    pad_token_id: int
+    max_prompt_len: int
+    slice_size: int
+    total_sequences: int
+    score_tail_tokens: Optional[int] = None
+
+    _convert: ClassVar[dict] = {
+        "prompt_entries": _ensure_prompt_entries,
+        "completion_ids": _ids_matrix,
+        "completion_attention_mask": lambda f, v: F.ensure_tensor(f, v, ndim=2, kind="int"),
+        "pad_token_id": lambda f, v: F.ensure_int(f, v, minimum=0),
+        "max_prompt_len": lambda f, v: F.ensure_int(f, v, minimum=0),
+        "slice_size": lambda f, v: F.ensure_int(f, v, minimum=1),
+        "total_sequences": lambda f, v: F.ensure_int(f, v, minimum=0),
+        "score_tail_tokens": lambda f, v: F.ensure_int(f, v, optional=True, minimum=0),
+    }
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        ids, mask = self.completion_ids, self.completion_attention_mask
+        if tuple(mask.shape) != tuple(ids.shape):
+            raise LayoutError(
+                f"ScoreBatch.completion_attention_mask: expected shape {tuple(ids.shape)} (as "
+                f"completion_ids), got {tuple(mask.shape)}"
+            )
+        if len(self.prompt_entries) != ids.shape[0]:
+            raise LayoutError(
+                f"ScoreBatch.prompt_entries: expected {ids.shape[0]} entries (one per row of "
+                f"completion_ids), got {len(self.prompt_entries)}"
+            )
+        if self.total_sequences != ids.shape[0]:
+            raise LayoutError(
+                f"ScoreBatch.total_sequences: expected {ids.shape[0]} (rows of completion_ids), "
+                f"got {self.total_sequences}"
+            )
+
+
+@dataclass(eq=False)
+class SequenceScores(_TensorRecord):
+    """Bundle sequence-level log-prob statistics.
+
+    ``cur_logp_sum`` keeps its gradient here; ``to_arrow`` stores a detached copy. Per-token
+    tensors (``token_logp``, ``old_token_logp``) are stored ragged by ``token_mask``.
+    """
+
+    cur_logp_sum: Any
+    behavior_logp_sum: Any
+    log_ratio_train: Any
+    denom_tok_tensor: Any
+    pooled_hidden: Optional[Any] = None
+    policy_entropy_sum: Optional[Any] = None
+    token_logp: Optional[Any] = None
+    token_mask: Optional[Any] = None
+    old_token_logp: Optional[Any] = None
+
+    _convert: ClassVar[dict] = {
+        "cur_logp_sum": _float_vector,
+        "behavior_logp_sum": _float_vector,
+        "log_ratio_train": _float_vector,
+        "denom_tok_tensor": _float_vector,
+        "pooled_hidden": _opt(lambda f, v: F.ensure_tensor(f, v, ndim=2, kind="float")),
+        "policy_entropy_sum": _opt(_float_vector),
+        "token_logp": _opt(lambda f, v: F.ensure_tensor(f, v, ndim=2, kind="float")),
+        "token_mask": _opt(_matrix),
+        "old_token_logp": _opt(lambda f, v: F.ensure_tensor(f, v, ndim=2, kind="float")),
+    }
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        n = self.cur_logp_sum.shape[0]
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value is not None and value.shape[0] != n:
+                raise LayoutError(
+                    f"SequenceScores.{f.name}: expected {n} rows (as cur_logp_sum), got "
+                    f"{value.shape[0]}"
+                )
+        shape = None if self.token_logp is None else tuple(self.token_logp.shape)
+        for name in ("token_mask", "old_token_logp"):
+            value = getattr(self, name)
+            if value is not None and shape is not None and tuple(value.shape) != shape:
+                raise LayoutError(
+                    f"SequenceScores.{name}: expected shape {shape} (as token_logp), got "
+                    f"{tuple(value.shape)}"
+                )
+
+
+@dataclass(eq=False)
+class ReferenceLogprobs(_TensorRecord):
+    """Reference-model log-prob summaries.
+
+    As in the seed, ``ref_logp_sum`` is a per-token mean (R_i / max(T_i, 1)) despite its name,
+    ``ref_logp_sum_raw`` the sum R_i, and ``ref_logp_mean`` the mean of the raw sums.
+    """
+
+    ref_logp_sum: Any
+    ref_tok_counts: Any
+    ref_logp_sum_raw: Any
+    ref_logp_mean: float
+    avg_completion_tokens: float
+    ref_token_logp: Optional[Any] = None
+    ref_token_mask: Optional[Any] = None
+
+    _convert: ClassVar[dict] = {
+        "ref_logp_sum": _float_vector,
+        "ref_tok_counts": _vector,
+        "ref_logp_sum_raw": _float_vector,
+        "ref_logp_mean": F.ensure_float,
+        "avg_completion_tokens": F.ensure_float,
+        "ref_token_logp": _opt(lambda f, v: F.ensure_tensor(f, v, ndim=2, kind="float")),
+        "ref_token_mask": _opt(_matrix),
+    }
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        n = self.ref_logp_sum.shape[0]
+        for name in ("ref_tok_counts", "ref_logp_sum_raw", "ref_token_logp", "ref_token_mask"):
+            value = getattr(self, name)
+            if value is not None and value.shape[0] != n:
+                raise LayoutError(
+                    f"ReferenceLogprobs.{name}: expected {n} rows (as ref_logp_sum), got "
+                    f"{value.shape[0]}"
+                )
+        if self.ref_token_logp is not None and self.ref_token_mask is not None:
+            if self.ref_token_mask.shape != self.ref_token_logp.shape:
+                raise LayoutError(
+                    f"ReferenceLogprobs.ref_token_mask: expected shape "
+                    f"{tuple(self.ref_token_logp.shape)} (as ref_token_logp), got "
+                    f"{tuple(self.ref_token_mask.shape)}"
+                )
+
+
+# ---------------------------------------------------------------------------- loss
+@dataclass
+class LossScalarBundle(_Record):
+    """Scalar contributions tracked for logging."""
+
+    total_loss: float
+    policy_loss: float
+    clip_loss: Optional[float]
+    kl_loss: float
+    weighted_kl_loss: float
+
+    _convert: ClassVar[dict] = {
+        "total_loss": F.ensure_float,
+        "policy_loss": F.ensure_float,
+        "clip_loss": _opt_float,
+        "kl_loss": F.ensure_float,
+        "weighted_kl_loss": F.ensure_float,
+    }
+
+
+@dataclass(eq=False)
+class LossOutputs(_TensorRecord):
+    """Loss terms computed for a batch. ``loss`` keeps its graph; ``to_arrow`` stores its value."""
+
+    loss: Any
+    scalars: LossScalarBundle
+    log_ratio_train: Any
+    denom_tok_tensor: Any
+
+    _convert: ClassVar[dict] = {
+        "loss": lambda f, v: F.ensure_tensor(f, v, ndim=0, kind="float"),
+        "scalars": _typed(LossScalarBundle),
+        "log_ratio_train": _float_vector,
+        "denom_tok_tensor": _float_vector,
+    }
+
+    @property
+    def total_loss_scalar(self) -> float:
+        """Convenience accessor for the total loss scalar."""
+        return self.scalars.total_loss
+
+    @property
+    def policy_loss_scalar(self) -> float:
+        """Convenience accessor for the policy loss scalar."""
+        return self.scalars.policy_loss
+
+    @property
+    def clip_loss_scalar(self) -> Optional[float]:
+        """Convenience accessor for the clip-objective scalar."""
+        return self.scalars.clip_loss
+
+    @property
+    def kl_loss_scalar(self) -> float:
+        """Convenience accessor for the KL scalar."""
+        return self.scalars.kl_loss
+
+    @property
+    def weighted_kl_loss_scalar(self) -> float:
+        """Convenience accessor for the weighted KL scalar."""
+        return self.scalars.weighted_kl_loss
+
+
+@dataclass
+class LengthStats(_Record):
+    """Summary of completion lengths for metrics."""
+
+    min_length: float
+    mean_length: float
+    max_length: float
+    clipped_ratio: float
+    min_terminated: float
+    mean_terminated: float
+    max_terminated: float
+
+    _convert: ClassVar[dict] = {
+        name: F.ensure_float
+        for name in (
+            "min_length",
+            "mean_length",
+            "max_length",
+            "clipped_ratio",
+            "min_terminated",
+            "mean_terminated",
+            "max_terminated",
+        )
+    }
+
+
+@dataclass
+class BatchDiagnostics(_Record):
+    """Additional scalar stats recorded for metrics.
+
+    As in the seed, the ``clip_ratio*`` fields measure the policy-vs-reference log-ratio, not
+    PPO clipping; the bucket dicts are keyed ``"0-32"``, ``"33-64"``, ``"65-128"``,
+    ``"129-256"``, ``"257+"`` (empty buckets omitted).
+    """
+
+    kl_value: Optional[float]
+    clip_ratio: float
+    clip_ratio_low_mean: float
+    clip_ratio_low_min: float
+    clip_ratio_high_mean: float
+    clip_ratio_high_max: float
+    clip_ratio_region_mean: float
+    kl_per_token_by_len_bucket: Dict[str, float]
+    kl_token_count_by_len_bucket: Dict[str, float]
+
+    _convert: ClassVar[dict] = {
+        "kl_value": _opt_float,
+        **{
+            name: F.ensure_float
+            for name in (
+                "clip_ratio",
+                "clip_ratio_low_mean",
+                "clip_ratio_low_min",
+                "clip_ratio_high_mean",
+                "clip_ratio_high_max",
+                "clip_ratio_region_mean",
+            )
+        },
+        "kl_per_token_by_len_bucket": F.ensure_float_dict,
+        "kl_token_count_by_len_bucket": F.ensure_float_dict,
+    }
+
+
+# ---------------------------------------------------------------------------- validation
+@dataclass
+class ValidationContext:
+    """Handles required for the optional evaluation loop (live objects; no Arrow form)."""
+
+    evaluation: "EvaluationSettings"
+    accelerator: Any
+    model: Any
+    tokenizer: Any
+    reward: "RewardSpec"
+    generator: "GenerationFn[Any]"
+    logging: "LoggingHandles"
+    eval_reward: Optional["RewardSpec"] = None
+    runtime: Optional["RuntimeHandles"] = None
+    generation: Optional["GenerationSettings"] = None
+    scoring: Optional["ScoringSettings"] = None
