@@ -53,8 +53,6 @@ class MissingExtraError(MaxentArrowError, ImportError):
     """An optional dependency is not installed; the message names the extra to install."""
 
     def __init__(self, package: str, extra: str) -> None:
-        super().__init__(
-            f"{package} is not installed; run: pip install 'maxent-arrow[{extra}]'"
-        )
+        super().__init__(f"{package} is not installed; run: pip install 'maxent-arrow[{extra}]'")
         self.package = package
         self.extra = extra

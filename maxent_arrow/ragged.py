@@ -109,9 +109,7 @@ class Ragged:
             array = array.chunk(0) if array.num_chunks == 1 else _concat_chunks(array)
         if not (pa.types.is_list(array.type) or pa.types.is_large_list(array.type)):
             raise SchemaError(f"Ragged.from_arrow: expected a list array, got {array.type}")
-        if pa.types.is_list(array.type.value_type) or pa.types.is_large_list(
-            array.type.value_type
-        ):
+        if pa.types.is_list(array.type.value_type) or pa.types.is_large_list(array.type.value_type):
             raise SchemaError(
                 f"Ragged.from_arrow: expected a list of primitives, got {array.type}; "
                 "flatten one level first (array.flatten())"

@@ -89,7 +89,9 @@ GROUP_FIELDS: list[pa.Field] = [
     pa.field("ref_tok_counts", _list(pa.int32())),
     pa.field("ref_token_logp", pa.list_(pa.field("item", _list(pa.float32()), nullable=False))),
     pa.field("behavior_logp_sum", _list(pa.float64())),
-    pa.field("behavior_token_logp", pa.list_(pa.field("item", _list(pa.float32()), nullable=False))),
+    pa.field(
+        "behavior_token_logp", pa.list_(pa.field("item", _list(pa.float32()), nullable=False))
+    ),
     pa.field("policy_entropy_sum", _list(pa.float64())),
     pa.field("seed_semantic_entropy", pa.float64()),
     pa.field("seed_advantage_scale", pa.float64()),

@@ -171,7 +171,9 @@ class GroupedSequence(Sequence):
 
     __slots__ = ("_array", "_item")
 
-    def __init__(self, array: pa.Array | pa.ChunkedArray, item: type[ArrowSequence] = ArrowSequence):
+    def __init__(
+        self, array: pa.Array | pa.ChunkedArray, item: type[ArrowSequence] = ArrowSequence
+    ):
         if isinstance(array, pa.ChunkedArray):
             array = array.combine_chunks()
         self._array = array

@@ -53,7 +53,9 @@ def dtype_from_name(field: str, name: str) -> torch.dtype:
 
 
 # ---------------------------------------------------------------------------- record batches
-def make_batch(cls_name: str, columns: dict[str, pa.Array], scalars: dict, rows: int) -> pa.RecordBatch:
+def make_batch(
+    cls_name: str, columns: dict[str, pa.Array], scalars: dict, rows: int
+) -> pa.RecordBatch:
     """A record batch of ``columns`` (``None`` entries are left out) with the scalars as metadata."""
     names = [k for k, v in columns.items() if v is not None]
     arrays = [columns[k] for k in names]
@@ -221,7 +223,13 @@ def padded_to_list(field: str, tensor: torch.Tensor, lengths: torch.Tensor) -> p
 
 
 def list_to_padded(
-    reader: RecordReader, name: str, width: int, dtype: str | None, pad: float | int, *, optional=False
+    reader: RecordReader,
+    name: str,
+    width: int,
+    dtype: str | None,
+    pad: float | int,
+    *,
+    optional=False,
 ):
     """A ragged column back as ``(padded [N, width], lengths)``."""
     array = reader.column(name, is_list_of(is_number), "list<number>", optional=optional)

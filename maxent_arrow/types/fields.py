@@ -259,7 +259,9 @@ def ensure_info_list(field: str, value: Any, *, optional: bool = True) -> InfoSe
 # ---------------------------------------------------------------------------- grouped lists
 def _group_lists(field: str, value: Any) -> list[Sequence]:
     if isinstance(value, str | bytes) or not isinstance(value, Sequence):
-        raise SchemaError(f"{field}: expected a list of lists (one per group), got {_type_name(value)}")
+        raise SchemaError(
+            f"{field}: expected a list of lists (one per group), got {_type_name(value)}"
+        )
     groups = []
     for g, group in enumerate(value):
         if isinstance(group, ArrowSequence):

@@ -33,6 +33,7 @@ import torch
 
 from maxent_arrow.errors import SchemaError
 from maxent_arrow.types import rewards as R
+from maxent_arrow.types.base import PromptEntries
 from maxent_arrow.types.columns import (
     RecordReader,
     column_matrix,
@@ -48,7 +49,6 @@ from maxent_arrow.types.columns import (
     make_batch,
     mask_from_lengths,
     matrix_column,
-    offsets_of,
     padded_to_list,
     prefix_lengths,
     tensor_column,
@@ -284,7 +284,7 @@ def _decode_score_batch(cls, reader: RecordReader) -> R.ScoreBatch:
     ids, lengths = list_to_padded(
         reader, "completion_ids", width, dtypes.get("completion_ids", "int64"), pad
     )
-    entries = R.PromptEntries(
+    entries = PromptEntries(
         reader.column("prompt_ids", is_list_of(is_int), "list<int32>"),
         reader.column("prompt_attention_mask", is_list_of(is_int), "list<int8>"),
     )
@@ -375,7 +375,9 @@ def _decode_sequence_scores(cls, reader: RecordReader) -> R.SequenceScores:
 
 
 def _encode_reference(ref: R.ReferenceLogprobs) -> pa.RecordBatch:
-    lengths = _token_lengths("ReferenceLogprobs.ref_token_mask", ref.ref_token_logp, ref.ref_token_mask)
+    lengths = _token_lengths(
+        "ReferenceLogprobs.ref_token_mask", ref.ref_token_logp, ref.ref_token_mask
+    )
     columns = {
         name: tensor_column(getattr(ref, name))
         for name in ("ref_logp_sum", "ref_tok_counts", "ref_logp_sum_raw")
@@ -387,7 +389,13 @@ def _encode_reference(ref: R.ReferenceLogprobs) -> pa.RecordBatch:
         raise SchemaError(
             "ReferenceLogprobs.ref_token_mask: a mask without ref_token_logp cannot be stored"
         )
-    names = ("ref_logp_sum", "ref_tok_counts", "ref_logp_sum_raw", "ref_token_logp", "ref_token_mask")
+    names = (
+        "ref_logp_sum",
+        "ref_tok_counts",
+        "ref_logp_sum_raw",
+        "ref_token_logp",
+        "ref_token_mask",
+    )
     scalars = {
         "ref_logp_mean": ref.ref_logp_mean,
         "avg_completion_tokens": ref.avg_completion_tokens,

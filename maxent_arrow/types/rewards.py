@@ -18,17 +18,26 @@ through ``.detach().cpu()`` and come back as zero-copy tensors. The Arrow layout
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import numpy as np
 import pyarrow as pa
 
-from maxent_arrow.errors import LayoutError, SchemaError
+from maxent_arrow.errors import LayoutError
 from maxent_arrow.types import fields as F
-from maxent_arrow.types.columns import tensor_equal
-from maxent_arrow.views import ArrowSequence, GroupedSequence
+from maxent_arrow.types.base import (
+    _ensure_prompt_entries,
+    _float_vector,
+    _GroupedPair,
+    _ids_matrix,
+    _matrix,
+    _opt,
+    _opt_float,
+    _Record,
+    _TensorRecord,
+    _typed,
+    _vector,
+)
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -62,63 +71,13 @@ __all__ = [
 ]
 
 
-class _Record:
-    """Base of the seed classes: normalises every field on assignment and converts to Arrow."""
-
-    _convert: ClassVar[dict[str, Any]] = {}
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        convert = type(self)._convert.get(name)
-        if convert is not None:
-            value = convert(f"{type(self).__name__}.{name}", value)
-        object.__setattr__(self, name, value)
-        check = getattr(self, f"_after_{name}", None)
-        if check is not None:
-            check()
-
-    def to_arrow(self) -> pa.RecordBatch:
-        """This record as an Arrow record batch (tensors via ``.detach().cpu()``)."""
-        from maxent_arrow.types import records
-
-        return records.encode(self)
-
-    @classmethod
-    def from_arrow(cls, data: pa.RecordBatch | pa.Table):
-        """Rebuild from ``to_arrow()`` output (also after a Parquet or IPC round trip)."""
-        from maxent_arrow.types import records
-
-        return records.decode(cls, data)
-
-
-class _TensorRecord(_Record):
-    """Records holding tensors compare tensors by value (the generated ``==`` cannot)."""
-
-    def __eq__(self, other: object) -> bool:
-        if type(other) is not type(self):
-            return NotImplemented
-        return all(
-            tensor_equal(getattr(self, f.name), getattr(other, f.name))
-            for f in dataclasses.fields(self)
-        )
-
-    __hash__ = None
-
-
-def _seq(convert):
-    return lambda field, value: convert(field, value)
-
-
-def _optional(convert):
-    return lambda field, value: None if value is None else convert(field, value)
-
-
 # ---------------------------------------------------------------------------- PromptCacheEntry
 @dataclass
 class PromptCacheEntry(_Record):
     """Cached prompt tokenization used during scoring."""
 
-    input_ids: List[int]
-    attention_mask: List[int]
+    input_ids: list[int]
+    attention_mask: list[int]
 
     _convert: ClassVar[dict] = {
         "input_ids": F.ensure_token_list,
@@ -138,81 +97,16 @@ class PromptCacheEntry(_Record):
         return len(self.input_ids)
 
 
-class PromptEntries(Sequence):
-    """``ScoreBatch.prompt_entries`` over two Arrow list arrays (ids and masks), one per sample.
-
-    Items are :class:`PromptCacheEntry` records viewing slices of the arrays; equal to a list of
-    entries with the same ids and masks.
-    """
-
-    __slots__ = ("ids", "masks")
-
-    def __init__(self, ids: pa.Array, masks: pa.Array):
-        self.ids = ids
-        self.masks = masks
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    def __getitem__(self, index):
-        if isinstance(index, slice):
-            start, stop, step = index.indices(len(self))
-            if step == 1:
-                n = max(stop - start, 0)
-                return PromptEntries(self.ids.slice(start, n), self.masks.slice(start, n))
-            return [self[i] for i in range(start, stop, step)]
-        n = len(self)
-        if not -n <= index < n:
-            raise IndexError(f"prompt entry {index} out of range for {n}")
-        index %= n
-        return PromptCacheEntry(
-            ArrowSequence(self.ids[index].values), ArrowSequence(self.masks[index].values)
-        )
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, PromptEntries):
-            return self.ids.equals(other.ids) and self.masks.equals(other.masks)
-        if not isinstance(other, list | tuple):
-            return NotImplemented
-        return len(other) == len(self) and all(a == b for a, b in zip(self, other))
-
-    __hash__ = None
-
-    def __repr__(self) -> str:
-        return f"PromptEntries({len(self)} entries, {self.ids.type})"
-
-
-def _ensure_prompt_entries(field: str, value: Any) -> PromptEntries:
-    if isinstance(value, PromptEntries):
-        return value
-    if isinstance(value, str | bytes) or not isinstance(value, Sequence):
-        raise SchemaError(f"{field}: expected a list of PromptCacheEntry, got {type(value).__name__}")
-    ids, masks = [], []
-    for i, entry in enumerate(value):
-        if not isinstance(entry, PromptCacheEntry):
-            raise SchemaError(
-                f"{field}: expected a PromptCacheEntry at sample {i}, got {type(entry).__name__}"
-            )
-        ids.append(entry.input_ids.arrow)
-        masks.append(entry.attention_mask.arrow)
-    sizes = [len(a) for a in ids]
-    id_values = pa.concat_arrays(ids) if ids else pa.array([], pa.int32())
-    mask_values = pa.concat_arrays(masks) if masks else pa.array([], pa.int8())
-    return PromptEntries(
-        F._list_array(id_values, sizes), F._list_array(mask_values, sizes)
-    )
-
-
 # ---------------------------------------------------------------------------- generation
 @dataclass
 class GenerationBatch(_Record):
     """Completions grouped per prompt after filtering."""
 
-    prompts: List[str]
-    answers: List[str]
-    grouped_completions: List[List[str]]
-    grouped_ref_meta: Optional[List[List[Optional[Any]]]]
-    grouped_completion_info: Optional[List[List[Dict[str, Any]]]] = None
+    prompts: list[str]
+    answers: list[str]
+    grouped_completions: list[list[str]]
+    grouped_ref_meta: list[list[Any | None]] | None
+    grouped_completion_info: list[list[dict[str, Any]]] | None = None
 
     _convert: ClassVar[dict] = {
         "prompts": F.ensure_str_list,
@@ -252,9 +146,9 @@ class GenerationBatch(_Record):
 class PromptCompletionBatch(_Record):
     """Flattened prompt/completion pairs."""
 
-    prompts: List[str]
-    completions: List[str]
-    metadata: Optional[List[Dict[str, Any]]] = None
+    prompts: list[str]
+    completions: list[str]
+    metadata: list[dict[str, Any]] | None = None
 
     _convert: ClassVar[dict] = {
         "prompts": F.ensure_str_list,
@@ -277,64 +171,20 @@ class PromptCompletionBatch(_Record):
 
 
 # ---------------------------------------------------------------------------- grouped pairs
-class _GroupedPair(_Record):
-    """``grouped`` and ``samples``: one Arrow list array and its flattened child, never two copies.
-
-    Assigning either field checks it against the other; ``samples`` always ends up as the view
-    of ``grouped``'s child buffer.
-    """
-
-    _convert: ClassVar[dict] = {
-        "grouped": F.ensure_grouped_floats,
-        "samples": F.ensure_float_list,
-    }
-
-    def _after_grouped(self) -> None:
-        if "samples" in self.__dict__:
-            self._reconcile()
-
-    def _after_samples(self) -> None:
-        if "grouped" in self.__dict__:
-            self._reconcile()
-
-    def _reconcile(self) -> None:
-        name = type(self).__name__
-        grouped: GroupedSequence = self.__dict__["grouped"]
-        samples: ArrowSequence = self.__dict__["samples"]
-        flat = grouped.arrow.flatten()
-        if len(samples) != len(flat):
-            raise LayoutError(
-                f"{name}.samples: expected {len(flat)} values (sum of group sizes), "
-                f"got {len(samples)}"
-            )
-        if samples.arrow is not flat:
-            a = flat.to_numpy(zero_copy_only=False)
-            b = samples.arrow.to_numpy(zero_copy_only=False)
-            differ = np.flatnonzero(~((a == b) | (np.isnan(a) & np.isnan(b))))
-            if differ.size:
-                i = int(differ[0])
-                g = int(np.searchsorted(grouped.offsets, i, side="right") - 1)
-                raise LayoutError(
-                    f"{name}.samples: value {i} is {b[i]!r} but grouped[{g}][{i - grouped.offsets[g]}] "
-                    f"is {a[i]!r}; samples must be grouped flattened"
-                )
-        object.__setattr__(self, "samples", ArrowSequence(flat))
-
-
 @dataclass
 class AdvantageStats(_GroupedPair):
     """Grouped and flattened advantages."""
 
-    grouped: List[List[float]]
-    samples: List[float]
+    grouped: list[list[float]]
+    samples: list[float]
 
 
 @dataclass
 class QDistribution(_GroupedPair):
     """Sequence-level q-distribution."""
 
-    grouped: List[List[float]]
-    samples: List[float]
+    grouped: list[list[float]]
+    samples: list[float]
 
 
 @dataclass
@@ -347,36 +197,23 @@ class RewardMoments(_Record):
     _convert: ClassVar[dict] = {"mean": F.ensure_float, "std": F.ensure_float}
 
 
-def _opt_float(field, value):
-    return F.ensure_float(field, value, optional=True)
-
-
-def _typed(kind):
-    def check(field: str, value: Any):
-        if not isinstance(value, kind):
-            raise SchemaError(f"{field}: expected a {kind.__name__}, got {type(value).__name__}")
-        return value
-
-    return check
-
-
 @dataclass
 class RewardComputation(_Record):
     """Utility values and statistics computed per batch."""
 
-    total_utils: List[float]
-    per_reward_values: Dict[str, List[float]]
+    total_utils: list[float]
+    per_reward_values: dict[str, list[float]]
     advantage: AdvantageStats
     pairs: PromptCompletionBatch
     q_distribution: QDistribution
     moments: RewardMoments
-    ref_logprob_meta: Optional[List[Optional[Any]]] = None
-    completion_metadata: Optional[List[Dict[str, Any]]] = None
-    entropy_bonus_scale: Optional[float] = None
-    seed_semantic_entropies: Optional[List[float]] = None
-    seed_advantage_scales: Optional[List[float]] = None
-    seed_alpha_effective: Optional[float] = None
-    seed_max_possible_entropy: Optional[float] = None
+    ref_logprob_meta: list[Any | None] | None = None
+    completion_metadata: list[dict[str, Any]] | None = None
+    entropy_bonus_scale: float | None = None
+    seed_semantic_entropies: list[float] | None = None
+    seed_advantage_scales: list[float] | None = None
+    seed_alpha_effective: float | None = None
+    seed_max_possible_entropy: float | None = None
 
     _convert: ClassVar[dict] = {
         "total_utils": F.ensure_float_list,
@@ -430,12 +267,12 @@ class RewardComputation(_Record):
                 )
 
     @property
-    def advantage_samples(self) -> List[float]:
+    def advantage_samples(self) -> list[float]:
         """Return flattened advantage samples for logging."""
         return self.advantage.samples
 
     @property
-    def q_grouped(self) -> List[List[float]]:
+    def q_grouped(self) -> list[list[float]]:
         """Expose grouped q-values for downstream weighting."""
         return self.q_distribution.grouped
 
@@ -451,33 +288,6 @@ class RewardComputation(_Record):
 
 
 # ---------------------------------------------------------------------------- tensors
-def _ids_matrix(field, value):
-    tensor = F.ensure_tensor(field, value, ndim=2, kind="int")
-    if tensor.numel() and bool((tensor < 0).any()):
-        row, col = (int(x) for x in (tensor < 0).nonzero()[0])
-        raise LayoutError(
-            f"{field}: expected token ids >= 0, got {int(tensor[row, col])} at row {row}, "
-            f"position {col}"
-        )
-    return tensor
-
-
-def _vector(field, value):
-    return F.ensure_tensor(field, value, ndim=1, kind="any")
-
-
-def _opt(convert):
-    return lambda field, value: None if value is None else convert(field, value)
-
-
-def _matrix(field, value):
-    return F.ensure_tensor(field, value, ndim=2, kind="any")
-
-
-def _float_vector(field, value):
-    return F.ensure_tensor(field, value, ndim=1, kind="float")
-
-
 @dataclass(eq=False)
 class ScoreBatch(_TensorRecord):
     """Prompt cache entries and completion tokens ready for scoring.
@@ -486,14 +296,14 @@ class ScoreBatch(_TensorRecord):
     marks (the mask must be ones then zeros) and comes back right-padded with ``pad_token_id``.
     """
 
-    prompt_entries: List["PromptCacheEntry"]
-    completion_ids: "Tensor"
-    completion_attention_mask: "Tensor"
+    prompt_entries: list[PromptCacheEntry]
+    completion_ids: Tensor
+    completion_attention_mask: Tensor
     pad_token_id: int
     max_prompt_len: int
     slice_size: int
     total_sequences: int
-    score_tail_tokens: Optional[int] = None
+    score_tail_tokens: int | None = None
 
     _convert: ClassVar[dict] = {
         "prompt_entries": _ensure_prompt_entries,
@@ -540,11 +350,11 @@ class SequenceScores(_TensorRecord):
     behavior_logp_sum: Any
     log_ratio_train: Any
     denom_tok_tensor: Any
-    pooled_hidden: Optional[Any] = None
-    policy_entropy_sum: Optional[Any] = None
-    token_logp: Optional[Any] = None
-    token_mask: Optional[Any] = None
-    old_token_logp: Optional[Any] = None
+    pooled_hidden: Any | None = None
+    policy_entropy_sum: Any | None = None
+    token_logp: Any | None = None
+    token_mask: Any | None = None
+    old_token_logp: Any | None = None
 
     _convert: ClassVar[dict] = {
         "cur_logp_sum": _float_vector,
@@ -593,8 +403,8 @@ class ReferenceLogprobs(_TensorRecord):
     ref_logp_sum_raw: Any
     ref_logp_mean: float
     avg_completion_tokens: float
-    ref_token_logp: Optional[Any] = None
-    ref_token_mask: Optional[Any] = None
+    ref_token_logp: Any | None = None
+    ref_token_mask: Any | None = None
 
     _convert: ClassVar[dict] = {
         "ref_logp_sum": _float_vector,
@@ -634,7 +444,7 @@ class LossScalarBundle(_Record):
 
     total_loss: float
     policy_loss: float
-    clip_loss: Optional[float]
+    clip_loss: float | None
     kl_loss: float
     weighted_kl_loss: float
 
@@ -674,7 +484,7 @@ class LossOutputs(_TensorRecord):
         return self.scalars.policy_loss
 
     @property
-    def clip_loss_scalar(self) -> Optional[float]:
+    def clip_loss_scalar(self) -> float | None:
         """Convenience accessor for the clip-objective scalar."""
         return self.scalars.clip_loss
 
@@ -724,15 +534,15 @@ class BatchDiagnostics(_Record):
     ``"129-256"``, ``"257+"`` (empty buckets omitted).
     """
 
-    kl_value: Optional[float]
+    kl_value: float | None
     clip_ratio: float
     clip_ratio_low_mean: float
     clip_ratio_low_min: float
     clip_ratio_high_mean: float
     clip_ratio_high_max: float
     clip_ratio_region_mean: float
-    kl_per_token_by_len_bucket: Dict[str, float]
-    kl_token_count_by_len_bucket: Dict[str, float]
+    kl_per_token_by_len_bucket: dict[str, float]
+    kl_token_count_by_len_bucket: dict[str, float]
 
     _convert: ClassVar[dict] = {
         "kl_value": _opt_float,
@@ -757,14 +567,14 @@ class BatchDiagnostics(_Record):
 class ValidationContext:
     """Handles required for the optional evaluation loop (live objects; no Arrow form)."""
 
-    evaluation: "EvaluationSettings"
+    evaluation: EvaluationSettings
     accelerator: Any
     model: Any
     tokenizer: Any
-    reward: "RewardSpec"
-    generator: "GenerationFn[Any]"
-    logging: "LoggingHandles"
-    eval_reward: Optional["RewardSpec"] = None
-    runtime: Optional["RuntimeHandles"] = None
-    generation: Optional["GenerationSettings"] = None
-    scoring: Optional["ScoringSettings"] = None
+    reward: RewardSpec
+    generator: GenerationFn[Any]
+    logging: LoggingHandles
+    eval_reward: RewardSpec | None = None
+    runtime: RuntimeHandles | None = None
+    generation: GenerationSettings | None = None
+    scoring: ScoringSettings | None = None
