@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/maxent-arrow demo
+	$(PY) -m maxent_arrow.demo
 
 test: $(STAMP)
 	$(PY) -m pytest -q
