@@ -1,0 +1,362 @@
+"""``RolloutBatch.from_parts``: one step's seed objects to a group batch and a step row.
+
+Per-sample ``[N]`` columns of the seed classes (``to_arrow()`` layouts of
+:mod:`maxent_arrow.types.records`, named like the group table on purpose) are regrouped by the
+generation's group offsets: a new offsets buffer over the same child values, no copy of the
+token or log-prob bytes (a cast copies only when a dtype must change, e.g. int64 token ids to
+int32).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from maxent_arrow import schema as S
+from maxent_arrow.batch import (
+    BATCH_META_KEY,
+    KINDS_PATTERN,
+    _int_arg,
+    _json_config,
+    _offsets,
+    _regroup,
+)
+from maxent_arrow.errors import LayoutError, SchemaError
+from maxent_arrow.ragged import Ragged
+from maxent_arrow.types import rewards as R
+from maxent_arrow.types.columns import dtype_name
+from maxent_arrow.views import GroupedSequence
+
+__all__ = ["assemble"]
+
+_IDS_TYPE = dict((f.name, f.type) for f in S.GROUP_FIELDS)["completion_ids"]
+
+
+def _typed(name: str, value: Any, kind: Any, expected: str) -> Any:
+    if value is not None and not isinstance(value, kind):
+        raise SchemaError(
+            f"RolloutBatch.from_parts: {name} expected a {expected}, got {type(value).__name__}"
+        )
+    return value
+
+
+def _column(rb: pa.RecordBatch, name: str) -> pa.Array | None:
+    if name not in rb.schema.names:
+        return None
+    return rb.column(name)
+
+
+def _check_rows(owner: str, array: pa.Array, n: int) -> None:
+    if len(array) != n:
+        raise LayoutError(
+            f"RolloutBatch.from_parts: {owner} expected {n} rows (one per completion, as "
+            f"generation), got {len(array)}"
+        )
+
+
+def _check_offsets(owner: str, got: np.ndarray, expected: np.ndarray) -> None:
+    if len(got) != len(expected):
+        raise LayoutError(
+            f"RolloutBatch.from_parts: {owner} expected {len(expected) - 1} groups (as "
+            f"generation), got {len(got) - 1}"
+        )
+    if not np.array_equal(got, expected):
+        g = int(np.flatnonzero(np.diff(got) != np.diff(expected))[0])
+        raise LayoutError(
+            f"RolloutBatch.from_parts: {owner} expected {int(expected[g + 1] - expected[g])} "
+            f"completions at group {g} (as generation), got {int(got[g + 1] - got[g])}"
+        )
+
+
+def _split_info(info: pa.Array | None, offsets: np.ndarray):
+    """Completion info without ``token_ids`` (they go to ``completion_ids``) and those ids."""
+    if info is None:
+        return None, None
+    flat = info.flatten()
+    names = [f.name for f in flat.type]
+    token_ids = None
+    if "token_ids" in names:
+        candidate = flat.field(names.index("token_ids"))
+        if candidate.null_count == 0:
+            token_ids = _regroup(candidate, offsets)
+        elif candidate.null_count != len(candidate):
+            i = int(np.flatnonzero(~candidate.is_valid().to_numpy(zero_copy_only=False))[0])
+            g = int(np.searchsorted(offsets, i, side="right") - 1)
+            raise LayoutError(
+                "RolloutBatch.from_parts: generation.grouped_completion_info has token_ids for "
+                f"some completions only (missing at group {g}, sample {i - offsets[g]})"
+            )
+    arrays = []
+    for field in S.COMPLETION_INFO_TYPE:
+        if field.name in names:
+            arrays.append(flat.field(names.index(field.name)).cast(field.type))
+        else:
+            arrays.append(pa.nulls(len(flat), field.type))
+    struct = pa.StructArray.from_arrays(
+        arrays,
+        fields=list(S.COMPLETION_INFO_TYPE),
+        mask=flat.is_null() if flat.null_count else None,
+    )
+    return _regroup(struct, offsets), token_ids
+
+
+def _ids_into_extra(info: pa.Array, token_ids: pa.Array) -> pa.Array:
+    """Keep completion-info token ids that differ from the scored ids in the JSON ``extra``.
+
+    A rare path (re-tokenised completions, semantics §6.3), so a loop over samples is fine.
+    """
+    flat = info.flatten()
+    extras = flat.field("extra").to_pylist()
+    ids = token_ids.flatten().to_pylist()
+    merged = []
+    for extra, item in zip(extras, ids):
+        data = json.loads(extra) if extra else {}
+        data["token_ids"] = item
+        merged.append(json.dumps(data))
+    arrays = [flat.field(i) for i in range(flat.type.num_fields)]
+    arrays[flat.type.get_field_index("extra")] = pa.array(merged, pa.string())
+    struct = pa.StructArray.from_arrays(arrays, fields=list(flat.type))
+    return _regroup(struct, _offsets(info))
+
+
+def _grouped_floats(name: str, value: Any, offsets: np.ndarray) -> pa.Array:
+    """Per-sample values (flat ``[N]`` or already grouped) as ``list<double>`` by group."""
+    if isinstance(value, R.AdvantageStats | R.QDistribution):
+        value = value.grouped
+    if isinstance(value, Ragged):
+        value = value.to_arrow()
+    if isinstance(value, GroupedSequence):
+        value = value.arrow
+    if isinstance(value, pa.ChunkedArray):
+        value = value.combine_chunks()
+    if isinstance(value, list | tuple) and value and isinstance(value[0], list | tuple):
+        value = pa.array(value, pa.list_(pa.float64()))
+    if isinstance(value, pa.Array) and (
+        pa.types.is_list(value.type) or pa.types.is_large_list(value.type)
+    ):
+        _check_offsets(name, _offsets(value), offsets)
+        flat = value.flatten()
+    else:
+        from maxent_arrow.types import fields as F
+
+        flat = F.ensure_float_list(f"RolloutBatch.from_parts: {name}", value).arrow
+        _check_rows(name, flat, int(offsets[-1]))
+    if flat.null_count:
+        raise LayoutError(f"RolloutBatch.from_parts: {name} has a null value")
+    return _regroup(flat.cast(pa.float64()), offsets)
+
+
+def _counts_int32(name: str, array: pa.Array) -> pa.Array:
+    try:
+        return array.cast(pa.int32())  # safe cast: refuses fractional or out-of-range counts
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise LayoutError(
+            f"RolloutBatch.from_parts: {name} expected whole numbers ({exc})"
+        ) from None
+
+
+def _per_token(name: str, array: pa.Array | None, offsets: np.ndarray, kind: pa.DataType):
+    if array is None:
+        return None
+    _check_rows(name, array, int(offsets[-1]))
+    inner = pa.list_(pa.field("item", kind, nullable=False))
+    return _regroup(array.cast(inner), offsets)
+
+
+def _scalars(record: Any, names: list[str]) -> dict[str, Any]:
+    return {name: getattr(record, name) for name in names}
+
+
+def assemble(
+    cls,
+    step: int,
+    *,
+    generation: R.GenerationBatch,
+    rewards: R.RewardComputation | None,
+    score_batch: R.ScoreBatch | None,
+    reference: R.ReferenceLogprobs | None,
+    scores: R.SequenceScores | None,
+    length_stats: R.LengthStats | None,
+    loss: R.LossOutputs | R.LossScalarBundle | None,
+    diagnostics: R.BatchDiagnostics | None,
+    weights: Any,
+    rank: int,
+    kind: str,
+    config: Mapping[str, Any] | None,
+    policy_version: int | None,
+):
+    import re
+
+    step = _int_arg("step", step)
+    rank = _int_arg("rank", rank)
+    if not isinstance(kind, str) or not re.fullmatch(KINDS_PATTERN, kind):
+        raise SchemaError(
+            f"RolloutBatch.kind: expected a lowercase name matching {KINDS_PATTERN} (e.g. "
+            f"'train', 'eval'), got {kind!r}"
+        )
+    if not isinstance(generation, R.GenerationBatch):
+        raise SchemaError(
+            f"RolloutBatch.from_parts: generation expected a GenerationBatch, got "
+            f"{type(generation).__name__}"
+        )
+    _typed("rewards", rewards, R.RewardComputation, "RewardComputation")
+    _typed("score_batch", score_batch, R.ScoreBatch, "ScoreBatch")
+    _typed("reference", reference, R.ReferenceLogprobs, "ReferenceLogprobs")
+    _typed("scores", scores, R.SequenceScores, "SequenceScores")
+    _typed("length_stats", length_stats, R.LengthStats, "LengthStats")
+    _typed("loss", loss, R.LossOutputs | R.LossScalarBundle, "LossOutputs or LossScalarBundle")
+    _typed("diagnostics", diagnostics, R.BatchDiagnostics, "BatchDiagnostics")
+    config_text = _json_config(config)
+
+    gen = generation.to_arrow()
+    p = gen.num_rows
+    completions = gen.column("completions")
+    offsets = _offsets(completions)
+    n = int(offsets[-1]) if len(offsets) else 0
+    meta: dict[str, Any] = {"dtypes": {}, "widths": {}}
+    columns: dict[str, pa.Array | None] = {
+        "step": pa.array(np.full(p, step, dtype=np.int64)),
+        "rank": pa.array(np.full(p, rank, dtype=np.int32)),
+        "group_index": pa.array(np.arange(p, dtype=np.int32)),
+        "prompt": gen.column("prompt"),
+        "answer": gen.column("answer"),
+        "completions": completions,
+        "ref_meta": _column(gen, "ref_meta"),
+    }
+    info, info_ids = _split_info(_column(gen, "completion_info"), offsets)
+    columns["completion_info"] = info
+    step_values: dict[str, Any] = {
+        "step": step,
+        "rank": rank,
+        "kind": kind,
+        "num_groups": p,
+        "num_samples": n,
+        "created_at": dt.datetime.now(dt.UTC),
+        "policy_version": policy_version,
+        "config": config_text,
+    }
+
+    # Token ids: exact scored ids first; the generator's ids otherwise.
+    completion_ids = None
+    if score_batch is not None:
+        sb = score_batch.to_arrow()
+        _check_rows("score_batch", sb.column("completion_ids"), n)
+        sizes = np.diff(offsets)
+        if p and int(sizes.min()) == 0:
+            g = int(np.flatnonzero(sizes == 0)[0])
+            raise LayoutError(
+                f"RolloutBatch.from_parts: group {g} has no completions, so its prompt ids "
+                "cannot be taken from score_batch"
+            )
+        columns["prompt_ids"] = sb.column("prompt_ids").take(pa.array(offsets[:-1]))
+        completion_ids = _per_token(
+            "score_batch.completion_ids", sb.column("completion_ids"), offsets, pa.int32()
+        )
+    if info_ids is not None:
+        info_ids = info_ids.cast(_IDS_TYPE)
+        if completion_ids is None:
+            completion_ids = info_ids
+            meta["info_token_ids"] = True
+        elif info_ids.flatten().equals(completion_ids.flatten()):
+            meta["info_token_ids"] = True
+        else:
+            columns["completion_info"] = _ids_into_extra(info, info_ids)
+    columns["completion_ids"] = completion_ids
+
+    reward_names: list[str] = []
+    if rewards is not None:
+        _check_offsets("rewards.advantage.grouped", rewards.advantage.grouped.offsets, offsets)
+        rc = rewards.to_arrow()
+        _check_offsets("rewards.q_distribution.grouped", _offsets(rc.column("q")), offsets)
+        for name in ("total_utils", "rewards", "advantages", "q"):
+            columns[name] = _column(rc, name)
+        for name in ("seed_semantic_entropy", "seed_advantage_scale"):
+            columns[name] = _column(rc, name)
+        if columns["rewards"] is not None:
+            reward_names = [f.name for f in columns["rewards"].type]
+        step_values.update(
+            reward_mean=rewards.moments.mean,
+            reward_std=rewards.moments.std,
+            entropy_bonus_scale=rewards.entropy_bonus_scale,
+            seed_alpha_effective=rewards.seed_alpha_effective,
+            seed_max_possible_entropy=rewards.seed_max_possible_entropy,
+        )
+    if weights is not None:
+        columns["weights"] = _grouped_floats("weights", weights, offsets)
+
+    if reference is not None:
+        rf = reference.to_arrow()
+        for name in ("ref_logp_sum", "ref_tok_counts", "ref_logp_sum_raw", "ref_token_logp"):
+            value = getattr(reference, name)
+            meta["dtypes"][name] = dtype_name(value.dtype)
+        if reference.ref_token_mask is not None:
+            meta["dtypes"]["ref_token_mask"] = dtype_name(reference.ref_token_mask.dtype)
+        meta["has_ref_mask"] = reference.ref_token_mask is not None
+        if reference.ref_token_logp is not None:
+            meta["widths"]["ref_token_logp"] = int(reference.ref_token_logp.shape[1])
+        raw = rf.column("ref_logp_sum_raw")
+        _check_rows("reference.ref_logp_sum_raw", raw, n)
+        columns["ref_logp_sum_raw"] = _regroup(raw.cast(pa.float64()), offsets)
+        columns["ref_tok_counts"] = _regroup(
+            _counts_int32("reference.ref_tok_counts", rf.column("ref_tok_counts")), offsets
+        )
+        columns["ref_token_logp"] = _per_token(
+            "reference.ref_token_logp", _column(rf, "ref_token_logp"), offsets, pa.float32()
+        )
+        step_values.update(
+            ref_logp_mean=reference.ref_logp_mean,
+            avg_completion_tokens=reference.avg_completion_tokens,
+        )
+    if scores is not None:
+        ss = scores.to_arrow()
+        for name, target in (
+            ("behavior_logp_sum", "behavior_logp_sum"),
+            ("policy_entropy_sum", "policy_entropy_sum"),
+        ):
+            value = _column(ss, name)
+            if value is not None:
+                _check_rows(f"scores.{name}", value, n)
+                # Sums stay in double (semantics §6.6).
+                columns[target] = _regroup(value.cast(pa.float64()), offsets)
+        columns["behavior_token_logp"] = _per_token(
+            "scores.old_token_logp", _column(ss, "old_token_logp"), offsets, pa.float32()
+        )
+    if length_stats is not None:
+        step_values.update(
+            _scalars(length_stats, [f.name for f in dataclasses.fields(length_stats)])
+        )
+    if loss is not None:
+        bundle = loss.scalars if isinstance(loss, R.LossOutputs) else loss
+        step_values.update(dataclasses.asdict(bundle))
+    if diagnostics is not None:
+        values = dataclasses.asdict(diagnostics)
+        for name in ("kl_per_token_by_len_bucket", "kl_token_count_by_len_bucket"):
+            values[name] = list(values[name].items())
+        step_values.update(values)
+
+    schema = S.group_schema(reward_names)
+    fields, arrays = [], []
+    for field in schema:
+        array = columns.get(field.name)
+        if array is None:
+            continue
+        if isinstance(array, pa.ChunkedArray):
+            array = array.combine_chunks()
+        fields.append(pa.field(field.name, field.type, nullable=field.nullable))
+        arrays.append(array if array.type == field.type else array.cast(field.type))
+    metadata = {
+        S.METADATA_KEY: S.SCHEMA_VERSION.encode(),
+        BATCH_META_KEY: json.dumps(meta, sort_keys=True).encode(),
+    }
+    groups = pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields, metadata=metadata))
+    step_schema = S.step_schema()
+    step_row = pa.RecordBatch.from_pydict(
+        {f.name: [step_values.get(f.name)] for f in step_schema}, schema=step_schema
+    )
+    return cls(groups, step_row)
