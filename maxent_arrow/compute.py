@@ -1,0 +1,571 @@
+"""Group math on (values, offsets): utilities, advantages, q, MaxEnt weights, moments, lengths.
+
+Every function takes per-sample values grouped by prompt as a :class:`~maxent_arrow.Ragged`
+(or an Arrow list array / grouped view, viewed without copying), runs segment reductions over
+the offsets (:mod:`maxent_arrow.segments`), and returns a ``Ragged`` with the same offsets on
+the same device, unless noted. There is no Python loop over groups or samples, and the same
+code runs on CPU and CUDA. Float64 inputs are computed in float64; anything narrower in
+float32, never below.
+
+The formulas are those of ``reference/semantics.md`` §3 (section numbers in the docstrings).
+Bad input raises :class:`~maxent_arrow.errors.ComputeError` (or ``LayoutError`` for broken
+offsets) naming the function, the argument and the group.
+
+SEED-GRPO scaling lives in :mod:`maxent_arrow.seed_grpo`; the whole reward step
+(:func:`compute_rewards`, :func:`apply_entropy_bonus`) in :mod:`maxent_arrow.reward_step`; both
+are re-exported here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from maxent_arrow.errors import ComputeError, LayoutError, SchemaError
+from maxent_arrow.ragged import Ragged
+from maxent_arrow.segments import Segments, check_finite, work_dtype
+from maxent_arrow.types.rewards import LengthStats, RewardMoments
+from maxent_arrow.views import ArrowSequence, GroupedSequence
+
+if TYPE_CHECKING:
+    from maxent_arrow.reward_step import apply_entropy_bonus, compute_rewards
+    from maxent_arrow.seed_grpo import SeedGrpoStats, seed_grpo_statistics
+
+__all__ = [
+    "EntropyBonus",
+    "WeightEntropy",
+    "apply_entropy_bonus",
+    "apply_group_scales",
+    "as_ragged",
+    "as_sample_vector",
+    "compute_rewards",
+    "entropy_bonus",
+    "group_advantages",
+    "group_entropy",
+    "length_stats",
+    "maxent_weights",
+    "q_distribution",
+    "reward_moments",
+    "seed_grpo_statistics",
+    "SeedGrpoStats",
+    "total_utils",
+    "weight_entropy",
+]
+
+Denominator = Literal["tau", "tau+beta"]
+
+# Floors from the original (semantics §3.4, §3.6): the q temperature is floored at 1e-8 and q
+# at 1e-12 before the log; epsilon is clamped to 1/K - 1e-8 when K * epsilon >= 1 (the [F]
+# TRL listwise guard; the custom loop had none and produced negative q).
+_MIN_TEMPERATURE = 1e-8
+_MIN_Q = 1e-12
+_EPS_MARGIN = 1e-8
+_Z_STD_FLOOR = 1e-6
+
+_LAZY = {
+    "compute_rewards": "maxent_arrow.reward_step",
+    "apply_entropy_bonus": "maxent_arrow.reward_step",
+    "seed_grpo_statistics": "maxent_arrow.seed_grpo",
+    "SeedGrpoStats": "maxent_arrow.seed_grpo",
+}
+
+
+def __getattr__(name: str) -> Any:
+    # The reward step builds on this module; importing it lazily avoids an import cycle.
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'maxent_arrow.compute' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
+
+
+# ---------------------------------------------------------------------------- input boundary
+def as_ragged(value: Any, where: str) -> Ragged:
+    """Normalise grouped input to a ``Ragged`` of 1-D values (views, no copies).
+
+    Accepts a ``Ragged``, a :class:`~maxent_arrow.views.GroupedSequence` (the ``grouped``
+    field of the seed classes) or an Arrow list array.
+    """
+    if isinstance(value, Ragged):
+        ragged = value
+    elif isinstance(value, GroupedSequence):
+        ragged = value.to_ragged()
+    elif isinstance(value, pa.Array | pa.ChunkedArray):
+        ragged = Ragged.from_arrow(value)
+    else:
+        raise SchemaError(
+            f"{where}: expected a Ragged (or an Arrow list array), got {type(value).__name__}"
+        )
+    if ragged.values.dim() != 1:
+        raise LayoutError(f"{where}: expected 1-D values, got shape {tuple(ragged.values.shape)}")
+    if not (ragged.values.is_floating_point() or _is_integer(ragged.values)):
+        raise SchemaError(f"{where}: expected numeric values, got dtype {ragged.values.dtype}")
+    return ragged
+
+
+def _is_integer(tensor: torch.Tensor) -> bool:
+    return not tensor.is_floating_point() and not tensor.is_complex()
+
+
+def _grouped(value: Any, where: str) -> tuple[Ragged, Segments, torch.Tensor]:
+    """Ragged, its checked segments, and its values in the working dtype."""
+    ragged = as_ragged(value, where)
+    if len(ragged) == 0:
+        raise ComputeError(f"{where}: expected at least one group, got an empty batch")
+    segments = Segments.of(ragged, where=where)
+    values = ragged.values
+    return ragged, segments, values.to(work_dtype(values.dtype))
+
+
+def as_sample_vector(
+    value: Any,
+    *,
+    n: int,
+    where: str,
+    device: torch.device,
+    segments: Segments | None = None,
+) -> torch.Tensor:
+    """A per-sample ``[n]`` tensor on ``device`` from a tensor, ``Ragged``, view or list.
+
+    A ``Ragged`` must have the same group sizes as ``segments`` (the first differing group is
+    named); other inputs must have ``n`` values.
+    """
+    if isinstance(value, GroupedSequence | pa.ListArray | pa.LargeListArray):
+        value = as_ragged(value, where)
+    if isinstance(value, Ragged):
+        if segments is not None:
+            other = value.offsets.to(segments.offsets.device)
+            if other.shape != segments.offsets.shape or not torch.equal(other, segments.offsets):
+                _raise_group_mismatch(other, segments, where)
+        value = value.values
+    elif isinstance(value, ArrowSequence):
+        value = value.to_torch()
+    elif isinstance(value, np.ndarray | list | tuple):
+        value = torch.as_tensor(np.asarray(value, dtype=np.float64))
+    elif not isinstance(value, torch.Tensor):
+        raise SchemaError(f"{where}: expected a tensor of {n} values, got {type(value).__name__}")
+    if value.dim() != 1 or value.shape[0] != n:
+        raise ComputeError(
+            f"{where}: expected {n} values (one per sample), got shape {tuple(value.shape)}"
+        )
+    return value.to(device)
+
+
+def _raise_group_mismatch(other: torch.Tensor, segments: Segments, where: str) -> None:
+    mine = segments.lengths
+    theirs = other[1:] - other[:-1]
+    if theirs.numel() != mine.numel():
+        raise ComputeError(f"{where}: expected {mine.numel()} groups, got {theirs.numel()}")
+    g = int(torch.nonzero(theirs != mine)[0, 0])
+    raise ComputeError(
+        f"{where}: group {g} has {int(theirs[g])} values, expected {int(mine[g])} (as the "
+        "grouped input)"
+    )
+
+
+def _check_scalar(value: Any, where: str, *, low: float, strict: bool) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ComputeError(f"{where}: expected a number, got {value!r}") from None
+    if not math.isfinite(number) or number < low or (strict and number == low):
+        sign = ">" if strict else ">="
+        raise ComputeError(f"{where}: must be finite and {sign} {low:g}, got {value!r}")
+    return number
+
+
+# ---------------------------------------------------------------------------- §3.1 utilities
+def total_utils(
+    per_reward_values: Mapping[str, Any] | torch.Tensor,
+    weights: Sequence[float] | Mapping[str, float] | torch.Tensor,
+    *,
+    truncated: Any = None,
+    offsets: torch.Tensor | None = None,
+) -> Ragged | torch.Tensor:
+    """Weighted utility ``U_i = nansum_j(λ_j r_ij)``, zero where ``truncated`` (§3.1).
+
+    Parameters
+    ----------
+    per_reward_values:
+        Raw (unweighted) rewards: a dict ``name -> [N]`` (tensors, ``Ragged`` with the same
+        offsets, views or lists), or one ``[N, R]`` tensor.
+    weights:
+        ``λ_j``: one per reward function, in the dict's order (or a dict by name).
+    truncated:
+        Optional boolean ``[N]``: utilities of truncated completions are set to 0.
+    offsets:
+        Group offsets for the result when no input is a ``Ragged``.
+
+    Returns
+    -------
+    A ``Ragged`` when the group offsets are known (a ``Ragged`` input or ``offsets``), else a
+    ``[N]`` tensor. NaN terms (a reward function's NaN, or ``0 * inf``) count as 0; an
+    infinite term stays infinite, and the group math after refuses it, naming the group.
+    """
+    where = "total_utils"
+    if isinstance(per_reward_values, torch.Tensor):
+        if per_reward_values.dim() != 2:
+            raise ComputeError(
+                f"{where}: per_reward_values: expected an [N, R] tensor, got shape "
+                f"{tuple(per_reward_values.shape)}"
+            )
+        names = [f"reward_{j}" for j in range(per_reward_values.shape[1])]
+        columns = list(per_reward_values.unbind(1))
+    elif isinstance(per_reward_values, Mapping):
+        names = list(per_reward_values)
+        columns = list(per_reward_values.values())
+    else:
+        raise SchemaError(
+            f"{where}: per_reward_values: expected a dict of columns or an [N, R] tensor, got "
+            f"{type(per_reward_values).__name__}"
+        )
+    if not columns:
+        raise ComputeError(f"{where}: per_reward_values: expected at least one reward column")
+    lam = _reward_weights(weights, names, where)
+    for column in columns:
+        if isinstance(column, Ragged) and offsets is None:
+            offsets = column.offsets
+    probe = _flat(columns[0], f"{where}: per_reward_values[{names[0]!r}]")
+    device, n = probe.device, int(probe.shape[0])
+    segments = None
+    if offsets is not None:
+        segments = Segments(offsets.to(device), num_values=n, where=f"{where}: offsets")
+    tensors = [
+        as_sample_vector(
+            c,
+            n=n,
+            where=f"{where}: per_reward_values[{name!r}]",
+            device=device,
+            segments=segments,
+        )
+        for name, c in zip(names, columns)
+    ]
+    dtype = work_dtype(torch.result_type(*tensors) if len(tensors) > 1 else tensors[0].dtype)
+    utils = torch.zeros(n, dtype=dtype, device=device)
+    for lam_j, column in zip(lam, tensors):
+        term = column.to(dtype) * lam_j
+        utils += torch.where(torch.isnan(term), 0.0, term)
+    if truncated is not None:
+        mask = as_sample_vector(
+            truncated, n=n, where=f"{where}: truncated", device=device, segments=segments
+        )
+        utils = torch.where(mask.bool(), 0.0, utils)
+    if segments is None:
+        return utils
+    return Ragged(utils, segments.offsets, validate=False)
+
+
+def _reward_weights(weights: Any, names: list[str], where: str) -> list[float]:
+    if isinstance(weights, Mapping):
+        missing = [n for n in names if n not in weights]
+        if missing:
+            raise ComputeError(f"{where}: weights: no weight for reward {missing[0]!r}")
+        weights = [weights[n] for n in names]
+    elif isinstance(weights, torch.Tensor):
+        weights = weights.tolist()
+    weights = list(weights)
+    if len(weights) != len(names):
+        raise ComputeError(
+            f"{where}: weights: expected {len(names)} weights (one per reward), got {len(weights)}"
+        )
+    out = []
+    for name, w in zip(names, weights):
+        if isinstance(w, bool) or not isinstance(w, int | float) or not math.isfinite(w):
+            raise ComputeError(
+                f"{where}: weights: expected a finite number for {name!r}, got {w!r}"
+            )
+        out.append(float(w))
+    return out
+
+
+# ---------------------------------------------------------------------------- §3.2 advantages
+def group_advantages(utils: Any, *, scale_rewards: bool = True, eps: float = 1e-4) -> Ragged:
+    """Group-normalised advantages ``A_i = (U_i - μ_g) / (σ_g + eps)`` (§3.2).
+
+    ``σ_g`` is the unbiased group std (divide by ``K - 1``), defined as 0 for ``K = 1``, so a
+    single-completion group and a constant group get ``A = 0``. With ``scale_rewards=False``
+    (Dr.GRPO) ``A_i = U_i - μ_g``. The baseline is the plain group mean (no leave-one-out).
+    """
+    where = "group_advantages: utils"
+    ragged, seg, u = _grouped(utils, where)
+    eps = _check_scalar(eps, "group_advantages: eps", low=0.0, strict=False)
+    check_finite(u, seg, where)
+    centred = u - seg.expand(seg.mean(u))
+    if not scale_rewards:
+        return Ragged(centred, ragged.offsets, validate=False)
+    dof = (seg.lengths - 1).clamp(min=1).to(u.dtype)
+    std = torch.sqrt(seg.sum(centred * centred) / dof)
+    std = torch.where(seg.lengths > 1, std, 0.0)
+    denom = seg.expand(std + eps)
+    # eps = 0 with a constant group would be 0/0; its centred values are exactly 0.
+    adv = torch.where(denom > 0, centred / denom, 0.0)
+    return Ragged(adv, ragged.offsets, validate=False)
+
+
+def apply_group_scales(advantages: Any, scales: Any) -> Ragged:
+    """``A_i <- s_g A_i`` for a per-group scale ``s`` ``[P]`` (the SEED-GRPO step of §3.3)."""
+    ragged, seg, a = _grouped(advantages, "apply_group_scales: advantages")
+    s = torch.as_tensor(scales, device=a.device)
+    if s.dim() != 1 or s.shape[0] != len(seg):
+        raise ComputeError(
+            f"apply_group_scales: scales: expected {len(seg)} values (one per group), got "
+            f"shape {tuple(s.shape)}"
+        )
+    return Ragged(a * seg.expand(s.to(a.dtype)), ragged.offsets, validate=False)
+
+
+# ---------------------------------------------------------------------------- §3.4 q
+def q_distribution(utils: Any, *, temperature: float = 1.0, epsilon: float = 1e-6) -> Ragged:
+    """Listwise target ``q = renorm(softmax_g(U / T_q) (1 - K ε) + ε)`` (§3.4).
+
+    The softmax is max-subtracted per group, so any finite utilities at any temperature give
+    finite q. ``temperature`` is floored at 1e-8 (0 means a hard argmax mixed with ε); a
+    negative one is refused. When ``K ε >= 1`` the group's ε is clamped to ``1/K - 1e-8`` (the
+    [F] guard; without it q would go negative). Each group sums to 1 and every q >= ε_g.
+    """
+    where = "q_distribution: utils"
+    ragged, seg, u = _grouped(utils, where)
+    t = _check_scalar(temperature, "q_distribution: temperature", low=0.0, strict=False)
+    epsilon = _check_scalar(epsilon, "q_distribution: epsilon", low=0.0, strict=False)
+    check_finite(u, seg, where)
+    z = u / max(t, _MIN_TEMPERATURE)
+    e = torch.exp(z - seg.expand(seg.max(z)))
+    soft = e / seg.expand(seg.sum(e))
+    k = seg.lengths.to(u.dtype)
+    eps_g = torch.clamp(1.0 / k - _EPS_MARGIN, max=epsilon).clamp(min=0.0)
+    mixed = soft * seg.expand(1.0 - k * eps_g) + seg.expand(eps_g)
+    q = mixed / seg.expand(seg.sum(mixed))
+    return Ragged(q, ragged.offsets, validate=False)
+
+
+# ---------------------------------------------------------------------------- §3.6 weights
+def maxent_weights(
+    q: Any,
+    ref_logp: Any,
+    *,
+    tau: float,
+    beta: float,
+    denominator: Denominator = "tau",
+    token_counts: Any = None,
+    length_normalize: bool = False,
+    length_reweight: bool = False,
+) -> Ragged:
+    """MaxEnt weights ``w = softmax_g((ln max(q, 1e-12) + β ρ) / D)`` (§3.6).
+
+    Parameters
+    ----------
+    q:
+        The listwise target (:func:`q_distribution`).
+    ref_logp:
+        The reference term per sample: either the per-token mean (``ReferenceLogprobs.
+        ref_logp_sum``, the default ``len_norm_ref`` convention) or the sequence sum
+        (``ref_logp_sum_raw``). ``[N]`` tensor or a ``Ragged`` grouped like ``q``.
+    tau, beta:
+        Temperature ``τ > 0`` and reference strength ``β >= 0``.
+    denominator:
+        ``"tau"``: ``D = τ`` (the [F] convention, after 2026-03-11), the maximiser of
+        ``E_w[ln q + β ln π_ref] + τ H(w)``. ``"tau+beta"``: ``D = τ + β`` (the [C]
+        convention), the maximiser of ``E_w[ln q] + τ H(w) - β KL(w || π_ref)``. Record which
+        one produced stored weights: they differ whenever ``β > 0``.
+    token_counts:
+        ``T_i``, needed by ``length_normalize`` and ``length_reweight``.
+    length_normalize:
+        Divide ``ref_logp`` (then a sum) by ``max(T_i, 1)`` to get the per-token mean.
+    length_reweight:
+        The [C] post-softmax reweighting used with sum references: ``w ∝ w · max(T_i, 1)``.
+    """
+    where = "maxent_weights"
+    ragged, seg, qv = _grouped(q, f"{where}: q")
+    tau = _check_scalar(tau, f"{where}: tau", low=0.0, strict=True)
+    beta = _check_scalar(beta, f"{where}: beta", low=0.0, strict=False)
+    if denominator not in ("tau", "tau+beta"):
+        raise ComputeError(f"{where}: denominator must be 'tau' or 'tau+beta', got {denominator!r}")
+    n, device = seg.num_values, qv.device
+    rho = as_sample_vector(
+        ref_logp, n=n, where=f"{where}: ref_logp", device=device, segments=seg
+    ).to(qv.dtype)
+    counts = None
+    if length_normalize or length_reweight:
+        if token_counts is None:
+            raise ComputeError(f"{where}: token_counts: required by length_normalize/reweight")
+        counts = (
+            as_sample_vector(
+                token_counts, n=n, where=f"{where}: token_counts", device=device, segments=seg
+            )
+            .to(qv.dtype)
+            .clamp(min=1.0)
+        )
+        if length_normalize:
+            rho = rho / counts
+    check_finite(qv, seg, f"{where}: q")
+    check_finite(rho, seg, f"{where}: ref_logp")
+    d = tau + beta if denominator == "tau+beta" else tau
+    logits = (torch.log(qv.clamp(min=_MIN_Q)) + beta * rho) / d
+    e = torch.exp(logits - seg.expand(seg.max(logits)))
+    if length_reweight:
+        e = e * counts
+    w = e / seg.expand(seg.sum(e))
+    return Ragged(w, ragged.offsets, validate=False)
+
+
+def group_entropy(dist: Any) -> torch.Tensor:
+    """Entropy ``H_g = -Σ p ln p`` of each group's distribution ``[P]`` (``0 ln 0 = 0``)."""
+    _, seg, p = _grouped(dist, "group_entropy: dist")
+    # `+ 0.0` turns the -0.0 of a one-hot group into 0.0.
+    return -seg.sum(torch.special.xlogy(p, p)) + 0.0
+
+
+@dataclass(frozen=True)
+class WeightEntropy:
+    """Per-group entropies of the weights and their mean / min / max (``WeightStats``)."""
+
+    per_group: torch.Tensor
+    mean: float
+    min: float
+    max: float
+
+
+def weight_entropy(weights: Any) -> WeightEntropy:
+    """``H(w_g)`` per group and its summary (``weight_entropy`` = mean over groups, §3.6)."""
+    h = group_entropy(weights)
+    mean, low, high = torch.stack([h.mean(), h.min(), h.max()]).tolist()
+    return WeightEntropy(per_group=h, mean=mean, min=low, max=high)
+
+
+# ---------------------------------------------------------------------------- §2.6, §2.13
+def _flat(value: Any, where: str) -> torch.Tensor:
+    if isinstance(value, GroupedSequence | pa.ListArray | pa.LargeListArray):
+        value = as_ragged(value, where)
+    if isinstance(value, Ragged):
+        value = value.values
+    elif isinstance(value, ArrowSequence):
+        value = value.to_torch()
+    elif not isinstance(value, torch.Tensor):
+        try:
+            value = torch.as_tensor(np.asarray(value, dtype=np.float64))
+        except (TypeError, ValueError):
+            raise SchemaError(f"{where}: expected numbers, got {type(value).__name__}") from None
+    if value.dim() != 1:
+        raise ComputeError(f"{where}: expected 1-D values, got shape {tuple(value.shape)}")
+    if value.numel() == 0:
+        raise ComputeError(f"{where}: expected at least one sample, got an empty batch")
+    return value.to(work_dtype(value.dtype))
+
+
+def reward_moments(utils: Any) -> RewardMoments:
+    """Mean and **population** std (divide by N; 0 when N = 1) of the utilities (§2.6)."""
+    u = _flat(utils, "reward_moments: utils")
+    check_finite(u, None, "reward_moments: utils")
+    mean = u.mean()
+    std = torch.sqrt(((u - mean) ** 2).mean()) if u.numel() > 1 else torch.zeros_like(mean)
+    m, s = torch.stack([mean, std]).tolist()
+    return RewardMoments(mean=m, std=s)
+
+
+def length_stats(token_counts: Any, *, max_completion_len: int) -> LengthStats:
+    """Length summary of ``T_i`` (§2.13): min/mean/max, the fraction that hit the cap
+    (``T_i >= max_completion_len``), and min/mean/max of those that terminated (0 if none)."""
+    where = "length_stats: token_counts"
+    t = _flat(token_counts, where).to(torch.float64)
+    if isinstance(max_completion_len, bool) or not isinstance(max_completion_len, int):
+        raise ComputeError(
+            f"length_stats: max_completion_len: expected an int, got {max_completion_len!r}"
+        )
+    if max_completion_len <= 0:
+        raise ComputeError(
+            f"length_stats: max_completion_len must be > 0, got {max_completion_len}"
+        )
+    check_finite(t, None, where)
+    if bool((t < 0).any()):
+        i = int(torch.nonzero(t < 0)[0, 0])
+        raise ComputeError(f"{where}: expected counts >= 0, got {float(t[i])} at sample {i}")
+    clipped = t >= max_completion_len
+    done = ~clipped
+    n_done = done.sum()
+    inf = torch.tensor(math.inf, dtype=t.dtype, device=t.device)
+    low = torch.where(done, t, inf).min()
+    high = torch.where(done, t, -inf).max()
+    mean_done = torch.where(done, t, 0.0).sum() / n_done.clamp(min=1)
+    has = n_done > 0
+    stats = torch.stack(
+        [
+            t.min(),
+            t.mean(),
+            t.max(),
+            clipped.to(t.dtype).mean(),
+            torch.where(has, low, 0.0),
+            torch.where(has, mean_done, 0.0),
+            torch.where(has, high, 0.0),
+        ]
+    ).tolist()
+    return LengthStats(*stats)
+
+
+# ---------------------------------------------------------------------------- §3.5 bonus
+@dataclass(frozen=True)
+class EntropyBonus:
+    """The policy-entropy bonus of §3.5, all per sample with the groups' offsets.
+
+    ``per_token`` is ``h_i``, ``zscore`` ``z_i``, ``bonus`` ``b_i = c σ_R z_i``, ``utils`` the
+    new ``U_i + b_i``, and ``scale`` ``σ_R`` (``RewardComputation.entropy_bonus_scale``).
+    """
+
+    per_token: Ragged
+    zscore: Ragged
+    bonus: Ragged
+    utils: Ragged
+    scale: float
+
+
+def entropy_bonus(
+    utils: Any,
+    policy_entropy_sum: Any,
+    token_counts: Any,
+    *,
+    coef: float,
+    reward_std: float | None = None,
+) -> EntropyBonus:
+    """Add ``b_i = c σ_R z_i`` to the utilities (§3.5).
+
+    ``h_i = entropy_sum_i / max(T_i, 1)`` is z-scored within its group (population std,
+    floored at 1e-6; a non-finite z becomes 0), ``σ_R`` is ``reward_std`` or the population
+    std of ``utils`` before the bonus (1.0 when it is not positive or not finite).
+    """
+    where = "entropy_bonus"
+    ragged, seg, u = _grouped(utils, f"{where}: utils")
+    coef = _check_scalar(coef, f"{where}: coef", low=-math.inf, strict=False)
+    n, device = seg.num_values, u.device
+    ent = as_sample_vector(
+        policy_entropy_sum,
+        n=n,
+        where=f"{where}: policy_entropy_sum",
+        device=device,
+        segments=seg,
+    ).to(u.dtype)
+    counts = as_sample_vector(
+        token_counts, n=n, where=f"{where}: token_counts", device=device, segments=seg
+    ).to(u.dtype)
+    h = ent / counts.clamp(min=1.0)
+    centred = h - seg.expand(seg.mean(h))
+    std = torch.sqrt(seg.sum(centred * centred) / seg.lengths.to(u.dtype))
+    z = centred / seg.expand(std.clamp(min=_Z_STD_FLOOR))
+    z = torch.where(torch.isfinite(z), z, 0.0)
+    sigma = reward_moments(u).std if reward_std is None else float(reward_std)
+    if not math.isfinite(sigma) or sigma <= 0:
+        sigma = 1.0
+    b = coef * sigma * z
+    offsets = ragged.offsets
+
+    def wrap(values: torch.Tensor) -> Ragged:
+        return Ragged(values, offsets, validate=False)
+
+    return EntropyBonus(
+        per_token=wrap(h), zscore=wrap(z), bonus=wrap(b), utils=wrap(u + b), scale=sigma
+    )
