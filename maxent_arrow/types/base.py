@@ -30,6 +30,19 @@ class _Record:
         if check is not None:
             check()
 
+    def __eq__(self, other: object) -> bool:
+        # Field by field, NaN equal to NaN and tensors by value: the generated ``==`` compares
+        # field tuples, where a NaN that went through Arrow is a new float and never equal, so
+        # ``C.from_arrow(x.to_arrow()) == x`` would fail for any NaN scalar.
+        if type(other) is not type(self):
+            return NotImplemented
+        return all(
+            tensor_equal(getattr(self, f.name), getattr(other, f.name))
+            for f in dataclasses.fields(self)
+        )
+
+    __hash__ = None  # mutable records are unhashable, like the seed's dataclasses
+
     def to_arrow(self) -> pa.RecordBatch:
         """This record as an Arrow record batch (tensors via ``.detach().cpu()``)."""
         from maxent_arrow.types import records
@@ -45,17 +58,7 @@ class _Record:
 
 
 class _TensorRecord(_Record):
-    """Records holding tensors compare tensors by value (the generated ``==`` cannot)."""
-
-    def __eq__(self, other: object) -> bool:
-        if type(other) is not type(self):
-            return NotImplemented
-        return all(
-            tensor_equal(getattr(self, f.name), getattr(other, f.name))
-            for f in dataclasses.fields(self)
-        )
-
-    __hash__ = None
+    """Records holding tensors (compared by value through :meth:`_Record.__eq__`)."""
 
 
 class _GroupedPair(_Record):
@@ -96,8 +99,9 @@ class _GroupedPair(_Record):
                 i = int(differ[0])
                 g = int(np.searchsorted(grouped.offsets, i, side="right") - 1)
                 raise LayoutError(
-                    f"{name}.samples: value {i} is {b[i]!r} but grouped[{g}][{i - grouped.offsets[g]}] "
-                    f"is {a[i]!r}; samples must be grouped flattened"
+                    f"{name}.samples: value {i} is {float(b[i])!r} but "
+                    f"grouped[{g}][{i - int(grouped.offsets[g])}] is {float(a[i])!r}; samples "
+                    "must be grouped flattened"
                 )
         object.__setattr__(self, "samples", ArrowSequence(flat))
 

@@ -106,11 +106,26 @@ def _numeric_array(field: str, value: Any, kind: pa.DataType, group: int | None 
             raise LayoutError(f"{field}: expected a 1-D array, got shape {value.shape}")
         if value.dtype.kind not in "iufb":
             _check_numbers(field, value.tolist(), group)
-        return pa.array(value, type=kind)
+        return _to_arrow(field, value, kind, group)
     if isinstance(value, str | bytes) or not isinstance(value, Sequence):
         raise SchemaError(f"{field}: expected a list of numbers, got {_type_name(value)}")
     _check_numbers(field, value, group)
-    return pa.array(value, type=kind)
+    return _to_arrow(field, value, kind, group)
+
+
+def _to_arrow(field: str, value: Sequence, kind: pa.DataType, group: int | None) -> pa.Array:
+    """``pa.array(value, type=kind)``, with an out-of-range value reported by position."""
+    try:
+        return pa.array(value, type=kind)
+    except (pa.ArrowInvalid, OverflowError):
+        info = np.iinfo(kind.to_pandas_dtype()) if pa.types.is_integer(kind) else None
+        for i, item in enumerate(value):
+            if info is not None and not info.min <= item <= info.max:
+                raise LayoutError(
+                    f"{field}: expected values in [{info.min}, {info.max}] ({kind}), got "
+                    f"{item!r} at {_where(group, i)}"
+                ) from None
+        raise
 
 
 def ensure_float_list(field: str, value: Any, *, optional: bool = False) -> ArrowSequence | None:
@@ -166,6 +181,8 @@ def ensure_str_list(field: str, value: Any, *, optional: bool = False) -> ArrowS
     if isinstance(value, str | bytes) or not isinstance(value, Sequence):
         raise SchemaError(f"{field}: expected a list of strings, got {_type_name(value)}")
     for i, item in enumerate(value):
+        if item is None:
+            raise LayoutError(f"{field}: expected a str at position {i}, got None (null)")
         if not isinstance(item, str):
             raise SchemaError(f"{field}: expected a str at position {i}, got {_type_name(item)}")
     return ArrowSequence(pa.array(value, type=pa.string()))
@@ -304,6 +321,7 @@ def ensure_grouped_floats(field: str, value: Any, *, optional: bool = False):
         return None
     array = _existing_list(field, value)
     if array is not None:
+        _check_no_null_items(field, array)
         flat = _numeric_array(f"{field} values", array.flatten(), _FLOAT)
         if flat is not array.flatten() and flat.type != array.type.value_type:
             array = _list_array(flat, np.diff(_rebased(array)))
@@ -315,6 +333,18 @@ def ensure_grouped_floats(field: str, value: Any, *, optional: bool = False):
     return GroupedSequence(_list_array(flat, [len(group) for group in groups]))
 
 
+def _check_no_null_items(field: str, array: pa.Array) -> None:
+    """Nulls inside the lists of an Arrow list array, reported by group and sample."""
+    flat = array.flatten()
+    if flat.null_count:
+        i = int(np.flatnonzero(~flat.is_valid().to_numpy(zero_copy_only=False))[0])
+        offsets = _rebased(array)
+        g = int(np.searchsorted(offsets, i, side="right") - 1)
+        raise LayoutError(
+            f"{field}: expected no nulls, got a null at group {g}, sample {i - int(offsets[g])}"
+        )
+
+
 def _rebased(array: pa.Array) -> np.ndarray:
     raw = np.asarray(array.offsets.to_numpy(zero_copy_only=False), dtype=np.int64)
     return raw - raw[0]
@@ -323,11 +353,16 @@ def _rebased(array: pa.Array) -> np.ndarray:
 def ensure_grouped_strings(field: str, value: Any) -> GroupedSequence:
     array = _existing_list(field, value)
     if array is not None:
+        _check_no_null_items(field, array)
         ensure_str_list(f"{field} values", array.flatten())
         return GroupedSequence(array)
     groups = _group_lists(field, value)
     for g, group in enumerate(groups):
         for k, item in enumerate(group):
+            if item is None:
+                raise LayoutError(
+                    f"{field}: expected a str at group {g}, sample {k}, got None (null)"
+                )
             if not isinstance(item, str):
                 raise SchemaError(
                     f"{field}: expected a str at group {g}, sample {k}, got {_type_name(item)}"

@@ -72,7 +72,7 @@ __all__ = [
 
 
 # ---------------------------------------------------------------------------- PromptCacheEntry
-@dataclass
+@dataclass(eq=False)
 class PromptCacheEntry(_Record):
     """Cached prompt tokenization used during scoring."""
 
@@ -98,7 +98,7 @@ class PromptCacheEntry(_Record):
 
 
 # ---------------------------------------------------------------------------- generation
-@dataclass
+@dataclass(eq=False)
 class GenerationBatch(_Record):
     """Completions grouped per prompt after filtering."""
 
@@ -142,7 +142,7 @@ class GenerationBatch(_Record):
         )
 
 
-@dataclass
+@dataclass(eq=False)
 class PromptCompletionBatch(_Record):
     """Flattened prompt/completion pairs."""
 
@@ -171,7 +171,7 @@ class PromptCompletionBatch(_Record):
 
 
 # ---------------------------------------------------------------------------- grouped pairs
-@dataclass
+@dataclass(eq=False)
 class AdvantageStats(_GroupedPair):
     """Grouped and flattened advantages."""
 
@@ -179,7 +179,7 @@ class AdvantageStats(_GroupedPair):
     samples: list[float]
 
 
-@dataclass
+@dataclass(eq=False)
 class QDistribution(_GroupedPair):
     """Sequence-level q-distribution."""
 
@@ -187,7 +187,7 @@ class QDistribution(_GroupedPair):
     samples: list[float]
 
 
-@dataclass
+@dataclass(eq=False)
 class RewardMoments(_Record):
     """Summary statistics for sequence rewards."""
 
@@ -197,7 +197,7 @@ class RewardMoments(_Record):
     _convert: ClassVar[dict] = {"mean": F.ensure_float, "std": F.ensure_float}
 
 
-@dataclass
+@dataclass(eq=False)
 class RewardComputation(_Record):
     """Utility values and statistics computed per batch."""
 
@@ -438,7 +438,7 @@ class ReferenceLogprobs(_TensorRecord):
 
 
 # ---------------------------------------------------------------------------- loss
-@dataclass
+@dataclass(eq=False)
 class LossScalarBundle(_Record):
     """Scalar contributions tracked for logging."""
 
@@ -499,7 +499,7 @@ class LossOutputs(_TensorRecord):
         return self.scalars.weighted_kl_loss
 
 
-@dataclass
+@dataclass(eq=False)
 class LengthStats(_Record):
     """Summary of completion lengths for metrics."""
 
@@ -525,7 +525,7 @@ class LengthStats(_Record):
     }
 
 
-@dataclass
+@dataclass(eq=False)
 class BatchDiagnostics(_Record):
     """Additional scalar stats recorded for metrics.
 
