@@ -431,7 +431,8 @@ class RolloutBatch:
         pad = pad_token_id if pad_token_id is not None else config.get("pad_token_id", 0)
         sizes = np.diff(self.group_offsets)
         group_of = np.repeat(np.arange(len(sizes)), sizes)
-        per_sample = prompt_ids.take(pa.array(group_of))
+        # The seed builds prompt entries with nullable items; match it so entries compare equal.
+        per_sample = prompt_ids.take(pa.array(group_of)).cast(pa.list_(pa.int32()))
         lengths = _offsets(per_sample)
         masks = pa.ListArray.from_arrays(
             pa.array(lengths.astype(np.int32)),

@@ -1,0 +1,198 @@
+"""Durable, atomic files for the rollout store: names, temp files, fsync, checksums, locks.
+
+A file becomes visible in one ``rename`` (or ``link``) of a fully written, fsynced temp file
+in the same directory, followed by an fsync of the directory, so a crash leaves either the old
+state or the new file, never part of one. Temp names start with ``.tmp-`` and carry the host
+and process id, so ``cleanup_temp`` removes only the leftovers of dead writers (another live
+rank's in-flight temp file is left alone).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import re
+import socket
+import time
+import uuid
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+
+from maxent_arrow.errors import StoreError
+
+__all__ = [
+    "UNIT_RE",
+    "COMPACT_RE",
+    "TEMP_PREFIX",
+    "unit_name",
+    "compact_name",
+    "write_atomic",
+    "fsync_dir",
+    "crc32_of",
+    "cleanup_temp",
+    "store_lock",
+    "os_error",
+]
+
+TEMP_PREFIX = ".tmp-"
+UNIT_RE = re.compile(r"^step-(\d{10})\.rank-(\d{5})\.([a-z][a-z0-9_]{0,31})\.(parquet|arrow)$")
+COMPACT_RE = re.compile(r"^compact-(\d{10})-(\d{10})\.([a-z][a-z0-9_]{0,31})\.parquet$")
+_TEMP_RE = re.compile(r"^\.tmp-(?P<host>[^.]+)\.(?P<pid>\d+)\.")
+_HOST = re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname())[:64] or "host"
+_STALE_SECONDS = 24 * 3600
+
+MAX_STEP = 10**10 - 1
+MAX_RANK = 10**5 - 1
+
+
+def unit_name(step: int, rank: int, kind: str, ext: str = "parquet") -> str:
+    """``step-{step:010d}.rank-{rank:05d}.{kind}.{ext}``; out-of-range numbers are refused."""
+    if not 0 <= step <= MAX_STEP:
+        raise StoreError(f"step {step} out of range [0, {MAX_STEP}] for the store's file names")
+    if not 0 <= rank <= MAX_RANK:
+        raise StoreError(f"rank {rank} out of range [0, {MAX_RANK}] for the store's file names")
+    name = f"step-{step:010d}.rank-{rank:05d}.{kind}.{ext}"
+    if not UNIT_RE.match(name):
+        raise StoreError(f"kind {kind!r} does not make a valid store file name")
+    return name
+
+
+def compact_name(first: int, last: int, kind: str) -> str:
+    return f"compact-{first:010d}-{last:010d}.{kind}.parquet"
+
+
+def os_error(action: str, path: Path, exc: OSError) -> StoreError:
+    """A StoreError that says what failed, where, and why in words a user can act on."""
+    reason = {
+        errno.ENOSPC: "the disk is full",
+        errno.EFBIG: "the file size limit was reached (disk quota or RLIMIT_FSIZE)",
+        errno.EDQUOT: "the disk quota is exhausted",
+        errno.EACCES: "permission denied (read-only directory?)",
+        errno.EPERM: "operation not permitted (read-only directory?)",
+        errno.EROFS: "the file system is read-only",
+    }.get(exc.errno or -1, exc.strerror or str(exc))
+    error = StoreError(exc.errno or 0, f"{action} {path}: {reason}")
+    error.filename = str(path)
+    return error
+
+
+def _temp_path(final: Path) -> Path:
+    return final.with_name(
+        f"{TEMP_PREFIX}{_HOST}.{os.getpid()}.{uuid.uuid4().hex[:12]}.{final.name}"
+    )
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(final: Path, data, *, overwrite: bool = True) -> None:
+    """Write ``data`` (bytes or a buffer) to ``final`` atomically and durably.
+
+    The bytes go to a temp file in the same directory, which is fsynced, then renamed over
+    ``final`` (``overwrite=True``) or hard-linked to it (``overwrite=False``: fails with
+    :class:`StoreError` if ``final`` exists, atomically, even against other processes), and the
+    directory is fsynced. On any error the temp file is removed and ``final`` is untouched.
+    """
+    temp = _temp_path(final)
+    try:
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except OSError as exc:
+        raise os_error("cannot create a file in", final.parent, exc) from exc
+    try:
+        try:
+            view = memoryview(data).cast("B")
+            written = 0
+            while written < len(view):
+                written += os.write(fd, view[written : written + (64 << 20)])
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        if overwrite:
+            os.replace(temp, final)
+        else:
+            try:
+                os.link(temp, final)
+            except FileExistsError:
+                raise StoreError(errno.EEXIST, f"{final} already exists") from None
+            os.unlink(temp)
+        fsync_dir(final.parent)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        if isinstance(exc, StoreError):
+            raise
+        raise os_error("cannot write", final, exc) from exc
+
+
+def crc32_of(data) -> int:
+    return zlib.crc32(memoryview(data).cast("B")) & 0xFFFFFFFF
+
+
+def crc32_file(path: Path) -> int:
+    crc = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(16 << 20):
+            crc = zlib.crc32(chunk, crc)
+    return crc & 0xFFFFFFFF
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def cleanup_temp(directory: Path) -> list[Path]:
+    """Remove temp files left by dead writers on this host (or older than a day anywhere)."""
+    removed = []
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return removed
+    now = time.time()
+    for entry in entries:
+        if not entry.name.startswith(TEMP_PREFIX):
+            continue
+        match = _TEMP_RE.match(entry.name)
+        try:
+            stale = now - entry.stat().st_mtime > _STALE_SECONDS
+        except OSError:
+            continue
+        dead = match is not None and match["host"] == _HOST and not _alive(int(match["pid"]))
+        if dead or stale:
+            with contextlib.suppress(OSError):
+                os.unlink(entry.path)
+                removed.append(Path(entry.path))
+    return removed
+
+
+@contextlib.contextmanager
+def store_lock(root: Path) -> Iterator[None]:
+    """An exclusive lock on ``root/.lock`` around the short commit section of an append.
+
+    ``flock`` is released by the kernel when the holder dies (SIGKILL included), so a crash
+    never leaves the store locked.
+    """
+    path = root / ".lock"
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise os_error("cannot open the lock file", path, exc) from exc
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
