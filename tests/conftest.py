@@ -1,0 +1,70 @@
+"""Shared fixtures of the test suite (fixtures only; each test module builds its own data).
+
+- ``cuda``-marked tests are skipped cleanly on machines without a CUDA device.
+- Hypothesis runs without per-example deadlines (the CI machine is small and shared, so timing
+  varies) and derandomised, so a failure reproduces on every run.
+- ``parquet_roundtrip`` / ``ipc_roundtrip`` write a batch to a real file under ``tmp_path``
+  and read it back.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.ipc as ipc
+import pyarrow.parquet as pq
+import pytest
+import torch
+from hypothesis import settings
+
+settings.register_profile("maxent", deadline=None, derandomize=True, print_blob=True)
+settings.load_profile("maxent")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    """A seeded numpy generator (same data on every run)."""
+    return np.random.default_rng(0)
+
+
+@pytest.fixture
+def parquet_roundtrip(tmp_path: Path) -> Callable[[pa.RecordBatch | pa.Table], pa.Table]:
+    """Write a batch to a new Parquet file under ``tmp_path`` and read it back as a table."""
+    counter = itertools.count()
+
+    def roundtrip(data: pa.RecordBatch | pa.Table) -> pa.Table:
+        table = data if isinstance(data, pa.Table) else pa.Table.from_batches([data])
+        path = tmp_path / f"roundtrip_{next(counter)}.parquet"
+        pq.write_table(table, path)
+        return pq.read_table(path)
+
+    return roundtrip
+
+
+@pytest.fixture
+def ipc_roundtrip(tmp_path: Path) -> Callable[[pa.RecordBatch | pa.Table], pa.Table]:
+    """Write a batch to a new Arrow IPC file and read it back memory-mapped (zero-copy)."""
+    counter = itertools.count()
+
+    def roundtrip(data: pa.RecordBatch | pa.Table) -> pa.Table:
+        table = data if isinstance(data, pa.Table) else pa.Table.from_batches([data])
+        path = tmp_path / f"roundtrip_{next(counter)}.arrow"
+        with ipc.new_file(path, table.schema) as writer:
+            writer.write_table(table)
+        # The table's buffers point into the mapping, which they keep alive.
+        return ipc.open_file(pa.memory_map(str(path))).read_all()
+
+    return roundtrip
