@@ -602,7 +602,7 @@ class RolloutStore:
     def verify(self) -> VerifyReport:
         """Check every file: readable, sizes and checksums as recorded, rows as the step rows
         say, caches equal to the archive. Names each damaged file in ``problems``."""
-        from maxent_arrow.store_read import verify
+        from maxent_arrow.store_admin import verify
 
         return verify(self)
 
@@ -614,7 +614,7 @@ class RolloutStore:
         also after a crash; the replaced files are deleted afterwards (or at the next open).
         Returns the new step files.
         """
-        from maxent_arrow.store_read import compact
+        from maxent_arrow.store_admin import compact
 
         return compact(self, kind=kind, max_steps=max_steps)
 
