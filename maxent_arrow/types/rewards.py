@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import pyarrow as pa
+from torch import Tensor
 
 from maxent_arrow.errors import LayoutError
 from maxent_arrow.types import fields as F
@@ -39,18 +40,17 @@ from maxent_arrow.types.base import (
     _vector,
 )
 
-if TYPE_CHECKING:
-    from torch import Tensor
-
-    from maxent_arrow.types.settings import (
-        EvaluationSettings,
-        GenerationFn,
-        GenerationSettings,
-        LoggingHandles,
-        RewardSpec,
-        RuntimeHandles,
-        ScoringSettings,
-    )
+# Imported at run time (not under TYPE_CHECKING) so that `typing.get_type_hints` resolves every
+# class's annotations, as it does on the seed's module; both imports are already loaded.
+from maxent_arrow.types.settings import (
+    EvaluationSettings,
+    GenerationFn,
+    GenerationSettings,
+    LoggingHandles,
+    RewardSpec,
+    RuntimeHandles,
+    ScoringSettings,
+)
 
 __all__ = [
     "AdvantageStats",
