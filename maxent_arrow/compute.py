@@ -18,6 +18,7 @@ are re-exported here.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -247,7 +248,7 @@ def total_utils(
         )
         for name, c in zip(names, columns)
     ]
-    dtype = work_dtype(torch.result_type(*tensors) if len(tensors) > 1 else tensors[0].dtype)
+    dtype = work_dtype(functools.reduce(torch.promote_types, (t.dtype for t in tensors)))
     utils = torch.zeros(n, dtype=dtype, device=device)
     for lam_j, column in zip(lam, tensors):
         term = column.to(dtype) * lam_j
