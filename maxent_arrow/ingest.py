@@ -243,12 +243,24 @@ def _eos_lengths(ragged: Ragged, eos_token_id: int | None) -> torch.Tensor:
     lengths = ragged.lengths()
     if eos_token_id is None or ragged.num_values == 0:
         return lengths
-    hits = ragged.values == eos_token_id
+    # Only the EOS hits are located (searchsorted on the offsets), not every token's row.
+    hits = torch.nonzero(ragged.values == eos_token_id).flatten()
     first = lengths.clone()
-    rows = ragged.row_ids()[hits]
-    if rows.numel():
-        first.scatter_reduce_(0, rows, ragged.positions()[hits] + 1, reduce="amin")
+    if hits.numel():
+        rows = torch.searchsorted(ragged.offsets, hits, right=True) - 1
+        first.scatter_reduce_(0, rows, hits - ragged.offsets[rows] + 1, reduce="amin")
     return first
+
+
+def _prefix_mask(lengths: torch.Tensor, width: int) -> torch.Tensor:
+    """``int64 [rows, width]``, ones then zeros: 1 where the column is < the row's length."""
+    if lengths.device.type == "cpu":
+        # numpy writes the comparison straight into the int64 output: one pass, no bool temp.
+        out = np.empty((lengths.numel(), width), dtype=np.int64)
+        np.less(np.arange(width), lengths.numpy()[:, None], out=out, casting="unsafe")
+        return torch.from_numpy(out)
+    columns = torch.arange(width, device=lengths.device)
+    return (columns < lengths[:, None]).to(torch.int64)
 
 
 def build_score_batch(
@@ -335,8 +347,7 @@ def build_score_batch(
     longest = int(ragged.lengths().max()) if n else 0
     width = longest if max_completion_len is None else min(longest, int(max_completion_len))
     ids, _ = ragged.to_padded(pad_token_id, max_len=width, dtype=torch.int64)
-    columns = torch.arange(width, device=ids.device)
-    mask = (columns < lengths[:, None]).to(torch.int64)
+    mask = _prefix_mask(lengths.clamp(max=width), width)
     return ScoreBatch(
         prompt_entries=entries,
         completion_ids=ids,

@@ -230,3 +230,39 @@ def test_cuda_build_pads_on_the_device_and_matches_cpu():
     assert gpu.completion_ids.is_cuda and gpu.completion_attention_mask.is_cuda
     assert torch.equal(gpu.completion_ids.cpu(), cpu.completion_ids)
     assert torch.equal(gpu.completion_attention_mask.cpu(), cpu.completion_attention_mask)
+
+
+def test_bench_ingest_quick_runs_and_checks_itself():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "bench_ingest.py"), "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert "vs baseline" in out.stdout and "packing saves" in out.stdout
+    assert "targets:" in out.stdout
+
+
+def test_gpu_check_exits_cleanly_without_cuda():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "gpu_check.py"), "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    if not torch.cuda.is_available():
+        assert "no CUDA" in out.stdout
+    else:
+        assert "tok/s" in out.stdout
