@@ -244,7 +244,10 @@ def _eos_lengths(ragged: Ragged, eos_token_id: int | None) -> torch.Tensor:
     if eos_token_id is None or ragged.num_values == 0:
         return lengths
     # Only the EOS hits are located (searchsorted on the offsets), not every token's row.
-    hits = torch.nonzero(ragged.values == eos_token_id).flatten()
+    if ragged.device.type == "cpu":
+        hits = torch.from_numpy(np.flatnonzero(ragged.values.numpy() == eos_token_id))
+    else:
+        hits = torch.nonzero(ragged.values == eos_token_id).flatten()
     first = lengths.clone()
     if hits.numel():
         rows = torch.searchsorted(ragged.offsets, hits, right=True) - 1
@@ -254,11 +257,14 @@ def _eos_lengths(ragged: Ragged, eos_token_id: int | None) -> torch.Tensor:
 
 def _prefix_mask(lengths: torch.Tensor, width: int) -> torch.Tensor:
     """``int64 [rows, width]``, ones then zeros: 1 where the column is < the row's length."""
+    rows = lengths.numel()
     if lengths.device.type == "cpu":
-        # numpy writes the comparison straight into the int64 output: one pass, no bool temp.
-        out = np.empty((lengths.numel(), width), dtype=np.int64)
-        np.less(np.arange(width), lengths.numpy()[:, None], out=out, casting="unsafe")
-        return torch.from_numpy(out)
+        # A run-length decode writes each int64 cell once (no bool temporary, no compare).
+        counts = np.empty(2 * rows, dtype=np.int64)
+        counts[0::2] = lengths.numpy()
+        counts[1::2] = width - counts[0::2]
+        pattern = np.tile(np.array([1, 0], dtype=np.int64), rows)
+        return torch.from_numpy(np.repeat(pattern, counts).reshape(rows, width))
     columns = torch.arange(width, device=lengths.device)
     return (columns < lengths[:, None]).to(torch.int64)
 
