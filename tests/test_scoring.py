@@ -307,6 +307,13 @@ def test_sequence_scores_fields_and_behavior_alignment(model):
         return_entropy=True,
     )
     assert float(ss.behavior_logp_sum[0]) == -3.5
+    # The same values as the group table stores them: list<double> per group, nulls allowed.
+    column = pa.ListArray.from_arrays(
+        pa.array(np.arange(0, N + 1, K, dtype=np.int32)),
+        pa.array([-3.5] + [None] * (N - 1), type=pa.float64()),
+    )
+    from_arrow = sequence_scores(model, sb, ref, behavior_logp_sum=column)
+    torch.testing.assert_close(from_arrow.behavior_logp_sum, ss.behavior_logp_sum)
     torch.testing.assert_close(ss.behavior_logp_sum[1:], ss.cur_logp_sum.detach()[1:])
     torch.testing.assert_close(ss.denom_tok_tensor, ref.ref_tok_counts)
     counts = ss.token_mask.sum(dim=1)
