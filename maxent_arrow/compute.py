@@ -251,8 +251,9 @@ def total_utils(
     dtype = work_dtype(functools.reduce(torch.promote_types, (t.dtype for t in tensors)))
     utils = torch.zeros(n, dtype=dtype, device=device)
     for lam_j, column in zip(lam, tensors):
-        term = column.to(dtype) * lam_j
-        utils += torch.where(torch.isnan(term), 0.0, term)
+        # nansum semantics: a NaN term (NaN reward, or 0 * inf) counts as 0; inf stays inf.
+        term = torch.mul(column.to(dtype), lam_j)
+        utils.add_(term.nan_to_num_(nan=0.0, posinf=math.inf, neginf=-math.inf))
     if truncated is not None:
         mask = as_sample_vector(
             truncated, n=n, where=f"{where}: truncated", device=device, segments=segments
@@ -298,15 +299,15 @@ def group_advantages(utils: Any, *, scale_rewards: bool = True, eps: float = 1e-
     ragged, seg, u = _grouped(utils, where)
     eps = _check_scalar(eps, "group_advantages: eps", low=0.0, strict=False)
     check_finite(u, seg, where)
-    centred = u - seg.expand(seg.mean(u))
+    centred = seg.apply(torch.sub, u, seg.mean(u))
     if not scale_rewards:
         return Ragged(centred, ragged.offsets, validate=False)
     dof = (seg.lengths - 1).clamp(min=1).to(u.dtype)
-    std = torch.sqrt(seg.sum(centred * centred) / dof)
+    std = torch.sqrt(seg.sum(centred.square()) / dof)
     std = torch.where(seg.lengths > 1, std, 0.0)
-    denom = seg.expand(std + eps)
+    denom = std + eps
     # eps = 0 with a constant group would be 0/0; its centred values are exactly 0.
-    adv = torch.where(denom > 0, centred / denom, 0.0)
+    adv = seg.apply(torch.div, centred, torch.where(denom > 0, denom, 1.0), out=centred)
     return Ragged(adv, ragged.offsets, validate=False)
 
 
@@ -319,7 +320,7 @@ def apply_group_scales(advantages: Any, scales: Any) -> Ragged:
             f"apply_group_scales: scales: expected {len(seg)} values (one per group), got "
             f"shape {tuple(s.shape)}"
         )
-    return Ragged(a * seg.expand(s.to(a.dtype)), ragged.offsets, validate=False)
+    return Ragged(seg.apply(torch.mul, a, s.to(a.dtype)), ragged.offsets, validate=False)
 
 
 # ---------------------------------------------------------------------------- §3.4 q
@@ -337,12 +338,14 @@ def q_distribution(utils: Any, *, temperature: float = 1.0, epsilon: float = 1e-
     epsilon = _check_scalar(epsilon, "q_distribution: epsilon", low=0.0, strict=False)
     check_finite(u, seg, where)
     z = u / max(t, _MIN_TEMPERATURE)
-    e = torch.exp(z - seg.expand(seg.max(z)))
-    soft = e / seg.expand(seg.sum(e))
+    seg.apply(torch.sub, z, seg.max(z), out=z)
+    e = z.exp_()
     k = seg.lengths.to(u.dtype)
     eps_g = torch.clamp(1.0 / k - _EPS_MARGIN, max=epsilon).clamp(min=0.0)
-    mixed = soft * seg.expand(1.0 - k * eps_g) + seg.expand(eps_g)
-    q = mixed / seg.expand(seg.sum(mixed))
+    # q = softmax (1 - K ε) + ε in two passes. The original renormalised once more; that sum
+    # is (1 - K ε) + K ε = 1 analytically, so the extra pass is skipped.
+    seg.apply(torch.mul, e, (1.0 - k * eps_g) / seg.sum(e), out=e)
+    q = seg.apply(torch.add, e, eps_g, out=e)
     return Ragged(q, ragged.offsets, validate=False)
 
 
@@ -408,11 +411,15 @@ def maxent_weights(
     check_finite(qv, seg, f"{where}: q")
     check_finite(rho, seg, f"{where}: ref_logp")
     d = tau + beta if denominator == "tau+beta" else tau
-    logits = (torch.log(qv.clamp(min=_MIN_Q)) + beta * rho) / d
-    e = torch.exp(logits - seg.expand(seg.max(logits)))
+    logits = torch.log(qv.clamp(min=_MIN_Q))
+    if beta != 0.0:
+        logits.add_(rho, alpha=beta)
+    logits.mul_(1.0 / d)
+    seg.apply(torch.sub, logits, seg.max(logits), out=logits)
+    e = logits.exp_()
     if length_reweight:
-        e = e * counts
-    w = e / seg.expand(seg.sum(e))
+        e.mul_(counts)
+    w = seg.apply(torch.div, e, seg.sum(e), out=e)
     return Ragged(w, ragged.offsets, validate=False)
 
 
@@ -464,8 +471,9 @@ def reward_moments(utils: Any) -> RewardMoments:
     """Mean and **population** std (divide by N; 0 when N = 1) of the utilities (§2.6)."""
     u = _flat(utils, "reward_moments: utils")
     check_finite(u, None, "reward_moments: utils")
+    # Two passes (mean, then squared deviations): torch.var_mean's Welford loop is ~10x slower.
     mean = u.mean()
-    std = torch.sqrt(((u - mean) ** 2).mean()) if u.numel() > 1 else torch.zeros_like(mean)
+    std = (u - mean).square_().mean().sqrt()
     m, s = torch.stack([mean, std]).tolist()
     return RewardMoments(mean=m, std=s)
 

@@ -13,6 +13,8 @@ Measured on 2 CPU cores at 1M float64 values, K=16: ``segment_reduce`` sum 1.7 m
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from maxent_arrow.errors import ComputeError, LayoutError
@@ -141,6 +143,27 @@ class Segments:
             return per_group[:, None].expand(len(self), self.width).reshape(self.num_values)
         return per_group.index_select(0, self.row_ids)
 
+    def apply(
+        self,
+        op: Callable[..., torch.Tensor],
+        values: torch.Tensor,
+        per_group: torch.Tensor,
+        *,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``op(values, per_group expanded to the values)`` in one pass, e.g. ``torch.sub``.
+
+        Uniform groups broadcast a ``[P, K]`` view against ``[P, 1]`` (no ``[N]`` temporary);
+        ragged ones gather by row id. ``out`` may be ``values`` itself for an in-place update
+        of a temporary (never of a caller's tensor).
+        """
+        if self.width is not None:
+            shape = (len(self), self.width)
+            view_out = None if out is None else out.view(shape)
+            result = op(values.view(shape), per_group[:, None], out=view_out)
+            return result.view(self.num_values) if out is None else out
+        return op(values, per_group.index_select(0, self.row_ids), out=out)
+
     def locate(self, index: int) -> tuple[int, int]:
         """``(group, position in group)`` of flat value ``index``."""
         group = int(torch.searchsorted(self.offsets, torch.tensor(index), right=True)) - 1
@@ -149,6 +172,10 @@ class Segments:
 
 def check_finite(values: torch.Tensor, segments: Segments | None, where: str) -> None:
     """Raise :class:`ComputeError` naming the group and sample of the first NaN or inf."""
+    # Fast path: one read pass, no [N] temporary; the sum is finite iff every value is (short
+    # of an overflow of the sum, which the slow path below then clears).
+    if bool(torch.isfinite(values.sum())):
+        return
     bad = ~torch.isfinite(values)
     if not bool(bad.any()):
         return

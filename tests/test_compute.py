@@ -472,3 +472,36 @@ def test_cpu_and_gpu_agree():
         torch.testing.assert_close(b.values.cpu(), a.values, rtol=1e-12, atol=1e-12)
     assert C.reward_moments(gpu) == pytest.approx(C.reward_moments(cpu))
     assert C.weight_entropy(gpu).mean == pytest.approx(C.weight_entropy(cpu).mean)
+
+
+def test_total_utils_promotes_mixed_column_dtypes_to_float64():
+    got = C.total_utils(
+        {
+            "a": torch.tensor([0.1, 0.2], dtype=torch.float32),
+            "b": torch.tensor([1e-9, 2.0], dtype=torch.float64),
+            "c": torch.tensor([1, 0]),
+        },
+        [1.0, 1.0, 0.5],
+    )
+    assert got.dtype == torch.float64
+    assert got.tolist() == [float(torch.tensor(0.1)) + 1e-9 + 0.5, float(torch.tensor(0.2)) + 2.0]
+
+
+@pytest.mark.slow
+def test_benchmark_quick_run(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_compute.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--quick"], capture_output=True, text=True, timeout=300
+    )
+    assert "speed-up vs loop" in done.stdout and "ours / floor" in done.stdout, done.stderr
+    assert done.stdout.count("max |w_ours - w_loop|") == 2
+    diffs = [
+        float(line.split(":")[1].split()[0])
+        for line in done.stdout.splitlines()
+        if "max |w_ours - w_loop|" in line
+    ]
+    assert all(d < 1e-5 for d in diffs)  # the loop runs in float32
