@@ -1,60 +1,70 @@
 """SQL and ready-made queries over a saved run, by embedded DuckDB (no server).
 
-:class:`RunAnalytics` opens a store directory and defines three views over its *committed*
-Parquet files, unified across files and schema versions by column name:
+:class:`RunAnalytics` opens a store directory and defines views over its *committed* Parquet
+files, unified across files and schema versions by column name (a reward function added
+mid-run, a column an older writer lacked: nulls where absent):
 
 ``groups``
     One row per prompt group (the group table as written), plus ``kind`` (``"train"`` or
     ``"eval"``, from the file name).
 ``samples``
     One row per completion: every per-completion list of a group row indexed at the same
-    position, so values stay aligned (``sample_index`` is 0-based within the group). Per-token
-    columns (``completion_ids``, ``ref_token_logp``, ``behavior_token_logp``) are list values
-    of the row. The view indexes lists by subscript instead of ``UNNEST``-ing each one, so a
-    query that selects only scalars reads only those columns from Parquet (DuckDB does not push
-    projections through a multi-column ``UNNEST``; measured).
+    position, so values stay aligned (``sample_index`` is 0-based within the group; reward
+    functions in a ``rewards`` struct of doubles; ``completion_info`` spread into
+    ``finish_reason, stop_reason, truncated, token_count, extra``). It indexes lists by
+    subscript instead of ``UNNEST``-ing each one, because DuckDB does not push projections
+    through a multi-column ``UNNEST`` (measured): a query that selects only scalars reads only
+    those columns (and ``completions``, whose length gives K) from Parquet.
 ``steps``
     One row per (step, rank, kind): the step table.
+``sample_scalars`` (after :meth:`RunAnalytics.materialize`)
+    An in-memory table of every per-completion scalar (no text, no tokens), one row per
+    completion: the flat columns that landscape §4 item 10 asks for beside the token lists.
 
-The ready-made queries (:meth:`RunAnalytics.reward_curve` and the rest) each return a
-``pyarrow.Table``. They read only the columns they need, straight from the ``groups`` view
-(list functions on whole groups where possible, one ``UNNEST`` of one scalar column otherwise),
-and never touch the token columns: landscape §4 item 10, DuckDB list columns are slow.
-
-A file is *committed* when the store's rule says so (see :func:`committed_files`); files being
-written (``.tmp-*``) and group files whose step file (the commit marker) is missing are never
-read.
+The ready-made queries (:meth:`RunAnalytics.reward_curve` and the rest) return
+``pyarrow.Table`` objects. Each reads only the list columns it needs (one ``UNNEST`` per
+needed column, or the materialized table) and never a token column.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from maxent_arrow import schema as _schema
 from maxent_arrow.errors import LayoutError, MissingExtraError, SchemaError, StoreError
+from maxent_arrow.run_views import (
+    ViewBuilder,
+    committed_files,
+    flat_columns,
+    quote,
+    read_schemas,
+    sql_string,
+)
 
-__all__ = [
-    "KINDS",
-    "RunAnalytics",
-    "committed_files",
-    "open_run",
-]
+__all__ = ["KINDS", "DEFAULT_QUANTILES", "RunAnalytics", "committed_files", "open_run"]
 
 KINDS = ("train", "eval")
 DEFAULT_QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
-# Per-completion scalar columns a ranking or a success test may use (besides reward functions).
-_SCORE_COLUMNS = ("total_utils", "advantages", "q", "weights", "policy_entropy_sum")
-_KIND_RE = re.compile(r"\.([A-Za-z0-9_]+)\.parquet$")
 # Config keys that hold the completion-length cap (semantics §4.2 and the recipes' spelling).
 _MAX_LEN_KEYS = ("max_completion_len", "max_completion_length")
+# User-facing score names (group-table column names) -> flat aliases.
+_SCORE_ALIASES = {
+    "total_utils": "total_util",
+    "advantages": "advantage",
+    "q": "q",
+    "weights": "weight",
+    "policy_entropy_sum": "policy_entropy_sum",
+}
+_GROUP_KEY = "step, rank, kind, group_index"
+_MATERIALIZED = ("total_util", "advantage", "q", "weight", "length")
 
 
 def _duckdb() -> Any:
@@ -65,103 +75,47 @@ def _duckdb() -> Any:
     return duckdb
 
 
-def _file_kind(path: Path) -> str:
-    match = _KIND_RE.search(path.name)
-    return match.group(1) if match else "train"
-
-
-def committed_files(root: str | Path, table: str) -> list[Path]:
-    """The committed Parquet files of ``table`` (``"groups"`` or ``"steps"``), sorted by name.
-
-    Uses the store's own rule (``RolloutStore.committed_files``) when the store module provides
-    it; otherwise applies the agreed layout rule directly: files named ``.tmp-*`` are in-flight
-    writes, and a group file is visible only once the step file of the same name exists.
-    """
-    if table not in ("groups", "steps"):
-        raise LayoutError(f"committed_files: table must be 'groups' or 'steps', got {table!r}")
-    root = Path(root)
-    try:
-        from maxent_arrow.store import RolloutStore
-
-        method = getattr(RolloutStore, "committed_files", None)
-    except ImportError:
-        method = None
-    if method is not None:
-        return sorted(Path(p) for p in RolloutStore(root).committed_files(table))
-    step_dir = root / "steps"
-    steps = (
-        {p.name for p in step_dir.glob("*.parquet") if not p.name.startswith(".tmp-")}
-        if step_dir.is_dir()
-        else set()
-    )
-    if table == "steps":
-        return sorted(step_dir / name for name in steps)
-    group_dir = root / "groups"
-    if not group_dir.is_dir():
-        return []
-    return sorted(
-        p for p in group_dir.glob("*.parquet") if not p.name.startswith(".tmp-") and p.name in steps
-    )
-
-
-def _quote(name: str) -> str:
-    """A DuckDB identifier, quoted (column and reward-function names come from user data)."""
-    return '"' + name.replace('"', '""') + '"'
-
-
-def _sql_list(values: Iterable[Any]) -> str:
-    return "[" + ", ".join(repr(str(v)) if isinstance(v, str) else repr(v) for v in values) + "]"
-
-
-def _unified_schema(files: Sequence[Path], *, table: str, progress: bool) -> pa.Schema | None:
-    if not files:
-        return None
-    schemas = []
-    iterator: Iterable[Path] = files
-    if progress:
-        from tqdm.auto import tqdm
-
-        iterator = tqdm(files, desc=f"reading {table} schemas", unit="file", leave=False)
-    for path in iterator:
-        try:
-            file_schema = pq.read_schema(path)
-        except (OSError, pa.ArrowInvalid) as exc:
-            raise StoreError(f"{path}: not a readable Parquet file ({exc})") from None
-        version = (file_schema.metadata or {}).get(_schema.METADATA_KEY)
-        if version is not None:
-            _schema.check_version(version, where=str(path))
-        schemas.append(file_schema)
-    return _schema.unify_schemas(schemas, where=f"{table} files")
-
-
 class RunAnalytics:
-    """Embedded DuckDB over one store directory, with the ``groups``/``samples``/``steps``
-    views and the ready-made queries.
+    """Embedded DuckDB over one store directory: views and ready-made queries.
 
     Parameters
     ----------
     root
-        The store directory (``manifest.json``, ``groups/``, ``steps/``).
+        The store directory (``manifest.json``, ``groups/``, ``steps/``). Nothing is written
+        to it.
     progress
-        Show a tqdm progress bar while reading file schemas (large stores).
+        Show tqdm progress bars while reading file footers and materializing.
     threads
         DuckDB worker threads; ``None`` keeps DuckDB's default (all cores).
+    materialize
+        Build ``sample_scalars`` right away (one scan of the scalar list columns), so every
+        ready-made query afterwards runs from memory. Worth it when running several queries
+        (the report does); costs about 12 bytes x scalar columns x completions of memory.
 
-    The file list is taken once, when the object is built: files committed later are not seen
-    until :meth:`refresh`. Use it as a context manager, or call :meth:`close`.
+    The file list is taken when the object is built: files committed later are seen after
+    :meth:`refresh`. Use it as a context manager, or call :meth:`close`.
     """
 
     def __init__(
-        self, root: str | Path, *, progress: bool = False, threads: int | None = None
+        self,
+        root: str | Path,
+        *,
+        progress: bool = False,
+        threads: int | None = None,
+        materialize: bool = False,
     ) -> None:
         self.root = Path(root)
         if not self.root.is_dir():
             raise StoreError(f"{self.root}: no such store directory")
         self._progress = progress
         self.con = _duckdb().connect(database=":memory:")
+        self.con.execute("SET parquet_metadata_cache = true")
         if threads is not None:
             self.con.execute(f"SET threads = {int(threads)}")
+        self.materialized = False
         self.refresh()
+        if materialize:
+            self.materialize()
 
     # ------------------------------------------------------------------ setup
 
@@ -169,51 +123,45 @@ class RunAnalytics:
         """List the committed files again and rebuild the views over them."""
         self.group_files = committed_files(self.root, "groups")
         self.step_files = committed_files(self.root, "steps")
+        group_schemas = read_schemas(self.group_files, progress=self._progress, what="group")
         self.group_schema = (
-            _unified_schema(self.group_files, table="groups", progress=self._progress)
-            or _schema.group_schema()
-        )
-        self.step_schema = (
-            _unified_schema(self.step_files, table="steps", progress=self._progress)
-            or _schema.step_schema()
+            _schema.unify_schemas(group_schemas, where=f"{self.root}/groups")
+            if group_schemas
+            else _schema.group_schema()
         )
         self._group_columns = set(self.group_schema.names)
         rewards = (
             self.group_schema.field("rewards").type if "rewards" in self._group_columns else None
         )
         self.reward_names: list[str] = [f.name for f in rewards] if rewards is not None else []
-        self._create_views()
-
-    def _source(self, files: list[Path], schema: pa.Schema, name: str, *, filename: bool) -> str:
-        if files:
-            paths = _sql_list(str(p) for p in files)
-            extra = ", filename=true" if filename else ""
-            return f"read_parquet({paths}, union_by_name=true{extra})"
-        # An empty store still has typed views, so every query runs and returns no rows.
-        self.con.register(
-            f"_empty_{name}",
-            pa.table(
-                {f.name: pa.array([], f.type) for f in schema},
-                schema=schema.remove_metadata(),
-            ),
-        )
-        return (
-            f"(SELECT *, NULL::VARCHAR AS filename FROM _empty_{name})"
-            if filename
-            else (f"_empty_{name}")
-        )
-
-    def _create_views(self) -> None:
-        groups = self._source(self.group_files, self.group_schema, "groups", filename=True)
-        # `kind` lives in the file name (`step-….rank-….{kind}.parquet`), not in the group rows.
-        self.con.execute(
-            "CREATE OR REPLACE VIEW groups AS SELECT * EXCLUDE (filename), "
-            f"coalesce(regexp_extract(filename, '\\.([A-Za-z0-9_]+)\\.parquet$', 1), 'train') "
-            f"AS kind FROM {groups}"
-        )
-        steps = self._source(self.step_files, self.step_schema, "steps", filename=False)
-        self.con.execute(f"CREATE OR REPLACE VIEW steps AS SELECT * FROM {steps}")
+        self._flat = flat_columns(self._group_columns, self.reward_names)
+        groups = ViewBuilder(
+            self.con, "groups", self.group_files, group_schemas, self.group_schema
+        ).source(with_kind=True)
+        self._load_steps()
+        self.con.execute(f"CREATE OR REPLACE VIEW groups AS SELECT * FROM {groups}")
+        self.con.execute("CREATE OR REPLACE VIEW steps AS SELECT * FROM _step_rows")
         self.con.execute(f"CREATE OR REPLACE VIEW samples AS {self._samples_sql()}")
+        if self.materialized:
+            self.materialized = False
+            self.materialize()
+
+    def _load_steps(self) -> None:
+        """Read every step row into memory once (they are small, one per file, and each query
+        that opened the files again would pay the per-file cost)."""
+        if self.step_files:
+            listing = "[" + ", ".join(sql_string(str(p)) for p in self.step_files) + "]"
+            # union_by_name reads each footer once, here, in DuckDB's threads.
+            source = f"read_parquet({listing}, union_by_name=true)"
+        else:
+            empty = _schema.step_schema().remove_metadata()
+            self.con.register("_no_steps", pa.table({f.name: pa.array([], f.type) for f in empty}))
+            source = "_no_steps"
+        try:
+            self.con.execute(f"CREATE OR REPLACE TABLE _step_rows AS SELECT * FROM {source}")
+        except _duckdb().Error as exc:
+            raise StoreError(f"{self.root}/steps: cannot read the step files ({exc})") from None
+        self.step_schema = self.con.sql("SELECT * FROM _step_rows LIMIT 0").to_arrow_table().schema
 
     def _samples_sql(self) -> str:
         cols = self._group_columns
@@ -222,7 +170,7 @@ class RunAnalytics:
             for c in ("prompt", "answer", "seed_semantic_entropy", "seed_advantage_scale")
             if c in cols
         ]
-        out = [f"g.{_quote(c)}" for c in keep] + ["g._i - 1 AS sample_index"]
+        out = [f"g.{quote(c)}" for c in keep] + ["g._i - 1 AS sample_index"]
         singular = {
             "completions": "completion",
             "total_utils": "total_util",
@@ -235,20 +183,43 @@ class RunAnalytics:
                 continue
             if column == "completion_info":
                 for sub in _schema.COMPLETION_INFO_TYPE:
-                    out.append(f"g.completion_info[g._i].{_quote(sub.name)} AS {_quote(sub.name)}")
+                    out.append(f"g.completion_info[g._i].{quote(sub.name)} AS {quote(sub.name)}")
                 continue
-            out.append(f"g.{_quote(column)}[g._i] AS {_quote(singular.get(column, column))}")
+            out.append(f"g.{quote(column)}[g._i] AS {quote(singular.get(column, column))}")
         if self.reward_names:
             fields = ", ".join(
-                f"{_quote(n)} := g.rewards.{_quote(n)}[g._i]" for n in self.reward_names
+                f"{quote(n)} := g.rewards.{quote(n)}[g._i]" for n in self.reward_names
             )
             out.append(f"struct_pack({fields}) AS rewards")
-        # Subscripts from generate_series, then `list[i]` for each column: aligned by
-        # construction, and projection pushdown still reaches the Parquet scan.
+        # Subscripts from generate_series, then `list[i]` per column: aligned by construction,
+        # and projection pushdown still reaches the Parquet scan.
         return (
             f"SELECT {', '.join(out)} FROM (SELECT *, unnest(generate_series(1, "
             f"len(completions))) AS _i FROM groups) g"
         )
+
+    def materialize(self) -> None:
+        """Build the in-memory ``sample_scalars`` table (one scan) and answer the ready-made
+        queries from it from now on."""
+        if self.materialized:
+            return
+        # The scalars the ready-made queries use; `truncated` (a fallback that reads the whole
+        # completion_info struct) and the log-prob sums stay in Parquet until asked for.
+        exprs = [
+            (a, e) for a, e in self._flat.items() if a in _MATERIALIZED or a.startswith("reward_")
+        ]
+        if exprs:
+            # K from the first present scalar list; all of a row's lists have K items.
+            anchor = "coalesce(" + ", ".join(f"len({e})" for _, e in exprs) + ")"
+        else:
+            anchor = "len(completions)"
+        unnests = "".join(f", unnest({e}) AS {quote(a)}" for a, e in exprs)
+        self.con.execute(
+            f"CREATE OR REPLACE TABLE sample_scalars AS SELECT {_GROUP_KEY}, "
+            f"unnest(range({anchor})) AS sample_index{unnests} FROM groups"
+        )
+        self.materialized = True
+        self._materialized_cols = {a for a, _ in exprs}
 
     # ------------------------------------------------------------------ generic
 
@@ -256,12 +227,15 @@ class RunAnalytics:
         """Run ``query`` (any DuckDB SQL over the views) and return the result as Arrow."""
         duckdb = _duckdb()
         try:
-            return self.con.sql(query, params=params).to_arrow_table()
+            relation = self.con.sql(query, params=params)
+            if relation is None:  # a statement without a result (CREATE, SET, ...)
+                return pa.table({})
+            return relation.to_arrow_table()
         except duckdb.Error as exc:
             raise StoreError(f"query failed: {str(exc).splitlines()[0]}") from None
 
     def explain(self, query: str) -> str:
-        """DuckDB's physical plan of ``query`` (to check which columns a scan reads)."""
+        """DuckDB's physical plan of ``query`` (shows which columns each scan reads)."""
         return "\n".join(row[1] for row in self.con.execute(f"EXPLAIN {query}").fetchall())
 
     def close(self) -> None:
@@ -290,18 +264,32 @@ class RunAnalytics:
             parts.append(f"step IN ({', '.join(map(str, ints))})" if ints else "FALSE")
         return ("WHERE " + " AND ".join(parts)) if parts else ""
 
-    def _score_expr(self, name: str, *, what: str) -> str:
-        """The list expression of a per-completion score: a column or a reward function."""
-        if name in _SCORE_COLUMNS and name in self._group_columns:
-            return _quote(name)
-        if name in self.reward_names:
-            return f"rewards.{_quote(name)}"
-        known = [c for c in _SCORE_COLUMNS if c in self._group_columns] + self.reward_names
+    def _alias(self, name: str, *, what: str) -> str:
+        """The flat alias of a per-completion score: a group column or a reward function."""
+        alias = _SCORE_ALIASES.get(name, name)
+        if alias in self._flat:
+            return alias
+        if f"reward_{name}" in self._flat:
+            return f"reward_{name}"
+        known = [c for c, a in _SCORE_ALIASES.items() if a in self._flat] + self.reward_names
         raise LayoutError(f"{what}: unknown score {name!r}; expected one of {known}")
 
-    def _require(self, column: str, *, what: str) -> None:
-        if column not in self._group_columns:
-            raise SchemaError(f"{what}: the store has no {column!r} column")
+    def flat(
+        self, aliases: Sequence[str], *, kind: str | None, steps: int | Iterable[int] | None = None
+    ) -> str:
+        """A SQL relation with ``step, rank, kind, group_index`` and the given per-completion
+        scalars (aliases of ``sample_scalars``), one row per completion: the materialized
+        table when there is one, else one ``UNNEST`` per needed list column (in lockstep)."""
+        where = self._where(kind=kind, steps=steps)
+        if self.materialized and set(aliases) <= self._materialized_cols:
+            cols = ", ".join(quote(a) for a in aliases)
+            return f"(SELECT {_GROUP_KEY}, {cols} FROM sample_scalars {where})"
+        cols = ", ".join(f"unnest({self._flat[a]}) AS {quote(a)}" for a in aliases)
+        return f"(SELECT {_GROUP_KEY}, {cols} FROM groups {where})"
+
+    @staticmethod
+    def _qname(q: float) -> str:
+        return "p" + f"{q * 100:g}".replace(".", "_").zfill(2)
 
     # ------------------------------------------------------------------ ready-made queries
 
@@ -313,40 +301,48 @@ class RunAnalytics:
         ``reward`` is ``"total_utils"`` (the combined utility U_i) or the name of a reward
         function (its raw, unweighted value). Columns: ``step, reward, n, mean, std, min,
         p05 … p95, max``. ``std`` is the population std (divide by n), as
-        ``RewardMoments.std``; quantiles interpolate linearly (numpy's default). Samples with
-        a null value (a reward function added mid-run, absent from older files) are not
-        counted, so ``n`` may differ between rewards of one step.
+        ``RewardMoments.std``; quantiles interpolate linearly (numpy's default). Null values
+        (a reward function added mid-run, absent from older files) are not counted; a
+        (step, reward) without any value has no row.
         """
         qs = [float(q) for q in quantiles]
         if any(not 0.0 <= q <= 1.0 for q in qs):
             raise LayoutError(f"quantiles: expected values in [0, 1], got {qs}")
-        sources = []
-        if "total_utils" in self._group_columns:
-            sources.append(("total_utils", "total_utils"))
-        sources += [(n, f"rewards.{_quote(n)}") for n in self.reward_names]
+        sources = [("total_utils", "total_util")] if "total_util" in self._flat else []
+        sources += [(n, f"reward_{n}") for n in self.reward_names]
         if not sources:
             raise SchemaError("reward_curve: the store has neither 'total_utils' nor 'rewards'")
-        where = self._where(kind=kind)
-        # One UNNEST per reward source; only `step` and that column are read.
-        unions = " UNION ALL ".join(
-            f"SELECT step, {i} AS r, unnest({expr}) AS x FROM groups {where}"
-            for i, (_, expr) in enumerate(sources)
+        aggs = []
+        for i, (_, alias) in enumerate(sources):
+            x = quote(alias)
+            aggs.append(
+                f"count({x}) AS n{i}, avg({x}) AS mean{i}, stddev_pop({x}) AS std{i}, "
+                f"min({x}) AS min{i}, max({x}) AS max{i}"
+                + (f", quantile_cont({x}, {qs}) AS q{i}" if qs else "")
+            )
+        # One scan for every source; reshaped to long form below (cheap: one row per step).
+        wide = self.sql(
+            f"SELECT step, {', '.join(aggs)} FROM "
+            f"{self.flat([a for _, a in sources], kind=kind)} GROUP BY step ORDER BY step"
         )
-        qcols = ", ".join(f"quantile_cont(x, {q}) AS {_quote(self._qname(q))}" for q in qs)
-        names = (
-            "CASE r "
-            + " ".join(f"WHEN {i} THEN {_sql_list([n])[1:-1]}" for i, (n, _) in enumerate(sources))
-            + " END"
-        )
-        return self.sql(
-            f"SELECT step, {names} AS reward, count(x) AS n, avg(x) AS mean, "
-            f"stddev_pop(x) AS std, min(x) AS min{', ' + qcols if qcols else ''}, max(x) AS max "
-            f"FROM ({unions}) WHERE x IS NOT NULL GROUP BY step, r ORDER BY step, r"
-        )
-
-    @staticmethod
-    def _qname(q: float) -> str:
-        return "p" + f"{q * 100:g}".replace(".", "_").zfill(2)
+        parts = []
+        for i, (name, _) in enumerate(sources):
+            cols = {
+                "step": wide.column("step"),
+                "reward": pa.array([name] * wide.num_rows, pa.string()),
+                "n": wide.column(f"n{i}"),
+                "mean": wide.column(f"mean{i}"),
+                "std": wide.column(f"std{i}"),
+                "min": wide.column(f"min{i}"),
+            }
+            for j, q in enumerate(qs):
+                cols[self._qname(q)] = pc.list_element(wide.column(f"q{i}"), j)
+            cols["max"] = wide.column(f"max{i}")
+            part = pa.table(cols)
+            part = part.append_column("_order", pa.array(np.full(part.num_rows, i, np.int32)))
+            parts.append(part.filter(pc.greater(part.column("n"), 0)))
+        table = pa.concat_tables(parts).sort_by([("step", "ascending"), ("_order", "ascending")])
+        return table.drop_columns(["_order"])
 
     def success_rate(
         self,
@@ -362,17 +358,15 @@ class RunAnalytics:
         completions), ``group_success_rate`` (fraction of groups with at least one success),
         and ``pass_at_{k}`` for each k: the unbiased estimator of Chen et al. (2021),
         ``1 - C(n-c, k) / C(n, k)`` per group of n completions with c successes, averaged over
-        the groups with n >= k (null when there are none). Computed on whole groups with list
-        functions; nothing is unnested.
+        the groups with n >= k (null when there are none).
         """
         ks = [int(x) for x in k]
         if any(x < 1 for x in ks):
             raise LayoutError(f"k: expected integers >= 1, got {ks}")
-        expr = self._score_expr(reward, what="success_rate")
-        thr = float(threshold)
+        v = quote(self._alias(reward, what="success_rate"))
         passes = []
         for x in ks:
-            # log C(n-c,k) - log C(n,k) by lgamma: exact enough, no overflow for large n.
+            # C(n-c,k)/C(n,k) through lgamma: exact to ~1e-13, no overflow for large n.
             ratio = (
                 f"exp(lgamma(n - c + 1) - lgamma(n - c - {x} + 1) + lgamma(n - {x} + 1) "
                 f"- lgamma(n + 1))"
@@ -381,13 +375,14 @@ class RunAnalytics:
                 f"avg(CASE WHEN n < {x} THEN NULL WHEN n - c < {x} THEN 1.0 "
                 f"ELSE 1.0 - {ratio} END) AS pass_at_{x}"
             )
+        per_group = (
+            f"SELECT step, count({v}) AS n, count(*) FILTER (WHERE {v} > {float(threshold)!r}) "
+            f"AS c FROM {self.flat([v.strip(chr(34))], kind=kind)} GROUP BY {_GROUP_KEY}"
+        )
         return self.sql(
             f"SELECT step, count(*) AS num_groups, sum(n)::BIGINT AS num_samples, "
             f"sum(c) / sum(n) AS success_rate, avg((c > 0)::DOUBLE) AS group_success_rate, "
-            f"{', '.join(passes)} FROM (SELECT step, "
-            f"len(list_filter({expr}, lambda x: x IS NOT NULL)) AS n, "
-            f"len(list_filter({expr}, lambda x: x > {thr!r})) AS c FROM groups "
-            f"{self._where(kind=kind)}) WHERE n > 0 GROUP BY step ORDER BY step"
+            f"{', '.join(passes)} FROM ({per_group}) WHERE n > 0 GROUP BY step ORDER BY step"
         )
 
     def zero_variance_groups(
@@ -397,18 +392,21 @@ class RunAnalytics:
 
         Such groups have all-zero advantages and give no learning signal (the seed's
         ``frac_reward_zero_std``). Columns: ``step, num_groups, zero_variance_groups,
-        frac_zero_variance``. Groups of one completion count as zero-variance.
+        frac_zero_variance``. A group of one completion counts as zero-variance.
         """
-        expr = self._score_expr(reward, what="zero_variance_groups")
+        alias = self._alias(reward, what="zero_variance_groups")
+        v = quote(alias)
         return self.sql(
             f"SELECT step, count(*) AS num_groups, "
-            f"count(*) FILTER (WHERE list_max({expr}) - list_min({expr}) <= {float(atol)!r}) "
-            f"AS zero_variance_groups, zero_variance_groups / count(*) AS frac_zero_variance "
-            f"FROM groups {self._where(kind=kind)} GROUP BY step ORDER BY step"
+            f"count(*) FILTER (WHERE spread <= {float(atol)!r}) AS zero_variance_groups, "
+            f"zero_variance_groups / count(*) AS frac_zero_variance FROM ("
+            f"SELECT step, max({v}) - min({v}) AS spread FROM {self.flat([alias], kind=kind)} "
+            f"WHERE {v} IS NOT NULL GROUP BY {_GROUP_KEY}) GROUP BY step ORDER BY step"
         )
 
     def _max_len_by_step(self, kind: str | None) -> str | None:
-        """SQL of (step, max_len) from each step row's config JSON, or None if none has one."""
+        """The length cap from the step rows' config: one number (as text) when every step has
+        the same, else SQL of (step, kind, max_len); None when no step row has one."""
         if "config" not in self.step_schema.names:
             return None
         keys = ", ".join(f"json_extract(config, '$.{k}')::BIGINT" for k in _MAX_LEN_KEYS)
@@ -416,8 +414,11 @@ class RunAnalytics:
             f"SELECT step, kind, max(coalesce({keys})) AS max_len FROM steps "
             f"{self._where(kind=kind)} GROUP BY step, kind"
         )
-        present = self.sql(f"SELECT count(max_len) AS n FROM ({sql})").column("n")[0].as_py()
-        return sql if present else None
+        caps = self.sql(f"SELECT DISTINCT max_len FROM ({sql})").column("max_len").to_pylist()
+        if caps == [None] or not caps:
+            return None
+        # One cap for the whole run (the usual case): a constant, no join.
+        return str(int(caps[0])) if len(caps) == 1 else sql
 
     def length_stats(
         self, *, max_completion_len: int | None = None, kind: str | None = "train"
@@ -426,45 +427,45 @@ class RunAnalytics:
 
         Lengths are T_i = ``ref_tok_counts`` (semantics §2.13), or the generator's
         ``completion_info.token_count`` when the run stored no reference counts. A completion
-        is *clipped* when T_i >= ``max_completion_len``; the cap is the argument, else the
-        step's config (``max_completion_len``), else the generator's ``truncated`` flag.
-        Columns: ``step, n, min_length, mean_length, max_length, p50_length, p95_length,
-        clipped_frac, min_terminated, mean_terminated, max_terminated`` (terminated = not
-        clipped; null when every completion was clipped).
+        is *clipped* when T_i >= the cap: the argument, else the step's config
+        (``max_completion_len``), else the generator's ``truncated`` flag. Columns: ``step,
+        n, min_length, mean_length, max_length, p50_length, p95_length, clipped_frac,
+        min_terminated, mean_terminated, max_terminated`` (terminated = not clipped; null when
+        every completion was clipped).
         """
-        if "ref_tok_counts" in self._group_columns:
-            lengths = "ref_tok_counts"
-        elif "completion_info" in self._group_columns:
-            lengths = "list_transform(completion_info, lambda x: x.token_count)"
-        else:
+        if "length" not in self._flat:
             raise SchemaError("length_stats: the store has no 'ref_tok_counts' nor token counts")
-        where = self._where(kind=kind)
         if max_completion_len is not None:
             cap = int(max_completion_len)
-            inner = (
-                f"SELECT step, unnest({lengths}) AS t, t >= {cap} AS clipped FROM groups {where}"
+            inner = f"SELECT step, length AS t, length >= {cap} AS clipped FROM " + self.flat(
+                ["length"], kind=kind
             )
-        elif (by_step := self._max_len_by_step(kind)) is not None:
+        elif (by_step := self._max_len_by_step(kind)) is not None and by_step.isdigit():
+            inner = f"SELECT step, length AS t, length >= {by_step} AS clipped FROM " + self.flat(
+                ["length"], kind=kind
+            )
+        elif by_step is not None:
             inner = (
-                f"SELECT g.step, g.t, g.t >= m.max_len AS clipped FROM (SELECT step, kind, "
-                f"unnest({lengths}) AS t FROM groups {where}) g "
+                f"SELECT g.step, g.length AS t, g.length >= m.max_len AS clipped FROM "
+                f"{self.flat(['length'], kind=kind)} g "
                 f"LEFT JOIN ({by_step}) m ON g.step = m.step AND g.kind = m.kind"
             )
         else:
-            self._require("completion_info", what="length_stats (clipped fraction)")
-            inner = (
-                f"SELECT step, unnest({lengths}) AS t, unnest(list_transform(completion_info, "
-                f"lambda x: coalesce(x.truncated, x.finish_reason = 'length'))) AS clipped "
-                f"FROM groups {where}"
+            if "truncated" not in self._flat:
+                raise SchemaError("length_stats: no length cap and no 'completion_info' flags")
+            inner = "SELECT step, length AS t, truncated AS clipped FROM " + self.flat(
+                ["length", "truncated"], kind=kind
             )
-        return self.sql(
-            "SELECT step, count(t) AS n, min(t)::DOUBLE AS min_length, avg(t) AS mean_length, "
-            "max(t)::DOUBLE AS max_length, quantile_cont(t, 0.5) AS p50_length, "
-            "quantile_cont(t, 0.95) AS p95_length, avg(clipped::DOUBLE) AS clipped_frac, "
-            "min(t) FILTER (WHERE NOT clipped)::DOUBLE AS min_terminated, "
-            "avg(t) FILTER (WHERE NOT clipped) AS mean_terminated, "
-            "max(t) FILTER (WHERE NOT clipped)::DOUBLE AS max_terminated "
-            f"FROM ({inner}) WHERE t IS NOT NULL GROUP BY step ORDER BY step"
+        return _split_quantiles(
+            self.sql(
+                "SELECT step, count(t) AS n, min(t)::DOUBLE AS min_length, "
+                "avg(t) AS mean_length, max(t)::DOUBLE AS max_length, "
+                "quantile_cont(t, [0.5, 0.95]) AS _q, avg(clipped::DOUBLE) AS clipped_frac, "
+                "min(t) FILTER (WHERE NOT clipped)::DOUBLE AS min_terminated, "
+                "avg(t) FILTER (WHERE NOT clipped) AS mean_terminated, "
+                "max(t) FILTER (WHERE NOT clipped)::DOUBLE AS max_terminated "
+                f"FROM ({inner}) WHERE t IS NOT NULL GROUP BY step ORDER BY step"
+            )
         )
 
     def entropy_curve(self, *, kind: str | None = "train") -> pa.Table:
@@ -474,48 +475,45 @@ class RunAnalytics:
         contribute 0). Per step: mean, population std, min and max over groups
         (``q_entropy_*``, ``weight_entropy_*``; semantics §2.5, §3.6). A group whose weights
         have a negative entry (GRPO mode stores advantages as weights) is not a distribution
-        and gets no weight entropy.
+        and gets no weight entropy; nor does a group without stored weights.
         """
-        parts = []
-        for column, prefix in (("q", "q_entropy"), ("weights", "weight_entropy")):
-            if column not in self._group_columns:
-                continue
-            h = (
-                f"CASE WHEN list_min({column}) < 0 THEN NULL ELSE "
-                f"-list_sum(list_transform(list_filter({column}, lambda x: x > 0), "
-                f"lambda x: x * ln(x))) END"
-            )
-            parts.append((column, prefix, h))
+        parts = [
+            (a, p) for a, p in (("q", "q_entropy"), ("weight", "weight_entropy")) if a in self._flat
+        ]
         if not parts:
             raise SchemaError("entropy_curve: the store has neither 'q' nor 'weights'")
-        inner = ", ".join(f"{h} AS {prefix}" for _, prefix, h in parts)
+        per_group = ", ".join(
+            f"CASE WHEN min({quote(a)}) < 0 THEN NULL ELSE -sum({quote(a)} * ln({quote(a)})) "
+            f"FILTER (WHERE {quote(a)} > 0) END AS {p}"
+            for a, p in parts
+        )
         aggs = ", ".join(
             f"avg({p}) AS {p}_mean, stddev_pop({p}) AS {p}_std, min({p}) AS {p}_min, "
             f"max({p}) AS {p}_max"
-            for _, p, _ in parts
+            for _, p in parts
         )
         return self.sql(
-            f"SELECT step, count(*) AS num_groups, {aggs} FROM (SELECT step, {inner} FROM groups "
-            f"{self._where(kind=kind)}) GROUP BY step ORDER BY step"
+            f"SELECT step, count(*) AS num_groups, {aggs} FROM (SELECT step, {per_group} FROM "
+            f"{self.flat([a for a, _ in parts], kind=kind)} GROUP BY {_GROUP_KEY}) "
+            f"GROUP BY step ORDER BY step"
         )
 
     def kl_by_length_bucket(self, *, kind: str | None = "train") -> pa.Table:
         """Per-token KL per completion-length bucket, per step (``BatchDiagnostics``).
 
         From the step rows' ``kl_per_token_by_len_bucket`` and ``kl_token_count_by_len_bucket``
-        maps (semantics §2.14). Ranks of one step are combined token-weighted:
+        maps (semantics §2.14). Ranks of one step are combined token-weighted,
         Σ_r kl_r·t_r / Σ_r t_r (a plain mean when no counts were stored). Columns: ``step,
         bucket, bucket_order, kl_per_token, tokens``; buckets in ``KL_LENGTH_BUCKETS`` order.
         """
+        labels = list(_schema.KL_LENGTH_BUCKETS)
         order = (
             "CASE e.key "
-            + " ".join(
-                f"WHEN '{label}' THEN {i}" for i, label in enumerate(_schema.KL_LENGTH_BUCKETS)
-            )
-            + f" ELSE {len(_schema.KL_LENGTH_BUCKETS)} END"
+            + " ".join(f"WHEN {sql_string(b)} THEN {i}" for i, b in enumerate(labels))
+            + f" ELSE {len(labels)} END"
         )
         return self.sql(
-            "SELECT step, e.key AS bucket, min(" + order + ") AS bucket_order, "
+            f"SELECT step, e.key AS bucket, min({order}) AS bucket_order, "
             "CASE WHEN sum(c) > 0 THEN sum(e.value * c) / sum(c) ELSE avg(e.value) END "
             "AS kl_per_token, sum(c) AS tokens FROM (SELECT step, "
             "unnest(map_entries(kl_per_token_by_len_bucket)) AS e, kl_token_count_by_len_bucket "
@@ -535,16 +533,16 @@ class RunAnalytics:
         """Histogram of a per-completion value (advantages by default) over ``steps``.
 
         ``bins`` equal-width bins between the min and max finite value, the last one closed,
-        as ``numpy.histogram`` builds them (a single value gets the range value ± 0.5).
+        as ``numpy.histogram`` builds them (a single value v gets the range v ± 0.5).
         Columns: ``bin_left, bin_right, count`` (all ``bins`` rows, empty bins included).
         """
         if int(bins) < 1:
             raise LayoutError(f"bins: expected an integer >= 1, got {bins!r}")
         bins = int(bins)
-        expr = self._score_expr(column, what="advantage_histogram")
+        alias = self._alias(column, what="advantage_histogram")
         values = (
-            f"SELECT x FROM (SELECT unnest({expr}) AS x FROM groups "
-            f"{self._where(kind=kind, steps=steps)}) WHERE isfinite(x)"
+            f"SELECT {quote(alias)} AS x FROM {self.flat([alias], kind=kind, steps=steps)} "
+            f"WHERE isfinite({quote(alias)})"
         )
         bounds = self.sql(f"SELECT min(x) AS lo, max(x) AS hi FROM ({values})")
         lo, hi = bounds.column("lo")[0].as_py(), bounds.column("hi")[0].as_py()
@@ -576,7 +574,7 @@ class RunAnalytics:
         ``total_util, advantage, length`` the store has. Ties break by (rank, group,
         sample). Token columns are not read.
         """
-        expr = self._score_expr(by, what="extreme_completions")
+        expr = self._list_expr(by, what="extreme_completions")
         n = int(n)
         if n < 1:
             raise LayoutError(f"n: expected an integer >= 1, got {n}")
@@ -591,7 +589,7 @@ class RunAnalytics:
             if c in cols
         ]
         prompt = "prompt" if "prompt" in cols else "NULL::VARCHAR AS prompt"
-        unnested = ", ".join(f"unnest({_quote(c)}) AS {a}" for c, a in extra)
+        unnested = ", ".join(f"unnest({quote(c)}) AS {a}" for c, a in extra)
         base = (
             f"SELECT step, rank, group_index, {prompt}, "
             f"unnest(generate_series(0, len(completions) - 1)) AS sample_index, "
@@ -643,7 +641,10 @@ class RunAnalytics:
                 for p in self.group_files[:1] + self.group_files[-1:]
             }
         )
-        size = lambda files: sum(p.stat().st_size for p in files)  # noqa: E731
+
+        def size(files: list[Path]) -> int:
+            return sum(p.stat().st_size for p in files)
+
         return {
             "root": str(self.root),
             "format": manifest.get("format"),
@@ -662,7 +663,21 @@ class RunAnalytics:
             "config": manifest.get("config", manifest.get("run_config")),
         }
 
+    def _list_expr(self, name: str, *, what: str) -> str:
+        return self._flat[self._alias(name, what=what)]
 
-def open_run(root: str | Path, *, progress: bool = False) -> RunAnalytics:
+
+def _split_quantiles(table: pa.Table) -> pa.Table:
+    """``_q`` = [p50, p95] lists -> ``p50_length``, ``p95_length`` columns after max_length."""
+    at = table.column_names.index("_q")
+    q = table.column("_q")
+    table = table.remove_column(at)
+    table = table.add_column(at, "p95_length", pc.list_element(q, 1))
+    return table.add_column(at, "p50_length", pc.list_element(q, 0))
+
+
+def open_run(
+    root: str | Path, *, progress: bool = False, materialize: bool = False
+) -> RunAnalytics:
     """Open a store directory for analytics (see :class:`RunAnalytics`)."""
-    return RunAnalytics(root, progress=progress)
+    return RunAnalytics(root, progress=progress, materialize=materialize)

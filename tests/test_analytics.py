@@ -19,7 +19,9 @@ import pytest
 
 from maxent_arrow import schema as S
 from maxent_arrow.analytics import RunAnalytics, committed_files
+from maxent_arrow.batch import RolloutBatch
 from maxent_arrow.errors import LayoutError, SchemaError, StoreError
+from maxent_arrow.store import RolloutStore
 
 BUCKETS = list(S.KL_LENGTH_BUCKETS)
 
@@ -82,18 +84,7 @@ def write_store(
     """
     rng = np.random.default_rng(seed)
     root = Path(root)
-    (root / "groups").mkdir(parents=True, exist_ok=True)
-    (root / "steps").mkdir(parents=True, exist_ok=True)
-    (root / "manifest.json").write_text(
-        json.dumps(
-            {
-                "format": "maxent-arrow",
-                "schema_version": S.SCHEMA_VERSION,
-                "config": {"max_completion_len": max_len, "tau": 0.5},
-                "created_at": "2026-01-01T00:00:00Z",
-            }
-        )
-    )
+    store = RolloutStore(root, config={"max_completion_len": max_len, "tau": 0.5})
     out = Written(root)
     jobs = [(s, "train") for s in steps] + [(s, "eval") for s in eval_steps]
     for step, kind in jobs:
@@ -182,11 +173,8 @@ def write_store(
                 config=json.dumps({"max_completion_len": max_len}),
             )
             out.step_rows.append(step_row)
-            name = _name(step, rank, kind)
-            pq.write_table(table, root / "groups" / name)
-            pq.write_table(
-                pa.Table.from_pylist([step_row], schema=S.step_schema()), root / "steps" / name
-            )
+            step_table = pa.Table.from_pylist([step_row], schema=S.step_schema())
+            store.append(RolloutBatch(table, step_table))
     return out
 
 
@@ -542,3 +530,51 @@ def test_bad_arguments_are_typed_errors(run, tmp_path):
         run.sql("SELECT no_such_column FROM groups")
     with pytest.raises(StoreError, match="no such store"):
         RunAnalytics(tmp_path / "missing")
+
+
+def test_materialized_answers_equal_parquet_answers(store):
+    with RunAnalytics(store.root) as cold, RunAnalytics(store.root, materialize=True) as warm:
+        assert warm.materialized and not cold.materialized
+        n = warm.sql("SELECT count(*) AS n FROM sample_scalars").column("n")[0].as_py()
+        assert n == sum(len(g.utils) for g in store.groups)
+        # The materialized path is really taken (the plan scans the table, not Parquet).
+        assert (
+            "READ_PARQUET"
+            not in warm.explain(f"SELECT * FROM {warm.flat(['total_util'], kind='train')}").upper()
+        )
+        for name, kwargs in [
+            ("reward_curve", {}),
+            ("success_rate", {"threshold": 0.5, "k": (1, 3)}),
+            ("zero_variance_groups", {}),
+            ("length_stats", {}),
+            ("length_stats", {"max_completion_len": 10}),
+            ("entropy_curve", {}),
+            ("advantage_histogram", {"bins": 5}),
+            ("reward_curve", {"kind": "eval"}),
+        ]:
+            a = getattr(cold, name)(**kwargs)
+            b = getattr(warm, name)(**kwargs)
+            assert a.column_names == b.column_names, name
+            for col in a.column_names:
+                x, y = a.column(col).to_pylist(), b.column(col).to_pylist()
+                assert (
+                    x == pytest.approx(y, rel=1e-12, abs=1e-12)
+                    if isinstance(x[0], float)
+                    else x == y
+                ), (name, col)
+
+
+def test_bare_layout_without_a_manifest(tmp_path, store):
+    # The same files copied without manifest.json: the layout rule alone decides visibility.
+    import shutil
+
+    bare = tmp_path / "bare"
+    shutil.copytree(store.root / "groups", bare / "groups")
+    shutil.copytree(store.root / "steps", bare / "steps")
+    (bare / "steps" / _name(3, 1, "train")).unlink()  # one append without its commit marker
+    (bare / "groups" / (".tmp-x." + _name(9, 0, "train"))).write_bytes(b"partial")
+    with RunAnalytics(bare) as run:
+        assert not (bare / "manifest.json").exists()
+        got = run.sql("SELECT count(*) AS n FROM groups").column("n")[0].as_py()
+        assert got == len([g for g in store.groups if (g.step, g.rank, g.kind) != (3, 1, "train")])
+        assert run.describe()["schema_version"] is None
