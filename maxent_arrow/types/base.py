@@ -15,6 +15,8 @@ from maxent_arrow.types import fields as F
 from maxent_arrow.types.columns import tensor_equal
 from maxent_arrow.views import ArrowSequence, GroupedSequence
 
+_MISSING = object()
+
 
 class _Record:
     """Base of the seed classes: normalises every field on assignment and converts to Arrow."""
@@ -25,10 +27,19 @@ class _Record:
         convert = type(self)._convert.get(name)
         if convert is not None:
             value = convert(f"{type(self).__name__}.{name}", value)
+        previous = self.__dict__.get(name, _MISSING)
         object.__setattr__(self, name, value)
         check = getattr(self, f"_after_{name}", None)
         if check is not None:
-            check()
+            try:
+                check()
+            except BaseException:
+                # A refused assignment leaves the record as it was (nothing half-built).
+                if previous is _MISSING:
+                    object.__delattr__(self, name)
+                else:
+                    object.__setattr__(self, name, previous)
+                raise
 
     def __eq__(self, other: object) -> bool:
         # Field by field, NaN equal to NaN and tensors by value: the generated ``==`` compares
@@ -113,7 +124,10 @@ def _opt_float(field, value):
 def _typed(kind):
     def check(field: str, value: Any):
         if not isinstance(value, kind):
-            raise SchemaError(f"{field}: expected a {kind.__name__}, got {type(value).__name__}")
+            article = "an" if kind.__name__[0] in "AEIOU" else "a"
+            raise SchemaError(
+                f"{field}: expected {article} {kind.__name__}, got {type(value).__name__}"
+            )
         return value
 
     return check

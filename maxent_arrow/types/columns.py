@@ -69,6 +69,10 @@ def make_batch(
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
+def _a(name: str) -> str:
+    return f"an {name}" if name[0] in "AEIOU" else f"a {name}"
+
+
 class RecordReader:
     """Checked access to the columns and scalars of a batch given to ``from_arrow``."""
 
@@ -84,7 +88,7 @@ class RecordReader:
         meta = json.loads(raw) if raw else {}
         found = meta.get("class")
         if found is not None and found != cls_name:
-            raise SchemaError(f"{self.owner}: the batch holds a {found}, not a {cls_name}")
+            raise SchemaError(f"{self.owner}: the batch holds {_a(found)}, not {_a(cls_name)}")
         self.scalars: dict[str, Any] = meta.get("scalars", {})
 
     @property
