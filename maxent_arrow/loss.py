@@ -277,9 +277,9 @@ def maxent_loss(
     w_rows = as_ragged(weights, f"{where}: weights")
     if len(w_rows) == 0:
         raise ComputeError(f"{where}: weights: expected at least one group, got an empty batch")
-    seg = Segments.of(w_rows, where=f"{where}: weights")
-    n, device = seg.num_values, cur_logp_sum.device
-    seg = Segments(seg.offsets.to(device), num_values=n, where=f"{where}: weights")
+    device = cur_logp_sum.device
+    seg = Segments.of(w_rows.to(device), where=f"{where}: weights")
+    n = seg.num_values
     s = as_sample_vector(cur_logp_sum, n=n, where=f"{where}: cur_logp_sum", device=device)
     dtype = work_dtype(s.dtype)
     s = s.to(dtype)

@@ -166,7 +166,8 @@ class Segments:
 
     def locate(self, index: int) -> tuple[int, int]:
         """``(group, position in group)`` of flat value ``index``."""
-        group = int(torch.searchsorted(self.offsets, torch.tensor(index), right=True)) - 1
+        probe = torch.tensor(index, device=self.offsets.device)
+        group = int(torch.searchsorted(self.offsets, probe, right=True)) - 1
         return group, index - int(self.offsets[group])
 
 

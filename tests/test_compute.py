@@ -505,3 +505,28 @@ def test_benchmark_quick_run(tmp_path):
         if "max |w_ours - w_loop|" in line
     ]
     assert all(d < 1e-5 for d in diffs)  # the loop runs in float32
+
+
+def test_segments_uniform_and_ragged_paths_agree_and_check_offsets():
+    from maxent_arrow.segments import Segments
+
+    values = torch.arange(12, dtype=torch.float64)
+    uniform = Segments(torch.tensor([0, 4, 8, 12]), num_values=12, where="t")
+    ragged_seg = Segments(
+        torch.tensor([0, 4, 8, 12, 12]), num_values=12, where="t", allow_empty=True
+    )
+    assert uniform.width == 4 and ragged_seg.width is None
+    per_group = torch.tensor([1.0, 10.0, 100.0], dtype=torch.float64)
+    a = uniform.apply(torch.mul, values, per_group)
+    b = ragged_seg.apply(torch.mul, values, torch.cat([per_group, per_group[:1]]))
+    assert a.tolist() == b.tolist() == [v * per_group[v // 4].item() for v in range(12)]
+    assert uniform.sum(values).tolist() == [6.0, 22.0, 38.0]
+    assert ragged_seg.sum(values).tolist() == [6.0, 22.0, 38.0, 0.0]
+    assert uniform.max(values).tolist() == [3.0, 7.0, 11.0]
+    assert uniform.locate(9) == (2, 1) and ragged_seg.locate(11) == (2, 3)
+    with pytest.raises(LayoutError, match=r"t: offsets end at 12 but there are 13 values"):
+        Segments(torch.tensor([0, 12]), num_values=13, where="t")
+    with pytest.raises(LayoutError, match=r"t: offsets must start at 0, got 1"):
+        Segments(torch.tensor([1, 12]), num_values=12, where="t")
+    with pytest.raises(LayoutError, match=r"t: expected int64 offsets"):
+        Segments(torch.tensor([0, 12], dtype=torch.int32), num_values=12, where="t")
