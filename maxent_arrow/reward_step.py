@@ -93,10 +93,12 @@ def _truncated(info: GroupedSequence | None, max_completion_len: int | None) -> 
     flat = info.arrow.flatten()
     if not isinstance(flat, pa.StructArray):
         return None
-    flags = pc.fill_null(flat.field("truncated"), False)
-    flags = pc.or_(flags, pc.fill_null(pc.equal(flat.field("finish_reason"), "length"), False))
+    # The info column may be a slice of a larger batch; struct_field honours its offset.
+    flags = pc.fill_null(pc.struct_field(flat, "truncated"), False)
+    reason = pc.struct_field(flat, "finish_reason")
+    flags = pc.or_(flags, pc.fill_null(pc.equal(reason, "length"), False))
     if max_completion_len is not None:
-        hit = pc.greater_equal(flat.field("token_count"), max_completion_len)
+        hit = pc.greater_equal(pc.struct_field(flat, "token_count"), max_completion_len)
         flags = pc.or_(flags, pc.fill_null(hit, False))
     # A null info row (no metadata for that completion) is not truncated.
     return pc.fill_null(flags, False)
