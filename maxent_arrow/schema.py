@@ -235,12 +235,7 @@ def unify_schemas(schemas: list[pa.Schema], *, where: str = "store") -> pa.Schem
     """
     if not schemas:
         raise SchemaError(f"{where}: no schemas to unify")
-    try:
-        unified = pa.unify_schemas(
-            [s.remove_metadata() for s in schemas], promote_options="permissive"
-        )
-    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-        raise SchemaError(f"{where}: files disagree on a column's type: {exc}") from None
+    # Our per-column check first, so the error names the column in our words.
     first: dict[str, pa.DataType] = {}
     for schema in schemas:
         for field in schema:
@@ -249,13 +244,40 @@ def unify_schemas(schemas: list[pa.Schema], *, where: str = "store") -> pa.Schem
                 raise SchemaError(
                     f"{where}: column {field.name!r} changed type from {seen} to {field.type}"
                 )
+    try:
+        unified = pa.unify_schemas(
+            [s.remove_metadata() for s in schemas], promote_options="permissive"
+        )
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        raise SchemaError(f"{where}: files disagree on a column's type: {exc}") from None
     return unified.with_metadata(_metadata())
 
 
 def _incompatible(a: pa.DataType, b: pa.DataType) -> bool:
+    """Whether two column types hold different kinds of data.
+
+    Differences that pyarrow's permissive unification resolves without loss are not changes:
+    child nullability and child names of lists (DuckDB and Polars write nullable ``element``
+    children where we write non-null ``item``), ``list`` vs ``large_list`` and ``string`` vs
+    ``large_string``, and a struct gaining fields (a reward function added mid-run).
+    """
     if a == b or pa.types.is_null(a) or pa.types.is_null(b):
         return False
+    if _is_var_list(a) and _is_var_list(b):
+        return _incompatible(a.value_type, b.value_type)
     if pa.types.is_struct(a) and pa.types.is_struct(b):
         fa = {f.name: f.type for f in a}
         return any(_incompatible(fa[f.name], f.type) for f in b if f.name in fa)
+    if pa.types.is_map(a) and pa.types.is_map(b):
+        return _incompatible(a.key_type, b.key_type) or _incompatible(a.item_type, b.item_type)
+    if _is_text(a) and _is_text(b):
+        return False
     return True
+
+
+def _is_var_list(kind: pa.DataType) -> bool:
+    return pa.types.is_list(kind) or pa.types.is_large_list(kind)
+
+
+def _is_text(kind: pa.DataType) -> bool:
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind)
