@@ -21,7 +21,7 @@ from maxent_arrow.scoring import (
 
 EOS = 1
 PAD = 0
-K = 3
+K = 4
 PROMPT_LENS = [3, 9, 1, 14]
 
 
@@ -101,7 +101,7 @@ def assert_matches_alone(scores, flat, model, *, truncate=None, temperature=1.0)
 N = K * len(PROMPT_LENS)
 
 
-@pytest.mark.parametrize("slice_size", [1, 3, K + 1, N])
+@pytest.mark.parametrize("slice_size", [1, 3, K, K + 1, N])
 @pytest.mark.parametrize(
     "how", [("padded", "right"), ("padded", "left"), ("packed", "right")], ids=str
 )
@@ -327,7 +327,7 @@ def test_sequence_scores_fields_and_behavior_alignment(model):
     again = SequenceScores.from_arrow(ss.to_arrow())
     torch.testing.assert_close(again.token_logp, ss.token_logp.detach())
     short = pa.array(rows[:-1], type=pa.list_(pa.float32()))
-    with pytest.raises(LayoutError, match="expected 12 rows"):
+    with pytest.raises(LayoutError, match=f"expected {N} rows"):
         sequence_scores(model, sb, ref, behavior_token_logp=short)
 
 
@@ -389,7 +389,7 @@ def test_reference_length_mismatch_is_refused(model):
     sb = build_score_batch(table, pad_token_id=PAD, max_prompt_len=64, slice_size=N)
     ref = reference_logprobs(model, sb)
     other = build_score_batch(table.slice(0, 2), pad_token_id=PAD, max_prompt_len=64, slice_size=N)
-    with pytest.raises(LayoutError, match="reference has 12 samples, expected 6"):
+    with pytest.raises(LayoutError, match=f"reference has {N} samples, expected {2 * K}"):
         sequence_scores(model, other, ref)
 
 
