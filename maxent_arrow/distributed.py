@@ -252,7 +252,10 @@ class GroupMathSettings:
     @classmethod
     def from_config(cls, config: Mapping[str, Any], **overrides: Any) -> GroupMathSettings:
         """Settings from a run config (manifest or step-row ``config``), then ``overrides``."""
-        merged = {**dict(config), **overrides}
+        # The config's own reward_weights made the stored utilities; only an explicit
+        # override recomputes them from the raw rewards.
+        merged = {k: v for k, v in dict(config).items() if k != "reward_weights"}
+        merged.update(overrides)
         names = {f for f in cls.__dataclass_fields__}
         missing = [n for n in ("tau", "beta") if merged.get(n) is None]
         if missing:
@@ -277,14 +280,31 @@ def _utilities(table: pa.Table, settings: GroupMathSettings) -> Ragged:
     if "rewards" not in table.column_names:
         raise ComputeError("recompute_group_math: reward_weights given but no 'rewards' column")
     rewards = table.column("rewards").combine_chunks()
-    per_reward = {f.name: Ragged.from_arrow(rewards.field(i)) for i, f in enumerate(rewards.type)}
+    names = [f.name for f in rewards.type]
+    per_reward = {}
+    for name in settings.reward_weights:
+        if name not in names:
+            raise ComputeError(
+                f"recompute_group_math: reward_weights: no reward {name!r} in the rows "
+                f"(they have {names})"
+            )
+        field = rewards.field(names.index(name))
+        if field.null_count:
+            row = int(np.flatnonzero(~field.is_valid().to_numpy(zero_copy_only=False))[0])
+            raise ComputeError(
+                f"recompute_group_math: rewards.{name}: null at group {row} (a reward added "
+                "after this step was written); leave it out of reward_weights"
+            )
+        per_reward[name] = Ragged.from_arrow(field)
     return C.total_utils(per_reward, dict(settings.reward_weights))
 
 
 def recompute_group_math(
     table: pa.Table | pa.RecordBatch,
     settings: GroupMathSettings | None = None,
-    **config: Any,
+    *,
+    config: Mapping[str, Any] | None = None,
+    **overrides: Any,
 ) -> pa.Table:
     """Group rows with ``advantages``, ``q`` and ``weights`` recomputed (and ``total_utils``
     when ``reward_weights`` is set), every other column untouched. Arrow in, Arrow out: the
@@ -294,10 +314,11 @@ def recompute_group_math(
     Inputs: ``total_utils`` (or ``rewards``), ``ref_logp_sum_raw`` and ``ref_tok_counts``; with
     ``len_norm_ref`` the reference term is the per-token mean ``ref_logp_sum_raw /
     max(ref_tok_counts, 1)``, else the sum. A non-null ``seed_advantage_scale`` scales its
-    group's advantages (SEED-GRPO). ``config`` builds the settings when none are given.
+    group's advantages (SEED-GRPO). Without ``settings``, they come from a run ``config``
+    (``tau``, ``beta``, ``q_temperature``, ... as the manifest records them) and ``overrides``.
     """
     if settings is None:
-        settings = GroupMathSettings.from_config(config)
+        settings = GroupMathSettings.from_config(config or {}, **overrides)
     if isinstance(table, pa.RecordBatch):
         table = pa.Table.from_batches([table])
     if table.num_rows == 0:
