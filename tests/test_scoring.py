@@ -124,19 +124,24 @@ def test_eager_attention_left_padding_and_packing(eager_model, slice_size):
             assert_matches_alone(scores, flat, eager_model)
 
 
-def test_packed_rows_hold_several_sequences_and_match_padded(model):
+@pytest.mark.parametrize("budget", [5, 40])
+def test_packed_rows_hold_several_sequences_and_match_padded(model, budget):
     table, flat = make_groups(seed=2)
     sb = build_score_batch(table, pad_token_id=PAD, max_prompt_len=64, slice_size=N)
     layout = sequence_layout(sb)
     chunks = list(
-        iter_chunks(layout, slice_size=N, pad_token_id=PAD, mode="packed", pack_tokens=40)
+        iter_chunks(layout, slice_size=N, pad_token_id=PAD, mode="packed", pack_tokens=budget)
     )
-    assert len(chunks) > 1 and any(c.stop - c.start > 1 for c in chunks)
+    assert len(chunks) > 1
+    longest = int(layout.tokens.lengths().max())
+    assert all(c.num_tokens <= budget + longest for c in chunks)  # bounded rows
+    if budget == 40:
+        assert any(c.stop - c.start > 1 for c in chunks)
     assert sum(c.num_tokens for c in chunks) == layout.tokens.num_values  # no padding at all
     for c in chunks:
         assert c.cu_seqlens[-1] == c.input_ids.shape[1]
     with torch.no_grad():
-        packed = score_tokens(model, sb, packing="packed", pack_tokens=40)
+        packed = score_tokens(model, sb, packing="packed", pack_tokens=budget)
         padded = score_tokens(model, sb, packing="padded")
     torch.testing.assert_close(packed.logp_sum, padded.logp_sum, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(
