@@ -36,7 +36,6 @@ from maxent_arrow.types.rewards import GenerationBatch, ScoreBatch
 __all__ = ["build_score_batch", "resolve_pad_token_id", "resolve_device", "ragged_to_device"]
 
 _IDS = pa.list_(pa.field("item", pa.int32(), nullable=False))
-_MASKS = pa.list_(pa.field("item", pa.int8(), nullable=False))
 _UNSET: Any = object()
 
 
@@ -230,11 +229,11 @@ def _sample_prompts(
     sample_values = values[gather]
     arrow_offsets = pa.array(soff.astype(np.int32 if total < 2**31 else np.int64))
     make = pa.ListArray if total < 2**31 else pa.LargeListArray
+    # Plain list types (nullable items), as PromptEntries built from seed objects have, so
+    # the two compare equal.
     ids = make.from_arrays(arrow_offsets, pa.array(sample_values, pa.int32()))
     masks = make.from_arrays(arrow_offsets, pa.array(np.ones(total, dtype=np.int8)))
-    return PromptEntries(
-        ids.cast(_IDS) if total < 2**31 else ids, masks.cast(_MASKS) if total < 2**31 else masks
-    )
+    return PromptEntries(ids, masks)
 
 
 # ---------------------------------------------------------------------------- completions

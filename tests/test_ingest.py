@@ -266,3 +266,25 @@ def test_gpu_check_exits_cleanly_without_cuda():
         assert "no CUDA" in out.stdout
     else:
         assert "tok/s" in out.stdout
+
+
+def test_prompt_entries_equal_those_built_from_seed_objects():
+    from maxent_arrow import PromptCacheEntry
+
+    prompts, completions = groups(9)
+    table = pa.table({"prompt_ids": prompts, "completion_ids": completions})
+    sb = build_score_batch(table, pad_token_id=0, max_prompt_len=5, slice_size=2)
+    seed = ScoreBatch(
+        prompt_entries=[
+            PromptCacheEntry(p[:5], [1] * len(p[:5]))
+            for p, group in zip(prompts, completions)
+            for _ in group
+        ],
+        completion_ids=sb.completion_ids,
+        completion_attention_mask=sb.completion_attention_mask,
+        pad_token_id=0,
+        max_prompt_len=5,
+        slice_size=2,
+        total_sequences=sb.total_sequences,
+    )
+    assert seed == sb
