@@ -1,0 +1,369 @@
+"""``maxent-arrow``: the command line. Each subcommand is a thin call into the library.
+
+Subcommands::
+
+    maxent-arrow demo [...]                     the end-to-end demo (maxent_arrow.demo)
+    maxent-arrow inspect RUN [--json]           schema version, steps, ranks, rows, sizes, config
+    maxent-arrow query RUN "SQL" [--json|--csv] DuckDB SQL over views groups, samples, steps
+    maxent-arrow report RUN --out DIR           PNG plots, index.html, summary.md
+    maxent-arrow verify RUN [--json]            check every file (sizes, checksums, rows)
+    maxent-arrow compact RUN [--max-steps N]    merge per-append files atomically
+    maxent-arrow export RUN --to ipc|hf DIR     Arrow IPC files or a HF datasets dataset
+
+Exit codes (scripts can rely on them):
+
+* 0: success;
+* 1: a problem with the data: ``verify`` found damage, a store or file that cannot be read, a
+  schema conflict, a query that DuckDB refused;
+* 2: usage error (unknown command or option, bad argument);
+* 3: an optional dependency is missing (the message names the ``pip install`` to run);
+* 4: an unexpected internal error (a bug; the message says so);
+* 130: interrupted (Ctrl-C).
+
+Errors are one line on stderr (``maxent-arrow <command>: error: ...``), never a traceback;
+set ``MAXENT_ARROW_DEBUG=1`` to get the traceback as well.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+from maxent_arrow.errors import MaxentArrowError, MissingExtraError
+
+__all__ = [
+    "EXIT_DATA",
+    "EXIT_INTERNAL",
+    "EXIT_INTERRUPTED",
+    "EXIT_MISSING_EXTRA",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "main",
+]
+
+EXIT_OK = 0
+EXIT_DATA = 1
+EXIT_USAGE = 2
+EXIT_MISSING_EXTRA = 3
+EXIT_INTERNAL = 4
+EXIT_INTERRUPTED = 130
+
+
+class _UsageError(Exception):
+    """A bad argument found after parsing (exit code 2)."""
+
+
+def _progress(args: argparse.Namespace) -> bool:
+    # tqdm bars on an interactive terminal by default; --progress/--no-progress force it.
+    return sys.stderr.isatty() if args.progress is None else bool(args.progress)
+
+
+def _print_json(value: Any) -> None:
+    sys.stdout.write(json.dumps(value, indent=2, default=str) + "\n")
+
+
+def _store(root: str) -> Any:
+    """An existing rollout store (never creates one: these commands only read or tidy)."""
+    path = Path(root)
+    if not (path / "manifest.json").is_file():
+        from maxent_arrow.errors import StoreError
+
+        raise StoreError(f"{path}: not a rollout store (no manifest.json)")
+    from maxent_arrow.store import RolloutStore
+
+    return RolloutStore(path)
+
+
+# ---------------------------------------------------------------------- commands
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    from maxent_arrow.analytics import RunAnalytics
+
+    with RunAnalytics(args.run, progress=_progress(args)) as run:
+        info = run.describe()
+    if args.json:
+        _print_json(info)
+        return EXIT_OK
+    out = [
+        f"run:             {info['root']}",
+        f"format:          {info['format'] or '-'} (schema {info['schema_version'] or '-'}; "
+        f"files: {', '.join(info['file_schema_versions']) or '-'})",
+        f"created:         {info['created_at'] or '-'}",
+        f"ranks:           {', '.join(map(str, info['ranks'])) or '-'}",
+        f"reward funcs:    {', '.join(info['reward_functions']) or '-'}",
+        f"group rows:      {info['group_rows']:,}",
+        f"files:           {info['files']['groups']} group, {info['files']['steps']} step",
+        f"bytes:           {info['bytes']['groups']:,} groups, {info['bytes']['steps']:,} steps",
+    ]
+    for kind, k in info["kinds"].items():
+        out.append(
+            f"{kind + ' steps:':<17}{k['steps']} (steps {k['first']}..{k['last']}, "
+            f"{k['groups']:,} groups, {k['samples']:,} completions)"
+        )
+    out.append("config:          " + json.dumps(info["config"], sort_keys=True, default=str))
+    sys.stdout.write("\n".join(out) + "\n")
+    return EXIT_OK
+
+
+def _jsonable_rows(table: Any) -> list[dict[str, Any]]:
+    return table.to_pylist()
+
+
+def _csv(table: Any) -> str:
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    # CSV has no nested types: lists, structs and maps are written as JSON text.
+    columns = []
+    for field in table.schema:
+        column = table.column(field.name)
+        if pa.types.is_nested(field.type):
+            column = pa.array(
+                [None if v is None else json.dumps(v, default=str) for v in column.to_pylist()],
+                pa.string(),
+            )
+        columns.append(column)
+    flat = pa.table(columns, names=table.column_names)
+    sink = io.BytesIO()
+    pacsv.write_csv(flat, sink)
+    return sink.getvalue().decode()
+
+
+def _readable(table: Any, max_rows: int) -> str:
+    import duckdb
+
+    con = duckdb.connect()
+    try:
+        text = str(con.from_arrow(table.slice(0, max_rows)))
+    finally:
+        con.close()
+    if table.num_rows > max_rows:
+        text += f"({table.num_rows:,} rows, showing {max_rows}; --json or --csv give all)\n"
+    return text
+
+
+def _cmd_query(args: argparse.Namespace) -> int:
+    from maxent_arrow.analytics import RunAnalytics
+
+    with RunAnalytics(args.run, progress=_progress(args), materialize=args.materialize) as run:
+        table = run.sql(args.sql)
+    if args.json:
+        _print_json(_jsonable_rows(table))
+    elif args.csv:
+        sys.stdout.write(_csv(table))
+    else:
+        sys.stdout.write(_readable(table, args.max_rows))
+    return EXIT_OK
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from maxent_arrow.report import build_report
+
+    if args.bins < 1:
+        raise _UsageError(f"--bins must be >= 1, got {args.bins}")
+    if any(k < 1 for k in args.k):
+        raise _UsageError(f"--k values must be >= 1, got {args.k}")
+    report = build_report(
+        args.run,
+        args.out,
+        threshold=args.threshold,
+        k=tuple(args.k),
+        bins=args.bins,
+        progress=_progress(args),
+    )
+    result = {
+        "out": str(report.out),
+        "html": str(report.html),
+        "markdown": str(report.markdown),
+        "plots": {name: str(p) for name, p in report.plots.items()},
+        "skipped": report.skipped,
+        "summary": report.summary,
+    }
+    if args.json:
+        _print_json(result)
+    else:
+        sys.stdout.write(
+            f"wrote {len(report.plots)} plots, {report.html} and {report.markdown}\n"
+            + "".join(f"  not plotted: {k} ({v})\n" for k, v in report.skipped.items())
+        )
+    return EXIT_OK
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    report = _store(args.run).verify()
+    if args.json:
+        _print_json(
+            {
+                "ok": report.ok,
+                "checked": report.checked,
+                "problems": [{"path": str(p.path), "problem": p.problem} for p in report.problems],
+                "notes": [{"path": str(p.path), "problem": p.problem} for p in report.notes],
+            }
+        )
+    else:
+        sys.stdout.write(str(report) + "\n")
+    return EXIT_OK if report.ok else EXIT_DATA
+
+
+def _cmd_compact(args: argparse.Namespace) -> int:
+    if args.max_steps is not None and args.max_steps < 2:
+        raise _UsageError(f"--max-steps must be >= 2, got {args.max_steps}")
+    made = _store(args.run).compact(kind=args.kind, max_steps=args.max_steps)
+    if args.json:
+        _print_json({"compacted": [str(p) for p in made]})
+    else:
+        sys.stdout.write(f"{len(made)} compacted files\n" + "".join(f"  {p}\n" for p in made))
+    return EXIT_OK
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from maxent_arrow.export import export_hf, export_ipc
+
+    fn = export_ipc if args.to == "ipc" else export_hf
+    made = fn(args.run, args.dir, progress=_progress(args))
+    if args.json:
+        _print_json({"format": args.to, "written": [str(p) for p in made]})
+    else:
+        sys.stdout.write("".join(f"wrote {p}\n" for p in made))
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------- parser
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="maxent-arrow",
+        description="Arrow columnar rollout store for GRPO-style RL: inspect, query, report.",
+        epilog="Exit codes: 0 ok, 1 data problem, 2 usage error, 3 missing optional "
+        "dependency, 4 internal error, 130 interrupted.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def command(name: str, help_text: str, *, run: bool = True) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if run:
+            p.add_argument("run", metavar="RUN", help="the store directory")
+        p.add_argument(
+            "--progress",
+            action=argparse.BooleanOptionalAction,
+            default=None,
+            help="tqdm progress bars on stderr (default: when stderr is a terminal)",
+        )
+        return p
+
+    sub.add_parser("demo", help="run the end-to-end demo (see `maxent-arrow demo --help`)")
+
+    p = command("inspect", "Schema version, steps, ranks, rows, sizes and config of a run.")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=_cmd_inspect)
+
+    p = command(
+        "query",
+        "Run DuckDB SQL over the views groups (one row per prompt group, + kind), samples "
+        "(one row per completion) and steps (one row per step and rank).",
+    )
+    p.add_argument("sql", metavar="SQL", help="the query")
+    fmt = p.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true", help="print the rows as a JSON list")
+    fmt.add_argument("--csv", action="store_true", help="print CSV (nested values as JSON)")
+    p.add_argument("--max-rows", type=int, default=40, help="rows in the readable table")
+    p.add_argument(
+        "--materialize",
+        action="store_true",
+        help="also build the in-memory sample_scalars table (one scan) before the query",
+    )
+    p.set_defaults(func=_cmd_query)
+
+    p = command("report", "Plots (PNG), an HTML page and a Markdown summary of a run.")
+    p.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    p.add_argument("--threshold", type=float, default=0.5, help="success: reward > this")
+    p.add_argument("--k", type=int, nargs="+", default=[1, 4], help="pass@k for these k")
+    p.add_argument("--bins", type=int, default=50, help="advantage histogram bins")
+    p.add_argument("--json", action="store_true", help="print what was written as JSON")
+    p.set_defaults(func=_cmd_report)
+
+    p = command("verify", "Check every file of a store; exit 1 if any is damaged.")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=_cmd_verify)
+
+    p = command("compact", "Merge the per-append files of a store (atomic).")
+    p.add_argument("--kind", default=None, help="only this kind (train/eval)")
+    p.add_argument("--max-steps", type=int, default=None, help="steps per merged file")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=_cmd_compact)
+
+    p = command("export", "Export a run as Arrow IPC files or a HuggingFace dataset.")
+    p.add_argument("--to", required=True, choices=["ipc", "hf"], help="target format")
+    p.add_argument("dir", metavar="DIR", help="output directory (new or empty)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=_cmd_export)
+    return parser
+
+
+def _error(command: str | None, message: str) -> None:
+    where = f"maxent-arrow {command}" if command else "maxent-arrow"
+    text = " ".join(str(message).split())  # one line, whatever the message held
+    sys.stderr.write(f"{where}: error: {text}\n")
+    if os.environ.get("MAXENT_ARROW_DEBUG"):
+        traceback.print_exc()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line with ``argv``; returns the exit code.
+
+    With ``argv=None`` (the ``maxent-arrow`` console script) the arguments come from
+    ``sys.argv`` and the process ends right after the command, with its exit code, skipping
+    the interpreter's teardown: native thread pools of the libraries loaded (pyarrow, torch)
+    occasionally abort the process there ("terminate called without an active exception",
+    exit 134, seen after ``verify``), which would turn a success into a failure for scripts.
+    """
+    if argv is None:
+        code = _run(sys.argv[1:])
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return _run(list(argv))
+
+
+def _run(argv: list[str]) -> int:
+    if argv and argv[0] == "demo":
+        try:
+            from maxent_arrow import demo
+        except ImportError as exc:
+            _error("demo", f"the demo cannot be loaded ({exc})")
+            return EXIT_MISSING_EXTRA
+        return int(demo.main(argv[1:]) or 0)
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse: --help (0) or a usage error (2), already printed
+        return int(exc.code or 0) if isinstance(exc.code, int | None) else EXIT_USAGE
+    try:
+        return args.func(args)
+    except _UsageError as exc:
+        _error(args.command, str(exc))
+        return EXIT_USAGE
+    except MissingExtraError as exc:
+        _error(args.command, str(exc))
+        return EXIT_MISSING_EXTRA
+    except KeyboardInterrupt:
+        _error(args.command, "interrupted")
+        return EXIT_INTERRUPTED
+    except (MaxentArrowError, OSError, ValueError) as exc:
+        _error(args.command, str(exc))
+        return EXIT_DATA
+    except Exception as exc:  # a bug: still one line (the traceback with MAXENT_ARROW_DEBUG=1)
+        _error(args.command, f"unexpected {type(exc).__name__}: {exc} (please report)")
+        return EXIT_INTERNAL
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
