@@ -391,10 +391,13 @@ def _pad_numpy(
     else:
         flat_mask = _runs(width - kept, kept, False)
     mask = flat_mask.reshape(rows, width)
-    padded = torch.full((rows, width, *values.shape[1:]), pad_value, dtype=out_dtype)
+    # numpy's single-threaded fill, not torch.full: on a busy machine torch's parallel fill
+    # waits for a worker thread to be scheduled (measured 15 ms instead of 0.1 ms for 1 MiB).
+    numpy_dtype = torch.empty(0, dtype=out_dtype).numpy().dtype
+    padded = np.full((rows, width, *values.shape[1:]), pad_value, dtype=numpy_dtype)
     if source.shape[0]:
-        padded.numpy()[mask] = source
-    return padded, torch.from_numpy(mask)
+        padded[mask] = source
+    return torch.from_numpy(padded), torch.from_numpy(mask)
 
 
 def _check_offsets(offsets: torch.Tensor, values: torch.Tensor) -> None:

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -353,3 +358,16 @@ def test_torch_to_arrow_shares_cpu_memory_and_widens_bfloat16():
     grad = torch.ones(3, requires_grad=True)
     assert torch_to_arrow(grad * 2).to_pylist() == [2.0, 2.0, 2.0]
     assert torch_to_arrow(torch.tensor([0.5], dtype=torch.bfloat16)).type == pa.float32()
+
+
+# ---------------------------------------------------------------------------- benchmark
+def test_bench_ragged_quick_run_checks_itself():
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_ragged.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--quick"], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "(a) column -> torch" in out and "(b) Arrow token column -> padded" in out
+    assert re.search(r"ours at N=100,000 / ours at N=1,000: [\d.]+x", out)
+    assert len(re.findall(r">= 30x base, <= 3x memcpy: (PASS|MISS)", out)) == 2
