@@ -340,7 +340,10 @@ def _run(argv: list[str]) -> int:
         except ImportError as exc:
             _error("demo", f"the demo cannot be loaded ({exc})")
             return EXIT_MISSING_EXTRA
-        return int(demo.main(argv[1:]) or 0)
+        try:
+            return int(demo.main(argv[1:]) or 0)
+        except SystemExit as exc:  # the demo's own argparse (--help, a usage error)
+            return int(exc.code or 0) if isinstance(exc.code, int | None) else EXIT_USAGE
     parser = _parser()
     try:
         args = parser.parse_args(argv)

@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from maxent_arrow.analytics import RunAnalytics
-from maxent_arrow.errors import MissingExtraError, StoreError
+from maxent_arrow.errors import LayoutError, MissingExtraError, SchemaError, StoreError
 
 __all__ = ["Report", "build_report"]
 
@@ -158,7 +158,7 @@ def _plot_lengths(run: RunAnalytics, out: Path) -> Path | None:
 def _plot_entropy(run: RunAnalytics, out: Path) -> Path | None:
     try:
         ent = run.entropy_curve()
-    except StoreError:
+    except (SchemaError, StoreError):  # the run stored no such column
         return None
     if ent.num_rows == 0:
         return None
@@ -204,7 +204,7 @@ def _plot_kl(run: RunAnalytics, out: Path) -> Path | None:
 def _plot_advantages(run: RunAnalytics, out: Path, bins: int) -> Path | None:
     try:
         hist = run.advantage_histogram(bins=bins)
-    except StoreError:
+    except (SchemaError, StoreError):  # the run stored no such column
         return None
     counts = hist.column("count").to_numpy()
     if counts.sum() == 0:
@@ -217,20 +217,34 @@ def _plot_advantages(run: RunAnalytics, out: Path, bins: int) -> Path | None:
     return _save(fig, out / "advantages.png")
 
 
+def _first(table: pa.Table, column: str) -> Any:
+    if table.num_rows == 0 or column not in table.column_names:
+        return None
+    return table.column(column)[0].as_py()
+
+
 def _last(table: pa.Table, column: str) -> Any:
     if table.num_rows == 0 or column not in table.column_names:
         return None
     return table.column(column)[-1].as_py()
 
 
+def _or_empty(query: Callable[[], pa.Table], empty: pa.Table) -> pa.Table:
+    try:
+        return query()
+    except (SchemaError, LayoutError):  # the run lacks the columns; the summary says "-"
+        return empty
+
+
 def _summary(run: RunAnalytics, threshold: float, ks: tuple[int, ...]) -> dict[str, Any]:
     info = run.describe()
     train = info["kinds"].get("train", {})
-    curve = run.reward_curve()
+    empty = pa.table({"step": pa.array([], pa.int64()), "reward": pa.array([], pa.string())})
+    curve = _or_empty(run.reward_curve, empty)
     total = curve.filter(pc.equal(curve.column("reward"), "total_utils"))
-    succ = run.success_rate(threshold=threshold, k=ks)
-    lengths = run.length_stats()
-    zero = run.zero_variance_groups()
+    succ = _or_empty(lambda: run.success_rate(threshold=threshold, k=ks), empty)
+    lengths = _or_empty(run.length_stats, empty)
+    zero = _or_empty(run.zero_variance_groups, empty)
     summary = {
         "run": info["root"],
         "schema_version": info["schema_version"],
@@ -241,7 +255,7 @@ def _summary(run: RunAnalytics, threshold: float, ks: tuple[int, ...]) -> dict[s
         "ranks": len(info["ranks"]),
         "completions": train.get("samples", 0),
         "reward_functions": ", ".join(info["reward_functions"]) or "-",
-        "first_reward_mean": total.column("mean")[0].as_py() if total.num_rows else None,
+        "first_reward_mean": _first(total, "mean"),
         "last_reward_mean": _last(total, "mean"),
         "last_success_rate": _last(succ, "success_rate"),
         "last_zero_variance_groups": _last(zero, "frac_zero_variance"),
@@ -370,7 +384,11 @@ def build_report(
         for name, task in iterator:
             if progress:
                 iterator.set_postfix_str(name)
-            result = task()
+            try:
+                result = task()
+            except (SchemaError, LayoutError) as exc:  # the run lacks what this part needs
+                report.skipped[name] = str(exc)
+                continue
             if name == "summary":
                 report.summary = result
             elif name != "reading scalars":
