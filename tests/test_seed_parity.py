@@ -303,6 +303,16 @@ def test_replace_fields_and_asdict_work(name):
     as_dict = dataclasses.asdict(record)
     assert list(as_dict) == [n for n, _, _ in SEED_FIELDS[name]]
     assert getattr(record, first) is not None
+    for field, value in as_dict.items():  # asdict keeps every value (dict subclasses too)
+        original = getattr(record, field)
+        if dataclasses.is_dataclass(original):
+            assert value == dataclasses.asdict(original), field
+        elif isinstance(original, torch.Tensor):
+            assert torch.equal(value, original), field
+        elif isinstance(original, dict):
+            assert dict(value) == dict(original) and len(value) == len(original), field
+        else:
+            assert value == original, field
 
 
 def test_replace_normalises_the_new_value():

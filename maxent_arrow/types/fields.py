@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import numbers
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -430,10 +430,17 @@ class ColumnDict(dict):
     mutable dict; each value becomes an :class:`ArrowSequence` of float64.
     """
 
-    def __init__(self, owner: str, value: Mapping | None = None):
+    def __init__(
+        self,
+        value: Mapping | Iterable[tuple[str, Any]] | None = None,
+        *,
+        owner: str = "per_reward_values",
+    ):
+        # `value` comes first and may be (key, column) pairs, like dict's own constructor:
+        # `dataclasses.asdict` and `copy` rebuild a dict subclass as `type(d)(pairs)`.
         super().__init__()
         self._owner = owner
-        for key, column in (value or {}).items():
+        for key, column in dict(value or {}).items():
             self[key] = column
 
     def __setitem__(self, key: str, column: Any) -> None:
@@ -456,7 +463,7 @@ def ensure_column_dict(field: str, value: Any) -> ColumnDict:
         return value
     if not isinstance(value, Mapping):
         raise SchemaError(f"{field}: expected a dict of lists, got {_type_name(value)}")
-    return ColumnDict(field, value)
+    return ColumnDict(value, owner=field)
 
 
 def ensure_float_dict(field: str, value: Any) -> dict[str, float]:
