@@ -232,6 +232,7 @@ def test_cuda_build_pads_on_the_device_and_matches_cpu():
     assert torch.equal(gpu.completion_attention_mask.cpu(), cpu.completion_attention_mask)
 
 
+@pytest.mark.slow
 def test_bench_ingest_quick_runs_and_checks_itself():
     import subprocess
     import sys
