@@ -578,3 +578,23 @@ def test_bare_layout_without_a_manifest(tmp_path, store):
         got = run.sql("SELECT count(*) AS n FROM groups").column("n")[0].as_py()
         assert got == len([g for g in store.groups if (g.step, g.rank, g.kind) != (3, 1, "train")])
         assert run.describe()["schema_version"] is None
+
+
+@pytest.mark.slow
+def test_benchmark_quick_runs(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    bench = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_analytics.py"
+    env = {**os.environ, "MAXENT_ARROW_BENCH_CACHE": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, str(bench), "--quick"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    for label in ("reward curve", "length stats", "vs pandas", "floor"):
+        assert label in done.stdout

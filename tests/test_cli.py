@@ -1,0 +1,255 @@
+"""The ``maxent-arrow`` command line, called in process (``main(argv)``) and, for the exit
+code contract, as the installed console script in a subprocess."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from test_analytics import write_store
+
+from maxent_arrow.cli import EXIT_DATA, EXIT_OK, EXIT_USAGE, main
+
+SUBCOMMANDS = ["inspect", "query", "report", "verify", "compact", "export"]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    return write_store(tmp_path_factory.mktemp("cli") / "store", eval_steps=(1,), seed=5)
+
+
+def run(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def one_line_error(err: str, command: str) -> str:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"maxent-arrow {command}: error: ")
+    assert "Traceback" not in err
+    return lines[0]
+
+
+# ---------------------------------------------------------------------- commands
+
+
+def test_inspect_json(capsys, store):
+    code, out, _ = run(capsys, "inspect", store.root, "--json")
+    assert code == EXIT_OK
+    info = json.loads(out)
+    assert info["schema_version"] == "1.0"
+    assert info["ranks"] == [0, 1]
+    assert info["kinds"]["train"]["steps"] == 4 and info["kinds"]["eval"]["steps"] == 1
+    assert info["kinds"]["train"]["samples"] == sum(len(g.utils) for g in store.train())
+    assert info["group_rows"] == len(store.groups)
+    assert info["config"]["max_completion_len"] == 24
+    assert info["bytes"]["groups"] == sum(
+        p.stat().st_size for p in (store.root / "groups").glob("*")
+    )
+
+
+def test_inspect_readable(capsys, store):
+    code, out, _ = run(capsys, "inspect", store.root)
+    assert code == EXIT_OK
+    assert "train steps:" in out and "(steps 0..3" in out and "accuracy" in out
+
+
+def test_query_json_matches_numpy(capsys, store):
+    code, out, _ = run(
+        capsys,
+        "query",
+        store.root,
+        "SELECT step, avg(total_util) AS m, count(*) AS n FROM samples WHERE kind = 'train' "
+        "GROUP BY step ORDER BY step",
+        "--json",
+    )
+    assert code == EXIT_OK
+    rows = json.loads(out)
+    for row, (step, groups) in zip(rows, store.by_step().items(), strict=True):
+        values = np.concatenate([g.utils for g in groups])
+        assert row["step"] == step and row["n"] == values.size
+        assert row["m"] == pytest.approx(values.mean())
+
+
+def test_query_csv_and_table(capsys, store):
+    sql = "SELECT step, rank, group_index, total_utils FROM groups WHERE step = 2 ORDER BY ALL"
+    code, out, _ = run(capsys, "query", store.root, sql, "--csv")
+    assert code == EXIT_OK
+    rows = list(csv.DictReader(io.StringIO(out)))
+    expected = sorted((g for g in store.groups if g.step == 2), key=lambda g: (g.rank, g.index))
+    assert len(rows) == len(expected)
+    for row, g in zip(rows, expected):
+        assert json.loads(row["total_utils"]) == pytest.approx(g.utils.tolist())
+    code, out, _ = run(capsys, "query", store.root, sql, "--max-rows", "2")
+    assert code == EXIT_OK
+    assert "total_utils" in out and "showing 2" in out
+
+
+def test_query_errors(capsys, store, tmp_path):
+    code, _, err = run(capsys, "query", store.root, "SELECT nope FROM groups")
+    assert code == EXIT_DATA
+    assert "nope" in one_line_error(err, "query")
+    code, _, err = run(capsys, "query", tmp_path / "missing", "SELECT 1")
+    assert code == EXIT_DATA
+    assert "missing" in one_line_error(err, "query")
+    code, _, err = run(capsys, "query", store.root, "SELECT 1", "--json", "--csv")
+    assert code == EXIT_USAGE and "not allowed with" in err
+
+
+def test_report_json(capsys, store, tmp_path):
+    code, out, _ = run(capsys, "report", store.root, "--out", tmp_path / "r", "--json", "--k", 2)
+    assert code == EXIT_OK
+    result = json.loads(out)
+    assert Path(result["html"]).is_file() and Path(result["markdown"]).is_file()
+    assert len(result["plots"]) == 7
+    assert all(Path(p).stat().st_size > 1000 for p in result["plots"].values())
+    assert "last_pass_at_2" in result["summary"]
+    code, _, err = run(capsys, "report", store.root, "--out", tmp_path / "x", "--bins", 0)
+    assert code == EXIT_USAGE
+    one_line_error(err, "report")
+
+
+def test_verify_ok_then_damaged(capsys, tmp_path):
+    w = write_store(tmp_path / "s", steps=range(3), ranks=1)
+    code, out, _ = run(capsys, "verify", w.root, "--json")
+    assert code == EXIT_OK and json.loads(out)["ok"] is True
+    victim = sorted((w.root / "groups").glob("*.parquet"))[1]
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    code, out, _ = run(capsys, "verify", w.root, "--json")
+    assert code == EXIT_DATA
+    report = json.loads(out)
+    assert report["ok"] is False
+    assert any(victim.name in p["path"] for p in report["problems"])
+
+
+def test_verify_refuses_a_directory_that_is_not_a_store(capsys, tmp_path):
+    (tmp_path / "empty").mkdir()
+    code, _, err = run(capsys, "verify", tmp_path / "empty")
+    assert code == EXIT_DATA
+    assert "not a rollout store" in one_line_error(err, "verify")
+    assert not (tmp_path / "empty" / "manifest.json").exists()  # nothing created
+
+
+def test_compact_keeps_every_answer(capsys, tmp_path):
+    w = write_store(tmp_path / "s", steps=range(5), ranks=2, eval_steps=(2,))
+    sql = (
+        "SELECT kind, step, rank, group_index, total_utils FROM groups "
+        "ORDER BY kind, step, rank, group_index"
+    )
+    _, before, _ = run(capsys, "query", w.root, sql, "--json")
+    files_before = len(list((w.root / "groups").glob("*.parquet")))
+    code, out, _ = run(capsys, "compact", w.root, "--json")
+    assert code == EXIT_OK and json.loads(out)["compacted"]
+    assert len(list((w.root / "groups").glob("*.parquet"))) < files_before
+    _, after, _ = run(capsys, "query", w.root, sql, "--json")
+    assert json.loads(after) == json.loads(before)
+    code, _, _ = run(capsys, "compact", w.root, "--max-steps", 1)
+    assert code == EXIT_USAGE
+
+
+def test_export_ipc(capsys, store, tmp_path):
+    code, out, _ = run(capsys, "export", store.root, "--to", "ipc", tmp_path / "ipc", "--json")
+    assert code == EXIT_OK
+    written = {Path(p).name: Path(p) for p in json.loads(out)["written"]}
+    assert set(written) == {"groups.train.arrow", "groups.eval.arrow", "steps.arrow"}
+    with pa.memory_map(str(written["groups.train.arrow"])) as source:
+        table = pa.ipc.open_file(source).read_all()
+    assert table.num_rows == len(store.train())
+    got = sorted(
+        zip(
+            table.column("step").to_pylist(),
+            table.column("rank").to_pylist(),
+            table.column("group_index").to_pylist(),
+            table.column("total_utils").to_pylist(),
+        )
+    )
+    want = sorted((g.step, g.rank, g.index, g.utils.tolist()) for g in store.train())
+    assert got == want
+    # A non-empty target is refused, and nothing is written into it.
+    code, _, err = run(capsys, "export", store.root, "--to", "ipc", tmp_path / "ipc")
+    assert code == EXIT_DATA and "not empty" in one_line_error(err, "export")
+
+
+def test_export_hf(capsys, store, tmp_path):
+    datasets = pytest.importorskip("datasets")
+    code, out, _ = run(capsys, "export", store.root, "--to", "hf", tmp_path / "hf")
+    assert code == EXIT_OK
+    groups = datasets.load_from_disk(str(tmp_path / "hf" / "groups"))
+    steps = datasets.load_from_disk(str(tmp_path / "hf" / "steps"))
+    assert groups["train"].num_rows == len(store.train())
+    assert groups["eval"].num_rows == len(store.groups) - len(store.train())
+    assert steps.num_rows == len(store.step_rows)
+    row = groups["train"][0]
+    match = next(
+        g
+        for g in store.train()
+        if (g.step, g.rank, g.index) == (row["step"], row["rank"], row["group_index"])
+    )
+    assert row["total_utils"] == pytest.approx(match.utils.tolist())
+    assert not [p for p in (tmp_path / "hf").iterdir() if p.name.startswith(".tmp")]
+
+
+# ---------------------------------------------------------------------- usage and help
+
+
+@pytest.mark.parametrize("command", SUBCOMMANDS)
+def test_help_on_each_subcommand(capsys, command):
+    code, out, _ = run(capsys, command, "--help")
+    assert code == EXIT_OK
+    assert out.startswith(f"usage: maxent-arrow {command}")
+
+
+def test_top_level_help_and_usage_errors(capsys):
+    code, out, _ = run(capsys, "--help")
+    assert code == EXIT_OK and "Exit codes" in out
+    for name in SUBCOMMANDS + ["demo"]:
+        assert name in out
+    assert run(capsys, "frobnicate")[0] == EXIT_USAGE
+    assert run(capsys)[0] == EXIT_USAGE
+    assert run(capsys, "export", "x", "--to", "zip", "y")[0] == EXIT_USAGE
+
+
+def test_demo_is_delegated(capsys):
+    code, out, _ = run(capsys, "demo", "--help")
+    assert code == EXIT_OK
+    assert out.startswith("usage:")
+
+
+@pytest.mark.slow
+def test_console_script_exit_codes(store, tmp_path):
+    exe = Path(sys.executable).with_name("maxent-arrow")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "maxent_arrow.cli"]
+    ok = subprocess.run(
+        [*cmd, "inspect", str(store.root), "--json"], capture_output=True, text=True, timeout=120
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["ranks"] == [0, 1]
+    bad = subprocess.run(
+        [*cmd, "verify", str(tmp_path / "nope")], capture_output=True, text=True, timeout=120
+    )
+    assert bad.returncode == 1
+    assert bad.stderr.strip().count("\n") == 0 and "Traceback" not in bad.stderr
+    usage = subprocess.run([*cmd, "query"], capture_output=True, text=True, timeout=120)
+    assert usage.returncode == 2
+
+
+def test_store_is_untouched_by_read_commands(capsys, store, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(store.root, copy)
+    before = sorted((p.relative_to(copy), p.stat().st_size) for p in copy.rglob("*") if p.is_file())
+    for argv in (["inspect", copy], ["query", copy, "SELECT count(*) FROM samples"]):
+        assert run(capsys, *argv)[0] == EXIT_OK
+    after = sorted((p.relative_to(copy), p.stat().st_size) for p in copy.rglob("*") if p.is_file())
+    assert after == before
