@@ -598,3 +598,38 @@ def test_benchmark_quick_runs(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     for label in ("reward curve", "length stats", "vs pandas", "floor"):
         assert label in done.stdout
+
+
+def test_nested_schema_change_falls_back_to_duckdb_union(tmp_path):
+    # An older writer whose completion_info lacked two fields: a change inside list<struct>
+    # that the hand-written projection does not map, so DuckDB unifies that set by name.
+    import shutil
+
+    w = write_store(tmp_path / "store", steps=range(3), ranks=1)
+    bare = tmp_path / "bare"
+    shutil.copytree(w.root / "groups", bare / "groups")
+    shutil.copytree(w.root / "steps", bare / "steps")
+    path = bare / "groups" / _name(0, 0, "train")
+    t = pq.read_table(path)
+    info = t.column("completion_info").combine_chunks()
+    inner = info.flatten()
+    old = pa.StructArray.from_arrays(
+        [inner.field("finish_reason"), inner.field("truncated"), inner.field("token_count")],
+        names=["finish_reason", "truncated", "token_count"],
+    )
+    t = t.set_column(
+        t.column_names.index("completion_info"),
+        "completion_info",
+        pa.ListArray.from_arrays(info.offsets, old),
+    )
+    pq.write_table(t, path)
+    with RunAnalytics(bare) as run:
+        rows = run.sql(
+            "SELECT step, count(*) AS n, count(extra) AS extra, "
+            "count(*) FILTER (WHERE truncated) AS clipped FROM samples GROUP BY step ORDER BY step"
+        ).to_pylist()
+        for row, (step, groups) in zip(rows, w.by_step().items(), strict=True):
+            assert row["step"] == step
+            assert row["n"] == sum(len(g.utils) for g in groups)
+            assert row["extra"] == (0 if step == 0 else row["n"])
+            assert row["clipped"] == sum(int(g.truncated.sum()) for g in groups)
