@@ -11,6 +11,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from maxent_arrow import LayoutError, Ragged, SchemaError
 from maxent_arrow.ragged import arrow_to_torch, torch_to_arrow
@@ -49,6 +51,23 @@ def test_from_arrow_of_a_slice_rebases_offsets_and_views_the_slice(list_type):
     assert ragged.values.data_ptr() == child_address(full) + 2 * 4
     assert ragged.offsets.tolist() == [0, 3, 3, 5]
     assert ragged.tolist() == [[1, 2, 3], [], [4, 5]]
+
+
+@given(
+    st.lists(st.lists(st.integers(-(2**31), 2**31 - 1), max_size=5), max_size=8),
+    st.integers(0, 8),
+    st.integers(0, 8),
+    st.sampled_from([pa.list_, pa.large_list]),
+)
+def test_from_arrow_of_any_slice_matches_the_rows_and_views_the_buffer(
+    rows, start, length, list_type
+):
+    array = pa.array(rows, type=list_type(pa.int32())).slice(start, length)
+    ragged = Ragged.from_arrow(array)
+    assert ragged.tolist() == array.to_pylist()
+    assert ragged.offsets[0] == 0 and len(ragged) == len(array)
+    if ragged.num_values:
+        assert ragged.values.data_ptr() == child_address(array)
 
 
 def test_from_arrow_of_a_slice_of_a_sliced_child():

@@ -8,6 +8,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from maxent_arrow import (
     AdvantageStats,
@@ -59,6 +61,44 @@ def test_flat_view_behaves_like_a_list():
         view[0] = 1.0  # read-only
     with pytest.raises(TypeError):
         hash(view)
+
+
+def same(a, b) -> bool:
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return a == b
+
+
+@given(st.lists(st.floats(allow_nan=True), max_size=10), st.integers(-12, 12) | st.slices(12))
+def test_flat_view_indexing_matches_the_list(values, index):
+    view = ArrowSequence(pa.array(values, type=pa.float64()))
+    if isinstance(index, slice):
+        assert view[index] == values[index]
+        assert len(view[index]) == len(values[index])
+    elif -len(values) <= index < len(values):
+        assert same(view[index], values[index])
+    else:
+        with pytest.raises(IndexError):
+            view[index]
+
+
+@given(
+    st.lists(st.lists(st.integers(-5, 5), max_size=4), max_size=6),
+    st.integers(0, 6),
+    st.integers(-8, 8) | st.slices(8),
+)
+def test_grouped_view_indexing_matches_the_nested_list(groups, start, index):
+    full = pa.array(groups, type=pa.list_(pa.int64())).slice(min(start, len(groups)))
+    groups = groups[min(start, len(groups)) :]
+    view = GroupedSequence(full)
+    assert view == groups and view.samples == [x for g in groups for x in g]
+    if isinstance(index, slice):
+        assert view[index] == groups[index]
+    elif -len(groups) <= index < len(groups):
+        assert view[index] == groups[index]
+    else:
+        with pytest.raises(IndexError):
+            view[index]
 
 
 def test_flat_view_slices_are_views_of_the_same_buffer():
