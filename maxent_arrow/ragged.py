@@ -2,9 +2,10 @@
 
 Ragged data (K completions per prompt, T tokens per completion) stays ragged until a model needs
 it. ``Ragged.from_arrow`` views the Arrow child buffer without copying; ``to_padded`` then builds
-the padded tensor and its mask in one vectorised pass (a masked scatter, never a Python loop over
-rows), on whichever device the values live, so padding can be created on the GPU after one copy
-of the ragged bytes.
+the padded tensor and its mask in one vectorised pass (a run-length mask and one masked scatter,
+never a Python loop over rows), on whichever device the values live, so padding can be created
+on the GPU after one copy of the ragged bytes. ``benchmarks/bench_ragged.py`` measures it against
+the seed's ``pad_sequence`` and a memcpy of the output.
 """
 
 from __future__ import annotations
