@@ -94,8 +94,8 @@ def timed(fn, repeats: int) -> tuple[float, object]:
     return min(times), out
 
 
-def floor_copy(sb) -> tuple[float, float]:
-    """memcpy of every output byte (best of 5): into fresh buffers, and into reused ones.
+def floor_fns(sb):
+    """memcpy of every output byte: into fresh buffers, and into reused ones.
 
     Building a batch must allocate its output, and first-touching fresh pages costs about as
     much as the copy itself on Linux; the fresh-buffer copy (``clone``) is the floor used for
@@ -115,7 +115,18 @@ def floor_copy(sb) -> tuple[float, float]:
     def fresh():
         return ids.clone(), mask.clone(), pids.copy(), pmask.copy()
 
-    return timed(fresh, 7)[0], timed(reuse, 7)[0]
+    return fresh, reuse
+
+
+def interleaved(fns: dict, repeats: int) -> dict[str, float]:
+    """Best time of each function, run in turns so that all see the same machine load."""
+    best = dict.fromkeys(fns, float("inf"))
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            best[name] = min(best[name], time.perf_counter() - start)
+    return best
 
 
 def output_bytes(sb) -> int:
@@ -167,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     max_prompt_len = 256
     table = workload(args.prompts, args.k, args.max_completion)
     n = args.prompts * args.k
-    repeats = 3 if args.quick else 7
+    repeats = 3 if args.quick else 15
 
     def ours():
         return build_score_batch(
@@ -192,18 +203,17 @@ def main(argv: list[str] | None = None) -> int:
             prompt_cache=cache,
         )
 
-    t_ours, sb = timed(ours, repeats)
-    t_text, sb_text = timed(ours_text, repeats)
-    t_base, (entries, ids, mask) = timed(
-        lambda: seed_style(table, tokenizer, max_prompt_len), 1 if not args.quick else 2
-    )
+    sb, sb_text = ours(), ours_text()
+    t_base, (entries, ids, mask) = timed(lambda: seed_style(table, tokenizer, max_prompt_len), 2)
     # The two paths must build the same batch.
     assert torch.equal(ids, sb.completion_ids) and torch.equal(mask, sb.completion_attention_mask)
     assert [e[0] for e in entries[:: max(1, n // 50)]] == [
         list(sb.prompt_entries[i].input_ids) for i in range(0, n, max(1, n // 50))
     ]
     assert sb_text.prompt_entries == sb.prompt_entries
-    t_floor, t_reuse = floor_copy(sb)
+    fresh, reuse = floor_fns(sb)
+    best = interleaved({"ours": ours, "text": ours_text, "fresh": fresh, "reuse": reuse}, repeats)
+    t_ours, t_text, t_floor, t_reuse = best["ours"], best["text"], best["fresh"], best["reuse"]
     nbytes = output_bytes(sb)
 
     print(
