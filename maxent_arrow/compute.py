@@ -30,7 +30,7 @@ import torch
 
 from maxent_arrow.errors import ComputeError, LayoutError, SchemaError
 from maxent_arrow.ragged import Ragged
-from maxent_arrow.segments import Segments, check_finite, work_dtype
+from maxent_arrow.segments import Segments, check_finite, finite_range, work_dtype
 from maxent_arrow.types.rewards import LengthStats, RewardMoments
 from maxent_arrow.views import ArrowSequence, GroupedSequence
 
@@ -68,6 +68,14 @@ _MIN_TEMPERATURE = 1e-8
 _MIN_Q = 1e-12
 _EPS_MARGIN = 1e-8
 _Z_STD_FLOOR = 1e-6
+# A softmax is shift-invariant: exp(z - s) / Σ exp(z - s) is the same for any s. The safe
+# choice is each group's max (a segment reduction plus an expand per softmax). Bounds of the
+# whole batch's logits come free with the finiteness check (its min and max); when they lie
+# within this fraction of the exponent range (|z| <= 603 for float64, 75 for float32), every
+# exp is a normal number without a shift (no overflow, no underflow, full relative precision),
+# and when they span less than it, one batch-wide shift does the same. Either way the groups'
+# results are the same up to rounding, and the per-group max is only the fallback.
+_SHIFT_FRACTION = 0.85
 
 _LAZY = {
     "compute_rewards": "maxent_arrow.reward_step",
@@ -237,7 +245,7 @@ def total_utils(
     device, n = probe.device, int(probe.shape[0])
     segments = None
     if offsets is not None:
-        segments = Segments(offsets.to(device), num_values=n, where=f"{where}: offsets")
+        segments = Segments.cached(offsets, num_values=n, device=device, where=f"{where}: offsets")
     tensors = [
         as_sample_vector(
             c,
@@ -249,16 +257,27 @@ def total_utils(
         for name, c in zip(names, columns)
     ]
     dtype = work_dtype(functools.reduce(torch.promote_types, (t.dtype for t in tensors)))
-    utils = torch.zeros(n, dtype=dtype, device=device)
-    for lam_j, column in zip(lam, tensors):
+    # One read pass per column and one host sync: a column whose sum is finite has no NaN and
+    # no inf, so its terms need no NaN handling and accumulate in one fused pass each.
+    sums = torch.stack([t.sum(dtype=torch.float64) for t in tensors]).tolist()
+    utils: torch.Tensor | None = None
+    for lam_j, column, total in zip(lam, tensors, sums):
+        column = column.to(dtype)
+        if total - total == 0.0:
+            if utils is None:
+                utils = torch.mul(column, lam_j)
+            else:
+                utils.add_(column, alpha=lam_j)
+            continue
         # nansum semantics: a NaN term (NaN reward, or 0 * inf) counts as 0; inf stays inf.
-        term = torch.mul(column.to(dtype), lam_j)
-        utils.add_(term.nan_to_num_(nan=0.0, posinf=math.inf, neginf=-math.inf))
+        term = torch.mul(column, lam_j).nan_to_num_(nan=0.0, posinf=math.inf, neginf=-math.inf)
+        utils = term if utils is None else utils.add_(term)
+    assert utils is not None
     if truncated is not None:
         mask = as_sample_vector(
             truncated, n=n, where=f"{where}: truncated", device=device, segments=segments
         )
-        utils = torch.where(mask.bool(), 0.0, utils)
+        utils.masked_fill_(mask.bool(), 0.0)
     if segments is None:
         return utils
     return Ragged(utils, segments.offsets, validate=False)
@@ -302,9 +321,10 @@ def group_advantages(utils: Any, *, scale_rewards: bool = True, eps: float = 1e-
     centred = seg.apply(torch.sub, u, seg.mean(u))
     if not scale_rewards:
         return Ragged(centred, ragged.offsets, validate=False)
-    dof = (seg.lengths - 1).clamp(min=1).to(u.dtype)
-    std = torch.sqrt(seg.sum(centred.square()) / dof)
-    std = torch.where(seg.lengths > 1, std, 0.0)
+    k = seg.float_lengths(u.dtype)
+    # sqrt(Σ c²) / sqrt(K - 1): the norm reads the centred values once, with no [N] squares.
+    std = seg.norm(centred).div_((k - 1.0).clamp_(min=1.0).sqrt_())
+    std = torch.where(k > 1.0, std, 0.0)
     denom = std + eps
     # eps = 0 with a constant group would be 0/0; its centred values are exactly 0.
     adv = seg.apply(torch.div, centred, torch.where(denom > 0, denom, 1.0), out=centred)
@@ -336,17 +356,35 @@ def q_distribution(utils: Any, *, temperature: float = 1.0, epsilon: float = 1e-
     ragged, seg, u = _grouped(utils, where)
     t = _check_scalar(temperature, "q_distribution: temperature", low=0.0, strict=False)
     epsilon = _check_scalar(epsilon, "q_distribution: epsilon", low=0.0, strict=False)
-    check_finite(u, seg, where)
-    z = u / max(t, _MIN_TEMPERATURE)
-    seg.apply(torch.sub, z, seg.max(z), out=z)
+    low, high = finite_range(u, seg, where)
+    t = max(t, _MIN_TEMPERATURE)
+    z = u / t
+    # Division is monotone, so max(u / t) is high / t exactly (the same IEEE division).
+    _shift_(z, seg, low / t, high / t)
     e = z.exp_()
-    k = seg.lengths.to(u.dtype)
+    k = seg.float_lengths(u.dtype)
     eps_g = torch.clamp(1.0 / k - _EPS_MARGIN, max=epsilon).clamp(min=0.0)
     # q = softmax (1 - K ε) + ε in two passes. The original renormalised once more; that sum
     # is (1 - K ε) + K ε = 1 analytically, so the extra pass is skipped.
     seg.apply(torch.mul, e, (1.0 - k * eps_g) / seg.sum(e), out=e)
-    q = seg.apply(torch.add, e, eps_g, out=e)
+    if epsilon <= 1.0 / seg.max_length - _EPS_MARGIN:
+        q = e.add_(epsilon)  # no group is clamped: ε_g = ε everywhere, a scalar add
+    else:
+        q = seg.apply(torch.add, e, eps_g, out=e)
     return Ragged(q, ragged.offsets, validate=False)
+
+
+def _shift_(z: torch.Tensor, seg: Segments, bottom: float, top: float) -> None:
+    """Make the temporary ``z`` safe to exponentiate, in place, given bounds ``bottom <= z <=
+    top`` (up to rounding): nothing when ``exp`` of both bounds is a normal number, one
+    batch-wide shift by ``top`` when the span allows it, else each group's max."""
+    safe = -math.log(torch.finfo(z.dtype).tiny) * _SHIFT_FRACTION
+    if -safe <= bottom and top <= safe:
+        return
+    if top - bottom <= safe:
+        z.sub_(top)
+    else:
+        seg.apply(torch.sub, z, seg.max(z), out=z)
 
 
 # ---------------------------------------------------------------------------- §3.6 weights
@@ -408,14 +446,18 @@ def maxent_weights(
         )
         if length_normalize:
             rho = rho / counts
-    check_finite(qv, seg, f"{where}: q")
-    check_finite(rho, seg, f"{where}: ref_logp")
+    q_low, q_high = finite_range(qv, seg, f"{where}: q")
+    r_low, r_high = finite_range(rho, seg, f"{where}: ref_logp")
     d = tau + beta if denominator == "tau+beta" else tau
-    logits = torch.log(qv.clamp(min=_MIN_Q))
+    # ln max(q, 1e-12): the clamp pass only when some q is below the floor.
+    logits = torch.log(qv.clamp(min=_MIN_Q) if q_low < _MIN_Q else qv)
     if beta != 0.0:
         logits.add_(rho, alpha=beta)
-    logits.mul_(1.0 / d)
-    seg.apply(torch.sub, logits, seg.max(logits), out=logits)
+    logits.div_(d)
+    # Bounds of the logits from those of q and ρ (no extra pass): ln is monotone.
+    top = (math.log(max(q_high, _MIN_Q)) + beta * r_high) / d
+    bottom = (math.log(max(q_low, _MIN_Q)) + beta * r_low) / d
+    _shift_(logits, seg, bottom, top)
     e = logits.exp_()
     if length_reweight:
         e.mul_(counts)
@@ -470,11 +512,13 @@ def _flat(value: Any, where: str) -> torch.Tensor:
 def reward_moments(utils: Any) -> RewardMoments:
     """Mean and **population** std (divide by N; 0 when N = 1) of the utilities (§2.6)."""
     u = _flat(utils, "reward_moments: utils")
-    check_finite(u, None, "reward_moments: utils")
-    # Two passes (mean, then squared deviations): torch.var_mean's Welford loop is ~10x slower.
+    # Two passes (mean, then the norm of the deviations): torch.var_mean's Welford loop is ~10x
+    # slower. A NaN or inf makes the mean non-finite, which is the finiteness check.
     mean = u.mean()
-    std = (u - mean).square_().mean().sqrt()
+    std = torch.linalg.vector_norm(u - mean) / math.sqrt(u.numel())
     m, s = torch.stack([mean, std]).tolist()
+    if not math.isfinite(m):
+        check_finite(u, None, "reward_moments: utils", fast=False)
     return RewardMoments(mean=m, std=s)
 
 
