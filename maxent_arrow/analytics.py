@@ -29,6 +29,7 @@ needed column, or the materialized table) and never a token column.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -49,9 +50,10 @@ from maxent_arrow.run_views import (
     sql_string,
 )
 
-__all__ = ["KINDS", "DEFAULT_QUANTILES", "RunAnalytics", "committed_files", "open_run"]
+__all__ = ["KIND_PATTERN", "DEFAULT_QUANTILES", "RunAnalytics", "committed_files", "open_run"]
 
-KINDS = ("train", "eval")
+# The store's rule for kinds ("train", "eval", ...): also what makes inlining one in SQL safe.
+KIND_PATTERN = r"[a-z][a-z0-9_]{0,31}"
 # User-facing score names (group-table column names) -> flat aliases.
 _SCORE_ALIASES = {
     "total_utils": "total_util",
@@ -252,8 +254,11 @@ class RunAnalytics(ReadyMadeQueries):
     def _where(self, *, kind: str | None, steps: int | Iterable[int] | None = None) -> str:
         parts = []
         if kind is not None:
-            if kind not in KINDS:
-                raise LayoutError(f"kind: expected one of {KINDS} or None, got {kind!r}")
+            if not isinstance(kind, str) or not re.fullmatch(KIND_PATTERN, kind):
+                raise LayoutError(
+                    f"kind: expected None or a name matching {KIND_PATTERN} (such as 'train' "
+                    f"or 'eval'), got {kind!r}"
+                )
             parts.append(f"kind = '{kind}'")
         if steps is not None:
             wanted = [steps] if isinstance(steps, int | np.integer) else list(steps)

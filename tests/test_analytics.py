@@ -521,7 +521,8 @@ def test_empty_store_has_typed_views(tmp_path):
 
 def test_bad_arguments_are_typed_errors(run, tmp_path):
     with pytest.raises(LayoutError, match="kind"):
-        run.reward_curve(kind="training")
+        run.reward_curve(kind="train'; DROP TABLE x; --")
+    assert run.reward_curve(kind="rollout").num_rows == 0  # a valid kind this run lacks
     with pytest.raises(LayoutError, match="nope"):
         run.extreme_completions(0, by="nope")
     with pytest.raises(LayoutError, match="k"):
