@@ -122,7 +122,8 @@ class ReadyMadeQueries:
         ks = [int(x) for x in k]
         if any(x < 1 for x in ks):
             raise LayoutError(f"k: expected integers >= 1, got {ks}")
-        v = quote(self._alias(reward, what="success_rate"))
+        alias = self._alias(reward, what="success_rate")
+        v = quote(alias)
         passes = []
         for x in ks:
             # C(n-c,k)/C(n,k) through lgamma: exact to ~1e-13, no overflow for large n.
@@ -136,7 +137,7 @@ class ReadyMadeQueries:
             )
         per_group = (
             f"SELECT step, count({v}) AS n, count(*) FILTER (WHERE {v} > {float(threshold)!r}) "
-            f"AS c FROM {self.flat([v.strip(chr(34))], kind=kind)} GROUP BY {_GROUP_KEY}"
+            f"AS c FROM {self.flat([alias], kind=kind)} GROUP BY {_GROUP_KEY}"
         )
         return self.sql(
             f"SELECT step, count(*) AS num_groups, sum(n)::BIGINT AS num_samples, "

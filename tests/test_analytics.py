@@ -634,3 +634,22 @@ def test_nested_schema_change_falls_back_to_duckdb_union(tmp_path):
             assert row["n"] == sum(len(g.utils) for g in groups)
             assert row["extra"] == (0 if step == 0 else row["n"])
             assert row["clipped"] == sum(int(g.truncated.sum()) for g in groups)
+
+
+def test_reward_names_that_need_quoting(tmp_path):
+    names = ['acc "strict"', "format ok"]
+    w = write_store(tmp_path / "s", steps=range(2), ranks=1, rewards_at=lambda s: names)
+    with RunAnalytics(w.root, materialize=True) as run:
+        assert run.reward_names == names
+        curve = {(r["step"], r["reward"]): r for r in run.reward_curve().to_pylist()}
+        for step, groups in w.by_step().items():
+            for name in names:
+                values = np.concatenate([g.rewards[name] for g in groups])
+                assert curve[(step, name)]["mean"] == pytest.approx(values.mean())
+        succ = run.success_rate(reward='acc "strict"', threshold=0.5).to_pylist()
+        for row, (step, groups) in zip(succ, w.by_step().items(), strict=True):
+            assert row["step"] == step
+            values = np.concatenate([g.rewards['acc "strict"'] for g in groups])
+            assert row["success_rate"] == pytest.approx((values > 0.5).mean())
+        got = run.sql('SELECT count(rewards."format ok") AS n FROM samples').column("n")
+        assert got[0].as_py() == sum(len(g.utils) for g in w.groups)
