@@ -76,6 +76,12 @@ _Z_STD_FLOOR = 1e-6
 # and when they span less than it, one batch-wide shift does the same. Either way the groups'
 # results are the same up to rounding, and the per-group max is only the fallback.
 _SHIFT_FRACTION = 0.85
+# Softmaxes exponentiate in base 2, exp(x) = 2^(x log2 e), with the log2 e factor folded into a
+# scaling the formula already has: float64 `exp2` runs in half the time of `exp` on CPU
+# (0.86 vs 1.7 ms per 1M values, 1 thread), and both are within 1 ulp. The folded factor moves
+# the exponent by at most ~2 ulp of |x| <= 603 (the bounds above), i.e. a relative change of
+# the result below 3e-13, the size of the rounding the reference loops themselves make.
+_LOG2E = 1.0 / math.log(2.0)
 
 _LAZY = {
     "compute_rewards": "maxent_arrow.reward_step",
@@ -326,8 +332,10 @@ def group_advantages(utils: Any, *, scale_rewards: bool = True, eps: float = 1e-
     std = seg.norm(centred).div_((k - 1.0).clamp_(min=1.0).sqrt_())
     std = torch.where(k > 1.0, std, 0.0)
     denom = std + eps
-    # eps = 0 with a constant group would be 0/0; its centred values are exactly 0.
-    adv = seg.apply(torch.div, centred, torch.where(denom > 0, denom, 1.0), out=centred)
+    # eps = 0 with a constant group would be 0/0; its centred values are exactly 0. One
+    # reciprocal per group, then a multiply per sample (a divide costs 3x the multiply).
+    scale = torch.where(denom > 0, denom, 1.0).reciprocal_()
+    adv = seg.apply(torch.mul, centred, scale, out=centred)
     return Ragged(adv, ragged.offsets, validate=False)
 
 
@@ -358,10 +366,16 @@ def q_distribution(utils: Any, *, temperature: float = 1.0, epsilon: float = 1e-
     epsilon = _check_scalar(epsilon, "q_distribution: epsilon", low=0.0, strict=False)
     low, high = finite_range(u, seg, where)
     t = max(t, _MIN_TEMPERATURE)
-    z = u / t
     # Division is monotone, so max(u / t) is high / t exactly (the same IEEE division).
-    _shift_(z, seg, low / t, high / t)
-    e = z.exp_()
+    bottom, top = low / t, high / t
+    mode = _shift_mode(bottom, top, u.dtype)
+    if mode == "none":
+        z = torch.mul(u, _LOG2E / t)
+    else:
+        z = u / t  # as the reference: its rounding is what the shift keeps
+        _shift_(z, seg, mode, top)
+        z.mul_(_LOG2E)
+    e = z.exp2_()
     k = seg.float_lengths(u.dtype)
     eps_g = torch.clamp(1.0 / k - _EPS_MARGIN, max=epsilon).clamp(min=0.0)
     # q = softmax (1 - K ε) + ε in two passes. The original renormalised once more; that sum
@@ -374,16 +388,23 @@ def q_distribution(utils: Any, *, temperature: float = 1.0, epsilon: float = 1e-
     return Ragged(q, ragged.offsets, validate=False)
 
 
-def _shift_(z: torch.Tensor, seg: Segments, bottom: float, top: float) -> None:
-    """Make the temporary ``z`` safe to exponentiate, in place, given bounds ``bottom <= z <=
-    top`` (up to rounding): nothing when ``exp`` of both bounds is a normal number, one
-    batch-wide shift by ``top`` when the span allows it, else each group's max."""
-    safe = -math.log(torch.finfo(z.dtype).tiny) * _SHIFT_FRACTION
+def _shift_mode(bottom: float, top: float, dtype: torch.dtype) -> str:
+    """How to make logits within ``[bottom, top]`` (natural units, up to rounding) safe to
+    exponentiate: ``"none"`` when ``exp`` of both bounds is a normal number, ``"global"`` (one
+    batch-wide shift by ``top``) when their span allows it, else ``"group"`` (each group's
+    max)."""
+    safe = -math.log(torch.finfo(dtype).tiny) * _SHIFT_FRACTION
     if -safe <= bottom and top <= safe:
-        return
-    if top - bottom <= safe:
+        return "none"
+    return "global" if top - bottom <= safe else "group"
+
+
+def _shift_(z: torch.Tensor, seg: Segments, mode: str, top: float) -> None:
+    """Apply :func:`_shift_mode`'s shift to the temporary ``z`` in place (``top`` in the
+    units of ``z``)."""
+    if mode == "global":
         z.sub_(top)
-    else:
+    elif mode == "group":
         seg.apply(torch.sub, z, seg.max(z), out=z)
 
 
@@ -449,19 +470,20 @@ def maxent_weights(
     q_low, q_high = finite_range(qv, seg, f"{where}: q")
     r_low, r_high = finite_range(rho, seg, f"{where}: ref_logp")
     d = tau + beta if denominator == "tau+beta" else tau
-    # ln max(q, 1e-12): the clamp pass only when some q is below the floor.
-    logits = torch.log(qv.clamp(min=_MIN_Q) if q_low < _MIN_Q else qv)
+    # The logits in base 2: (log2 max(q, 1e-12) + β log2(e) ρ) / D, for exp2 below. The clamp
+    # pass runs only when some q is below the floor.
+    logits = torch.log2(qv.clamp(min=_MIN_Q) if q_low < _MIN_Q else qv)
     if beta != 0.0:
-        logits.add_(rho, alpha=beta)
-    logits.div_(d)
-    # Bounds of the logits from those of q and ρ (no extra pass): ln is monotone.
+        logits.add_(rho, alpha=beta * _LOG2E)
+    logits.mul_(1.0 / d)
+    # Bounds of the (natural) logits from those of q and ρ, with no extra pass: ln is monotone.
     top = (math.log(max(q_high, _MIN_Q)) + beta * r_high) / d
     bottom = (math.log(max(q_low, _MIN_Q)) + beta * r_low) / d
-    _shift_(logits, seg, bottom, top)
-    e = logits.exp_()
+    _shift_(logits, seg, _shift_mode(bottom, top, logits.dtype), top * _LOG2E)
+    e = logits.exp2_()
     if length_reweight:
         e.mul_(counts)
-    w = seg.apply(torch.div, e, seg.sum(e), out=e)
+    w = seg.apply(torch.mul, e, seg.sum(e).reciprocal_(), out=e)
     return Ragged(w, ragged.offsets, validate=False)
 
 
