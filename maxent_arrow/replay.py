@@ -25,7 +25,7 @@ from maxent_arrow.errors import StoreError
 if TYPE_CHECKING:
     from maxent_arrow.store import OnError, RolloutStore, _Unit
 
-__all__ = ["replay", "ReplayDataset", "process_shard"]
+__all__ = ["replay", "ReplayDataset", "process_shard", "recompute", "RECOMPUTE_DEFAULTS"]
 
 
 @dataclass(frozen=True)
@@ -283,3 +283,66 @@ class ReplayDataset(_dataset_base()):
         )
         for batch in stream:
             yield batch if self.transform is None else self.transform(batch)
+
+
+# ---------------------------------------------------------------------------- recompute
+# Config keys (in the step's ``config`` snapshot) that the derived quantities depend on, with
+# the defaults of the original pipeline (semantics §3.2, §3.4, §3.6).
+RECOMPUTE_DEFAULTS: dict[str, Any] = {
+    "scale_rewards": True,
+    "advantage_eps": 1e-4,
+    "q_temperature": 1.0,
+    "q_epsilon": 1e-6,
+    "tau": None,
+    "beta": 0.0,
+    "weight_denominator": "tau",
+    "len_norm_ref": True,
+    "length_reweight": False,
+}
+
+
+def recompute(batch: RolloutBatch, **overrides: Any) -> dict[str, Any]:
+    """Advantages, q and MaxEnt weights of a replayed step, from its stored facts.
+
+    Uses the stored utilities ``total_utils`` (after any entropy bonus), the stored SEED-GRPO
+    group scales, the stored reference sums and token counts, and the step's config snapshot
+    (keys of :data:`RECOMPUTE_DEFAULTS`; ``overrides`` replace them, e.g. a new ``tau``).
+    Returns :class:`~maxent_arrow.Ragged` values keyed ``"advantages"``, ``"q"`` and, when
+    ``tau`` and the reference columns are known, ``"weights"``, grouped like the batch.
+    """
+    import torch
+
+    from maxent_arrow import compute as C
+
+    unknown = set(overrides) - set(RECOMPUTE_DEFAULTS)
+    if unknown:
+        raise StoreError(f"recompute: unknown settings {sorted(unknown)}")
+    config = batch.config
+    cfg = {k: config.get(k, v) for k, v in RECOMPUTE_DEFAULTS.items()} | overrides
+    utils = batch.ragged("total_utils")
+    if utils is None:
+        raise StoreError(f"recompute: step {batch.step} has no total_utils column")
+    utils = utils.with_values(utils.values.to(torch.float64))
+    adv = C.group_advantages(
+        utils, scale_rewards=bool(cfg["scale_rewards"]), eps=cfg["advantage_eps"]
+    )
+    scales = batch.column("seed_advantage_scale")
+    if scales is not None and scales.null_count == 0:
+        adv = C.apply_group_scales(adv, torch.from_numpy(scales.to_numpy(zero_copy_only=False)))
+    q = C.q_distribution(utils, temperature=cfg["q_temperature"], epsilon=cfg["q_epsilon"])
+    out: dict[str, Any] = {"advantages": adv, "q": q}
+    raw, counts = batch.ragged("ref_logp_sum_raw"), batch.ragged("ref_tok_counts")
+    if cfg["tau"] is not None and raw is not None and counts is not None:
+        t = counts.values.to(torch.float64)
+        # ρ = R / max(T, 1) (the seed's `ref_logp_sum`) or the raw sum R.
+        rho = raw.values / t.clamp(min=1) if cfg["len_norm_ref"] else raw.values
+        out["weights"] = C.maxent_weights(
+            q,
+            rho,
+            tau=cfg["tau"],
+            beta=cfg["beta"],
+            denominator=cfg["weight_denominator"],
+            token_counts=t,
+            length_reweight=bool(cfg["length_reweight"]),
+        )
+    return out

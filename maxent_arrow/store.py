@@ -41,11 +41,15 @@ from maxent_arrow.batch import BATCH_META_KEY, STEP_META_KEY, RolloutBatch, step
 from maxent_arrow.errors import SchemaError, SchemaVersionError, StoreError
 from maxent_arrow.store_files import (
     COMPACT_RE,
+    SEAL_KEY,
+    SEAL_PLACEHOLDER,
     UNIT_RE,
+    check_seal,
     cleanup_temp,
     crc32_of,
     fsync_dir,
     os_error,
+    seal,
     store_lock,
     unit_name,
     write_atomic,
@@ -174,7 +178,12 @@ class RolloutStore:
     def _open(self, config: Mapping[str, Any] | None) -> dict[str, Any]:
         manifest_path = self.root / "manifest.json"
         if self.root.exists() and not manifest_path.exists():
-            if any(p.name not in (".lock",) for p in self.root.iterdir()):
+            # Our own directories without a manifest: a store being created by another rank
+            # right now, or a creation interrupted before the manifest was written.
+            own = {"groups", "steps", "cache", ".lock"}
+            if any(
+                p.name not in own and not p.name.startswith(".tmp-") for p in self.root.iterdir()
+            ):
                 raise StoreError(
                     f"{self.root}: not a rollout store (no manifest.json) and not empty"
                 )
@@ -248,7 +257,14 @@ class RolloutStore:
         if hit is not None and hit[0] == key:
             return hit[1], hit[2]
         try:
-            table = pq.ParquetFile(path, page_checksum_verification=True).read()
+            data = path.read_bytes()
+        except OSError as exc:
+            raise os_error("cannot read", path, exc) from exc
+        if check_seal(data) is False:
+            raise StoreError(f"{path}: CRC-32 differs from the one sealed in the file (corrupt)")
+        try:
+            reader = pq.ParquetFile(pa.BufferReader(data), page_checksum_verification=True)
+            table = reader.read()
         except (pa.ArrowException, OSError) as exc:
             raise StoreError(f"{path}: unreadable step file ({exc})") from None
         S.check_version((table.schema.metadata or {}).get(S.METADATA_KEY), where=str(path))
@@ -322,9 +338,13 @@ class RolloutStore:
                 units.append(_Unit(step, rank, knd, name, meta["group_file"], i, starts[i], count))
         return sorted(units, key=lambda u: (u.step, u.kind, u.rank))
 
-    def steps(self, *, kind: str | None = None) -> list[int]:
-        """The distinct committed steps (of ``kind``, if given), ascending."""
-        return sorted({u.step for u in self._units(kind=kind)})
+    def steps(
+        self, *, kind: str | None = None, rank: int | None = None, on_error: OnError | None = None
+    ) -> list[int]:
+        """The distinct committed steps (of ``kind`` and ``rank``, if given), ascending."""
+        ranks = None if rank is None else [rank]
+        on_error = _check_on_error(on_error or self.on_error)
+        return sorted({u.step for u in self._units(kind=kind, ranks=ranks, on_error=on_error)})
 
     def __len__(self) -> int:
         return len(self._units())
@@ -349,7 +369,9 @@ class RolloutStore:
         self._schemas[str(path)] = (key, schema)
         return schema
 
-    def schema(self, table: Literal["groups", "steps"] = "groups") -> pa.Schema:
+    def schema(
+        self, table: Literal["groups", "steps"] = "groups", *, on_error: OnError | None = None
+    ) -> pa.Schema:
         """One schema over all committed files of ``table``, unified by column name.
 
         A column missing from older files is in it (those files read it as nulls); so is a
@@ -359,7 +381,14 @@ class RolloutStore:
         files = self.committed_files(table)
         if not files:
             return S.group_schema() if table == "groups" else S.step_schema()
-        schemas = [self._file_schema(p) for p in files]
+        schemas = []
+        for path in files:
+            try:
+                schemas.append(self._file_schema(path))
+            except StoreError as exc:
+                self._fail(_check_on_error(on_error or self.on_error), exc)
+        if not schemas:
+            return S.group_schema() if table == "groups" else S.step_schema()
         return S.unify_schemas(schemas, where=f"{self.root}/{table}")
 
     # ------------------------------------------------------------------ append
@@ -388,13 +417,15 @@ class RolloutStore:
             "group_size": groups_bytes.size,
             "group_crc32": crc32_of(groups_bytes),
         }
+        step_table = pa.Table.from_batches([batch.step_row])
         step_bytes = _parquet_bytes(
-            pa.Table.from_batches([batch.step_row]),
+            step_table,
             {
                 STORE_META_KEY: json.dumps(group_meta).encode(),
                 S.METADATA_KEY: S.SCHEMA_VERSION.encode(),
             },
             statistics=["step", "rank"],
+            sealed=True,
         )
         group_path = self._path(self._groups_dir, name)
         step_path = self._path(self._steps_dir, name)
@@ -423,7 +454,8 @@ class RolloutStore:
 
     def _check_conflicts(self, batch: RolloutBatch) -> None:
         for table, schema in (("groups", batch.groups.schema), ("steps", batch.step_row.schema)):
-            current = self.schema(table)
+            # A damaged file must not block appends; verify() reports it.
+            current = self.schema(table, on_error="skip")
             try:
                 S.unify_schemas(
                     [current, schema], where=f"append of step {batch.step} to {self.root}/{table}"
@@ -683,7 +715,8 @@ def _parquet_bytes(
     *,
     statistics: list[str],
     dictionary: list[str] | bool = False,
-) -> pa.Buffer:
+    sealed: bool = False,
+) -> pa.Buffer | bytes:
     """Parquet bytes in memory (so the CRC is of exactly what is written)."""
     table = table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
     sink = pa.BufferOutputStream()
@@ -700,6 +733,10 @@ def _parquet_bytes(
         store_schema=True,
     ) as writer:
         writer.write_table(table, row_group_size=_ROW_GROUP)
+        if sealed:
+            writer.add_key_value_metadata({SEAL_KEY: SEAL_PLACEHOLDER})
+    if sealed:
+        return seal(sink.getvalue().to_pybytes())
     return sink.getvalue()
 
 

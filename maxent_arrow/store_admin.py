@@ -168,10 +168,12 @@ def _compact_chunk(store, kind, units, store_meta_key, parquet_bytes, conform) -
         "group_rows": starts,
         "replaces": [u.step_file for u in units],
     }
+    step_table = pa.concat_tables(steps)
     step_bytes = parquet_bytes(
-        pa.concat_tables(steps),
+        step_table,
         {store_meta_key: json.dumps(meta).encode(), S.METADATA_KEY: S.SCHEMA_VERSION.encode()},
         statistics=["step", "rank"],
+        sealed=True,
     )
     step_path = store._path(store._steps_dir, name)
     with store_lock(store.root):

@@ -136,6 +136,42 @@ def crc32_of(data) -> int:
     return zlib.crc32(memoryview(data).cast("B")) & 0xFFFFFFFF
 
 
+# A step file carries the CRC-32 of its own bytes in the footer's key-value metadata: the file
+# is written with a placeholder, the CRC is taken with the placeholder zeroed, then patched in
+# (same length, so the footer stays valid). The key is added by the Parquet writer only, not
+# to the Arrow schema (which would embed a second, base64 copy).
+SEAL_KEY = b"maxent_arrow.file_crc32"
+_SEAL_MARK = b"maxent-crc32="
+SEAL_PLACEHOLDER = _SEAL_MARK + b"00000000"
+
+
+def seal(data: bytes) -> bytes:
+    """Patch the CRC-32 of ``data`` (placeholder zeroed) into its placeholder."""
+    at = data.rfind(SEAL_PLACEHOLDER)
+    if at < 0:
+        raise StoreError("seal: no checksum placeholder in the file")
+    crc = crc32_of(data)
+    out = bytearray(data)
+    start = at + len(_SEAL_MARK)
+    out[start : start + 8] = f"{crc:08x}".encode()
+    return bytes(out)
+
+
+def check_seal(data: bytes) -> bool | None:
+    """Whether ``data`` matches the CRC-32 sealed into it (``None``: the file has no seal)."""
+    at = data.rfind(_SEAL_MARK)
+    if at < 0:
+        return None
+    start = at + len(_SEAL_MARK)
+    stored = data[start : start + 8]
+    try:
+        expected = int(stored, 16)
+    except ValueError:
+        return False
+    zeroed = data[:start] + b"00000000" + data[start + 8 :]
+    return crc32_of(zeroed) == expected
+
+
 def crc32_file(path: Path) -> int:
     crc = 0
     with open(path, "rb") as f:

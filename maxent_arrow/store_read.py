@@ -77,7 +77,7 @@ def read_table(
 ) -> pa.Table:
     from maxent_arrow.store import conform
 
-    unified = store.schema(table)
+    unified = store.schema(table, on_error=on_error)
     if columns is not None:
         unknown = [c for c in columns if c not in unified.names]
         if unknown:
@@ -200,7 +200,7 @@ def run_sql(store: RolloutStore, query: str, *, on_error: OnError) -> pa.Table:
     try:
         for table in ("groups", "steps"):
             files = _usable_files(store, table, on_error)
-            schema = store.schema(table)
+            schema = store.schema(table, on_error=on_error)
             if files:
                 listing = ", ".join("'" + str(p).replace("'", "''") + "'" for p in files)
                 con.execute(

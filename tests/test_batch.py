@@ -103,7 +103,10 @@ def test_token_ids_from_completion_info_without_score_batch(parts):
     rows = [ids[i][mask[i]].tolist() for i in range(ids.shape[0])]
     offsets = np.cumsum([0] + [len(g) for g in gen.grouped_completions])
     info = [
-        [dict(gen.grouped_completion_info[g][k], token_ids=rows[offsets[g] + k]) for k in range(len(c))]
+        [
+            dict(gen.grouped_completion_info[g][k], token_ids=rows[offsets[g] + k])
+            for k in range(len(c))
+        ]
         for g, c in enumerate(gen.grouped_completions)
     ]
     gen2 = GenerationBatch(gen.prompts, gen.answers, gen.grouped_completions, None, info)
@@ -117,9 +120,7 @@ def test_token_ids_from_completion_info_without_score_batch(parts):
 
 def test_differing_info_token_ids_are_kept(parts):
     gen = parts["generation"]
-    info = [
-        [dict(d, token_ids=[1, 2, 3]) for d in group] for group in gen.grouped_completion_info
-    ]
+    info = [[dict(d, token_ids=[1, 2, 3]) for d in group] for group in gen.grouped_completion_info]
     gen2 = GenerationBatch(gen.prompts, gen.answers, gen.grouped_completions, None, info)
     batch = RolloutBatch.from_parts(1, generation=gen2, score_batch=parts["score_batch"])
     assert batch.generation_batch == gen2
@@ -201,7 +202,9 @@ def test_constructor_checks_the_layout(batch):
     bad = groups.set_column(groups.schema.get_field_index("step"), "step", steps)
     with pytest.raises(LayoutError, match="group 2"):
         RolloutBatch(bad, row)
-    wrong = row.set_column(row.schema.get_field_index("num_samples"), "num_samples", pa.array([1], pa.int32()))
+    wrong = row.set_column(
+        row.schema.get_field_index("num_samples"), "num_samples", pa.array([1], pa.int32())
+    )
     with pytest.raises(LayoutError, match="num_samples"):
         RolloutBatch(groups, wrong)
     q = groups.column("q")

@@ -9,7 +9,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -70,7 +69,9 @@ def test_read_and_steps(store):
     some = store.read(steps=[1], columns=["step", "rank", "q"])
     assert some.column_names == ["step", "rank", "q"]
     assert sorted(set(some.column("rank").to_pylist())) == [0, 1]
-    filtered = store.read(columns=["q"], filter=(pc.field("step") == 2) & (pc.field("group_index") > 0))
+    filtered = store.read(
+        columns=["q"], filter=(pc.field("step") == 2) & (pc.field("group_index") > 0)
+    )
     assert filtered.column_names == ["q"] and filtered.num_rows == 2
     assert filtered.column("q").to_pylist() == make_batch(2).column("q").to_pylist()[1:]
     steps = store.read_steps(columns=["step", "rank", "num_groups"])
@@ -93,11 +94,16 @@ def test_replay_gives_back_the_appended_batches(store):
 
 
 def test_replay_resumes_from_a_cursor(store):
-    full = [b.groups.column("q").to_pylist() for b in store.replay(batch_groups=2, shuffle=True, seed=3)]
+    full = [
+        b.groups.column("q").to_pylist() for b in store.replay(batch_groups=2, shuffle=True, seed=3)
+    ]
     stream = store.replay(batch_groups=2, shuffle=True, seed=3)
     head = [next(stream) for _ in range(3)]
     cursor = json.loads(json.dumps(head[-1].cursor))  # survives a JSON checkpoint
-    rest = [b.groups.column("q").to_pylist() for b in store.replay(batch_groups=2, shuffle=True, seed=3, start=cursor)]
+    rest = [
+        b.groups.column("q").to_pylist()
+        for b in store.replay(batch_groups=2, shuffle=True, seed=3, start=cursor)
+    ]
     assert [b.groups.column("q").to_pylist() for b in head] + rest == full
     with pytest.raises(StoreError, match="different replay"):
         store.replay(batch_groups=2, shuffle=True, seed=4, start=cursor)
@@ -148,7 +154,10 @@ def test_sql_views(store):
     mine = samples.filter(pc.field("step") == 2)
     assert mine.column("completion").to_pylist() == b.column("completions").flatten().to_pylist()
     assert mine.column("advantage").to_pylist() == b.column("advantages").flatten().to_pylist()
-    assert mine.column("reward_accuracy").to_pylist() == b.column("rewards").field("accuracy").flatten().to_pylist()
+    assert (
+        mine.column("reward_accuracy").to_pylist()
+        == b.column("rewards").field("accuracy").flatten().to_pylist()
+    )
     assert store.sql("SELECT count(*) AS n FROM samples").column("n")[0].as_py() == sum(
         make_batch(s, rank=r).num_samples for s, r in [(0, 0), (1, 0), (1, 1), (2, 0)]
     )
@@ -175,7 +184,9 @@ def test_reward_added_mid_run_reads_as_nulls(tmp_path):
     table = store.read(columns=["step", "rewards"])
     first = table.filter(pc.field("step") == 0).column("rewards").to_pylist()
     assert all(r["format"] is None and r["accuracy"] for r in first)
-    got = store.sql("SELECT step, count(reward_format) AS n FROM samples GROUP BY step ORDER BY step")
+    got = store.sql(
+        "SELECT step, count(reward_format) AS n FROM samples GROUP BY step ORDER BY step"
+    )
     assert got.column("n").to_pylist() == [0, make_batch(1).num_samples]
 
 
@@ -256,7 +267,10 @@ def test_compact_merges_atomically(tmp_path):
     store.append(make_batch(0, kind="eval"))
     before = store.read()
     made = store.compact(kind="train", max_steps=3)
-    assert [p.name for p in made] == ["compact-0000000000-0000000002.train.parquet", "compact-0000000003-0000000004.train.parquet"]
+    assert [p.name for p in made] == [
+        "compact-0000000000-0000000002.train.parquet",
+        "compact-0000000003-0000000004.train.parquet",
+    ]
     assert store.read().equals(before)
     assert [b.step for b in store.replay()] == [0, 1, 2, 3, 4]
     assert len(store.committed_files()) == 3
@@ -315,7 +329,11 @@ def test_other_tools_read_the_store_without_maxent_arrow(store, tmp_path):
     env = {**os.environ, "HF_DATASETS_CACHE": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
     done = subprocess.run(
         [sys.executable, "-c", READER_SCRIPT, str(store.root)],
-        capture_output=True, text=True, timeout=180, env=env, cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env,
+        cwd=tmp_path,
     )
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout.strip().splitlines()[-1])
