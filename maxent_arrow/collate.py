@@ -23,7 +23,6 @@ import torch
 
 from maxent_arrow.errors import LayoutError, SchemaError
 from maxent_arrow.ingest import build_score_batch
-from maxent_arrow.packing import iter_chunks, sequence_layout
 from maxent_arrow.ragged import Ragged, arrow_to_torch
 
 __all__ = ["GroupCollator", "SAMPLE_COLUMNS", "TOKEN_COLUMNS"]
@@ -58,10 +57,10 @@ def _as_batch(batch: pa.Table | pa.RecordBatch) -> pa.RecordBatch:
     return batches[0]
 
 
-def _group_offsets(batch: pa.RecordBatch) -> torch.Tensor:
-    column = batch.column("completion_ids")
-    offsets = np.asarray(column.offsets.to_numpy(zero_copy_only=False), dtype=np.int64)
-    return torch.from_numpy(offsets - offsets[0])
+def _offsets(array: pa.Array) -> np.ndarray:
+    """int64 list offsets rebased to 0 (a slice's offsets start where the slice does)."""
+    offsets = np.asarray(array.offsets.to_numpy(zero_copy_only=False), dtype=np.int64)
+    return offsets - offsets[0]
 
 
 def _present(batch: pa.RecordBatch, name: str) -> pa.Array | None:
@@ -104,10 +103,13 @@ class GroupCollator:
     Returns (keys)
     --------------
     ``group_offsets`` int64 ``[P + 1]``; ``completion_ids``, ``completion_mask`` int64
-    ``[N, L]``; in the padded/packed modes ``input_ids``, ``position_ids``, ``slots`` (where
-    each real token sits in ``input_ids.view(-1)``), ``scored`` (bool per real token: counts
-    in the loss), ``token_offsets`` ``[N + 1]`` (of the real tokens), and ``attention_mask``
-    (padded) or ``cu_seqlens`` (packed); plus the sample and token columns by name.
+    ``[N, L]`` (as :func:`~maxent_arrow.ingest.build_score_batch` makes them); in the padded
+    and packed modes ``input_ids``, ``position_ids`` (real positions, restarting per sequence
+    when packed), ``loss_mask`` (bool: the completion tokens whose log-prob counts, i.e. that
+    have a left context; the logits predicting token ``t`` are at ``t - 1``), and
+    ``attention_mask`` (padded) or ``cu_seqlens`` int32 ``[N + 1]`` (packed); plus the sample
+    and token columns by name. The tensors equal what ``packing.sequence_layout`` and
+    ``packing.iter_chunks`` build for one chunk of the same samples.
     """
 
     pad_token_id: int = 0
@@ -146,12 +148,13 @@ class GroupCollator:
             max_completion_len=self.max_completion_len,
         )
         out: dict[str, torch.Tensor] = {
-            "group_offsets": _group_offsets(rows),
+            "group_offsets": torch.from_numpy(_offsets(rows.column("completion_ids"))),
             "completion_ids": score.completion_ids,
             "completion_mask": score.completion_attention_mask,
         }
         if self.mode != "completions":
-            out.update(self._model_inputs(score))
+            samples = rows.column("completion_ids").flatten()
+            out.update(self._model_inputs(score, samples))
         width = int(score.completion_ids.shape[1])
         for name in self.sample_columns:
             column = _present(rows, name)
@@ -164,37 +167,54 @@ class GroupCollator:
                 out[name], _ = tokens.to_padded(0, max_len=width)
         return out
 
-    def _model_inputs(self, score) -> dict[str, torch.Tensor]:
-        layout = sequence_layout(score)
-        n, total = len(layout), layout.tokens.num_values
-        out = {
-            "scored": layout.scored,
-            "token_offsets": layout.tokens.offsets,
-        }
-        if n == 0:
-            empty = torch.zeros((0, 0) if self.mode == "padded" else (1, 0), dtype=torch.int64)
-            out.update(
-                input_ids=empty, position_ids=empty.clone(), slots=torch.zeros(0, dtype=torch.int64)
-            )
-            if self.mode == "padded":
-                out["attention_mask"] = empty.clone()
-            else:
-                out["cu_seqlens"] = torch.zeros(1, dtype=torch.int32)
-            return out
-        # One chunk holding the whole batch: the loader's batch is the forward's batch.
-        (chunk,) = iter_chunks(
-            layout,
-            slice_size=n,
-            pad_token_id=self.pad_token_id,
-            mode="padded" if self.mode == "padded" else "packed",
-            pack_tokens=total + 1,
-        )
-        out.update(input_ids=chunk.input_ids, position_ids=chunk.position_ids, slots=chunk.slots)
-        if self.mode == "padded":
-            lengths = layout.tokens.lengths()
-            width = chunk.input_ids.shape[1]
-            mask = torch.arange(width) < lengths[:, None]
-            out["attention_mask"] = mask.to(torch.int64)
+    def _model_inputs(self, score, samples: pa.Array) -> dict[str, torch.Tensor]:
+        """``[prompt | completion]`` model inputs in numpy index arithmetic, a handful of
+        passes over the tokens (the loader's hot path; ``packing.sequence_layout`` gives the
+        same tensors through a pad/unpad round trip that costs several times more)."""
+        prompts = score.prompt_entries.ids
+        p_off = _offsets(prompts)
+        p_vals = np.asarray(prompts.flatten().to_numpy(zero_copy_only=False))
+        c_off = _offsets(samples)
+        c_vals = np.asarray(samples.flatten().to_numpy(zero_copy_only=False))
+        p_len = np.diff(p_off)
+        # Completion tokens that count: EOS-aware and width-capped, as ingestion masked them.
+        c_len = score.completion_attention_mask.sum(1).numpy()
+        lengths = p_len + c_len
+        n = len(lengths)
+        c_cum = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(c_len, out=c_cum[1:])
+        kept = np.arange(int(c_cum[-1]), dtype=np.int64)
+        # Source of kept completion token j: its sample's start plus its place in the sample.
+        if np.array_equal(c_len, np.diff(c_off)):
+            c_src = c_vals
         else:
-            out["cu_seqlens"] = chunk.cu_seqlens
-        return out
+            c_src = c_vals[np.repeat(c_off[:-1] - c_cum[:-1], c_len) + kept]
+        first_scored = np.maximum(p_len, 1)  # a window's first token has no context
+        if self.mode == "padded":
+            width = max(int(lengths.max()) if n else 0, 1)
+            base = np.arange(n, dtype=np.int64) * width
+            ids = np.full(n * width, self.pad_token_id, dtype=np.int64)
+            ids[np.repeat(base - p_off[:-1], p_len) + np.arange(len(p_vals))] = p_vals
+            ids[np.repeat(base + p_len - c_cum[:-1], c_len) + kept] = c_src
+            columns = np.arange(width)
+            real = columns < lengths[:, None]
+            return {
+                "input_ids": torch.from_numpy(ids.reshape(n, width)),
+                # Right padding: every row's real positions are 0..len-1, so one arange
+                # row, expanded (a view; a device copy materialises it).
+                "position_ids": torch.arange(width).expand(n, width),
+                "attention_mask": torch.from_numpy(real.astype(np.int64)),
+                "loss_mask": torch.from_numpy(real & (columns >= first_scored[:, None])),
+            }
+        t_off = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(lengths, out=t_off[1:])
+        ids = np.empty(int(t_off[-1]), dtype=np.int64)
+        ids[np.repeat(t_off[:-1] - p_off[:-1], p_len) + np.arange(len(p_vals))] = p_vals
+        ids[np.repeat(t_off[:-1] + p_len - c_cum[:-1], c_len) + kept] = c_src
+        positions = np.arange(len(ids), dtype=np.int64) - np.repeat(t_off[:-1], lengths)
+        return {
+            "input_ids": torch.from_numpy(ids[None, :]),
+            "position_ids": torch.from_numpy(positions[None, :]),
+            "cu_seqlens": torch.from_numpy(t_off.astype(np.int32)),
+            "loss_mask": torch.from_numpy((positions >= np.repeat(first_scored, lengths))[None]),
+        }

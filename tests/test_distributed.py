@@ -112,6 +112,35 @@ def test_collator_packed_has_no_padding(store_root: Path) -> None:
     assert not out["position_ids"][0, starts].any()  # positions restart per sequence
 
 
+def _local_chunk(rows: pa.Table, mode: str, **options):
+    """Local ingestion of the same rows: build_score_batch, then one chunk of the layout."""
+    score = build_score_batch(rows, pad_token_id=0, slice_size=0, **options)
+    layout = sequence_layout(score)
+    (chunk,) = iter_chunks(
+        layout, slice_size=len(layout), pad_token_id=0, mode=mode,
+        pack_tokens=layout.tokens.num_values + 1,
+    )  # fmt: skip
+    scored = torch.zeros(chunk.input_ids.numel(), dtype=torch.bool)
+    scored[chunk.slots[layout.scored]] = True
+    return score, chunk, scored.view_as(chunk.input_ids)
+
+
+@pytest.mark.parametrize("mode", ["padded", "packed"])
+def test_collator_truncation_and_eos_match_local_ingestion(store_root: Path, mode: str) -> None:
+    rows = RolloutStore(store_root).read(steps=[0, 3])
+    eos = int(rows.column("completion_ids").combine_chunks().flatten().flatten()[3].as_py())
+    options = dict(max_prompt_len=3, max_completion_len=6, eos_token_id=eos)
+    got = GroupCollator(mode=mode, **options)(rows)
+    score, chunk, scored = _local_chunk(rows, mode, **options)
+    assert torch.equal(got["completion_mask"], score.completion_attention_mask)
+    assert int(score.completion_attention_mask.sum()) < int((score.completion_ids != 0).sum())
+    assert torch.equal(got["input_ids"], chunk.input_ids)
+    assert torch.equal(got["position_ids"], chunk.position_ids)
+    assert torch.equal(got["loss_mask"], scored)
+    empty = GroupCollator(mode=mode)(rows.slice(0, 0))
+    assert empty["input_ids"].numel() == 0 and empty["group_offsets"].tolist() == [0]
+
+
 def test_collator_refuses_partly_null_column(store_root: Path) -> None:
     rows = RolloutStore(store_root).read(steps=[0], ranks=[0])
     adv = rows.column("advantages").combine_chunks()
@@ -196,18 +225,18 @@ def test_ray_default_collate_raises_and_ours_matches_local_ingestion(
         assert len(batches) == -(-rows.num_rows // 4)
         for i, got in enumerate(batches):
             part = rows.slice(4 * i, 4)
-            score = build_score_batch(part, pad_token_id=0, max_prompt_len=2**31 - 1, slice_size=0)
-            layout = sequence_layout(score)
-            (chunk,) = iter_chunks(
-                layout, slice_size=len(layout), pad_token_id=0, mode=mode,
-                pack_tokens=layout.tokens.num_values + 1,
-            )  # fmt: skip
+            score, chunk, scored = _local_chunk(part, mode, max_prompt_len=2**31 - 1)
             assert torch.equal(got["completion_ids"], score.completion_ids)
             assert torch.equal(got["completion_mask"], score.completion_attention_mask)
             assert torch.equal(got["input_ids"], chunk.input_ids)
             assert torch.equal(got["position_ids"], chunk.position_ids)
-            assert torch.equal(got["slots"], chunk.slots)
-            assert torch.equal(got["scored"], layout.scored)
+            assert torch.equal(got["loss_mask"], scored)
+            if mode == "packed":
+                assert torch.equal(got["cu_seqlens"], chunk.cu_seqlens)
+            else:
+                real = torch.zeros(chunk.input_ids.numel(), dtype=torch.int64)
+                real[chunk.slots] = 1
+                assert torch.equal(got["attention_mask"], real.view_as(chunk.input_ids))
             assert torch.equal(got["weights"], torch.from_numpy(_flat(part, "weights")))
 
 
