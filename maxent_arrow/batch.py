@@ -223,9 +223,14 @@ class RolloutBatch:
         return json.loads(raw) if raw else {}
 
     def column(self, name: str) -> pa.Array | None:
+        """Column ``name`` of the groups, or ``None`` when absent or null in every group (a
+        column that only other steps of a merged file have)."""
         if name not in self.groups.schema.names:
             return None
-        return _combined(self.groups.column(name))
+        column = _combined(self.groups.column(name))
+        if len(column) and column.null_count == len(column):
+            return None
+        return column
 
     def __repr__(self) -> str:
         return (
@@ -304,7 +309,10 @@ class RolloutBatch:
         per_reward = {}
         if rewards is not None:
             for i, field in enumerate(rewards.type):
-                per_reward[field.name] = ArrowSequence(rewards.field(i).flatten())
+                values = rewards.field(i)
+                if len(values) and values.null_count == len(values):
+                    continue  # a reward function added after this step
+                per_reward[field.name] = ArrowSequence(values.flatten())
         advantages = GroupedSequence(self.column("advantages"))
         q = GroupedSequence(self.column("q"))
         ref_meta = self._flat("ref_meta")

@@ -638,8 +638,15 @@ class RolloutStore:
 
         return verify(self)
 
-    def compact(self, *, kind: str | None = None, max_steps: int | None = None) -> list[Path]:
-        """Merge the per-append files of each kind into one group file and one step file.
+    def compact(
+        self,
+        *,
+        kind: str | None = None,
+        steps: Iterable[int] | None = None,
+        max_steps: int | None = None,
+    ) -> list[Path]:
+        """Merge the per-append files of each kind (of ``steps``, if given; at most
+        ``max_steps`` steps per merged file) into one group file and one step file.
 
         Atomic: the merged pair is committed (step file linked last) with the list of the
         files it replaces, so readers see either the old files or the merged ones, never both,
@@ -648,7 +655,7 @@ class RolloutStore:
         """
         from maxent_arrow.store_admin import compact
 
-        return compact(self, kind=kind, max_steps=max_steps)
+        return compact(self, kind=kind, steps=steps, max_steps=max_steps)
 
     def _remove_replaced(self) -> None:
         names = self._names(self._steps_dir)

@@ -123,22 +123,26 @@ def _read_all(path: Path, meta: dict) -> pa.Table:
     return read_checked(path, meta, None, crc=True)
 
 
-def compact(store: RolloutStore, *, kind: str | None, max_steps: int | None) -> list[Path]:
+def compact(
+    store: RolloutStore, *, kind: str | None, steps, max_steps: int | None
+) -> list[Path]:
     from maxent_arrow.store import STORE_META_KEY, _parquet_bytes, conform
 
     if max_steps is not None and max_steps < 1:
         raise StoreError(f"compact: max_steps must be >= 1, got {max_steps}")
     made: list[Path] = []
-    plain = [u for u in store._units(kind=kind) if UNIT_RE.match(u.step_file)]
+    plain = [u for u in store._units(kind=kind, steps=steps) if UNIT_RE.match(u.step_file)]
     by_kind: dict[str, list] = {}
     for unit in plain:
         by_kind.setdefault(unit.kind, []).append(unit)
     for knd, units in sorted(by_kind.items()):
-        size = max_steps or len(units)
-        for at in range(0, len(units), size):
-            chunk = units[at : at + size]
+        distinct = sorted({u.step for u in units})
+        size = max_steps or len(distinct)
+        for at in range(0, len(distinct), size):
+            chosen = set(distinct[at : at + size])
+            chunk = [u for u in units if u.step in chosen]
             if len(chunk) < 2:
-                continue
+                continue  # one file is already as compact as it gets
             made.append(_compact_chunk(store, knd, chunk, STORE_META_KEY, _parquet_bytes, conform))
     return made
 
