@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m maxent_arrow.demo
+	$(VENV)/bin/maxent-arrow demo
 
 test: $(STAMP)
 	$(PY) -m pytest -q

@@ -1,9 +1,15 @@
-"""The demo that ``make demo`` runs.
+"""The main job end to end: what ``make demo`` (``maxent-arrow demo``) runs.
 
-It takes a few prompts of the shipped arithmetic set (``data/arithmetic_train.jsonl``), samples K
-candidate completions per prompt (seeded), tokenizes them with the file-free ``ByT5Tokenizer``,
-builds the seed's ``GenerationBatch`` over Arrow, writes it to a Parquet file, reads it back
-through ``GenerationBatch.from_arrow`` and prints what came back.
+1. **Train**: a seeded tiny GPT-2 (built from a config, no download) and the file-free
+   ``ByT5Tokenizer`` learn the shipped arithmetic prompts (``data/arithmetic_train.jsonl``) with
+   MaxEnt-GRPO: K sampled completions per prompt, accuracy and format rewards, reference
+   log-probs from a frozen copy of the initial model, one ``accelerate`` update per step, and
+   every step appended to a rollout store with its losses and diagnostics.
+2. **Evaluate** every N steps through ``ValidationContext``: greedy completions of held-out
+   prompts, stored in the run as eval steps.
+3. **Replay** offline: every saved step is read back, re-scored with the policy snapshot of that
+   step, and its recomputed loss is checked against the logged one.
+4. **Report**: plots, an HTML page and a Markdown summary of the run.
 """
 
 from __future__ import annotations
@@ -11,15 +17,13 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
+import sys
 import time
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
-from maxent_arrow.types.rewards import GenerationBatch
-
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+REPLAY_TOLERANCE = 1e-5
 
 
 def load_prompts(split: str = "train", *, limit: int | None = None) -> list[dict[str, str]]:
@@ -30,74 +34,188 @@ def load_prompts(split: str = "train", *, limit: int | None = None) -> list[dict
     return rows[:limit] if limit is not None else rows
 
 
-def sample_completions(answer: str, k: int, rng: random.Random) -> list[str]:
-    """K candidate completions: the right number, near misses, and unformatted text."""
-    value = int(answer)
-    out = []
-    for _ in range(k):
-        kind = rng.random()
-        if kind < 0.4:
-            out.append(f" {value}")
-        elif kind < 0.8:
-            out.append(f" {value + rng.choice([-2, -1, 1, 2, 10])}")
-        else:
-            out.append(" I think it is " + rng.choice(["big", "small", str(value)]))
-    return out
-
-
-def build_generation_batch(
-    rows: list[dict[str, str]], *, k: int, seed: int = 0, tokenizer=None
-) -> GenerationBatch:
-    """A ``GenerationBatch`` of ``len(rows)`` groups of K completions, with token ids in the info."""
-    rng = random.Random(seed)
-    grouped = [sample_completions(row["answer"], k, rng) for row in rows]
-    infos = []
-    for completions in grouped:
-        group_info = []
-        for text in completions:
-            info: dict = {"finish_reason": "stop"}
-            if tokenizer is not None:
-                ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-                info["token_ids"] = ids + [tokenizer.eos_token_id]
-                info["token_count"] = len(info["token_ids"])
-            group_info.append(info)
-        infos.append(group_info)
-    return GenerationBatch(
-        prompts=[row["prompt"] for row in rows],
-        answers=[row["answer"] for row in rows],
-        grouped_completions=grouped,
-        grouped_ref_meta=None,
-        grouped_completion_info=infos,
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="maxent-arrow demo",
+        description="Train a tiny model with MaxEnt-GRPO through the store, evaluate, replay "
+        "offline and report.",
     )
+    parser.add_argument("--out", type=Path, default=Path("runs/demo"), help="run directory")
+    parser.add_argument("--steps", type=int, default=24, help="training steps")
+    parser.add_argument("--prompts", type=int, default=8, help="prompt groups per step")
+    parser.add_argument("--k", type=int, default=8, help="completions per prompt")
+    parser.add_argument("--max-new-tokens", type=int, default=8, help="completion token cap")
+    parser.add_argument("--eval-every", type=int, default=8, help="evaluate every N steps")
+    parser.add_argument("--eval-prompts", type=int, default=32, help="held-out prompts")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-report", action="store_true", help="skip the plotted report")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    return parser
+
+
+def _prepare_run_dir(out: Path) -> None:
+    """A fresh run directory; an earlier demo run there is replaced, anything else refused."""
+    if out.exists() and any(out.iterdir()):
+        if not (out / "store" / "manifest.json").exists():
+            raise SystemExit(f"error: {out} exists and is not a maxent-arrow demo run; pick --out")
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+
+
+def run(args: argparse.Namespace) -> dict:
+    """Run the four stages; returns the figures the summary prints."""
+    import torch
+    from tqdm.auto import tqdm
+    from transformers import ByT5Tokenizer
+    from transformers.utils import logging as hf_logging
+
+    from maxent_arrow.arithmetic_rewards import accuracy_reward, format_reward
+    from maxent_arrow.evaluation import evaluate, greedy_generator, should_evaluate
+    from maxent_arrow.offline_replay import replay_losses, snapshot_loader
+    from maxent_arrow.store import RolloutStore
+    from maxent_arrow.trainer import MaxEntTrainer, TrainConfig, tiny_model
+    from maxent_arrow.types.rewards import ValidationContext
+    from maxent_arrow.types.settings import (
+        EvaluationSettings,
+        GenerationSettings,
+        LoggingHandles,
+        RewardSpec,
+    )
+
+    hf_logging.set_verbosity_error()
+    torch.manual_seed(args.seed)
+    _prepare_run_dir(args.out)
+    tokenizer = ByT5Tokenizer()
+    config = TrainConfig(
+        num_generations=args.k,
+        prompts_per_step=args.prompts,
+        max_completion_len=args.max_new_tokens,
+        seed=args.seed,
+    )
+    store = RolloutStore(args.out / "store", config=config.to_json_dict())
+    trainer = MaxEntTrainer(
+        tiny_model(args.seed), tokenizer, store, config=config, run_dir=args.out
+    )
+    eval_log: dict[int, dict[str, float]] = {}
+    ctx = ValidationContext(
+        evaluation=EvaluationSettings(
+            enabled=args.eval_prompts > 0,
+            rows=load_prompts("eval", limit=args.eval_prompts),
+            batch_size=32,
+            every_n_steps=args.eval_every,
+        ),
+        accelerator=trainer.accelerator,
+        model=trainer.policy,
+        tokenizer=tokenizer,
+        reward=RewardSpec(
+            [accuracy_reward, format_reward], config.reward_weights, config.reward_names
+        ),
+        generator=greedy_generator(
+            trainer.policy,
+            tokenizer,
+            max_new_tokens=args.max_new_tokens,
+            max_prompt_len=config.max_prompt_len,
+        ),
+        logging=LoggingHandles(log_metrics=lambda m, s: eval_log.__setitem__(s, m), store=store),
+        generation=GenerationSettings(
+            max_prompt_len=config.max_prompt_len,
+            max_completion_len=args.max_new_tokens,
+            num_generations=args.k,
+        ),
+    )
+    train_rows = load_prompts("train")
+    random.Random(args.seed).shuffle(train_rows)
+    timings: dict[str, float] = {}
+
+    started = time.perf_counter()
+    bar = tqdm(total=args.steps, desc="train", unit="step", disable=args.quiet, file=sys.stdout)
+    rewards: list[float] = []
+    for step in range(args.steps):
+        if should_evaluate(ctx, step):
+            evaluate(ctx, step=step)
+        first = (step * args.prompts) % len(train_rows)
+        rows = (train_rows * 2)[first : first + args.prompts]
+        batch = trainer.step(step, rows)
+        rewards.append(batch.reward_computation.train_reward_mean)
+        bar.set_postfix(reward=f"{rewards[-1]:.3f}", loss=f"{batch.loss_scalars.total_loss:.3f}")
+        bar.update(1)
+    bar.close()
+    if ctx.evaluation.enabled:
+        evaluate(ctx, step=args.steps)
+    timings["train"] = time.perf_counter() - started
+
+    started = time.perf_counter()
+    replayed = list(
+        tqdm(
+            replay_losses(store, snapshot_loader(args.out, lambda: tiny_model(args.seed))),
+            total=args.steps,
+            desc="replay",
+            unit="step",
+            disable=args.quiet,
+            file=sys.stdout,
+        )
+    )
+    timings["replay"] = time.perf_counter() - started
+
+    report = None
+    if not args.no_report:
+        from maxent_arrow.report import build_report
+
+        started = time.perf_counter()
+        report = build_report(args.out / "store", args.out / "report", progress=not args.quiet)
+        timings["report"] = time.perf_counter() - started
+    return {
+        "rewards": rewards,
+        "eval": eval_log,
+        "replayed": replayed,
+        "report": report,
+        "timings": timings,
+        "store": store,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="maxent-arrow demo", description=__doc__)
-    parser.add_argument("--out", type=Path, default=Path("runs/demo"), help="output directory")
-    parser.add_argument("--prompts", type=int, default=4, help="prompt groups to build")
-    parser.add_argument("--k", type=int, default=4, help="completions per prompt")
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-
-    from transformers import ByT5Tokenizer
-
-    started = time.perf_counter()
-    rows = load_prompts("train", limit=args.prompts)
-    batch = build_generation_batch(rows, k=args.k, seed=args.seed, tokenizer=ByT5Tokenizer())
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / "generation.parquet"
-    pq.write_table(pa.Table.from_batches([batch.to_arrow()]), path, compression="zstd")
-    back = GenerationBatch.from_arrow(pq.read_table(path))
-    if back != batch:
-        print("error: the batch read back differs from the one written")
+    args = _parser().parse_args(argv)
+    result = run(args)
+    replayed = result["replayed"]
+    worst = max((r.loss_error for r in replayed), default=0.0)
+    worst_weight = max((r.max_weight_error for r in replayed), default=0.0)
+    store_dir = args.out / "store"
+    t = result["timings"]
+    rewards = result["rewards"]
+    print()
+    print(
+        f"trained {args.steps} steps x {args.prompts} prompts x {args.k} completions "
+        f"in {t['train']:.1f}s; train reward {rewards[0]:.3f} (step 0) -> {rewards[-1]:.3f}"
+    )
+    for step, metrics in sorted(result["eval"].items()):
+        print(
+            f"  eval at step {step:3d}: reward {metrics['eval/reward_mean']:.3f}  "
+            f"accuracy {metrics.get('eval/accuracy', 0.0):.3f}"
+        )
+    print(
+        f"replayed {len(replayed)} steps offline in {t['replay']:.1f}s: recomputed losses "
+        f"equal the logged ones (max relative error {worst:.2e}, weights {worst_weight:.2e})"
+    )
+    print()
+    print(f"run:      {store_dir}")
+    print(f"snapshot: {args.out / 'snapshots'}")
+    if result["report"] is not None:
+        print(f"report:   {result['report'].html}  (summary: {result['report'].markdown})")
+    print()
+    print("query it:")
+    print(f"  maxent-arrow inspect {store_dir}")
+    print(
+        f'  maxent-arrow query {store_dir} "SELECT step, avg(total_util) AS reward '
+        "FROM samples WHERE kind = 'train' GROUP BY step ORDER BY step\""
+    )
+    print(
+        f"  python -c \"import maxent_arrow as ma; print(ma.RolloutStore('{store_dir}')"
+        ".sql('SELECT count(*) FROM groups'))\""
+    )
+    if worst > REPLAY_TOLERANCE or worst_weight > REPLAY_TOLERANCE:
+        print(f"error: offline replay differs from the logged run (> {REPLAY_TOLERANCE})")
         return 1
-    print(f"wrote {len(back.prompts)} groups x {args.k} completions to {path}")
-    print(f"({path.stat().st_size} bytes, read back equal, {time.perf_counter() - started:.2f}s)")
-    for g, (prompt, answer) in enumerate(zip(back.prompts, back.answers)):
-        print(f"\ngroup {g}: {prompt!r} (answer {answer})")
-        infos = back.grouped_completion_info[g]
-        for text, info in zip(back.grouped_completions[g], infos):
-            print(f"  {text!r:28} tokens={info.get('token_count')} ids={info.get('token_ids')}")
     return 0
 
 

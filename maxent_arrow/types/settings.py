@@ -50,6 +50,7 @@ class RewardSpec:
 
     reward_funcs: list[RewardFn]
     reward_weights: list[float]
+    reward_names: list[str] | None = None  # keys of per_reward_values (default: function names)
 
     def __post_init__(self) -> None:
         if len(self.reward_weights) != len(self.reward_funcs):

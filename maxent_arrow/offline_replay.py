@@ -1,0 +1,152 @@
+"""Offline replay of a run: re-score saved steps and recompute their losses.
+
+A saved step holds everything a loss needs except the policy forward pass (semantics §4.2):
+the exact prompt and completion token ids, the reference log-probs, q, the weights, the
+behaviour log-probs and the config. ``replay_losses`` streams the steps back from the store,
+recomputes the MaxEnt weights from the stored q and reference term (they must equal the stored
+weights), re-scores the stored tokens with the policy snapshot of that step, recomputes the
+loss, and reports it beside the logged one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from maxent_arrow.batch import RolloutBatch
+from maxent_arrow.compute import maxent_weights
+from maxent_arrow.errors import StoreError
+from maxent_arrow.ingest import build_score_batch
+from maxent_arrow.loss import ClipSettings, evaluate_losses
+from maxent_arrow.scoring import sequence_scores
+from maxent_arrow.store import RolloutStore
+
+__all__ = ["ReplayedStep", "replay_losses", "recompute_weights"]
+
+
+@dataclass(frozen=True)
+class ReplayedStep:
+    """One step's logged and recomputed figures."""
+
+    step: int
+    logged_loss: float
+    replayed_loss: float
+    max_weight_error: float
+    num_samples: int
+
+    @property
+    def loss_error(self) -> float:
+        """Relative difference of the recomputed loss to the logged one."""
+        return abs(self.replayed_loss - self.logged_loss) / max(abs(self.logged_loss), 1e-12)
+
+
+def recompute_weights(batch: RolloutBatch) -> torch.Tensor:
+    """MaxEnt weights from the step's stored q and reference term, as its config says."""
+    cfg = batch.config
+    reference = batch.reference_logprobs
+    q = batch.ragged("q")
+    if q is None or reference is None:
+        raise StoreError(f"step {batch.step}: no q or reference columns to recompute weights from")
+    rho = reference.ref_logp_sum if cfg.get("len_norm_ref", True) else reference.ref_logp_sum_raw
+    weights = maxent_weights(
+        q,
+        rho.to(torch.float64),
+        tau=cfg["tau"],
+        beta=cfg["beta"],
+        denominator=cfg.get("weight_denominator", "tau"),
+    )
+    return weights.values
+
+
+def _clip(cfg: dict[str, Any]) -> ClipSettings | None:
+    if not cfg.get("use_clip_objective"):
+        return None
+    return ClipSettings(
+        eps_low=cfg["clip_eps_low"],
+        eps_high=cfg["clip_eps_high"],
+        coef=cfg.get("clip_objective_coef", 1.0),
+    )
+
+
+def replay_losses(
+    store: RolloutStore,
+    load_policy: Callable[[int], Any],
+    *,
+    steps: list[int] | None = None,
+) -> Iterator[ReplayedStep]:
+    """Yield, per saved training step, the logged loss and the loss recomputed offline.
+
+    Parameters
+    ----------
+    store:
+        The run's store.
+    load_policy:
+        ``load_policy(step)`` returns the policy model with the weights it had when that step's
+        loss was computed (the trainer saves them as snapshots).
+    steps:
+        Which steps (default: every training step).
+    """
+    for batch in store.replay(steps=steps, kind="train"):
+        cfg = batch.config
+        stored = batch.ragged("weights")
+        recomputed = recompute_weights(batch)
+        weight_error = float((recomputed - stored.values.to(torch.float64)).abs().max())
+        model = load_policy(batch.step)
+        score_batch = build_score_batch(
+            batch,
+            pad_token_id=cfg["pad_token_id"],
+            max_prompt_len=cfg["max_prompt_len"],
+            slice_size=0,
+            eos_token_id=cfg["eos_token_id"],
+            max_completion_len=cfg["max_completion_len"],
+        )
+        reference = batch.reference_logprobs
+        with torch.no_grad():
+            scores = sequence_scores(
+                model,
+                score_batch,
+                reference,
+                behavior_token_logp=batch.ragged("behavior_token_logp"),
+                temperature=cfg["gen_temperature"],
+            )
+            loss, _ = evaluate_losses(
+                scores,
+                reference,
+                stored,
+                mode=cfg.get("mode", "maxent"),
+                beta=cfg["beta"],
+                clip=_clip(cfg),
+                max_completion_len=cfg["max_completion_len"],
+                len_norm_ref=cfg.get("len_norm_ref", True),
+            )
+        logged = batch.loss_scalars
+        yield ReplayedStep(
+            step=batch.step,
+            logged_loss=math.nan if logged is None else logged.total_loss,
+            replayed_loss=float(loss.loss),
+            max_weight_error=weight_error,
+            num_samples=batch.num_samples,
+        )
+
+
+def snapshot_loader(run_dir: Path, make_model: Callable[[], Any]) -> Callable[[int], Any]:
+    """``load_policy`` for :func:`replay_losses` over the trainer's safetensors snapshots."""
+    from safetensors.torch import load_model
+
+    from maxent_arrow.trainer import snapshot_path
+
+    model = make_model().eval()
+
+    def load(step: int) -> Any:
+        path = snapshot_path(run_dir, step)
+        if not path.exists():
+            raise StoreError(f"no policy snapshot for step {step}: {path}")
+        load_model(model, str(path))
+        return model
+
+    return load
