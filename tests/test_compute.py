@@ -455,8 +455,12 @@ def test_grouped_views_and_arrow_lists_are_accepted():
 # ---------------------------------------------------------------------------- GPU
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cpu_and_gpu_agree():
-    groups = random_groups(21, n_groups=300, max_k=17)
+@pytest.mark.parametrize("layout", ["ragged", "uniform"])
+def test_cpu_and_gpu_agree(layout):
+    if layout == "ragged":
+        groups = random_groups(21, n_groups=300, max_k=17)
+    else:  # the dense [P, K] path
+        groups = uniform_groups(21, n_groups=300, k=16)
     cpu = ragged(groups)
     gpu = cpu.to("cuda")
     rho = torch.linspace(-3, -0.1, cpu.num_values, dtype=torch.float64)
@@ -530,3 +534,196 @@ def test_segments_uniform_and_ragged_paths_agree_and_check_offsets():
         Segments(torch.tensor([1, 12]), num_values=12, where="t")
     with pytest.raises(LayoutError, match=r"t: expected int64 offsets"):
         Segments(torch.tensor([0, 12], dtype=torch.int32), num_values=12, where="t")
+
+
+# ---------------------------------------------------------------------------- fast paths
+def uniform_groups(seed, *, n_groups=50, k=8, scale=2.0, shift=0.0):
+    rng = random.Random(seed)
+    return [[shift + rng.gauss(0, scale) for _ in range(k)] for _ in range(n_groups)]
+
+
+def test_segments_dense_path_matches_per_group_loops_on_strided_values():
+    from maxent_arrow.segments import Segments
+
+    groups = uniform_groups(3, n_groups=7, k=5)
+    flat = torch.tensor([x for g in groups for x in g], dtype=torch.float64)
+    # Every other value of a longer tensor: the dense view must follow the stride.
+    strided = torch.stack([flat, torch.full_like(flat, 1e9)], 1)[:, 0]
+    assert not strided.is_contiguous()
+    seg = Segments(torch.arange(0, 36, 5), num_values=35, where="t")
+    assert seg.width == 5 and seg.max_length == 5 and not seg.has_empty
+    assert seg.sum(strided).tolist() == pytest.approx([sum(g) for g in groups], rel=1e-15)
+    assert seg.max(strided).tolist() == [max(g) for g in groups]
+    assert seg.min(strided).tolist() == [min(g) for g in groups]
+    assert seg.mean(strided).tolist() == pytest.approx([sum(g) / 5 for g in groups], rel=1e-15)
+    norms = [math.sqrt(sum(x * x for x in g)) for g in groups]
+    assert seg.norm(strided).tolist() == pytest.approx(norms, rel=1e-15)
+    per_group = torch.arange(7, dtype=torch.float64)
+    assert seg.expand(per_group).tolist() == [float(g) for g in range(7) for _ in range(5)]
+    assert seg.apply(torch.sub, strided, per_group).tolist() == pytest.approx(
+        [x - g for g, grp in enumerate(groups) for x in grp], rel=1e-15
+    )
+    assert seg.float_lengths(torch.float32) is seg.float_lengths(torch.float32)
+
+
+def test_segments_ragged_norm_and_apply_match_loops():
+    from maxent_arrow.segments import Segments
+
+    groups = [[3.0, 4.0], [1.0], [], [2.0, 2.0, 1.0]]
+    values = torch.tensor([x for g in groups for x in g], dtype=torch.float64)
+    seg = Segments(torch.tensor([0, 2, 3, 3, 6]), num_values=6, where="t", allow_empty=True)
+    assert seg.width is None and seg.has_empty and seg.max_length == 3
+    assert seg.norm(values).tolist() == [5.0, 1.0, 0.0, 3.0]
+    got = seg.apply(torch.mul, values, torch.tensor([1.0, 10.0, 100.0, -1.0], dtype=torch.float64))
+    assert got.tolist() == [3.0, 4.0, 10.0, -2.0, -2.0, -1.0]
+    assert values.tolist() == [3.0, 4.0, 1.0, 2.0, 2.0, 1.0]  # the input is left alone
+
+
+def test_segments_of_reuses_checked_offsets_until_they_change():
+    from maxent_arrow.segments import Segments
+
+    offsets = torch.tensor([0, 2, 5])
+    values = torch.arange(5, dtype=torch.float64)
+    first = Segments.of(Ragged(values, offsets, validate=False), where="t")
+    again = Segments.of(Ragged(values * 2, offsets, validate=False), where="t")
+    assert again.row_ids is first.row_ids  # derived once, shared
+    assert again.lengths.tolist() == [2, 3]
+    # Another tensor with equal values is checked on its own (identity, not equality, hits).
+    other = Segments.of(Ragged(values, offsets.clone(), validate=False), where="t")
+    assert other.row_ids is not first.row_ids and other.row_ids.tolist() == [0, 0, 1, 1, 1]
+    # An in-place change of the offsets invalidates the entry: checked again, named again.
+    offsets[1] = 3
+    assert Segments.of(Ragged(values, offsets, validate=False), where="t").lengths.tolist() == [
+        3,
+        2,
+    ]
+    offsets[1] = 6
+    with pytest.raises(LayoutError, match=r"u: offsets must be non-decreasing, got 6 then 5"):
+        Segments.of(Ragged(values, offsets, validate=False), where="u")
+    # A different number of values is a different key: the last offset is checked against it.
+    offsets[1] = 2
+    with pytest.raises(LayoutError, match=r"v: offsets end at 5 but there are 4 values"):
+        Segments.of(Ragged(values[:4], offsets, validate=False), where="v")
+    # Allowing empty groups once does not allow them for a caller that refuses them.
+    holes = torch.tensor([0, 2, 2, 5])
+    assert Segments.of(Ragged(values, holes), where="t", allow_empty=True).has_empty
+    with pytest.raises(ComputeError, match=r"w: group 1 is empty \(size 0\)"):
+        Segments.of(Ragged(values, holes), where="w")
+
+
+def test_pipeline_on_uniform_groups_matches_the_reference_loops():
+    groups = uniform_groups(11, n_groups=60, k=16, scale=1.5)
+    r = ragged(groups)
+    assert_groups_close(C.group_advantages(r), ref_advantages(groups), rtol=1e-10)
+    assert_groups_close(
+        C.group_advantages(r, scale_rewards=False), ref_advantages(groups, scale=False)
+    )
+    q = C.q_distribution(r, temperature=0.7, epsilon=1e-3)
+    assert_groups_close(q, ref_q(groups, temperature=0.7, epsilon=1e-3))
+    rho = torch.linspace(-4.0, -0.1, r.num_values, dtype=torch.float64)
+    for denom in ("tau", "tau+beta"):
+        got = C.maxent_weights(q, rho, tau=0.3, beta=0.2, denominator=denom)
+        want = ref_weights(q.tolist(), split(rho.tolist(), groups), tau=0.3, beta=0.2, denom=denom)
+        assert_groups_close(got, want, rtol=1e-10)
+
+
+@pytest.mark.parametrize(
+    "shift,scale,temperature,mode",
+    [
+        (0.0, 2.0, 1.0, "none"),  # |U / T| small: exp without any shift
+        (5000.0, 20.0, 1.0, "global"),  # far from 0 but a narrow span: one batch-wide shift
+        (0.0, 400.0, 0.5, "group"),  # a span beyond the exponent range: per-group maxima
+    ],
+)
+@pytest.mark.parametrize("uniform", [True, False])
+def test_q_softmax_shift_modes_all_match_the_reference(shift, scale, temperature, mode, uniform):
+    if uniform:
+        groups = uniform_groups(7, n_groups=30, k=6, scale=scale, shift=shift)
+    else:
+        groups = [[shift + x * scale / 2 for x in g] for g in random_groups(7, n_groups=30)]
+    flat = [x for g in groups for x in g]
+    bottom, top = min(flat) / temperature, max(flat) / temperature
+    assert C._shift_mode(bottom, top, torch.float64) == mode
+    got = C.q_distribution(ragged(groups), temperature=temperature, epsilon=1e-6)
+    assert_groups_close(got, ref_q(groups, temperature=temperature, epsilon=1e-6))
+    # float32 computes in float32: compare with the reference on the float32-rounded inputs.
+    narrow = C.q_distribution(ragged(groups, torch.float32), temperature=temperature)
+    rounded = [torch.tensor(g, dtype=torch.float32).tolist() for g in groups]
+    want = torch.tensor([x for g in ref_q(rounded, temperature=temperature) for x in g])
+    torch.testing.assert_close(narrow.values, want, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("rho_scale,beta,mode", [(1.0, 0.3, "none"), (4000.0, 2.0, "group")])
+def test_maxent_weights_shift_modes_match_the_reference(rho_scale, beta, mode):
+    groups = random_groups(9, n_groups=25)
+    q = C.q_distribution(ragged(groups), temperature=1.5)
+    rng = random.Random(4)
+    rho = [-rho_scale * rng.random() for _ in range(q.num_values)]
+    qs = q.values.tolist()
+    top = (math.log(max(qs)) + beta * max(rho)) / 0.5
+    bottom = (math.log(min(qs)) + beta * min(rho)) / 0.5
+    assert C._shift_mode(bottom, top, torch.float64) == mode
+    got = C.maxent_weights(q, torch.tensor(rho, dtype=torch.float64), tau=0.5, beta=beta)
+    want = ref_weights(q.tolist(), split(rho, groups), tau=0.5, beta=beta, denom="tau")
+    assert_groups_close(got, want, rtol=1e-10)
+    # A batch-wide shift: every logit far below 0 (tiny q floored at 1e-12), a narrow span.
+    floor_q = Ragged(torch.full((4,), 1e-300, dtype=torch.float64), torch.tensor([0, 2, 4]))
+    flat = C.maxent_weights(floor_q, torch.tensor([0.0, -1.0, -2.0, 0.0]), tau=0.01, beta=0.01)
+    assert C._shift_mode(math.log(1e-12) / 0.01 - 2, math.log(1e-12) / 0.01, torch.float64) == (
+        "global"
+    )
+    e = [math.exp(0.0), math.exp(-1.0), math.exp(-2.0), math.exp(0.0)]
+    want_flat = [
+        e[0] / (e[0] + e[1]),
+        e[1] / (e[0] + e[1]),
+        e[2] / (e[2] + e[3]),
+        e[3] / (e[2] + e[3]),
+    ]
+    assert flat.values.tolist() == pytest.approx(want_flat, rel=1e-12)
+
+
+def test_total_utils_clean_and_nan_columns_follow_nansum():
+    rng = random.Random(2)
+    n = 40
+    clean = [rng.random() for _ in range(n)]
+    holes = [math.nan if i % 7 == 0 else rng.random() for i in range(n)]
+    offsets = torch.tensor([0, 10, 25, 40])
+    for columns, lam in (
+        ({"clean": clean, "holes": holes}, [0.3, 2.0]),
+        ({"holes": holes, "clean": clean}, [2.0, 0.3]),
+        ({"clean": clean}, [0.7]),
+        ({"holes": holes}, [1.5]),
+    ):
+        tensors = {k: torch.tensor(v, dtype=torch.float64) for k, v in columns.items()}
+        got = C.total_utils(tensors, lam, offsets=offsets)
+        want = [
+            sum(
+                0.0 if math.isnan(w * col[i]) else w * col[i]
+                for w, col in zip(lam, columns.values())
+            )
+            for i in range(n)
+        ]
+        assert got.values.tolist() == pytest.approx(want, rel=1e-15, abs=0)
+        assert got.offsets is offsets
+    # Inputs are never written to, even the one a clean first column could alias.
+    assert tensors["holes"].isnan().sum().item() == 6
+
+
+def test_reward_moments_and_finite_range_name_the_bad_value():
+    from maxent_arrow.segments import Segments, finite_range
+
+    with pytest.raises(
+        ComputeError, match=r"reward_moments: utils: expected finite values, got inf at sample 2"
+    ):
+        C.reward_moments(torch.tensor([1.0, 2.0, math.inf, 3.0]))
+    seg = Segments(torch.tensor([0, 2, 4]), num_values=4, where="t")
+    values = torch.tensor([1.0, -5.0, 2.0, 7.0], dtype=torch.float64)
+    assert finite_range(values, seg, "t") == (-5.0, 7.0)
+    with pytest.raises(
+        ComputeError, match=r"x: expected finite values, got nan at group 1, sample 1 \(value 3\)"
+    ):
+        finite_range(torch.tensor([1.0, -5.0, 2.0, math.nan]), seg, "x")
+    with pytest.raises(
+        ComputeError, match=r"q_distribution: utils: expected finite values, got -inf"
+    ):
+        C.q_distribution(ragged([[0.0, -math.inf]]))
