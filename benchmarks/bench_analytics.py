@@ -200,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--completions", type=int, default=16)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None, help="DuckDB threads (default: all)")
     args = parser.parse_args(argv)
     if args.quick:
         args.steps, args.repeat = 50, 1
@@ -217,9 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     t0 = time.perf_counter()
-    run = RunAnalytics(root)
+    run = RunAnalytics(root, threads=args.threads)
     t_open = time.perf_counter() - t0
-    warm = RunAnalytics(root)
+    warm = RunAnalytics(root, threads=args.threads)
     t0 = time.perf_counter()
     warm.materialize()
     t_mat = time.perf_counter() - t0

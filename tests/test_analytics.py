@@ -74,6 +74,7 @@ def write_store(
     drop_at=lambda step: (),
     eval_steps: tuple[int, ...] = (),
     max_len: int = 24,
+    cap_in_config: bool = True,
     seed: int = 0,
 ) -> Written:
     """Write a store in the agreed layout with pyarrow; return what was written.
@@ -170,7 +171,7 @@ def write_store(
                 mean_length=float(lens_all.mean()),
                 kl_per_token_by_len_bucket=list(kl.items()),
                 kl_token_count_by_len_bucket=list(counts.items()),
-                config=json.dumps({"max_completion_len": max_len}),
+                config=json.dumps({"max_completion_len": max_len} if cap_in_config else {}),
             )
             out.step_rows.append(step_row)
             step_table = pa.Table.from_pylist([step_row], schema=S.step_schema())
@@ -653,3 +654,47 @@ def test_reward_names_that_need_quoting(tmp_path):
             assert row["success_rate"] == pytest.approx((values > 0.5).mean())
         got = run.sql('SELECT count(rewards."format ok") AS n FROM samples').column("n")
         assert got[0].as_py() == sum(len(g.utils) for g in w.groups)
+
+
+def test_length_stats_fall_back_to_truncated_flags(tmp_path):
+    # No cap in any step's config: the generator's `truncated` flags decide what is clipped.
+    w = write_store(tmp_path / "s", steps=range(3), ranks=2, max_len=16, cap_in_config=False)
+    with RunAnalytics(w.root) as run:
+        t = {r["step"]: r for r in run.length_stats().to_pylist()}
+    for step, groups in w.by_step().items():
+        lens = np.concatenate([g.lens for g in groups]).astype(float)
+        trunc = np.concatenate([g.truncated for g in groups])
+        assert t[step]["clipped_frac"] == pytest.approx(trunc.mean())
+        if (~trunc).any():
+            assert t[step]["mean_terminated"] == pytest.approx(lens[~trunc].mean())
+            assert t[step]["max_terminated"] == lens[~trunc].max()
+        assert t[step]["p95_length"] == pytest.approx(np.quantile(lens, 0.95))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_length_quantiles_from_histogram_equal_numpy(seed):
+    # The histogram path on its own, with ties, one-sample steps and unclipped-only steps.
+    from maxent_arrow.run_queries import _length_stats_from_histogram
+
+    rng = np.random.default_rng(seed)
+    steps, cap = [], 9
+    for step in range(int(rng.integers(1, 30))):
+        steps.append((step, rng.integers(0, 12, int(rng.integers(1, 40)))))
+    rows = []
+    for step, lens in steps:
+        values, counts = np.unique(lens, return_counts=True)
+        rows += [(step, int(v), bool(v >= cap), int(c)) for v, c in zip(values, counts)]
+    hist = pa.table({k: [r[i] for r in rows] for i, k in enumerate(["step", "t", "clipped", "c"])})
+    got = _length_stats_from_histogram(hist).to_pylist()
+    assert [r["step"] for r in got] == [s for s, _ in steps]
+    for row, (_, lens) in zip(got, steps):
+        x = lens.astype(float)
+        term = x[x < cap]
+        assert row["n"] == x.size
+        assert row["p50_length"] == pytest.approx(np.quantile(x, 0.5))
+        assert row["p95_length"] == pytest.approx(np.quantile(x, 0.95))
+        assert row["mean_length"] == pytest.approx(x.mean())
+        assert (row["min_length"], row["max_length"]) == (x.min(), x.max())
+        assert row["clipped_frac"] == pytest.approx((x >= cap).mean())
+        assert row["max_terminated"] == (term.max() if term.size else None)
+        assert row["mean_terminated"] == (pytest.approx(term.mean()) if term.size else None)
