@@ -24,6 +24,7 @@ No Python loop over groups or samples. Measured with 1 thread on this project's 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -31,7 +32,30 @@ import torch
 from maxent_arrow.errors import ComputeError, LayoutError
 from maxent_arrow.ragged import Ragged
 
-__all__ = ["Segments", "work_dtype", "check_finite", "finite_range"]
+__all__ = [
+    "LOG2E",
+    "Segments",
+    "check_finite",
+    "finite_range",
+    "shift_",
+    "shift_mode",
+    "work_dtype",
+]
+
+# A softmax is shift-invariant: exp(z - s) / Σ exp(z - s) is the same for any s. The safe
+# choice is each group's max (a segment reduction plus an expand per softmax). Bounds of the
+# whole batch's logits come free with the finiteness check (its min and max); when they lie
+# within this fraction of the exponent range (|z| <= 603 for float64, 75 for float32), every
+# exp is a normal number without a shift (no overflow, no underflow, full relative precision),
+# and when they span less than it, one batch-wide shift does the same. Either way the groups'
+# results are the same up to rounding, and the per-group max is only the fallback.
+SHIFT_FRACTION = 0.85
+# Softmaxes exponentiate in base 2, exp(x) = 2^(x log2 e), with the log2 e factor folded into a
+# scaling the formula already has: float64 `exp2` runs in half the time of `exp` on CPU
+# (0.86 vs 1.7 ms per 1M values, 1 thread), and both are within 1 ulp. The folded factor moves
+# the exponent by at most ~2 ulp of |x| <= 603 (the bounds above), i.e. a relative change of
+# the result below 3e-13, the size of the rounding the reference loops themselves make.
+LOG2E = 1.0 / math.log(2.0)
 
 
 def work_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -381,3 +405,24 @@ def check_finite(
     raise ComputeError(
         f"{where}: expected finite values, got {value} at group {group}, sample {k} (value {index})"
     )
+
+
+# ---------------------------------------------------------------------------- softmax shifts
+def shift_mode(bottom: float, top: float, dtype: torch.dtype) -> str:
+    """How to make logits within ``[bottom, top]`` (natural units, up to rounding) safe to
+    exponentiate: ``"none"`` when ``exp`` of both bounds is a normal number, ``"global"`` (one
+    batch-wide shift by ``top``) when their span allows it, else ``"group"`` (each group's
+    max)."""
+    safe = -math.log(torch.finfo(dtype).tiny) * SHIFT_FRACTION
+    if -safe <= bottom and top <= safe:
+        return "none"
+    return "global" if top - bottom <= safe else "group"
+
+
+def shift_(z: torch.Tensor, seg: Segments, mode: str, top: float) -> None:
+    """Apply :func:`shift_mode`'s shift to the temporary ``z`` in place (``top`` in the
+    units of ``z``)."""
+    if mode == "global":
+        z.sub_(top)
+    elif mode == "group":
+        seg.apply(torch.sub, z, seg.max(z), out=z)

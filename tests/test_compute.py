@@ -16,6 +16,7 @@ import torch
 
 from maxent_arrow import ComputeError, LayoutError, Ragged
 from maxent_arrow import compute as C
+from maxent_arrow.segments import shift_mode
 
 
 # ---------------------------------------------------------------------------- references
@@ -643,7 +644,7 @@ def test_q_softmax_shift_modes_all_match_the_reference(shift, scale, temperature
         groups = [[shift + x * scale / 2 for x in g] for g in random_groups(7, n_groups=30)]
     flat = [x for g in groups for x in g]
     bottom, top = min(flat) / temperature, max(flat) / temperature
-    assert C._shift_mode(bottom, top, torch.float64) == mode
+    assert shift_mode(bottom, top, torch.float64) == mode
     got = C.q_distribution(ragged(groups), temperature=temperature, epsilon=1e-6)
     assert_groups_close(got, ref_q(groups, temperature=temperature, epsilon=1e-6))
     # float32 computes in float32: compare with the reference on the float32-rounded inputs.
@@ -662,14 +663,14 @@ def test_maxent_weights_shift_modes_match_the_reference(rho_scale, beta, mode):
     qs = q.values.tolist()
     top = (math.log(max(qs)) + beta * max(rho)) / 0.5
     bottom = (math.log(min(qs)) + beta * min(rho)) / 0.5
-    assert C._shift_mode(bottom, top, torch.float64) == mode
+    assert shift_mode(bottom, top, torch.float64) == mode
     got = C.maxent_weights(q, torch.tensor(rho, dtype=torch.float64), tau=0.5, beta=beta)
     want = ref_weights(q.tolist(), split(rho, groups), tau=0.5, beta=beta, denom="tau")
     assert_groups_close(got, want, rtol=1e-10)
     # A batch-wide shift: every logit far below 0 (tiny q floored at 1e-12), a narrow span.
     floor_q = Ragged(torch.full((4,), 1e-300, dtype=torch.float64), torch.tensor([0, 2, 4]))
     flat = C.maxent_weights(floor_q, torch.tensor([0.0, -1.0, -2.0, 0.0]), tau=0.01, beta=0.01)
-    assert C._shift_mode(math.log(1e-12) / 0.01 - 2, math.log(1e-12) / 0.01, torch.float64) == (
+    assert shift_mode(math.log(1e-12) / 0.01 - 2, math.log(1e-12) / 0.01, torch.float64) == (
         "global"
     )
     e = [math.exp(0.0), math.exp(-1.0), math.exp(-2.0), math.exp(0.0)]
