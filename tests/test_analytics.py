@@ -698,3 +698,32 @@ def test_length_quantiles_from_histogram_equal_numpy(seed):
         assert row["clipped_frac"] == pytest.approx((x >= cap).mean())
         assert row["max_terminated"] == (term.max() if term.size else None)
         assert row["mean_terminated"] == (pytest.approx(term.mean()) if term.size else None)
+
+
+def test_golden_v1_store_reads_as_recorded(tmp_path):
+    # The shipped golden store (per-append pairs, a compacted pair, an eval step, a reward
+    # function added mid-run) against the numbers recorded when it was written.
+    import shutil
+
+    golden = Path(__file__).resolve().parents[1] / "data" / "golden_v1"
+    expected_path = golden.with_name("golden_v1_expected.json")
+    if not golden.is_dir() or not expected_path.is_file():
+        pytest.skip("no golden store in data/")
+    expected = json.loads(expected_path.read_text())
+    root = tmp_path / "golden"
+    shutil.copytree(golden, root)
+    with RunAnalytics(root) as run:
+        assert run.reward_names == expected["reward_fields"]
+        means = run.sql(
+            "SELECT step, rank, kind, avg(total_util) AS m FROM samples "
+            "GROUP BY ALL ORDER BY step, rank, kind"
+        ).to_pylist()
+        assert [[r["step"], r["rank"], r["kind"]] for r in means] == expected["units"]
+        assert [r["m"] for r in means] == pytest.approx(expected["reward_mean"])
+        counts = run.sql(
+            'SELECT count(*) AS n, count(*) FILTER (WHERE rewards."format" IS NULL) AS nulls '
+            "FROM samples"
+        ).to_pylist()[0]
+        assert counts["n"] == expected["samples"]
+        assert counts["nulls"] == expected["format_nulls_before_step_2"]
+        assert run.describe()["group_rows"] == expected["groups"]
