@@ -43,7 +43,7 @@ from maxent_arrow.store import (
     _jsonable_config,
     _parquet_bytes,
 )
-from maxent_arrow.store_files import crc32_of, unit_name
+from maxent_arrow.store_files import TEMP_PREFIX, check_seal, crc32_of, unit_name
 
 __all__ = ["ObjectStore", "open_store", "read_group_object", "resolve_filesystem"]
 
@@ -214,10 +214,16 @@ class ObjectStore:
             root = self._info(self.root)
             if root.type == pafs.FileType.File:
                 raise StoreError(f"{self.uri}: exists and is not a directory")
-            if root.type == pafs.FileType.Directory and self._names(self.root):
+            names = self._names(self.root) if root.type == pafs.FileType.Directory else []
+            # Another rank may have created the store since the check above.
+            foreign = [n for n in names if n != "manifest.json" and not n.startswith(TEMP_PREFIX)]
+            if foreign:
                 raise StoreError(
                     f"{self.uri}: not a rollout store (no manifest.json) and not empty"
                 )
+            if "manifest.json" in names:
+                info = self._info(path)
+        if info.type == pafs.FileType.NotFound:
             manifest = {
                 "format": FORMAT_NAME,
                 "schema_version": S.SCHEMA_VERSION,
@@ -254,10 +260,11 @@ class ObjectStore:
         hit = self._step_tables.get(name)
         if hit is not None and hit[0] == key:
             return hit[1], hit[2]
+        data = self._get(path).to_pybytes()
+        if check_seal(data) is False:
+            raise StoreError(f"{path}: CRC-32 differs from the one sealed in the file (corrupt)")
         try:
-            table = pq.ParquetFile(
-                pa.BufferReader(self._get(path)), page_checksum_verification=True
-            ).read()
+            table = pq.ParquetFile(pa.BufferReader(data), page_checksum_verification=True).read()
         except pa.ArrowException as exc:
             raise StoreError(f"{path}: unreadable step file ({exc})") from None
         S.check_version((table.schema.metadata or {}).get(S.METADATA_KEY), where=path)
@@ -370,6 +377,7 @@ class ObjectStore:
                 S.METADATA_KEY: S.SCHEMA_VERSION.encode(),
             },
             statistics=["step", "rank"],
+            sealed=True,
         )
         self._put(f"{self._groups_dir}/{name}", groups_bytes)
         self._put(f"{self._steps_dir}/{name}", step_bytes)

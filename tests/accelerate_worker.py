@@ -33,10 +33,8 @@ def group_counts(step: int, rank: int) -> int:
 
 
 def run(uri: str, accelerator: Accelerator, steps: int) -> dict:
-    # The main process creates the store (RolloutStore's first-open check races when several
-    # processes create the same new directory at once); the appends below are concurrent.
-    with accelerator.main_process_first():
-        store = open_store(uri, config=CONFIG)
+    # Every process opens (and, the first time, creates) the store at once.
+    store = open_store(uri, config=CONFIG)
     rank = accelerator.process_index
     for step in range(steps):
         store.append(make_batch(step, rank=rank, groups=group_counts(step, rank)))

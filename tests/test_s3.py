@@ -192,6 +192,15 @@ def test_commit_rule_refusals_and_damage(s3) -> None:
     with pytest.raises(StoreError, match=r"step-0000000000.rank-00000.train.parquet: CRC-32"):
         store.read()
     assert ObjectStore("runs/run-2", filesystem=fs, check_crc=False).steps() == [0]
+    # Step objects carry a sealed CRC-32 (the same format RolloutStore writes).
+    step = "runs/run-2/steps/step-0000000000.rank-00000.train.parquet"
+    with fs.open_input_stream(step) as f:
+        data = bytearray(f.read())
+    data[40] ^= 0x01
+    with fs.open_output_stream(step) as f:
+        f.write(bytes(data))
+    with pytest.raises(StoreError, match="sealed in the file"):
+        ObjectStore("runs/run-2", filesystem=fs).steps()
     # A prefix holding other data is not taken for a store.
     with fs.open_output_stream("runs/other/data.csv") as f:
         f.write(b"a,b\n")
