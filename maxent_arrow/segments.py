@@ -25,6 +25,7 @@ No Python loop over groups or samples. Measured with 1 thread on this project's 
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -74,8 +75,8 @@ def work_dtype(dtype: torch.dtype) -> torch.dtype:
 
 class _Derived:
     """What a ``Segments`` derives from its offsets; shared by every ``Segments`` of one
-    offsets tensor (it holds no reference to that tensor, so caching it on the tensor makes
-    no reference cycle)."""
+    offsets tensor (it holds no reference to that tensor, so the cache keyed by the tensor
+    does not keep it alive)."""
 
     __slots__ = (
         "device_offsets",
@@ -138,10 +139,10 @@ class Segments:
         The offsets are checked (a ``Ragged`` built with ``validate=False`` may carry any
         offsets) the first time this offsets tensor is seen with this many values on this
         device. What is derived from them (lengths, uniform width, row ids, float lengths) is
-        then kept on the offsets tensor itself, so ``total_utils -> group_advantages ->
+        kept for as long as that offsets tensor lives, so ``total_utils -> group_advantages ->
         q_distribution -> maxent_weights`` over one batch (whose results share the offsets)
-        checks and derives once, and the cache lives exactly as long as the offsets. Modifying
-        the offsets in place invalidates it (the tensor's version counter is part of the key).
+        checks and derives once. Modifying the offsets in place invalidates it (the tensor's
+        version counter is part of the key).
         """
         values = ragged.values
         return cls.cached(
@@ -336,10 +337,19 @@ def _reusable(values: torch.Tensor, expanded: torch.Tensor) -> bool:
 
 
 # ---------------------------------------------------------------------------- cache
-# The derived state is kept in the offsets tensor's own attribute dict, keyed by (number of
-# values, device) and stamped with the tensor's version counter. Identity, not value
-# equality, decides a hit: comparing offsets by value would cost the pass the cache saves.
-_ATTR = "_maxent_arrow_segments"
+# id(offsets) -> (weak reference to the offsets, {(num_values, device): (version, _Derived)}).
+# Identity, not value equality, decides a hit (comparing offsets by value would cost the pass
+# the cache saves), and the tensor's version counter catches in-place changes. The entry holds
+# no strong reference to the offsets and goes when they do (the weak reference's callback), so
+# the derived tensors live exactly as long as the offsets, and the caller's tensor is never
+# touched (no attribute on it that pickling or deepcopy would carry along).
+_CACHE: dict[int, tuple[weakref.ref, dict[tuple, tuple[int, _Derived]]]] = {}
+
+
+def _forget(ref: weakref.ref, key: int) -> None:
+    entry = _CACHE.get(key)
+    if entry is not None and entry[0] is ref:
+        del _CACHE[key]
 
 
 def _cache_key(offsets: torch.Tensor, num_values: int, device: torch.device) -> tuple | None:
@@ -351,23 +361,24 @@ def _cache_key(offsets: torch.Tensor, num_values: int, device: torch.device) -> 
 def _lookup(offsets: torch.Tensor, key: tuple | None) -> _Derived | None:
     if key is None:
         return None
-    entry = getattr(offsets, _ATTR, {}).get(key)
-    if entry is None or entry[0] != offsets._version:
+    entry = _CACHE.get(id(offsets))
+    if entry is None or entry[0]() is not offsets:
         return None
-    return entry[1]
+    found = entry[1].get(key)
+    if found is None or found[0] != offsets._version:
+        return None
+    return found[1]
 
 
 def _remember(offsets: torch.Tensor, key: tuple | None, derived: _Derived) -> None:
     if key is None:
         return
-    cache = getattr(offsets, _ATTR, None)
-    if cache is None:
-        try:
-            cache = {}
-            setattr(offsets, _ATTR, cache)
-        except (AttributeError, TypeError):  # a tensor type without an attribute dict
-            return
-    cache[key] = (offsets._version, derived)
+    ident = id(offsets)
+    entry = _CACHE.get(ident)
+    if entry is None or entry[0]() is not offsets:
+        ref = weakref.ref(offsets, lambda r, k=ident: _forget(r, k))
+        entry = _CACHE[ident] = (ref, {})
+    entry[1][key] = (offsets._version, derived)
 
 
 # ---------------------------------------------------------------------------- finiteness

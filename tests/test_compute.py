@@ -605,6 +605,22 @@ def test_segments_of_reuses_checked_offsets_until_they_change():
     offsets[1] = 2
     with pytest.raises(LayoutError, match=r"v: offsets end at 5 but there are 4 values"):
         Segments.of(Ragged(values[:4], offsets, validate=False), where="v")
+    # The cache holds the derived state, not the offsets: it goes when they do, and the
+    # caller's tensor carries nothing extra (pickling or copying it is unaffected).
+    import gc
+    import pickle
+
+    from maxent_arrow import segments as S
+
+    loose = torch.tensor([0, 1, 5])
+    Segments.of(Ragged(values, loose, validate=False), where="t")
+    assert id(loose) in S._CACHE
+    assert not getattr(loose, "__dict__", None)
+    assert pickle.loads(pickle.dumps(loose)).tolist() == [0, 1, 5]
+    key = id(loose)
+    del loose
+    gc.collect()
+    assert key not in S._CACHE
     # Allowing empty groups once does not allow them for a caller that refuses them.
     holes = torch.tensor([0, 2, 2, 5])
     assert Segments.of(Ragged(values, holes), where="t", allow_empty=True).has_empty
