@@ -10,7 +10,8 @@ mid-run, a column an older writer lacked: nulls where absent):
 ``samples``
     One row per completion: every per-completion list of a group row indexed at the same
     position, so values stay aligned (``sample_index`` is 0-based within the group; reward
-    functions in a ``rewards`` struct of doubles; ``completion_info`` spread into
+    functions in a ``rewards`` struct of doubles and as ``reward_<name>`` columns;
+    ``completion_info`` spread into
     ``finish_reason, stop_reason, truncated, token_count, extra``). It indexes lists by
     subscript instead of ``UNNEST``-ing each one, because DuckDB does not push projections
     through a multi-column ``UNNEST`` (measured): a query that selects only scalars reads only
@@ -193,6 +194,10 @@ class RunAnalytics(ReadyMadeQueries):
                 f"{quote(n)} := g.rewards.{quote(n)}[g._i]" for n in self.reward_names
             )
             out.append(f"struct_pack({fields}) AS rewards")
+            # Also flat, named as in sample_scalars (``reward_<name>``), for plain SQL.
+            out += [
+                f"g.rewards.{quote(n)}[g._i] AS {quote('reward_' + n)}" for n in self.reward_names
+            ]
         # Subscripts from generate_series, then `list[i]` per column: aligned by construction,
         # and projection pushdown still reaches the Parquet scan.
         return (

@@ -27,11 +27,14 @@ set ``MAXENT_ARROW_DEBUG=1`` to get the traceback as well.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import os
 import sys
+import threading
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +65,32 @@ class _UsageError(Exception):
 def _progress(args: argparse.Namespace) -> bool:
     # tqdm bars on an interactive terminal by default; --progress/--no-progress force it.
     return sys.stderr.isatty() if args.progress is None else bool(args.progress)
+
+
+@contextlib.contextmanager
+def _busy(description: str, enabled: bool) -> Iterator[None]:
+    """A tqdm bar with elapsed time while a single library call runs (verify, compact): the
+    store does its work in one call, so there is no count to show, only that it is alive."""
+    if not enabled:
+        yield
+        return
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=None, desc=description, bar_format="{desc}: {elapsed}", leave=False)
+    done = threading.Event()
+
+    def tick() -> None:
+        while not done.wait(0.2):
+            bar.refresh()
+
+    thread = threading.Thread(target=tick, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+        bar.close()
 
 
 def _print_json(value: Any) -> None:
@@ -197,7 +226,9 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    report = _store(args.run).verify()
+    store = _store(args.run)
+    with _busy("verifying", _progress(args)):
+        report = store.verify()
     if args.json:
         _print_json(
             {
@@ -215,7 +246,9 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 def _cmd_compact(args: argparse.Namespace) -> int:
     if args.max_steps is not None and args.max_steps < 2:
         raise _UsageError(f"--max-steps must be >= 2, got {args.max_steps}")
-    made = _store(args.run).compact(kind=args.kind, max_steps=args.max_steps)
+    store = _store(args.run)
+    with _busy("compacting", _progress(args)):
+        made = store.compact(kind=args.kind, max_steps=args.max_steps)
     if args.json:
         _print_json({"compacted": [str(p) for p in made]})
     else:

@@ -214,7 +214,8 @@ def test_uncommitted_and_temporary_files_are_invisible(tmp_path):
 def test_samples_view_one_row_per_completion_aligned(run, store):
     t = run.sql(
         "SELECT step, rank, kind, group_index, sample_index, completion, total_util, advantage, "
-        "weight, ref_tok_count, token_count, truncated, completion_ids, rewards.accuracy AS acc "
+        "weight, ref_tok_count, token_count, truncated, completion_ids, rewards.accuracy AS acc, "
+        "reward_accuracy "
         "FROM samples ORDER BY kind, step, rank, group_index, sample_index"
     ).to_pylist()
     expected = sorted(store.groups, key=lambda g: (g.kind, g.step, g.rank, g.index))
@@ -235,7 +236,7 @@ def test_samples_view_one_row_per_completion_aligned(run, store):
         assert row["ref_tok_count"] == row["token_count"] == g.lens[i]
         assert len(row["completion_ids"]) == g.lens[i]
         assert row["truncated"] == bool(g.truncated[i])
-        assert row["acc"] == g.rewards["accuracy"][i]
+        assert row["acc"] == row["reward_accuracy"] == g.rewards["accuracy"][i]
 
 
 def test_scalar_queries_never_read_token_columns(run):

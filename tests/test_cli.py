@@ -107,8 +107,11 @@ def test_query_errors(capsys, store, tmp_path):
 
 
 def test_report_json(capsys, store, tmp_path):
-    code, out, _ = run(capsys, "report", store.root, "--out", tmp_path / "r", "--json", "--k", 2)
+    code, out, err = run(
+        capsys, "report", store.root, "--out", tmp_path / "r", "--json", "--k", 2, "--progress"
+    )
     assert code == EXIT_OK
+    assert "report" in err and "9/9" in err  # the tqdm bar over the report's parts
     result = json.loads(out)
     assert Path(result["html"]).is_file() and Path(result["markdown"]).is_file()
     assert len(result["plots"]) == 7
@@ -150,8 +153,9 @@ def test_compact_keeps_every_answer(capsys, tmp_path):
     )
     _, before, _ = run(capsys, "query", w.root, sql, "--json")
     files_before = len(list((w.root / "groups").glob("*.parquet")))
-    code, out, _ = run(capsys, "compact", w.root, "--json")
+    code, out, err = run(capsys, "compact", w.root, "--json", "--progress")
     assert code == EXIT_OK and json.loads(out)["compacted"]
+    assert "compacting" in err  # the bar went to stderr, stdout stayed pure JSON
     assert len(list((w.root / "groups").glob("*.parquet"))) < files_before
     _, after, _ = run(capsys, "query", w.root, sql, "--json")
     assert json.loads(after) == json.loads(before)
