@@ -47,7 +47,6 @@ from maxent_arrow.store_files import unit_name
 
 __all__ = [
     "UNIT_COLUMN",
-    "GroupMathSettings",
     "read_store",
     "recompute_group_math",
     "recompute",
@@ -231,58 +230,14 @@ def read_store(
 
 
 # ---------------------------------------------------------------------------- group math
-@dataclass(frozen=True)
-class GroupMathSettings:
-    """The settings of the group math (semantics §3.2-§3.6), from a run config.
-
-    ``reward_weights`` (name -> λ) recomputes ``total_utils`` from the ``rewards`` struct;
-    ``None`` keeps the stored utilities.
-    """
-
-    tau: float
-    beta: float
-    q_temperature: float = 1.0
-    q_epsilon: float = 1e-6
-    weight_denominator: str = "tau"
-    len_norm_ref: bool = True
-    scale_rewards: bool = True
-    advantage_eps: float = 1e-4
-    reward_weights: Mapping[str, float] | None = None
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any], **overrides: Any) -> GroupMathSettings:
-        """Settings from a run config (manifest or step-row ``config``), then ``overrides``."""
-        # The config's own reward_weights made the stored utilities; only an explicit
-        # override recomputes them from the raw rewards.
-        merged = {k: v for k, v in dict(config).items() if k != "reward_weights"}
-        merged.update(overrides)
-        names = {f for f in cls.__dataclass_fields__}
-        missing = [n for n in ("tau", "beta") if merged.get(n) is None]
-        if missing:
-            raise ComputeError(
-                f"GroupMathSettings: {missing} not in the run config; pass them as keywords"
-            )
-        return cls(**{k: v for k, v in merged.items() if k in names})
-
-
-def _grouped(table: pa.Table, name: str) -> Ragged:
-    column = table.column(name)
-    if column.null_count:
-        chunked = column.combine_chunks()
-        row = int(np.flatnonzero(~chunked.is_valid().to_numpy(zero_copy_only=False))[0])
-        raise ComputeError(f"recompute_group_math: {name}: null at group {row}")
-    return Ragged.from_arrow(column)
-
-
-def _utilities(table: pa.Table, settings: GroupMathSettings) -> Ragged:
-    if settings.reward_weights is None:
-        return _grouped(table, "total_utils")
+def _utilities(table: pa.Table, reward_weights: Mapping[str, float]) -> Ragged:
+    """``total_utils`` recomputed from the ``rewards`` struct with new weights (§3.1)."""
     if "rewards" not in table.column_names:
         raise ComputeError("recompute_group_math: reward_weights given but no 'rewards' column")
     rewards = table.column("rewards").combine_chunks()
     names = [f.name for f in rewards.type]
     per_reward = {}
-    for name in settings.reward_weights:
+    for name in reward_weights:
         if name not in names:
             raise ComputeError(
                 f"recompute_group_math: reward_weights: no reward {name!r} in the rows "
@@ -296,91 +251,147 @@ def _utilities(table: pa.Table, settings: GroupMathSettings) -> Ragged:
                 "after this step was written); leave it out of reward_weights"
             )
         per_reward[name] = Ragged.from_arrow(field)
-    return C.total_utils(per_reward, dict(settings.reward_weights))
+    return C.total_utils(per_reward, dict(reward_weights))
+
+
+def _list_column(ragged: Ragged) -> pa.Array:
+    kind = pa.list_(pa.field("item", pa.float64(), nullable=False))
+    values = torch_to_arrow(ragged.values.to(torch.float64))
+    offsets = pa.array(ragged.offsets.numpy().astype(np.int32))
+    return pa.ListArray.from_arrays(offsets, values).cast(kind)
+
+
+def _replace(table: pa.Table, name: str, array: pa.Array) -> pa.Table:
+    field = pa.field(name, array.type)
+    index = table.schema.get_field_index(name)
+    if index < 0:
+        return table.append_column(field, array)
+    return table.set_column(index, field, array)
 
 
 def recompute_group_math(
     table: pa.Table | pa.RecordBatch,
-    settings: GroupMathSettings | None = None,
     *,
-    config: Mapping[str, Any] | None = None,
+    config: Mapping[str, Any] | str | None = None,
+    reward_weights: Mapping[str, float] | None = None,
     **overrides: Any,
 ) -> pa.Table:
-    """Group rows with ``advantages``, ``q`` and ``weights`` recomputed (and ``total_utils``
-    when ``reward_weights`` is set), every other column untouched. Arrow in, Arrow out: the
-    function ``map_batches(batch_format="pyarrow")`` runs; batches may cut anywhere between
-    rows, since a row is a whole group.
+    """Group rows with ``advantages``, ``q`` and ``weights`` recomputed, every other column
+    untouched: Arrow in, Arrow out, the function ``map_batches(batch_format="pyarrow")`` runs.
 
-    Inputs: ``total_utils`` (or ``rewards``), ``ref_logp_sum_raw`` and ``ref_tok_counts``; with
-    ``len_norm_ref`` the reference term is the per-token mean ``ref_logp_sum_raw /
-    max(ref_tok_counts, 1)``, else the sum. A non-null ``seed_advantage_scale`` scales its
-    group's advantages (SEED-GRPO). Without ``settings``, they come from a run ``config``
-    (``tau``, ``beta``, ``q_temperature``, ... as the manifest records them) and ``overrides``.
+    The math is :func:`maxent_arrow.replay.recompute`, the single-process recomputation of a
+    replayed step (stored utilities, SEED-GRPO scales and reference sums; semantics §3.2-3.6),
+    run on these rows with ``config`` (a run config snapshot: ``tau``, ``beta``,
+    ``q_temperature``, ... as a dict or its JSON) and ``overrides`` (e.g. ``tau=0.3``).
+    Batches may cut anywhere between rows, since a row is a whole group. ``weights`` is left
+    as stored when the config has no ``tau``. With ``reward_weights`` (name -> λ),
+    ``total_utils`` is first recomputed from the raw ``rewards``.
     """
-    if settings is None:
-        settings = GroupMathSettings.from_config(config or {}, **overrides)
-    if isinstance(table, pa.RecordBatch):
-        table = pa.Table.from_batches([table])
+    from maxent_arrow.replay import recompute as replay_recompute
+
+    if isinstance(table, pa.Table):
+        table = table.combine_chunks()
+        batches = table.to_batches()
+        table = batches[0] if batches else pa.RecordBatch.from_pylist([], schema=table.schema)
+    out = pa.Table.from_batches([table])
+    if table.num_rows == 0:
+        return out
+    if reward_weights is not None:
+        out = _replace(out, "total_utils", _list_column(_utilities(out, reward_weights)))
+        table = out.combine_chunks().to_batches()[0]
+    text = config if isinstance(config, str) else json.dumps(dict(config or {}))
+    step_row = pa.RecordBatch.from_pydict({"config": [text]})
+    try:
+        derived = replay_recompute(RolloutBatch(table, step_row, validate=False), **overrides)
+    except StoreError as exc:
+        raise ComputeError(f"recompute_group_math: {exc}") from None
+    for name, ragged in derived.items():
+        out = _replace(out, name, _list_column(ragged))
+    return out
+
+
+def _unit_configs(store: RolloutStore | ObjectStore) -> dict[str, str]:
+    """The config snapshot of every committed unit, keyed by the unit's file name."""
+    steps = store.read_steps(columns=["step", "rank", "kind", "config"]).to_pydict()
+    return {
+        unit_name(step, rank, kind): config or "{}"
+        for step, rank, kind, config in zip(
+            steps["step"], steps["rank"], steps["kind"], steps["config"]
+        )
+    }
+
+
+def _recompute_by_unit(
+    table: pa.Table,
+    *,
+    configs: Mapping[str, str],
+    reward_weights: Mapping[str, float] | None,
+    overrides: Mapping[str, Any],
+) -> pa.Table:
+    """Runs in a Ray worker: each unit's rows with that unit's own config snapshot."""
     if table.num_rows == 0:
         return table
-    utils = _utilities(table, settings)
-    adv = C.group_advantages(
-        utils, scale_rewards=settings.scale_rewards, eps=settings.advantage_eps
-    )
-    if "seed_advantage_scale" in table.column_names:
-        scales = table.column("seed_advantage_scale").combine_chunks()
-        if scales.null_count < len(scales):
-            values = np.asarray(scales.fill_null(1.0).to_numpy(zero_copy_only=False))
-            adv = C.apply_group_scales(adv, values)
-    q = C.q_distribution(utils, temperature=settings.q_temperature, epsilon=settings.q_epsilon)
-    raw = _grouped(table, "ref_logp_sum_raw")
-    counts = _grouped(table, "ref_tok_counts")
-    weights = C.maxent_weights(
-        q,
-        raw.values,
-        tau=settings.tau,
-        beta=settings.beta,
-        denominator=settings.weight_denominator,
-        token_counts=counts.values,
-        length_normalize=settings.len_norm_ref,
-    )
-    out = table
-    replaced = {"advantages": adv, "q": q, "weights": weights}
-    if settings.reward_weights is not None:
-        replaced["total_utils"] = utils
-    for name, ragged in replaced.items():
-        values = torch_to_arrow(ragged.values.to(torch.float64))
-        offsets = pa.array(ragged.offsets.numpy().astype(np.int32))
-        array = pa.ListArray.from_arrays(offsets, values)
-        kind = pa.list_(pa.field("item", pa.float64(), nullable=False))
-        array = array.cast(kind)
-        index = out.schema.get_field_index(name)
-        if index < 0:
-            out = out.append_column(pa.field(name, kind), array)
-        else:
-            out = out.set_column(index, out.schema.field(name).with_type(kind), array)
-    return out
+    units = table.column(UNIT_COLUMN).combine_chunks().dictionary_encode()
+    codes = units.indices.to_numpy(zero_copy_only=False)
+    names = units.dictionary.to_pylist()
+    # Rows sharing a config are computed together: a loop over configs, not over groups.
+    by_config: dict[str, list[int]] = {}
+    for code, name in enumerate(names):
+        if name not in configs:
+            raise ComputeError(f"recompute: no step row for unit {name!r} in the source store")
+        by_config.setdefault(configs[name], []).append(code)
+    if len(by_config) == 1:
+        (text,) = by_config
+        return recompute_group_math(table, config=text, reward_weights=reward_weights, **overrides)
+    parts, order = [], []
+    for text, members in by_config.items():
+        rows = np.flatnonzero(np.isin(codes, members))
+        part = table.take(pa.array(rows))
+        parts.append(
+            recompute_group_math(part, config=text, reward_weights=reward_weights, **overrides)
+        )
+        order.append(rows)
+    merged = pa.concat_tables(parts)
+    return merged.take(pa.array(np.argsort(np.concatenate(order), kind="stable")))
 
 
 def recompute(
     dataset: Any,
-    settings: GroupMathSettings | None = None,
     *,
+    source: str | os.PathLike[str] | RolloutStore | ObjectStore | None = None,
     config: Mapping[str, Any] | None = None,
+    reward_weights: Mapping[str, float] | None = None,
     batch_size: int | None = 1024,
     **overrides: Any,
 ) -> Any:
-    """``dataset.map_batches(recompute_group_math, batch_format="pyarrow")``: the group math
-    of a whole run on the cluster. Settings come from ``settings``, else ``config`` (e.g. the
-    store's ``manifest["config"]``) with ``overrides``."""
-    if settings is None:
-        settings = GroupMathSettings.from_config(config or {}, **overrides)
+    """The group math of a whole run on the cluster: ``map_batches`` over Arrow batches.
+
+    With ``source`` (the store the dataset was read from, with ``include_unit=True``), each
+    unit is recomputed with its own step's config snapshot, exactly as
+    :func:`maxent_arrow.replay.recompute` does for a replayed step; otherwise every row uses
+    ``config``. ``overrides`` (e.g. ``tau=0.3``) replace config values in both cases.
+    """
+    if source is not None:
+        if UNIT_COLUMN not in dataset.schema().names:
+            raise SchemaError(
+                f"recompute: source= needs the {UNIT_COLUMN!r} column; read the dataset with "
+                "read_store(..., include_unit=True)"
+            )
+        return dataset.map_batches(
+            _recompute_by_unit,
+            batch_format="pyarrow",
+            batch_size=batch_size,
+            fn_kwargs={
+                "configs": _unit_configs(open_store(source)),
+                "reward_weights": reward_weights,
+                "overrides": overrides,
+            },
+        )
     return dataset.map_batches(
         recompute_group_math,
         batch_format="pyarrow",
         batch_size=batch_size,
-        zero_copy_batch=True,
-        fn_kwargs={"settings": settings},
+        fn_kwargs={"config": dict(config or {}), "reward_weights": reward_weights, **overrides},
     )
 
 
@@ -468,21 +479,25 @@ def recompute_store(
     *,
     filesystem: pafs.FileSystem | None = None,
     target_filesystem: pafs.FileSystem | None = None,
+    reward_weights: Mapping[str, float] | None = None,
     **overrides: Any,
 ) -> RolloutStore | ObjectStore:
-    """Recompute advantages, q and weights of a whole run on the cluster and write them as a
-    new store: :func:`read_store` -> :func:`recompute` -> :func:`write_store`. Settings are the
-    source's run config with ``overrides`` (e.g. ``tau=0.3``), which also go into the new
+    """Recompute advantages, q and weights of a whole run on the cluster and commit them as a
+    new store: :func:`read_store` -> :func:`recompute` (each step with its own config
+    snapshot) -> :func:`write_store`. ``overrides`` (e.g. ``tau=0.3``) also go into the new
     store's manifest and step-row configs."""
     src = open_store(source, filesystem=filesystem)
-    settings = GroupMathSettings.from_config(src.config, **overrides)
-    ds = read_store(src, include_unit=True)
-    return write_store(
-        recompute(ds, settings),
-        target,
+    dataset = recompute(
+        read_store(src, include_unit=True),
         source=src,
-        filesystem=target_filesystem,
-        config=overrides or None,
+        reward_weights=reward_weights,
+        **overrides,
+    )
+    update = dict(overrides)
+    if reward_weights is not None:
+        update["reward_weights"] = dict(reward_weights)
+    return write_store(
+        dataset, target, source=src, filesystem=target_filesystem, config=update or None
     )
 
 

@@ -30,10 +30,14 @@ from maxent_arrow.store import RolloutStore  # noqa: E402
 MATH = ("advantages", "q", "weights")
 
 
+# Step 2 ran with other settings (a tau/beta schedule): its config snapshot says so.
+STEP2 = {**CONFIG, "tau": 0.2, "beta": 0.1, "q_temperature": 0.5}
+
+
 def _fill(store: RolloutStore) -> None:
     for step in range(3):
         for rank in range(2):
-            store.append(make_batch(step, rank=rank))
+            store.append(make_batch(step, rank=rank, config=STEP2 if step == 2 else CONFIG))
     store.append(make_batch(1, rank=0, kind="eval", groups=2))
     # A reward function added mid-run: older files read it as nulls (unified schema).
     store.append(
@@ -243,21 +247,37 @@ def test_ray_default_collate_raises_and_ours_matches_local_ingestion(
 # ---------------------------------------------------------------------------- group math
 @pytest.mark.slow
 def test_cluster_recomputation_equals_single_process(ray_cluster, store_root: Path) -> None:
-    from maxent_arrow.distributed import read_store, recompute, recompute_group_math
+    from maxent_arrow.distributed import UNIT_COLUMN, read_store, recompute, recompute_group_math
+    from maxent_arrow.replay import recompute as replay_recompute
 
     store = RolloutStore(store_root)
     stored = store.read()
-    local = recompute_group_math(stored, config=store.config)
-    cluster = _collect(ray_cluster, recompute(read_store(store_root), config=store.config))
-    assert cluster.equals(local)
-    # ... and both agree with the fixture's independent numpy formulas (semantics §3).
+    dataset = read_store(store_root, include_unit=True)
+    cluster = _collect(ray_cluster, recompute(dataset, source=store, batch_size=5))
+    assert (
+        cluster.drop_columns([UNIT_COLUMN])
+        .drop_columns(list(MATH))
+        .equals(stored.drop_columns(list(MATH)))
+    )
+    # Single process: replay each step and recompute it with its own config snapshot.
+    replayed = [replay_recompute(b) for b in store.replay(kind=None)]
     for name in MATH:
-        np.testing.assert_allclose(_flat(local, name), _flat(stored, name), rtol=1e-6, atol=1e-9)
+        local = np.concatenate([d[name].values.numpy() for d in replayed])
+        # Equal to float64 rounding: a batch whose groups all have one size takes the dense
+        # [P, K] reduction path (maxent_arrow.segments), which may round differently.
+        np.testing.assert_allclose(_flat(cluster, name), local, rtol=1e-12, atol=1e-15)
+        # ... and the fixture's independent numpy formulas (semantics §3) agree.
+        np.testing.assert_allclose(local, _flat(stored, name), rtol=1e-6, atol=1e-9)
+    # One config for every row (the manifest's) gets step 2 wrong: per-step configs matter.
+    flat = _collect(ray_cluster, recompute(read_store(store_root), config=store.config))
+    sizes = np.diff(stored.column("weights").combine_chunks().offsets.to_numpy())
+    step = np.repeat(stored.column("step").to_numpy(), sizes)
+    differs = ~np.isclose(_flat(flat, "weights"), _flat(stored, "weights"), rtol=1e-6)
+    assert differs.any() and set(step[differs]) == {2}
     changed = recompute_group_math(stored, config=store.config, tau=0.25)
-    assert not np.allclose(_flat(changed, "weights"), _flat(stored, "weights"))
-    assert changed.drop_columns(["weights"]).equals(local.drop_columns(["weights"]))
-    with pytest.raises(ComputeError, match="tau"):
-        recompute_group_math(stored, beta=0.1)
+    assert changed.drop_columns(["weights"]).equals(flat.drop_columns(["weights"]))
+    with pytest.raises(ComputeError, match="unknown settings"):
+        recompute_group_math(stored, config={"tau": 0.5}, tau_typo=1.0)
 
 
 def test_reward_weights_recompute_utilities() -> None:
@@ -267,6 +287,9 @@ def test_reward_weights_recompute_utilities() -> None:
     new = recompute_group_math(rows, config=CONFIG, reward_weights={"accuracy": 2.0, "format": 0})
     accuracy = np.asarray(pc.struct_field(rows.column("rewards"), "accuracy").flatten())
     np.testing.assert_allclose(_flat(pa.table(new), "total_utils"), 2.0 * accuracy)
+    assert new.schema.field("total_utils").type == rows.schema.field("total_utils").type
+    with pytest.raises(ComputeError, match="no reward 'speed'"):
+        recompute_group_math(rows, config=CONFIG, reward_weights={"speed": 1.0})
 
 
 @pytest.mark.slow
@@ -281,13 +304,18 @@ def test_recompute_store_writes_one_append_per_unit(
     assert [p.name for p in target.committed_files("groups")] == [
         p.name for p in source.committed_files("groups")
     ]
-    got = target.read()
-    expected = recompute_group_math(source.read(), config=source.config, tau=0.3)
-    assert got.equals(expected)
+    got, old = target.read(), source.read()
+    assert got.drop_columns(list(MATH)).equals(old.drop_columns(list(MATH)))
+    expected = [
+        recompute_group_math(b.groups, config=b.config, tau=0.3) for b in source.replay(kind=None)
+    ]
+    for name in MATH:
+        want = np.concatenate([_flat(t, name) for t in expected])
+        np.testing.assert_allclose(_flat(got, name), want, rtol=1e-12, atol=1e-15)
     assert target.config["tau"] == 0.3 and target.config["beta"] == CONFIG["beta"]
-    old, new = source.read_steps(), target.read_steps()
-    assert new.drop_columns(["config"]).equals(old.drop_columns(["config"]))
-    assert all('"tau": 0.3' in c for c in new.column("config").to_pylist())
+    old_steps, new_steps = source.read_steps(), target.read_steps()
+    assert new_steps.drop_columns(["config"]).equals(old_steps.drop_columns(["config"]))
+    assert all('"tau": 0.3' in c for c in new_steps.column("config").to_pylist())
     assert target.verify().ok
 
 
