@@ -71,37 +71,62 @@ class ReadyMadeQueries:
         sources += [(n, f"reward_{n}") for n in self.reward_names]
         if not sources:
             raise SchemaError("reward_curve: the store has neither 'total_utils' nor 'rewards'")
-        aggs = []
-        for i, (_, alias) in enumerate(sources):
-            x = quote(alias)
-            aggs.append(
-                f"count({x}) AS n{i}, avg({x}) AS mean{i}, stddev_pop({x}) AS std{i}, "
-                f"min({x}) AS min{i}, max({x}) AS max{i}"
-                + (f", quantile_cont({x}, {qs}) AS q{i}" if qs else "")
-            )
-        # One scan for every source; reshaped to long form below (cheap: one row per step).
-        wide = self.sql(
-            f"SELECT step, {', '.join(aggs)} FROM "
-            f"{self.flat([a for _, a in sources], kind=kind)} GROUP BY step ORDER BY step"
+        flat = self.flat([a for _, a in sources], kind=kind)
+        # In memory, a source with few distinct values (0/1 correctness rewards, and U itself
+        # when it is a weighted sum of those) is summarised from a (step, value) histogram:
+        # one cheap GROUP BY instead of DuckDB's per-value quantile state (measured 7x faster
+        # for 1M binary values). Exact either way; Parquet scans stay one query (one scan).
+        discrete = (
+            self._discrete_sources([a for _, a in sources], flat) if self.materialized else set()
         )
         parts = []
-        for i, (name, _) in enumerate(sources):
-            cols = {
-                "step": wide.column("step"),
-                "reward": pa.array([name] * wide.num_rows, pa.string()),
-                "n": wide.column(f"n{i}"),
-                "mean": wide.column(f"mean{i}"),
-                "std": wide.column(f"std{i}"),
-                "min": wide.column(f"min{i}"),
-            }
-            for j, q in enumerate(qs):
-                cols[self._qname(q)] = pc.list_element(wide.column(f"q{i}"), j)
-            cols["max"] = wide.column(f"max{i}")
-            part = pa.table(cols)
+        continuous = [(i, a) for i, (_, a) in enumerate(sources) if a not in discrete]
+        if continuous:
+            aggs = []
+            for i, alias in continuous:
+                x = quote(alias)
+                aggs.append(
+                    f"count({x}) AS n{i}, avg({x}) AS mean{i}, stddev_pop({x}) AS std{i}, "
+                    f"min({x}) AS min{i}, max({x}) AS max{i}"
+                    + (f", quantile_cont({x}, {qs}) AS q{i}" if qs else "")
+                )
+            wide = self.sql(
+                f"SELECT step, {', '.join(aggs)} FROM {flat} GROUP BY step ORDER BY step"
+            )
+            for i, _ in continuous:
+                cols = {
+                    "step": wide.column("step"),
+                    "n": wide.column(f"n{i}"),
+                    "mean": wide.column(f"mean{i}"),
+                    "std": wide.column(f"std{i}"),
+                    "min": wide.column(f"min{i}"),
+                }
+                for j, q in enumerate(qs):
+                    cols[self._qname(q)] = pc.list_element(wide.column(f"q{i}"), j)
+                cols["max"] = wide.column(f"max{i}")
+                parts.append((i, pa.table(cols)))
+        for i, (_, alias) in enumerate(sources):
+            if alias in discrete:
+                x = quote(alias)
+                hist = self.sql(
+                    f"SELECT step, {x} AS x, count(*) AS c FROM {flat} WHERE {x} IS NOT NULL "
+                    "GROUP BY ALL ORDER BY step, x"
+                )
+                parts.append((i, _stats_from_histogram(hist, qs, self._qname)))
+        tables = []
+        for i, part in parts:
+            part = part.add_column(1, "reward", pa.array([sources[i][0]] * part.num_rows))
             part = part.append_column("_order", pa.array(np.full(part.num_rows, i, np.int32)))
-            parts.append(part.filter(pc.greater(part.column("n"), 0)))
-        table = pa.concat_tables(parts).sort_by([("step", "ascending"), ("_order", "ascending")])
+            tables.append(part.filter(pc.greater(part.column("n"), 0)))
+        table = pa.concat_tables(tables).sort_by([("step", "ascending"), ("_order", "ascending")])
         return table.drop_columns(["_order"])
+
+    def _discrete_sources(self, aliases: list[str], flat: str, *, limit: int = 64) -> set[str]:
+        """Aliases with at most ``limit`` distinct values in a 65536-row sample (a guess that
+        only picks the faster exact method, never changes a result)."""
+        counts = ", ".join(f"count(DISTINCT {quote(a)}) AS {quote(a)}" for a in aliases)
+        row = self.sql(f"SELECT {counts} FROM (SELECT * FROM {flat} LIMIT 65536)").to_pylist()
+        return {a for a, v in row[0].items() if v <= limit} if row else set()
 
     def success_rate(
         self,
@@ -406,9 +431,8 @@ def _length_stats_from_histogram(hist: pa.Table) -> pa.Table:
                 **{n: pa.array([], pa.int64() if n == "n" else pa.float64()) for n in names},
             }
         )
-    starts = np.flatnonzero(np.r_[True, step[1:] != step[:-1]])
+    starts, n, cum, base = _segments(step, c)
     steps = step[starts]
-    n = np.add.reduceat(c, starts)
 
     def seg_sum(values: np.ndarray) -> np.ndarray:
         return np.add.reduceat(values, starts)
@@ -419,15 +443,9 @@ def _length_stats_from_histogram(hist: pa.Table) -> pa.Table:
         return np.where(has, out, np.nan)
 
     everything = np.ones_like(known)
-    cum = np.cumsum(c)  # global sorted positions: row r covers [cum[r] - c[r], cum[r])
-    base = np.r_[0, cum[:-1]][starts]
 
     def quantile(q: float) -> np.ndarray:
-        h = (n - 1) * q
-        lo = np.floor(h)
-        at_lo = np.searchsorted(cum, base + lo.astype(np.int64), side="right")
-        at_hi = np.searchsorted(cum, base + np.minimum(lo + 1, n - 1).astype(np.int64), "right")
-        return t[at_lo] + (h - lo) * (t[at_hi] - t[at_lo])
+        return _segment_quantile(t, cum, base, n, q)
 
     n_known = seg_sum(c * known)
     n_term = seg_sum(c * is_term)
@@ -452,3 +470,54 @@ def _length_stats_from_histogram(hist: pa.Table) -> pa.Table:
             for k, v in table.items()
         }
     )
+
+
+def _stats_from_histogram(hist: pa.Table, qs: Sequence[float], qname: Any) -> pa.Table:
+    """``step, n, mean, std (population), min, p.., max`` from (step, x, c) rows sorted by
+    (step, x): the same numbers as the SQL aggregates, quantiles exact (linear)."""
+    step = hist.column("step").to_numpy()
+    x = hist.column("x").to_numpy().astype(np.float64)
+    c = hist.column("c").to_numpy().astype(np.int64)
+    if step.size == 0:
+        names = ["n", "mean", "std", "min", *[qname(q) for q in qs], "max"]
+        return pa.table(
+            {
+                "step": pa.array([], pa.int64()),
+                **{k: pa.array([], pa.int64() if k == "n" else pa.float64()) for k in names},
+            }
+        )
+    starts, n, cum, base = _segments(step, c)
+    mean = np.add.reduceat(x * c, starts) / n
+    dev = x - np.repeat(mean, np.diff(np.r_[starts, step.size]))
+    cols: dict[str, Any] = {
+        "step": pa.array(step[starts], pa.int64()),
+        "n": pa.array(n, pa.int64()),
+        "mean": mean,
+        "std": np.sqrt(np.add.reduceat(dev * dev * c, starts) / n),
+        "min": np.minimum.reduceat(x, starts),
+    }
+    for q in qs:
+        cols[qname(q)] = _segment_quantile(x, cum, base, n, q)
+    cols["max"] = np.maximum.reduceat(x, starts)
+    return pa.table(cols)
+
+
+def _segments(step: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Row starts of each step, its count, global cumulative counts and each step's base."""
+    starts = np.flatnonzero(np.r_[True, step[1:] != step[:-1]])
+    n = np.add.reduceat(c, starts)
+    cum = np.cumsum(c)  # sorted positions: row r covers [cum[r] - c[r], cum[r])
+    base = np.r_[0, cum[:-1]][starts]
+    return starts, n, cum, base
+
+
+def _segment_quantile(
+    x: np.ndarray, cum: np.ndarray, base: np.ndarray, n: np.ndarray, q: float
+) -> np.ndarray:
+    """Linear-interpolation quantile per segment (numpy's and DuckDB's quantile_cont):
+    h = (n - 1) q, x[floor h] + (h - floor h)(x[floor h + 1] - x[floor h])."""
+    h = (n - 1) * q
+    lo = np.floor(h)
+    at_lo = np.searchsorted(cum, base + lo.astype(np.int64), side="right")
+    at_hi = np.searchsorted(cum, base + np.minimum(lo + 1, n - 1).astype(np.int64), "right")
+    return x[at_lo] + (h - lo) * (x[at_hi] - x[at_lo])

@@ -732,3 +732,30 @@ def test_golden_v1_store_reads_as_recorded(tmp_path):
         )
         assert nulls == expected["format_nulls_before_step_2"]
         assert run.describe()["group_rows"] == expected["groups"]
+
+
+def test_reward_curve_in_memory_histogram_path_matches_numpy(tmp_path):
+    # Discrete rewards (0/1) and a discrete U take the histogram path once materialized.
+    w = write_store(tmp_path / "s", steps=range(5), ranks=2, prompts=6, seed=9)
+    with RunAnalytics(w.root, materialize=True) as run:
+        flat = run.flat(["total_util", "reward_accuracy"], kind="train")
+        assert "reward_accuracy" in run._discrete_sources(["reward_accuracy"], flat)
+        curve = {(r["step"], r["reward"]): r for r in run.reward_curve().to_pylist()}
+    for step, groups in w.by_step().items():
+        for name, values in [
+            ("accuracy", np.concatenate([g.rewards["accuracy"] for g in groups])),
+            ("total_utils", np.concatenate([g.utils for g in groups])),
+        ]:
+            r = curve[(step, name)]
+            assert r["n"] == values.size
+            assert r["mean"] == pytest.approx(values.mean(), rel=1e-12)
+            assert r["std"] == pytest.approx(values.std(), rel=1e-9, abs=1e-12)
+            assert (r["min"], r["max"]) == (values.min(), values.max())
+            for q, col in [
+                (0.05, "p05"),
+                (0.25, "p25"),
+                (0.5, "p50"),
+                (0.75, "p75"),
+                (0.95, "p95"),
+            ]:
+                assert r[col] == pytest.approx(np.quantile(values, q), rel=1e-12, abs=1e-12)
