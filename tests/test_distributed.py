@@ -358,3 +358,17 @@ def test_read_store_over_s3(ray_cluster, tmp_path: Path, monkeypatch) -> None:
         assert torch.equal(batch["input_ids"], GroupCollator()(local.read())["input_ids"])
     finally:
         server.stop()
+
+
+@pytest.mark.slow
+def test_benchmark_quick_run() -> None:
+    pytest.importorskip("ray")
+    import subprocess
+
+    script = Path(__file__).parents[1] / "benchmarks" / "bench_distributed.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--quick"], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    for label in ("ours", "baseline", "iteration floor", "memcpy of tokens", "target ours"):
+        assert label in done.stdout
