@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import torch
 
@@ -115,6 +116,8 @@ def _read_blocks(
     schema: pa.Schema,
     crc: bool,
     with_unit: bool,
+    row_filter: pc.Expression | None,
+    keep: list[str],
 ) -> Iterator[pa.Table]:
     """Runs in a Ray worker: one Arrow block per unit, in the store's unified schema."""
     for read in reads:
@@ -122,17 +125,20 @@ def _read_blocks(
         for name, start, count in read.units:
             part = table if (start, count) == (0, table.num_rows) else table.slice(start, count)
             part = conform(part, schema)
+            if row_filter is not None:
+                part = part.filter(row_filter).select(keep)
             if with_unit:
-                part = part.append_column(UNIT_COLUMN, pa.array([name] * count, pa.string()))
+                unit = pa.array([name] * part.num_rows, pa.string())
+                part = part.append_column(UNIT_COLUMN, unit)
             yield part
 
 
-def _datasource(reads, filesystem, schema, crc, with_unit):
+def _datasource(reads, filesystem, schema, crc, with_unit, row_filter, keep):
     _ray()
     from ray.data.block import BlockMetadata
     from ray.data.datasource import Datasource, ReadTask
 
-    out_schema = schema
+    out_schema = schema if row_filter is None else pa.schema([schema.field(c) for c in keep])
     if with_unit:
         out_schema = schema.append(pa.field(UNIT_COLUMN, pa.string()))
 
@@ -155,14 +161,16 @@ def _datasource(reads, filesystem, schema, crc, with_unit):
                 if not chunk:
                     continue
                 meta = BlockMetadata(
-                    num_rows=sum(r.num_rows for r in chunk),
+                    num_rows=None if row_filter is not None else sum(r.num_rows for r in chunk),
                     size_bytes=sum(r.size or 0 for r in chunk) or None,
                     input_files=[r.path for r in chunk],
                     exec_stats=None,
                 )
                 tasks.append(
                     ReadTask(
-                        lambda chunk=chunk: _read_blocks(chunk, filesystem, schema, crc, with_unit),
+                        lambda chunk=chunk: _read_blocks(
+                            chunk, filesystem, schema, crc, with_unit, row_filter, keep
+                        ),
                         meta,
                         schema=out_schema,
                     )
@@ -177,6 +185,7 @@ def read_store(
     *,
     steps: Iterable[int] | int | None = None,
     columns: list[str] | None = None,
+    filter: pc.Expression | None = None,
     kind: str | None = None,
     ranks: Iterable[int] | None = None,
     filesystem: pafs.FileSystem | None = None,
@@ -196,6 +205,10 @@ def read_store(
         nothing else is opened.
     columns:
         Group columns to read (projection at the Parquet reader); default all.
+    filter:
+        A ``pyarrow.compute`` expression over the flat columns (``step``, ``rank``,
+        ``group_index``, ``prompt``, ...) or any column in ``columns``, applied in the read
+        tasks (as :meth:`RolloutStore.read`'s ``filter``).
     check_crc:
         Check each group file's CRC-32 recorded at commit (one more pass over its bytes).
     include_unit:
@@ -217,15 +230,23 @@ def read_store(
             raise SchemaError(
                 f"read_store: unknown column(s) {unknown}; the store has {unified.names}"
             )
-        unified = pa.schema([unified.field(c) for c in columns], metadata=unified.metadata)
+    keep = unified.names if columns is None else list(columns)
+    needed = keep
+    if filter is not None:
+        # The filter may use the flat columns: read them too (token columns only when asked).
+        flat = [
+            f.name for f in unified if not (pa.types.is_list(f.type) or pa.types.is_struct(f.type))
+        ]
+        needed = list(dict.fromkeys(keep + flat))
+    unified = pa.schema([unified.field(c) for c in needed], metadata=unified.metadata)
     reads = _plan(store, steps=steps, kind=kind, ranks=ranks)
     if not reads:
-        empty = unified.empty_table()
+        empty = unified.empty_table().select(keep)
         if include_unit:
             empty = empty.append_column(UNIT_COLUMN, pa.array([], pa.string()))
         return ray.data.from_arrow(empty)
     fs, _ = _store_files(store)
-    source = _datasource(reads, fs, unified, bool(check_crc), bool(include_unit))
+    source = _datasource(reads, fs, unified, bool(check_crc), bool(include_unit), filter, keep)
     return ray.data.read_datasource(source, override_num_blocks=override_num_blocks)
 
 

@@ -156,6 +156,17 @@ def test_collator_refuses_partly_null_column(store_root: Path) -> None:
         GroupCollator(mode="ragged")
 
 
+def test_missing_ray_extra_names_the_install(monkeypatch) -> None:
+    from maxent_arrow import distributed
+    from maxent_arrow.errors import MissingExtraError
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if ray were not installed
+    with pytest.raises(MissingExtraError, match=r"pip install 'maxent-arrow\[ray\]'"):
+        distributed.read_store("anywhere")
+    with pytest.raises(MissingExtraError, match="ray"):
+        distributed.ray_collate_fn()
+
+
 # ---------------------------------------------------------------------------- read_store
 @pytest.mark.slow
 def test_read_store_equals_store_read(ray_cluster, store_root: Path) -> None:
@@ -175,6 +186,10 @@ def test_read_store_equals_store_read(ray_cluster, store_root: Path) -> None:
         store.read(steps=[1, 3], columns=["step", "rank", "q"], kind="train")
     )
     assert read_store(store_root, kind="eval").count() == 2
+    where = (pc.field("group_index") >= 1) & (pc.field("rank") == 1)
+    filtered = _collect(ray_cluster, read_store(store_root, columns=["step", "q"], filter=where))
+    assert filtered.num_rows > 0
+    assert filtered.equals(store.read(columns=["step", "q"], filter=where))
 
 
 @pytest.mark.slow
