@@ -64,6 +64,7 @@ _SCORE_ALIASES = {
     "policy_entropy_sum": "policy_entropy_sum",
 }
 _GROUP_KEY = "step, rank, kind, group_index"
+_MENTIONS_STEPS = re.compile(r"\bsteps\b", re.IGNORECASE)
 _MATERIALIZED = ("total_util", "advantage", "q", "weight", "length")
 
 
@@ -141,13 +142,26 @@ class RunAnalytics(ReadyMadeQueries):
         groups = ViewBuilder(
             self.con, "groups", self.group_files, group_schemas, self.group_schema
         ).source(with_kind=True)
-        self._load_steps()
+        # Step rows are read on first use (one read of every step file: the costly part of
+        # opening a run of many small files, and not needed by most queries).
+        self._steps_loaded = False
         self.con.execute(f"CREATE OR REPLACE VIEW groups AS SELECT * FROM {groups}")
-        self.con.execute("CREATE OR REPLACE VIEW steps AS SELECT * FROM _step_rows")
         self.con.execute(f"CREATE OR REPLACE VIEW samples AS {self._samples_sql()}")
         if self.materialized:
             self.materialized = False
             self.materialize()
+
+    @property
+    def step_schema(self) -> pa.Schema:
+        """The step table's schema (as DuckDB reads it; loads the step rows)."""
+        self._ensure_steps()
+        return self._step_schema
+
+    def _ensure_steps(self) -> None:
+        if not self._steps_loaded:
+            self._load_steps()
+            self.con.execute("CREATE OR REPLACE VIEW steps AS SELECT * FROM _step_rows")
+            self._steps_loaded = True
 
     def _load_steps(self) -> None:
         """Read every step row into memory once (they are small, one per file, and each query
@@ -164,7 +178,7 @@ class RunAnalytics(ReadyMadeQueries):
             self.con.execute(f"CREATE OR REPLACE TABLE _step_rows AS SELECT * FROM {source}")
         except _duckdb().Error as exc:
             raise StoreError(f"{self.root}/steps: cannot read the step files ({exc})") from None
-        self.step_schema = self.con.sql("SELECT * FROM _step_rows LIMIT 0").to_arrow_table().schema
+        self._step_schema = self.con.sql("SELECT * FROM _step_rows LIMIT 0").to_arrow_table().schema
 
     def _samples_sql(self) -> str:
         cols = self._group_columns
@@ -233,6 +247,8 @@ class RunAnalytics(ReadyMadeQueries):
     def sql(self, query: str, params: Sequence[Any] | dict[str, Any] | None = None) -> pa.Table:
         """Run ``query`` (any DuckDB SQL over the views) and return the result as Arrow."""
         duckdb = _duckdb()
+        if _MENTIONS_STEPS.search(query):
+            self._ensure_steps()
         try:
             relation = self.con.sql(query, params=params)
             if relation is None:  # a statement without a result (CREATE, SET, ...)
@@ -243,6 +259,8 @@ class RunAnalytics(ReadyMadeQueries):
 
     def explain(self, query: str) -> str:
         """DuckDB's physical plan of ``query`` (shows which columns each scan reads)."""
+        if _MENTIONS_STEPS.search(query):
+            self._ensure_steps()
         return "\n".join(row[1] for row in self.con.execute(f"EXPLAIN {query}").fetchall())
 
     def close(self) -> None:

@@ -759,3 +759,12 @@ def test_reward_curve_in_memory_histogram_path_matches_numpy(tmp_path):
                 (0.95, "p95"),
             ]:
                 assert r[col] == pytest.approx(np.quantile(values, q), rel=1e-12, abs=1e-12)
+
+
+def test_step_rows_are_read_only_when_a_query_needs_them(store):
+    with RunAnalytics(store.root) as run:
+        run.reward_curve()
+        run.sql("SELECT count(*) FROM samples")
+        assert not run._steps_loaded  # opening and group queries leave the step files alone
+        rows = run.sql("SELECT count(*) AS n FROM steps").column("n")[0].as_py()
+        assert run._steps_loaded and rows == len(store.step_rows)
