@@ -67,7 +67,10 @@ def make_data(n: int, k: int | None, seed: int = 0):
     return offsets, acc, fmt, rho
 
 
-def ours(offsets, acc, fmt, rho, device="cpu"):
+def ours(offsets, acc, fmt, rho, device="cpu", *, reuse: bool = False):
+    """The pipeline over a fresh batch each run; with ``reuse``, advantages, q and weights are
+    written into ``out=`` buffers kept across runs (as a training loop can), so those results
+    take no fresh pages."""
     if device == "cpu":
 
         def inputs():  # fresh zero-copy tensors: a new batch, no state from the last run
@@ -78,13 +81,17 @@ def ours(offsets, acc, fmt, rho, device="cpu"):
         def inputs():  # fresh tensor objects over the device copies
             return tuple(x.view(x.shape) for x in moved)
 
+    buffers = [None] * 3
+    if reuse:
+        buffers = [torch.empty(acc.size, dtype=torch.float64, device=device) for _ in range(3)]
+
     def run():
         off, acc_t, f, r = inputs()
         a = Ragged(acc_t, off, validate=False)
         utils = C.total_utils({"acc": a, "fmt": f}, [1.0, 0.2])
-        adv = C.group_advantages(utils)
-        q = C.q_distribution(utils, temperature=T_Q, epsilon=EPS)
-        w = C.maxent_weights(q, r, tau=TAU, beta=BETA)
+        adv = C.group_advantages(utils, out=buffers[0])
+        q = C.q_distribution(utils, temperature=T_Q, epsilon=EPS, out=buffers[1])
+        w = C.maxent_weights(q, r, tau=TAU, beta=BETA, out=buffers[2])
         moments = C.reward_moments(utils)
         return adv, q, w, moments
 
@@ -198,6 +205,19 @@ def _numpy_ragged_math(offsets, acc, fmt, rho):
     return run
 
 
+def page_faults(fn, reps: int) -> float | None:
+    """Average minor page faults per run (None where ``resource`` is unavailable)."""
+    try:
+        import resource
+    except ImportError:  # not on this platform
+        return None
+    fn()
+    start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(reps):
+        fn()
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - start) / reps
+
+
 def best_of(fn, reps: int, sync=None, *, cpu: bool = True) -> float:
     """Best of ``reps`` runs after one warm-up, in seconds: thread CPU time when ``cpu`` (and no
     device sync), else wall time."""
@@ -233,6 +253,8 @@ def run_case(name: str, n: int, k: int | None, reps: int, loop_groups: int, *, c
     groups, total = offsets.size - 1, int(offsets[-1])
     pick = 0 if cpu else 1
     t_ours = best_times(ours(offsets, acc, fmt, rho), reps)
+    faults = page_faults(ours(offsets, acc, fmt, rho), reps)
+    t_reuse = best_times(ours(offsets, acc, fmt, rho, reuse=True), reps)
     stages = {
         stage: best_times(fn, reps)[pick]
         for stage, fn in ours_stages(offsets, acc, fmt, rho).items()
@@ -250,6 +272,9 @@ def run_case(name: str, n: int, k: int | None, reps: int, loop_groups: int, *, c
         "groups": groups,
         "ours_ms": t_ours[pick] * 1e3,
         "ours_wall_ms": t_ours[1] * 1e3,
+        "faults": faults,
+        "reuse_ms": t_reuse[pick] * 1e3,
+        "reuse_wall_ms": t_reuse[1] * 1e3,
         "stages_ms": {stage: t * 1e3 for stage, t in stages.items()},
         "loop_ms": t_loop[pick] * 1e3,
         "loop_wall_ms": t_loop[1] * 1e3,
@@ -285,8 +310,19 @@ def print_case(row: dict, clock: str) -> tuple[bool, bool]:
         f"{row['bytes'] / 2**20:.1f} MiB of input; {clock}"
     )
     line("ours", "ours_ms", "(fresh batch tensors every run)")
+    if row["faults"] is not None:
+        print(
+            f"    {row['faults']:,.0f} minor page faults per run on average (fresh result pages "
+            "the kernel zeroes; how many varies run to run with the C heap's state)"
+        )
     for stage, ms in row["stages_ms"].items():
         print(f"    {stage:<19}{ms:8.2f} ms")
+    line(
+        "ours, out= reused",
+        "reuse_ms",
+        f"(context: advantages, q, weights into buffers kept across runs, "
+        f"{row['reuse_ms'] / row['floor_ms']:.1f}x the floor)",
+    )
     line("baseline loop", "loop_ms", f"({row['loop_note']})")
     line("floor (numpy)", "floor_ms", "(one copy of every input array)")
     line(

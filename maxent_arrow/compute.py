@@ -199,6 +199,40 @@ def _check_scalar(value: Any, where: str, *, low: float, strict: bool) -> float:
     return number
 
 
+def _check_out(
+    out: Any,
+    *,
+    like: torch.Tensor,
+    n: int,
+    where: str,
+    inputs: Sequence[tuple[str, torch.Tensor | None]],
+) -> torch.Tensor | None:
+    """Validate a caller's result buffer: ``[n]``, contiguous, ``like``'s dtype and device, no
+    autograd, and no memory shared with any input (results are written before every input
+    is read for the last time)."""
+    if out is None:
+        return None
+    if not isinstance(out, torch.Tensor):
+        raise SchemaError(f"{where}: out: expected a tensor, got {type(out).__name__}")
+    if (
+        out.shape != (n,)
+        or out.dtype != like.dtype
+        or out.device != like.device
+        or not out.is_contiguous()
+    ):
+        raise ComputeError(
+            f"{where}: out: expected a contiguous {like.dtype} tensor of shape ({n},) on "
+            f"{like.device}, got {out.dtype} {tuple(out.shape)} on {out.device}"
+        )
+    if out.requires_grad:
+        raise ComputeError(f"{where}: out: must not require grad")
+    mine = out.untyped_storage().data_ptr()
+    for name, tensor in inputs:
+        if tensor is not None and tensor.untyped_storage().data_ptr() == mine:
+            raise ComputeError(f"{where}: out: shares memory with {name}; pass a separate buffer")
+    return out
+
+
 # ---------------------------------------------------------------------------- §3.1 utilities
 def total_utils(
     per_reward_values: Mapping[str, Any] | torch.Tensor,
@@ -316,18 +350,30 @@ def _reward_weights(weights: Any, names: list[str], where: str) -> list[float]:
 
 
 # ---------------------------------------------------------------------------- §3.2 advantages
-def group_advantages(utils: Any, *, scale_rewards: bool = True, eps: float = 1e-4) -> Ragged:
+def group_advantages(
+    utils: Any,
+    *,
+    scale_rewards: bool = True,
+    eps: float = 1e-4,
+    out: torch.Tensor | None = None,
+) -> Ragged:
     """Group-normalised advantages ``A_i = (U_i - μ_g) / (σ_g + eps)`` (§3.2).
 
     ``σ_g`` is the unbiased group std (divide by ``K - 1``), defined as 0 for ``K = 1``, so a
     single-completion group and a constant group get ``A = 0``. With ``scale_rewards=False``
     (Dr.GRPO) ``A_i = U_i - μ_g``. The baseline is the plain group mean (no leave-one-out).
+
+    ``out``: an optional ``[N]`` buffer (working dtype, contiguous, sharing no memory with
+    ``utils``) that receives the advantages, e.g. one reused across training steps so the
+    step allocates no fresh ``[N]`` pages (on CPU, the kernel zeroing fresh pages costs about
+    as much as a pass over them).
     """
     where = "group_advantages: utils"
     ragged, seg, u = _grouped(utils, where)
     eps = _check_scalar(eps, "group_advantages: eps", low=0.0, strict=False)
+    out = _check_out(out, like=u, n=seg.num_values, where="group_advantages", inputs=[("utils", u)])
     check_finite(u, seg, where)
-    centred = seg.apply(torch.sub, u, seg.mean(u))
+    centred = seg.apply(torch.sub, u, seg.mean(u), out=out)
     if not scale_rewards:
         return Ragged(centred, ragged.offsets, validate=False)
     k = seg.float_lengths(u.dtype)
@@ -355,27 +401,35 @@ def apply_group_scales(advantages: Any, scales: Any) -> Ragged:
 
 
 # ---------------------------------------------------------------------------- §3.4 q
-def q_distribution(utils: Any, *, temperature: float = 1.0, epsilon: float = 1e-6) -> Ragged:
+def q_distribution(
+    utils: Any,
+    *,
+    temperature: float = 1.0,
+    epsilon: float = 1e-6,
+    out: torch.Tensor | None = None,
+) -> Ragged:
     """Listwise target ``q = renorm(softmax_g(U / T_q) (1 - K ε) + ε)`` (§3.4).
 
     The softmax is max-subtracted per group, so any finite utilities at any temperature give
     finite q. ``temperature`` is floored at 1e-8 (0 means a hard argmax mixed with ε); a
     negative one is refused. When ``K ε >= 1`` the group's ε is clamped to ``1/K - 1e-8`` (the
     [F] guard; without it q would go negative). Each group sums to 1 and every q >= ε_g.
+    ``out`` is an optional result buffer, as for :func:`group_advantages`.
     """
     where = "q_distribution: utils"
     ragged, seg, u = _grouped(utils, where)
     t = _check_scalar(temperature, "q_distribution: temperature", low=0.0, strict=False)
     epsilon = _check_scalar(epsilon, "q_distribution: epsilon", low=0.0, strict=False)
+    out = _check_out(out, like=u, n=seg.num_values, where="q_distribution", inputs=[("utils", u)])
     low, high = finite_range(u, seg, where)
     t = max(t, _MIN_TEMPERATURE)
     # Division is monotone, so max(u / t) is high / t exactly (the same IEEE division).
     bottom, top = low / t, high / t
     mode = shift_mode(bottom, top, u.dtype)
     if mode == "none":
-        z = torch.mul(u, LOG2E / t)
+        z = torch.mul(u, LOG2E / t, out=out)
     else:
-        z = u / t  # as the reference: its rounding is what the shift keeps
+        z = torch.div(u, t, out=out)  # as the reference: its rounding is what the shift keeps
         shift_(z, seg, mode, top)
         z.mul_(LOG2E)
     e = z.exp2_()
@@ -402,6 +456,7 @@ def maxent_weights(
     token_counts: Any = None,
     length_normalize: bool = False,
     length_reweight: bool = False,
+    out: torch.Tensor | None = None,
 ) -> Ragged:
     """MaxEnt weights ``w = softmax_g((ln max(q, 1e-12) + β ρ) / D)`` (§3.6).
 
@@ -426,6 +481,9 @@ def maxent_weights(
         Divide ``ref_logp`` (then a sum) by ``max(T_i, 1)`` to get the per-token mean.
     length_reweight:
         The [C] post-softmax reweighting used with sum references: ``w ∝ w · max(T_i, 1)``.
+    out:
+        An optional result buffer, as for :func:`group_advantages` (sharing no memory with
+        ``q``, ``ref_logp`` or ``token_counts``).
     """
     where = "maxent_weights"
     ragged, seg, qv = _grouped(q, f"{where}: q")
@@ -437,25 +495,25 @@ def maxent_weights(
     rho = as_sample_vector(
         ref_logp, n=n, where=f"{where}: ref_logp", device=device, segments=seg
     ).to(qv.dtype)
+    given = [("q", qv), ("ref_logp", rho)]
     counts = None
     if length_normalize or length_reweight:
         if token_counts is None:
             raise ComputeError(f"{where}: token_counts: required by length_normalize/reweight")
-        counts = (
-            as_sample_vector(
-                token_counts, n=n, where=f"{where}: token_counts", device=device, segments=seg
-            )
-            .to(qv.dtype)
-            .clamp(min=1.0)
+        raw_counts = as_sample_vector(
+            token_counts, n=n, where=f"{where}: token_counts", device=device, segments=seg
         )
+        given.append(("token_counts", raw_counts))
+        counts = raw_counts.to(qv.dtype).clamp(min=1.0)
         if length_normalize:
             rho = rho / counts
+    out = _check_out(out, like=qv, n=n, where=where, inputs=given)
     q_low, q_high = finite_range(qv, seg, f"{where}: q")
     r_low, r_high = finite_range(rho, seg, f"{where}: ref_logp")
     d = tau + beta if denominator == "tau+beta" else tau
     # The logits in base 2: (log2 max(q, 1e-12) + β log2(e) ρ) / D, for exp2 below. The clamp
     # pass runs only when some q is below the floor.
-    logits = torch.log2(qv.clamp(min=_MIN_Q) if q_low < _MIN_Q else qv)
+    logits = torch.log2(qv.clamp(min=_MIN_Q) if q_low < _MIN_Q else qv, out=out)
     if beta != 0.0:
         logits.add_(rho, alpha=beta * LOG2E)
     logits.mul_(1.0 / d)

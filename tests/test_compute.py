@@ -14,7 +14,7 @@ import statistics
 import pytest
 import torch
 
-from maxent_arrow import ComputeError, LayoutError, Ragged
+from maxent_arrow import ComputeError, LayoutError, Ragged, SchemaError
 from maxent_arrow import compute as C
 from maxent_arrow.segments import shift_mode
 
@@ -744,3 +744,63 @@ def test_reward_moments_and_finite_range_name_the_bad_value():
         ComputeError, match=r"q_distribution: utils: expected finite values, got -inf"
     ):
         C.q_distribution(ragged([[0.0, -math.inf]]))
+
+
+@pytest.mark.parametrize("uniform", [True, False])
+def test_out_buffers_receive_the_same_results(uniform):
+    groups = uniform_groups(5, k=8) if uniform else random_groups(5)
+    r = ragged(groups)
+    n = r.num_values
+    rho = torch.linspace(-3.0, -0.2, n, dtype=torch.float64)
+    q = C.q_distribution(r, temperature=0.8)
+    calls = [
+        lambda out: C.group_advantages(r, out=out),
+        lambda out: C.group_advantages(r, scale_rewards=False, out=out),
+        lambda out: C.q_distribution(r, temperature=0.8, out=out),
+        lambda out: C.q_distribution(r, temperature=1e-3, epsilon=0.0, out=out),  # a shift
+        lambda out: C.maxent_weights(q, rho, tau=0.3, beta=0.4, out=out),
+        lambda out: C.maxent_weights(
+            q,
+            rho,
+            tau=0.3,
+            beta=0.4,
+            token_counts=torch.arange(n) % 5,
+            length_reweight=True,
+            out=out,
+        ),
+    ]
+    for call in calls:
+        buffer = torch.full((n,), math.nan, dtype=torch.float64)
+        got = call(buffer)
+        assert got.values.data_ptr() == buffer.data_ptr()
+        assert torch.equal(got.values, call(None).values)
+        assert got.offsets.tolist() == r.offsets.tolist()
+
+
+def test_out_buffers_are_checked():
+    r = ragged([[0.0, 1.0], [2.0]])
+    q = C.q_distribution(r)
+    rho = torch.zeros(3, dtype=torch.float64)
+    with pytest.raises(
+        ComputeError,
+        match=r"group_advantages: out: expected a contiguous torch.float64 tensor of shape "
+        r"\(3,\) on cpu, got torch.float32 \(3,\) on cpu",
+    ):
+        C.group_advantages(r, out=torch.zeros(3))
+    with pytest.raises(ComputeError, match=r"q_distribution: out: expected a contiguous"):
+        C.q_distribution(r, out=torch.zeros(4, dtype=torch.float64))
+    with pytest.raises(ComputeError, match=r"q_distribution: out: expected a contiguous"):
+        C.q_distribution(r, out=torch.zeros(6, dtype=torch.float64)[::2])
+    with pytest.raises(ComputeError, match=r"group_advantages: out: shares memory with utils"):
+        C.group_advantages(r, out=r.values)
+    with pytest.raises(ComputeError, match=r"maxent_weights: out: shares memory with ref_logp"):
+        C.maxent_weights(q, rho, tau=1.0, beta=0.1, out=rho)
+    with pytest.raises(ComputeError, match=r"maxent_weights: out: shares memory with q"):
+        C.maxent_weights(q, rho, tau=1.0, beta=0.1, out=q.values)
+    with pytest.raises(ComputeError, match=r"maxent_weights: out: must not require grad"):
+        C.maxent_weights(
+            q, rho, tau=1.0, beta=0.1, out=torch.zeros(3, dtype=torch.float64, requires_grad=True)
+        )
+    with pytest.raises(SchemaError, match=r"q_distribution: out: expected a tensor, got list"):
+        C.q_distribution(r, out=[0.0, 0.0, 0.0])
+    assert rho.tolist() == [0.0, 0.0, 0.0] and r.values.tolist() == [0.0, 1.0, 2.0]
