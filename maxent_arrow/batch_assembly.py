@@ -1,4 +1,5 @@
-"""``RolloutBatch.from_parts``: one step's seed objects to a group batch and a step row.
+"""``RolloutBatch.from_parts`` (one step's seed objects to a group batch and a step row) and the
+layout checks of ``RolloutBatch(groups, step_row)``.
 
 Per-sample ``[N]`` columns of the seed classes (``to_arrow()`` layouts of
 :mod:`maxent_arrow.types.records`, named like the group table on purpose) are regrouped by the
@@ -17,11 +18,16 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from maxent_arrow import schema as S
 from maxent_arrow.batch import (
+    _GROUP_TYPES,
+    _STEP_TYPES,
     BATCH_META_KEY,
     KINDS_PATTERN,
+    _cast,
+    _combined,
     _int_arg,
     _json_config,
     _offsets,
@@ -33,7 +39,7 @@ from maxent_arrow.types import rewards as R
 from maxent_arrow.types.columns import dtype_name
 from maxent_arrow.views import GroupedSequence
 
-__all__ = ["assemble"]
+__all__ = ["assemble", "normalise"]
 
 _IDS_TYPE = dict((f.name, f.type) for f in S.GROUP_FIELDS)["completion_ids"]
 
@@ -360,3 +366,118 @@ def assemble(
         {f.name: [step_values.get(f.name)] for f in step_schema}, schema=step_schema
     )
     return cls(groups, step_row)
+
+
+# ---------------------------------------------------------------------------- layout checks
+def normalise(groups: pa.RecordBatch, step_row: pa.RecordBatch):
+    """Check the layout and cast known columns to their v1 types (one pass over offsets)."""
+    names = groups.schema.names
+    for name in S.GROUP_REQUIRED:
+        if name not in names:
+            raise SchemaError(f"RolloutBatch.groups: missing required column {name!r}")
+    if step_row.num_rows != 1:
+        raise LayoutError(f"RolloutBatch.step_row: expected one row, got {step_row.num_rows}")
+    for name in S.STEP_REQUIRED:
+        if name not in step_row.schema.names:
+            raise SchemaError(f"RolloutBatch.step_row: missing required column {name!r}")
+    # Casts change nothing when types already match; they make a nullable-item list produced
+    # by pyarrow defaults match the schema's non-nullable items, so files unify.
+    arrays, fields = [], []
+    for field in groups.schema:
+        array = _combined(groups.column(field.name))
+        target = _GROUP_TYPES.get(field.name)
+        if field.name == "rewards":
+            target = _rewards_target(array)
+        if target is not None:
+            array = _cast(field.name, array, target)
+        arrays.append(array)
+        fields.append(pa.field(field.name, array.type, nullable=field.name not in S.GROUP_REQUIRED))
+    groups = pa.RecordBatch.from_arrays(
+        arrays, schema=pa.schema(fields, metadata=groups.schema.metadata)
+    )
+    row_arrays, row_fields = [], []
+    for field in step_row.schema:
+        array = _combined(step_row.column(field.name))
+        target = _STEP_TYPES.get(field.name)
+        if target is not None:
+            array = _cast(field.name, array, target)
+        row_arrays.append(array)
+        row_fields.append(
+            pa.field(field.name, array.type, nullable=field.name not in S.STEP_REQUIRED)
+        )
+    step_row = pa.RecordBatch.from_arrays(
+        row_arrays, schema=pa.schema(row_fields, metadata=step_row.schema.metadata)
+    )
+    _check_groups(groups, step_row)
+    return groups, step_row
+
+
+def _rewards_target(array: pa.Array) -> pa.DataType:
+    if not pa.types.is_struct(array.type):
+        raise SchemaError(
+            f"RolloutBatch column 'rewards': expected struct<list<double>>, got {array.type}"
+        )
+    return S.rewards_type([f.name for f in array.type])
+
+
+def _check_groups(groups: pa.RecordBatch, step_row: pa.RecordBatch) -> None:
+    row = {n: step_row.column(n)[0].as_py() for n in S.STEP_REQUIRED}
+    p = groups.num_rows
+    for name in ("step", "rank"):
+        column = groups.column(name)
+        if column.null_count or (p and not pc.all(pc.equal(column, row[name])).as_py()):
+            bad = int(np.flatnonzero(column.to_numpy(zero_copy_only=False) != row[name])[0])
+            raise LayoutError(
+                f"RolloutBatch.groups column {name!r}: expected {row[name]} (the step row's) "
+                f"in every group, got {column[bad].as_py()} at group {bad}"
+            )
+    if row["num_groups"] != p:
+        raise LayoutError(
+            f"RolloutBatch.step_row.num_groups: expected {p} (rows of groups), got "
+            f"{row['num_groups']}"
+        )
+    completions = groups.column("completions")
+    if completions.null_count:
+        raise LayoutError("RolloutBatch.groups column 'completions': a group is null")
+    offsets = _offsets(completions)
+    n = int(offsets[-1]) if len(offsets) else 0
+    if row["num_samples"] != n:
+        raise LayoutError(
+            f"RolloutBatch.step_row.num_samples: expected {n} (completions in all groups), "
+            f"got {row['num_samples']}"
+        )
+    sizes = np.diff(offsets)
+    for name in S.PER_COMPLETION_COLUMNS:
+        if name == "completions" or name not in groups.schema.names:
+            continue
+        _check_grouped(name, groups.column(name), sizes)
+    if "rewards" in groups.schema.names:
+        rewards = groups.column("rewards")
+        for i, field in enumerate(rewards.type):
+            _check_grouped(f"rewards.{field.name}", rewards.field(i), sizes)
+    for name in S.PER_TOKEN_COLUMNS:
+        if name in groups.schema.names:
+            inner = groups.column(name).flatten()
+            if inner.null_count:
+                raise LayoutError(
+                    f"RolloutBatch column {name!r}: a completion's token list is null"
+                )
+            if inner.flatten().null_count:
+                raise LayoutError(f"RolloutBatch column {name!r}: a null inside a token list")
+
+
+def _check_grouped(name: str, column: pa.Array, sizes: np.ndarray) -> None:
+    if column.null_count == len(column):
+        return  # an optional column absent for the whole batch
+    if column.null_count:
+        bad = int(np.flatnonzero(~column.is_valid().to_numpy(zero_copy_only=False))[0])
+        raise LayoutError(f"RolloutBatch column {name!r}: group {bad} is null")
+    got = np.diff(_offsets(column))
+    if not np.array_equal(got, sizes):
+        g = int(np.flatnonzero(got != sizes)[0])
+        raise LayoutError(
+            f"RolloutBatch column {name!r}: expected {sizes[g]} values at group {g} (as "
+            f"completions), got {got[g]}"
+        )
+    if not pa.types.is_list(column.type.value_type) and column.flatten().null_count:
+        raise LayoutError(f"RolloutBatch column {name!r}: a null inside a group")

@@ -175,6 +175,8 @@ def _iterate(
         batch = RolloutBatch(part, step_row, validate=False)
         batch.cursor = {"position": index + 1, "fingerprint": fingerprint}
         yield batch
+        # Hold no reference to this step while the next one loads (peak memory: one step).
+        del batch, part, groups
 
 
 def _load(store: RolloutStore, unit: _Unit, columns: list[str] | None, source: str):

@@ -28,7 +28,7 @@ import json
 import os
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -38,18 +38,18 @@ import pyarrow.parquet as pq
 
 from maxent_arrow import schema as S
 from maxent_arrow.batch import BATCH_META_KEY, STEP_META_KEY, RolloutBatch, step_row_to_json
-from maxent_arrow.errors import SchemaError, SchemaVersionError, StoreError
+from maxent_arrow.errors import SchemaError, StoreError
+from maxent_arrow.store_admin import StoreProblem, VerifyReport
 from maxent_arrow.store_files import (
     COMPACT_RE,
-    SEAL_KEY,
-    SEAL_PLACEHOLDER,
     UNIT_RE,
+    check_root,
     check_seal,
     cleanup_temp,
     crc32_of,
     fsync_dir,
     os_error,
-    seal,
+    parquet_bytes,
     store_lock,
     unit_name,
     write_atomic,
@@ -61,7 +61,6 @@ FORMAT_NAME = "maxent-arrow-rollouts"
 STORE_META_KEY = b"maxent_arrow.store"
 CONFIG_META_KEY = b"maxent_arrow.config"
 OnError = Literal["raise", "skip"]
-_ROW_GROUP = 256
 
 
 @dataclass(frozen=True)
@@ -82,55 +81,9 @@ class _Unit:
         return unit_name(self.step, self.rank, self.kind)
 
 
-@dataclass(frozen=True)
-class StoreProblem:
-    path: Path
-    problem: str
-
-    def __str__(self) -> str:
-        return f"{self.path}: {self.problem}"
-
-
-@dataclass
-class VerifyReport:
-    """What :meth:`RolloutStore.verify` found: ``problems`` (damage) and ``notes`` (harmless
-    leftovers such as uncommitted group files of a crashed append)."""
-
-    checked: int = 0
-    problems: list[StoreProblem] = field(default_factory=list)
-    notes: list[StoreProblem] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-    def __bool__(self) -> bool:
-        return self.ok
-
-    def __str__(self) -> str:
-        lines = [f"{self.checked} files checked, {len(self.problems)} problems"]
-        lines += [f"  PROBLEM {p}" for p in self.problems]
-        lines += [f"  note {p}" for p in self.notes]
-        return "\n".join(lines)
-
-
 def _json_meta(schema: pa.Schema, key: bytes) -> dict[str, Any]:
     raw = (schema.metadata or {}).get(key)
     return json.loads(raw) if raw else {}
-
-
-def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
-    """``table`` with exactly ``schema``'s columns: cast where types widened (new struct
-    fields), nulls where a column is missing (a file written before the column existed)."""
-    arrays = []
-    for f in schema:
-        if f.name in table.column_names:
-            column = table.column(f.name)
-            arrays.append(column if column.type == f.type else column.cast(f.type))
-        else:
-            arrays.append(pa.nulls(table.num_rows, f.type))
-    fields = [pa.field(f.name, f.type, nullable=True) for f in schema]
-    return pa.Table.from_arrays(arrays, schema=pa.schema(fields, metadata=schema.metadata))
 
 
 class RolloutStore:
@@ -163,7 +116,7 @@ class RolloutStore:
         on_error: OnError = "raise",
         check_crc: bool = True,
     ):
-        self.root = _check_root(root)
+        self.root = check_root(root)
         self.cache_enabled = bool(cache)
         self.on_error = _check_on_error(on_error)
         self.check_crc = bool(check_crc)
@@ -418,7 +371,7 @@ class RolloutStore:
             "group_crc32": crc32_of(groups_bytes),
         }
         step_table = pa.Table.from_batches([batch.step_row])
-        step_bytes = _parquet_bytes(
+        step_bytes = parquet_bytes(
             step_table,
             {
                 STORE_META_KEY: json.dumps(group_meta).encode(),
@@ -473,7 +426,7 @@ class RolloutStore:
             meta[BATCH_META_KEY] = raw
         names = batch.groups.schema.names
         dictionary = [n for n in ("prompt", "answer") if n in names]
-        return _parquet_bytes(
+        return parquet_bytes(
             pa.Table.from_batches([batch.groups]),
             meta,
             statistics=[n for n in ("step", "rank", "group_index") if n in names],
@@ -671,18 +624,6 @@ class RolloutStore:
 
 
 # ---------------------------------------------------------------------------- helpers
-def _check_root(root: str | os.PathLike[str]) -> Path:
-    text = os.fspath(root)
-    if not text or "\x00" in text:
-        raise StoreError(f"invalid store root {text!r}")
-    path = Path(os.path.abspath(text))
-    if path.exists() and not path.is_dir():
-        raise StoreError(f"{path}: exists and is not a directory")
-    if path == Path(path.anchor):
-        raise StoreError(f"{path}: refusing a file system root as a store")
-    return path
-
-
 def _check_on_error(value: str) -> OnError:
     if value not in ("raise", "skip"):
         raise StoreError(f"on_error must be 'raise' or 'skip', got {value!r}")
@@ -714,37 +655,3 @@ def _sort_key(name: str) -> tuple:
         return (int(match.group(1)), match.group(3), int(match.group(2)), 1)
     match = COMPACT_RE.match(name)
     return (int(match.group(1)), match.group(3), -1, 0)
-
-
-def _parquet_bytes(
-    table: pa.Table,
-    metadata: dict[bytes, bytes],
-    *,
-    statistics: list[str],
-    dictionary: list[str] | bool = False,
-    sealed: bool = False,
-) -> pa.Buffer | bytes:
-    """Parquet bytes in memory (so the CRC is of exactly what is written)."""
-    table = table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
-    sink = pa.BufferOutputStream()
-    # zstd level 1: token ids and log-probs compress little more at higher levels, which cost
-    # several times the time; dictionary encoding is off for them (DESIGN §5).
-    with pq.ParquetWriter(
-        sink,
-        table.schema,
-        compression="zstd",
-        compression_level=1,
-        use_dictionary=dictionary,
-        write_statistics=statistics,
-        write_page_checksum=True,
-        store_schema=True,
-    ) as writer:
-        writer.write_table(table, row_group_size=_ROW_GROUP)
-        if sealed:
-            writer.add_key_value_metadata({SEAL_KEY: SEAL_PLACEHOLDER})
-    if sealed:
-        return seal(sink.getvalue().to_pybytes())
-    return sink.getvalue()
-
-
-_ = SchemaVersionError  # re-raised from check_version; imported for the docs' cross-reference

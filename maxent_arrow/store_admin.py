@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,14 +27,44 @@ from maxent_arrow.store_files import (
 )
 
 if TYPE_CHECKING:
-    from maxent_arrow.store import RolloutStore, VerifyReport
+    from maxent_arrow.store import RolloutStore
 
-__all__ = ["verify", "compact"]
+__all__ = ["verify", "compact", "StoreProblem", "VerifyReport"]
+
+
+@dataclass(frozen=True)
+class StoreProblem:
+    path: Path
+    problem: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.problem}"
+
+
+@dataclass
+class VerifyReport:
+    """What :meth:`RolloutStore.verify` found: ``problems`` (damage) and ``notes`` (harmless
+    leftovers such as uncommitted group files of a crashed append)."""
+
+    checked: int = 0
+    problems: list[StoreProblem] = field(default_factory=list)
+    notes: list[StoreProblem] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    def __str__(self) -> str:
+        lines = [f"{self.checked} files checked, {len(self.problems)} problems"]
+        lines += [f"  PROBLEM {p}" for p in self.problems]
+        lines += [f"  note {p}" for p in self.notes]
+        return "\n".join(lines)
 
 
 def verify(store: RolloutStore) -> VerifyReport:
-    from maxent_arrow.store import StoreProblem, VerifyReport
-
     report = VerifyReport()
 
     def problem(path: Path, text: str) -> None:
@@ -123,10 +154,10 @@ def _read_all(path: Path, meta: dict) -> pa.Table:
     return read_checked(path, meta, None, crc=True)
 
 
-def compact(
-    store: RolloutStore, *, kind: str | None, steps, max_steps: int | None
-) -> list[Path]:
-    from maxent_arrow.store import STORE_META_KEY, _parquet_bytes, conform
+def compact(store: RolloutStore, *, kind: str | None, steps, max_steps: int | None) -> list[Path]:
+    from maxent_arrow.store import STORE_META_KEY
+    from maxent_arrow.store_files import parquet_bytes
+    from maxent_arrow.store_read import conform
 
     if max_steps is not None and max_steps < 1:
         raise StoreError(f"compact: max_steps must be >= 1, got {max_steps}")
@@ -143,7 +174,7 @@ def compact(
             chunk = [u for u in units if u.step in chosen]
             if len(chunk) < 2:
                 continue  # one file is already as compact as it gets
-            made.append(_compact_chunk(store, knd, chunk, STORE_META_KEY, _parquet_bytes, conform))
+            made.append(_compact_chunk(store, knd, chunk, STORE_META_KEY, parquet_bytes, conform))
     return made
 
 

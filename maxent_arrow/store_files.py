@@ -21,6 +21,10 @@ import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from maxent_arrow import schema as S
 from maxent_arrow.errors import StoreError
 
 __all__ = [
@@ -35,6 +39,8 @@ __all__ = [
     "cleanup_temp",
     "store_lock",
     "os_error",
+    "check_root",
+    "parquet_bytes",
 ]
 
 TEMP_PREFIX = ".tmp-"
@@ -83,6 +89,18 @@ def _temp_path(final: Path) -> Path:
     return final.with_name(
         f"{TEMP_PREFIX}{_HOST}.{os.getpid()}.{uuid.uuid4().hex[:12]}.{final.name}"
     )
+
+
+def check_root(root: str | os.PathLike[str]) -> Path:
+    text = os.fspath(root)
+    if not text or "\x00" in text:
+        raise StoreError(f"invalid store root {text!r}")
+    path = Path(os.path.abspath(text))
+    if path.exists() and not path.is_dir():
+        raise StoreError(f"{path}: exists and is not a directory")
+    if path == Path(path.anchor):
+        raise StoreError(f"{path}: refusing a file system root as a store")
+    return path
 
 
 def fsync_dir(path: Path) -> None:
@@ -232,3 +250,52 @@ def store_lock(root: Path) -> Iterator[None]:
     finally:
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
+
+
+# ---------------------------------------------------------------------------- Parquet
+def _split_columns(schema: pa.Schema) -> list[str]:
+    """Parquet paths of the per-token float columns (``name.list.element.list.element``)."""
+    paths = []
+    for name in S.PER_TOKEN_COLUMNS:
+        if name in schema.names:
+            kind = schema.field(name).type
+            while pa.types.is_list(kind) or pa.types.is_large_list(kind):
+                kind = kind.value_type
+            if pa.types.is_floating(kind):
+                paths.append(f"{name}.list.element.list.element")
+    return paths
+
+
+def parquet_bytes(
+    table: pa.Table,
+    metadata: dict[bytes, bytes],
+    *,
+    statistics: list[str],
+    dictionary: list[str] | bool = False,
+    sealed: bool = False,
+) -> pa.Buffer | bytes:
+    """Parquet bytes in memory (so the CRC is of exactly what is written)."""
+    table = table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
+    sink = pa.BufferOutputStream()
+    # zstd level 1: token ids and log-probs compress little more at higher levels, which cost
+    # several times the time; dictionary encoding is off for them (DESIGN §5).
+    with pq.ParquetWriter(
+        sink,
+        table.schema,
+        compression="zstd",
+        compression_level=1,
+        use_dictionary=dictionary,
+        write_statistics=statistics,
+        write_page_checksum=True,
+        store_schema=True,
+        # Byte-stream split makes float log-probs compress better at no extra cost.
+        use_byte_stream_split=_split_columns(table.schema),
+    ) as writer:
+        # One row group per append: a step is read whole, and one chunk per column means
+        # readers get contiguous arrays without a concatenating copy.
+        writer.write_table(table, row_group_size=max(table.num_rows, 1))
+        if sealed:
+            writer.add_key_value_metadata({SEAL_KEY: SEAL_PLACEHOLDER})
+    if sealed:
+        return seal(sink.getvalue().to_pybytes())
+    return sink.getvalue()

@@ -12,12 +12,26 @@ import pyarrow.parquet as pq
 
 from maxent_arrow import schema as S
 from maxent_arrow.errors import MissingExtraError, SchemaError, StoreError
-from maxent_arrow.store_files import crc32_of
+from maxent_arrow.store_files import crc32_file
 
 if TYPE_CHECKING:
     from maxent_arrow.store import OnError, RolloutStore
 
-__all__ = ["read_checked", "read_table", "run_sql", "samples_view_sql"]
+__all__ = ["conform", "read_checked", "read_table", "run_sql", "samples_view_sql"]
+
+
+def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``table`` with exactly ``schema``'s columns: cast where types widened (new struct
+    fields), nulls where a column is missing (a file written before the column existed)."""
+    arrays = []
+    for f in schema:
+        if f.name in table.column_names:
+            column = table.column(f.name)
+            arrays.append(column if column.type == f.type else column.cast(f.type))
+        else:
+            arrays.append(pa.nulls(table.num_rows, f.type))
+    fields = [pa.field(f.name, f.type, nullable=True) for f in schema]
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields, metadata=schema.metadata))
 
 
 def read_checked(
@@ -35,19 +49,14 @@ def read_checked(
     if expected is not None and size != expected:
         raise StoreError(f"{path}: size {size} bytes, expected {expected} (truncated or changed)")
     try:
-        if crc:
-            with open(path, "rb") as f:
-                data = f.read()
-            got = crc32_of(data)
-            if meta.get("group_crc32") is not None and got != meta["group_crc32"]:
+        if crc and meta.get("group_crc32") is not None:
+            # Streamed in chunks, so checking never holds a second copy of the file.
+            got = crc32_file(path)
+            if got != meta["group_crc32"]:
                 raise StoreError(
                     f"{path}: CRC-32 {got:08x}, expected {meta['group_crc32']:08x} (corrupt)"
                 )
-            source: Any = pa.py_buffer(data)
-            source = pa.BufferReader(source)
-        else:
-            source = path
-        reader = pq.ParquetFile(source, page_checksum_verification=True)
+        reader = pq.ParquetFile(path, page_checksum_verification=True)
         if columns is not None:
             present = set(reader.schema_arrow.names)
             columns = [c for c in columns if c in present]
@@ -75,8 +84,6 @@ def read_table(
     ranks,
     on_error: OnError,
 ) -> pa.Table:
-    from maxent_arrow.store import conform
-
     unified = store.schema(table, on_error=on_error)
     if columns is not None:
         unknown = [c for c in columns if c not in unified.names]
