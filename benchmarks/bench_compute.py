@@ -260,7 +260,7 @@ def run_case(name: str, n: int, k: int | None, reps: int, loop_groups: int, *, c
         for stage, fn in ours_stages(offsets, acc, fmt, rho).items()
     }
     sub = min(loop_groups, groups)
-    t_sub = best_times(seed_style_loop(offsets, acc, fmt, rho, sub), max(2, reps // 3))
+    t_sub = best_times(seed_style_loop(offsets, acc, fmt, rho, sub), max(2, reps // 6))
     t_loop = tuple(t * groups / sub for t in t_sub)
     t_floor = best_times(floor(offsets, acc, fmt, rho), 3 * reps)
     t_numpy = best_times(numpy_same_math(offsets, acc, fmt, rho), reps)
@@ -367,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(max(args.threads, 1))
     threads = torch.get_num_threads()
     n = args.samples or (1 << 16 if args.quick else 1 << 20)
-    reps = args.reps or (2 if args.quick else 10)
+    reps = args.reps or (2 if args.quick else 20)
     loop_groups = 300 if args.quick else 2000
     cpu = threads == 1
     clock = (

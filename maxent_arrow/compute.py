@@ -575,10 +575,12 @@ def _flat(value: Any, where: str) -> torch.Tensor:
 def reward_moments(utils: Any) -> RewardMoments:
     """Mean and **population** std (divide by N; 0 when N = 1) of the utilities (§2.6)."""
     u = _flat(utils, "reward_moments: utils")
-    # Two passes (mean, then the norm of the deviations): torch.var_mean's Welford loop is ~10x
-    # slower. A NaN or inf makes the mean non-finite, which is the finiteness check.
+    # Separate reductions: torch.var_mean's Welford loop is ~6x slower than both together. The
+    # full-tensor std is a two-pass reduction with no [N] temporary (a fresh 8 MB temporary
+    # can cost more in page faults than the pass itself). A NaN or inf makes the mean
+    # non-finite, which is the finiteness check.
     mean = u.mean()
-    std = torch.linalg.vector_norm(u - mean) / math.sqrt(u.numel())
+    std = torch.std(u, correction=0)
     m, s = torch.stack([mean, std]).tolist()
     if not math.isfinite(m):
         check_finite(u, None, "reward_moments: utils", fast=False)
