@@ -33,23 +33,26 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-import numpy as np
-import pyarrow as pa
 import torch
 
-from maxent_arrow.errors import ComputeError, LayoutError, SchemaError
+from maxent_arrow.errors import ComputeError, SchemaError
 from maxent_arrow.ragged import Ragged
 from maxent_arrow.segments import (
     LOG2E,
     Segments,
+    as_ragged,
+    as_sample_vector,
     check_finite,
+    check_out,
+    check_scalar,
     finite_range,
+    flat_values,
+    grouped_input,
     shift_,
     shift_mode,
     work_dtype,
 )
 from maxent_arrow.types.rewards import LengthStats, RewardMoments
-from maxent_arrow.views import ArrowSequence, GroupedSequence
 
 if TYPE_CHECKING:
     from maxent_arrow.reward_step import apply_entropy_bonus, compute_rewards
@@ -104,135 +107,6 @@ def __getattr__(name: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
-# ---------------------------------------------------------------------------- input boundary
-def as_ragged(value: Any, where: str) -> Ragged:
-    """Normalise grouped input to a ``Ragged`` of 1-D values (views, no copies).
-
-    Accepts a ``Ragged``, a :class:`~maxent_arrow.views.GroupedSequence` (the ``grouped``
-    field of the seed classes) or an Arrow list array.
-    """
-    if isinstance(value, Ragged):
-        ragged = value
-    elif isinstance(value, GroupedSequence):
-        ragged = value.to_ragged()
-    elif isinstance(value, pa.Array | pa.ChunkedArray):
-        ragged = Ragged.from_arrow(value)
-    else:
-        raise SchemaError(
-            f"{where}: expected a Ragged (or an Arrow list array), got {type(value).__name__}"
-        )
-    if ragged.values.dim() != 1:
-        raise LayoutError(f"{where}: expected 1-D values, got shape {tuple(ragged.values.shape)}")
-    if not (ragged.values.is_floating_point() or _is_integer(ragged.values)):
-        raise SchemaError(f"{where}: expected numeric values, got dtype {ragged.values.dtype}")
-    return ragged
-
-
-def _is_integer(tensor: torch.Tensor) -> bool:
-    return not tensor.is_floating_point() and not tensor.is_complex()
-
-
-def _grouped(value: Any, where: str) -> tuple[Ragged, Segments, torch.Tensor]:
-    """Ragged, its checked segments, and its values in the working dtype."""
-    ragged = as_ragged(value, where)
-    if len(ragged) == 0:
-        raise ComputeError(f"{where}: expected at least one group, got an empty batch")
-    segments = Segments.of(ragged, where=where)
-    values = ragged.values
-    return ragged, segments, values.to(work_dtype(values.dtype))
-
-
-def as_sample_vector(
-    value: Any,
-    *,
-    n: int,
-    where: str,
-    device: torch.device,
-    segments: Segments | None = None,
-) -> torch.Tensor:
-    """A per-sample ``[n]`` tensor on ``device`` from a tensor, ``Ragged``, view or list.
-
-    A ``Ragged`` must have the same group sizes as ``segments`` (the first differing group is
-    named); other inputs must have ``n`` values.
-    """
-    if isinstance(value, GroupedSequence | pa.ListArray | pa.LargeListArray):
-        value = as_ragged(value, where)
-    if isinstance(value, Ragged):
-        if segments is not None:
-            other = value.offsets.to(segments.offsets.device)
-            if other.shape != segments.offsets.shape or not torch.equal(other, segments.offsets):
-                _raise_group_mismatch(other, segments, where)
-        value = value.values
-    elif isinstance(value, ArrowSequence):
-        value = value.to_torch()
-    elif isinstance(value, np.ndarray | list | tuple):
-        value = torch.as_tensor(np.asarray(value, dtype=np.float64))
-    elif not isinstance(value, torch.Tensor):
-        raise SchemaError(f"{where}: expected a tensor of {n} values, got {type(value).__name__}")
-    if value.dim() != 1 or value.shape[0] != n:
-        raise ComputeError(
-            f"{where}: expected {n} values (one per sample), got shape {tuple(value.shape)}"
-        )
-    return value.to(device)
-
-
-def _raise_group_mismatch(other: torch.Tensor, segments: Segments, where: str) -> None:
-    mine = segments.lengths
-    theirs = other[1:] - other[:-1]
-    if theirs.numel() != mine.numel():
-        raise ComputeError(f"{where}: expected {mine.numel()} groups, got {theirs.numel()}")
-    g = int(torch.nonzero(theirs != mine)[0, 0])
-    raise ComputeError(
-        f"{where}: group {g} has {int(theirs[g])} values, expected {int(mine[g])} (as the "
-        "grouped input)"
-    )
-
-
-def _check_scalar(value: Any, where: str, *, low: float, strict: bool) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ComputeError(f"{where}: expected a number, got {value!r}") from None
-    if not math.isfinite(number) or number < low or (strict and number == low):
-        sign = ">" if strict else ">="
-        raise ComputeError(f"{where}: must be finite and {sign} {low:g}, got {value!r}")
-    return number
-
-
-def _check_out(
-    out: Any,
-    *,
-    like: torch.Tensor,
-    n: int,
-    where: str,
-    inputs: Sequence[tuple[str, torch.Tensor | None]],
-) -> torch.Tensor | None:
-    """Validate a caller's result buffer: ``[n]``, contiguous, ``like``'s dtype and device, no
-    autograd, and no memory shared with any input (results are written before every input
-    is read for the last time)."""
-    if out is None:
-        return None
-    if not isinstance(out, torch.Tensor):
-        raise SchemaError(f"{where}: out: expected a tensor, got {type(out).__name__}")
-    if (
-        out.shape != (n,)
-        or out.dtype != like.dtype
-        or out.device != like.device
-        or not out.is_contiguous()
-    ):
-        raise ComputeError(
-            f"{where}: out: expected a contiguous {like.dtype} tensor of shape ({n},) on "
-            f"{like.device}, got {out.dtype} {tuple(out.shape)} on {out.device}"
-        )
-    if out.requires_grad:
-        raise ComputeError(f"{where}: out: must not require grad")
-    mine = out.untyped_storage().data_ptr()
-    for name, tensor in inputs:
-        if tensor is not None and tensor.untyped_storage().data_ptr() == mine:
-            raise ComputeError(f"{where}: out: shares memory with {name}; pass a separate buffer")
-    return out
-
-
 # ---------------------------------------------------------------------------- §3.1 utilities
 def total_utils(
     per_reward_values: Mapping[str, Any] | torch.Tensor,
@@ -284,7 +158,7 @@ def total_utils(
     for column in columns:
         if isinstance(column, Ragged) and offsets is None:
             offsets = column.offsets
-    probe = _flat(columns[0], f"{where}: per_reward_values[{names[0]!r}]")
+    probe = flat_values(columns[0], f"{where}: per_reward_values[{names[0]!r}]")
     device, n = probe.device, int(probe.shape[0])
     segments = None
     if offsets is not None:
@@ -369,9 +243,9 @@ def group_advantages(
     as much as a pass over them).
     """
     where = "group_advantages: utils"
-    ragged, seg, u = _grouped(utils, where)
-    eps = _check_scalar(eps, "group_advantages: eps", low=0.0, strict=False)
-    out = _check_out(out, like=u, n=seg.num_values, where="group_advantages", inputs=[("utils", u)])
+    ragged, seg, u = grouped_input(utils, where)
+    eps = check_scalar(eps, "group_advantages: eps", low=0.0, strict=False)
+    out = check_out(out, like=u, n=seg.num_values, where="group_advantages", inputs=[("utils", u)])
     check_finite(u, seg, where)
     centred = seg.apply(torch.sub, u, seg.mean(u), out=out)
     if not scale_rewards:
@@ -390,7 +264,7 @@ def group_advantages(
 
 def apply_group_scales(advantages: Any, scales: Any) -> Ragged:
     """``A_i <- s_g A_i`` for a per-group scale ``s`` ``[P]`` (the SEED-GRPO step of §3.3)."""
-    ragged, seg, a = _grouped(advantages, "apply_group_scales: advantages")
+    ragged, seg, a = grouped_input(advantages, "apply_group_scales: advantages")
     s = torch.as_tensor(scales, device=a.device)
     if s.dim() != 1 or s.shape[0] != len(seg):
         raise ComputeError(
@@ -417,10 +291,10 @@ def q_distribution(
     ``out`` is an optional result buffer, as for :func:`group_advantages`.
     """
     where = "q_distribution: utils"
-    ragged, seg, u = _grouped(utils, where)
-    t = _check_scalar(temperature, "q_distribution: temperature", low=0.0, strict=False)
-    epsilon = _check_scalar(epsilon, "q_distribution: epsilon", low=0.0, strict=False)
-    out = _check_out(out, like=u, n=seg.num_values, where="q_distribution", inputs=[("utils", u)])
+    ragged, seg, u = grouped_input(utils, where)
+    t = check_scalar(temperature, "q_distribution: temperature", low=0.0, strict=False)
+    epsilon = check_scalar(epsilon, "q_distribution: epsilon", low=0.0, strict=False)
+    out = check_out(out, like=u, n=seg.num_values, where="q_distribution", inputs=[("utils", u)])
     low, high = finite_range(u, seg, where)
     t = max(t, _MIN_TEMPERATURE)
     # Division is monotone, so max(u / t) is high / t exactly (the same IEEE division).
@@ -486,9 +360,9 @@ def maxent_weights(
         ``q``, ``ref_logp`` or ``token_counts``).
     """
     where = "maxent_weights"
-    ragged, seg, qv = _grouped(q, f"{where}: q")
-    tau = _check_scalar(tau, f"{where}: tau", low=0.0, strict=True)
-    beta = _check_scalar(beta, f"{where}: beta", low=0.0, strict=False)
+    ragged, seg, qv = grouped_input(q, f"{where}: q")
+    tau = check_scalar(tau, f"{where}: tau", low=0.0, strict=True)
+    beta = check_scalar(beta, f"{where}: beta", low=0.0, strict=False)
     if denominator not in ("tau", "tau+beta"):
         raise ComputeError(f"{where}: denominator must be 'tau' or 'tau+beta', got {denominator!r}")
     n, device = seg.num_values, qv.device
@@ -507,7 +381,7 @@ def maxent_weights(
         counts = raw_counts.to(qv.dtype).clamp(min=1.0)
         if length_normalize:
             rho = rho / counts
-    out = _check_out(out, like=qv, n=n, where=where, inputs=given)
+    out = check_out(out, like=qv, n=n, where=where, inputs=given)
     q_low, q_high = finite_range(qv, seg, f"{where}: q")
     r_low, r_high = finite_range(rho, seg, f"{where}: ref_logp")
     d = tau + beta if denominator == "tau+beta" else tau
@@ -530,7 +404,7 @@ def maxent_weights(
 
 def group_entropy(dist: Any) -> torch.Tensor:
     """Entropy ``H_g = -Σ p ln p`` of each group's distribution ``[P]`` (``0 ln 0 = 0``)."""
-    _, seg, p = _grouped(dist, "group_entropy: dist")
+    _, seg, p = grouped_input(dist, "group_entropy: dist")
     # `+ 0.0` turns the -0.0 of a one-hot group into 0.0.
     return -seg.sum(torch.special.xlogy(p, p)) + 0.0
 
@@ -553,28 +427,9 @@ def weight_entropy(weights: Any) -> WeightEntropy:
 
 
 # ---------------------------------------------------------------------------- §2.6, §2.13
-def _flat(value: Any, where: str) -> torch.Tensor:
-    if isinstance(value, GroupedSequence | pa.ListArray | pa.LargeListArray):
-        value = as_ragged(value, where)
-    if isinstance(value, Ragged):
-        value = value.values
-    elif isinstance(value, ArrowSequence):
-        value = value.to_torch()
-    elif not isinstance(value, torch.Tensor):
-        try:
-            value = torch.as_tensor(np.asarray(value, dtype=np.float64))
-        except (TypeError, ValueError):
-            raise SchemaError(f"{where}: expected numbers, got {type(value).__name__}") from None
-    if value.dim() != 1:
-        raise ComputeError(f"{where}: expected 1-D values, got shape {tuple(value.shape)}")
-    if value.numel() == 0:
-        raise ComputeError(f"{where}: expected at least one sample, got an empty batch")
-    return value.to(work_dtype(value.dtype))
-
-
 def reward_moments(utils: Any) -> RewardMoments:
     """Mean and **population** std (divide by N; 0 when N = 1) of the utilities (§2.6)."""
-    u = _flat(utils, "reward_moments: utils")
+    u = flat_values(utils, "reward_moments: utils")
     # Separate reductions: torch.var_mean's Welford loop is ~6x slower than both together. The
     # full-tensor std is a two-pass reduction with no [N] temporary (a fresh 8 MB temporary
     # can cost more in page faults than the pass itself). A NaN or inf makes the mean
@@ -591,7 +446,7 @@ def length_stats(token_counts: Any, *, max_completion_len: int) -> LengthStats:
     """Length summary of ``T_i`` (§2.13): min/mean/max, the fraction that hit the cap
     (``T_i >= max_completion_len``), and min/mean/max of those that terminated (0 if none)."""
     where = "length_stats: token_counts"
-    t = _flat(token_counts, where).to(torch.float64)
+    t = flat_values(token_counts, where).to(torch.float64)
     if isinstance(max_completion_len, bool) or not isinstance(max_completion_len, int):
         raise ComputeError(
             f"length_stats: max_completion_len: expected an int, got {max_completion_len!r}"
@@ -657,8 +512,8 @@ def entropy_bonus(
     std of ``utils`` before the bonus (1.0 when it is not positive or not finite).
     """
     where = "entropy_bonus"
-    ragged, seg, u = _grouped(utils, f"{where}: utils")
-    coef = _check_scalar(coef, f"{where}: coef", low=-math.inf, strict=False)
+    ragged, seg, u = grouped_input(utils, f"{where}: utils")
+    coef = check_scalar(coef, f"{where}: coef", low=-math.inf, strict=False)
     n, device = seg.num_values, u.device
     ent = as_sample_vector(
         policy_entropy_sum,

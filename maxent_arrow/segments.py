@@ -15,6 +15,9 @@ Two paths, chosen once from the offsets, with the same results (up to summation 
 - ragged groups: ``torch.segment_reduce`` on the offsets (one kernel on CPU and CUDA) and
   ``index_select`` on the row ids to expand per-group values to the samples.
 
+The module also holds the input boundary of the group math (:func:`as_ragged`,
+:func:`as_sample_vector`, argument checks) and the softmax shift rule (:func:`shift_mode`).
+
 No Python loop over groups or samples. Measured with 1 thread on this project's shared CPU
 (thread CPU time, best of 30, 1M float64 values, K=16 / ragged K of 1..31): ``view(P, K)
 .sum(1)`` 0.25 ms, ``.amax(1)`` 0.4 ms and ``linalg.vector_norm(dim=1)`` 0.37 ms, where
@@ -27,18 +30,28 @@ from __future__ import annotations
 
 import math
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
+import numpy as np
+import pyarrow as pa
 import torch
 
-from maxent_arrow.errors import ComputeError, LayoutError
+from maxent_arrow.errors import ComputeError, LayoutError, SchemaError
 from maxent_arrow.ragged import Ragged
+from maxent_arrow.views import ArrowSequence, GroupedSequence
 
 __all__ = [
     "LOG2E",
     "Segments",
+    "as_ragged",
+    "as_sample_vector",
     "check_finite",
+    "check_out",
+    "check_scalar",
     "finite_range",
+    "flat_values",
+    "grouped_input",
     "shift_",
     "shift_mode",
     "work_dtype",
@@ -438,3 +451,156 @@ def shift_(z: torch.Tensor, seg: Segments, mode: str, top: float) -> None:
         z.sub_(top)
     elif mode == "group":
         seg.apply(torch.sub, z, seg.max(z), out=z)
+
+
+# ---------------------------------------------------------------------------- input boundary
+# Grouped inputs (Ragged, grouped views, Arrow lists) become (values, offsets) here, and the
+# per-sample and scalar arguments of the group math are checked, naming the argument.
+def as_ragged(value: Any, where: str) -> Ragged:
+    """Normalise grouped input to a ``Ragged`` of 1-D values (views, no copies).
+
+    Accepts a ``Ragged``, a :class:`~maxent_arrow.views.GroupedSequence` (the ``grouped``
+    field of the seed classes) or an Arrow list array.
+    """
+    if isinstance(value, Ragged):
+        ragged = value
+    elif isinstance(value, GroupedSequence):
+        ragged = value.to_ragged()
+    elif isinstance(value, pa.Array | pa.ChunkedArray):
+        ragged = Ragged.from_arrow(value)
+    else:
+        raise SchemaError(
+            f"{where}: expected a Ragged (or an Arrow list array), got {type(value).__name__}"
+        )
+    if ragged.values.dim() != 1:
+        raise LayoutError(f"{where}: expected 1-D values, got shape {tuple(ragged.values.shape)}")
+    if not (ragged.values.is_floating_point() or _is_integer(ragged.values)):
+        raise SchemaError(f"{where}: expected numeric values, got dtype {ragged.values.dtype}")
+    return ragged
+
+
+def _is_integer(tensor: torch.Tensor) -> bool:
+    return not tensor.is_floating_point() and not tensor.is_complex()
+
+
+def grouped_input(value: Any, where: str) -> tuple[Ragged, Segments, torch.Tensor]:
+    """Ragged, its checked segments, and its values in the working dtype."""
+    ragged = as_ragged(value, where)
+    if len(ragged) == 0:
+        raise ComputeError(f"{where}: expected at least one group, got an empty batch")
+    segments = Segments.of(ragged, where=where)
+    values = ragged.values
+    return ragged, segments, values.to(work_dtype(values.dtype))
+
+
+def as_sample_vector(
+    value: Any,
+    *,
+    n: int,
+    where: str,
+    device: torch.device,
+    segments: Segments | None = None,
+) -> torch.Tensor:
+    """A per-sample ``[n]`` tensor on ``device`` from a tensor, ``Ragged``, view or list.
+
+    A ``Ragged`` must have the same group sizes as ``segments`` (the first differing group is
+    named); other inputs must have ``n`` values.
+    """
+    if isinstance(value, GroupedSequence | pa.ListArray | pa.LargeListArray):
+        value = as_ragged(value, where)
+    if isinstance(value, Ragged):
+        if segments is not None:
+            other = value.offsets.to(segments.offsets.device)
+            if other.shape != segments.offsets.shape or not torch.equal(other, segments.offsets):
+                _raise_group_mismatch(other, segments, where)
+        value = value.values
+    elif isinstance(value, ArrowSequence):
+        value = value.to_torch()
+    elif isinstance(value, np.ndarray | list | tuple):
+        value = torch.as_tensor(np.asarray(value, dtype=np.float64))
+    elif not isinstance(value, torch.Tensor):
+        raise SchemaError(f"{where}: expected a tensor of {n} values, got {type(value).__name__}")
+    if value.dim() != 1 or value.shape[0] != n:
+        raise ComputeError(
+            f"{where}: expected {n} values (one per sample), got shape {tuple(value.shape)}"
+        )
+    return value.to(device)
+
+
+def _raise_group_mismatch(other: torch.Tensor, segments: Segments, where: str) -> None:
+    mine = segments.lengths
+    theirs = other[1:] - other[:-1]
+    if theirs.numel() != mine.numel():
+        raise ComputeError(f"{where}: expected {mine.numel()} groups, got {theirs.numel()}")
+    g = int(torch.nonzero(theirs != mine)[0, 0])
+    raise ComputeError(
+        f"{where}: group {g} has {int(theirs[g])} values, expected {int(mine[g])} (as the "
+        "grouped input)"
+    )
+
+
+def check_scalar(value: Any, where: str, *, low: float, strict: bool) -> float:
+    """``value`` as a finite float ``> low`` (``strict``) or ``>= low``, else ComputeError."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ComputeError(f"{where}: expected a number, got {value!r}") from None
+    if not math.isfinite(number) or number < low or (strict and number == low):
+        sign = ">" if strict else ">="
+        raise ComputeError(f"{where}: must be finite and {sign} {low:g}, got {value!r}")
+    return number
+
+
+def check_out(
+    out: Any,
+    *,
+    like: torch.Tensor,
+    n: int,
+    where: str,
+    inputs: Sequence[tuple[str, torch.Tensor | None]],
+) -> torch.Tensor | None:
+    """Validate a caller's result buffer: ``[n]``, contiguous, ``like``'s dtype and device, no
+    autograd, and no memory shared with any input (results are written before every input
+    is read for the last time)."""
+    if out is None:
+        return None
+    if not isinstance(out, torch.Tensor):
+        raise SchemaError(f"{where}: out: expected a tensor, got {type(out).__name__}")
+    if (
+        out.shape != (n,)
+        or out.dtype != like.dtype
+        or out.device != like.device
+        or not out.is_contiguous()
+    ):
+        raise ComputeError(
+            f"{where}: out: expected a contiguous {like.dtype} tensor of shape ({n},) on "
+            f"{like.device}, got {out.dtype} {tuple(out.shape)} on {out.device}"
+        )
+    if out.requires_grad:
+        raise ComputeError(f"{where}: out: must not require grad")
+    mine = out.untyped_storage().data_ptr()
+    for name, tensor in inputs:
+        if tensor is not None and tensor.untyped_storage().data_ptr() == mine:
+            raise ComputeError(f"{where}: out: shares memory with {name}; pass a separate buffer")
+    return out
+
+
+def flat_values(value: Any, where: str) -> torch.Tensor:
+    """Non-empty 1-D per-sample values in the working dtype, from any grouped or flat input
+    (the group structure, if any, is dropped)."""
+    if isinstance(value, GroupedSequence | pa.ListArray | pa.LargeListArray):
+        value = as_ragged(value, where)
+    if isinstance(value, Ragged):
+        value = value.values
+    elif isinstance(value, ArrowSequence):
+        value = value.to_torch()
+    elif not isinstance(value, torch.Tensor):
+        try:
+            value = torch.as_tensor(np.asarray(value, dtype=np.float64))
+        except (TypeError, ValueError):
+            raise SchemaError(f"{where}: expected numbers, got {type(value).__name__}") from None
+    if value.dim() != 1:
+        raise ComputeError(f"{where}: expected 1-D values, got shape {tuple(value.shape)}")
+    if value.numel() == 0:
+        raise ComputeError(f"{where}: expected at least one sample, got an empty batch")
+    return value.to(work_dtype(value.dtype))
