@@ -467,7 +467,8 @@ def test_describe(run, store):
 # ---------------------------------------------------------------------- schema evolution
 
 
-def test_two_schema_versions_queried_as_one(tmp_path):
+@pytest.mark.parametrize("materialize", [False, True])
+def test_two_schema_versions_queried_as_one(tmp_path, materialize):
     # A reward function added at step 2; steps 0-1 were written by an older writer without
     # the `weights` and `policy_entropy_sum` columns.
     w = write_store(
@@ -475,7 +476,7 @@ def test_two_schema_versions_queried_as_one(tmp_path):
         rewards_at=lambda s: ["accuracy"] if s < 2 else ["accuracy", "format"],
         drop_at=lambda s: ("weights", "policy_entropy_sum") if s < 2 else (),
     )
-    with RunAnalytics(w.root) as run:
+    with RunAnalytics(w.root, materialize=materialize) as run:
         assert run.reward_names == ["accuracy", "format"]
         curve = run.reward_curve().to_pylist()
         fmt_steps = sorted(r["step"] for r in curve if r["reward"] == "format")
