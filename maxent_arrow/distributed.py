@@ -43,8 +43,9 @@ from maxent_arrow.collate import GroupCollator
 from maxent_arrow.errors import ComputeError, MissingExtraError, SchemaError, StoreError
 from maxent_arrow.object_store import ObjectStore, open_store, read_group_object
 from maxent_arrow.ragged import Ragged, torch_to_arrow
-from maxent_arrow.store import RolloutStore, conform
+from maxent_arrow.store import RolloutStore
 from maxent_arrow.store_files import unit_name
+from maxent_arrow.store_read import conform
 
 __all__ = [
     "UNIT_COLUMN",

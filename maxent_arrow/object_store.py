@@ -41,9 +41,8 @@ from maxent_arrow.store import (
     _check_on_error,
     _json_meta,
     _jsonable_config,
-    _parquet_bytes,
 )
-from maxent_arrow.store_files import TEMP_PREFIX, check_seal, crc32_of, unit_name
+from maxent_arrow.store_files import TEMP_PREFIX, check_seal, crc32_of, parquet_bytes, unit_name
 
 __all__ = ["ObjectStore", "open_store", "read_group_object", "resolve_filesystem"]
 
@@ -370,7 +369,7 @@ class ObjectStore:
             "group_crc32": crc32_of(groups_bytes),
         }
         # The same bytes RolloutStore.append writes, so either class reads the other's files.
-        step_bytes = _parquet_bytes(
+        step_bytes = parquet_bytes(
             pa.Table.from_batches([batch.step_row]),
             {
                 STORE_META_KEY: json.dumps(group_meta).encode(),
