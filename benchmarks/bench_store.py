@@ -107,6 +107,12 @@ def ragged_bytes(batch: RolloutBatch) -> int:
     )
 
 
+def line(label: str, value: float, unit: str, note: str = "", target: float | None = None):
+    """One figure: label, value, and its ratio (with the target when there is one)."""
+    goal = "" if target is None else f" (target >= {target}x)"
+    print(f"  {label:34s}{value:9.2f} {unit}   {note}{goal}")
+
+
 def _time(fn, repeat: int) -> float:
     times = []
     for _ in range(repeat):
@@ -219,9 +225,8 @@ def run(args, work: Path) -> dict:
     batch = make_step(0, p, k, m)
     nbytes = ragged_bytes(batch)
     step_bytes = batch.groups.nbytes
-    print(
-        f"one step: {p} prompts x {k} completions, 1-{m} tokens; ragged token bytes {nbytes / 1e6:.1f} MB"
-    )
+    print(f"one step: {p} prompts x {k} completions, 1-{m} tokens")
+    print(f"ragged token bytes {nbytes / 1e6:.1f} MB; one step in memory {step_bytes / 1e6:.1f} MB")
 
     # --- append vs baselines
     steps = iter(range(10**6))
@@ -259,35 +264,53 @@ def run(args, work: Path) -> dict:
     t_raw = _time(
         lambda: _fsync_write(work / f"raw-{next(files)}.bin", lambda f: f.write(flat)), args.repeat
     )
-    print("\nappend one step (durable)          time      ratio")
-    print(f"  RolloutStore.append (Parquet)  {t_append * 1e3:8.1f} ms")
-    print(
-        f"  torch.save padded (baseline)   {t_save * 1e3:8.1f} ms   ours {t_save / t_append:5.2f}x faster (target >= {TARGETS['vs_torch_save']}x)"
+    ms = 1e3
+    print("\nappend one step (durable)")
+    line("RolloutStore.append (Parquet)", t_append * ms, "ms")
+    line(
+        "torch.save padded (baseline)",
+        t_save * ms,
+        "ms",
+        f"ours {t_save / t_append:5.2f}x faster",
+        TARGETS["vs_torch_save"],
     )
-    print(
-        f"  JSONL token lists (baseline)   {t_jsonl * 1e3:8.1f} ms   ours {t_jsonl / t_append:5.2f}x faster (target >= {TARGETS['vs_jsonl']}x)"
+    line(
+        "JSONL token lists (baseline)",
+        t_jsonl * ms,
+        "ms",
+        f"ours {t_jsonl / t_append:5.2f}x faster",
+        TARGETS["vs_jsonl"],
     )
-    print(
-        f"  floor: memcpy of ragged bytes  {t_memcpy * 1e3:8.1f} ms   ours {t_append / t_memcpy:5.1f}x the floor"
+    line(
+        "floor: memcpy of ragged bytes",
+        t_memcpy * ms,
+        "ms",
+        f"ours {t_append / t_memcpy:5.1f}x the floor",
     )
-    print(
-        f"  floor: raw write + fsync       {t_raw * 1e3:8.1f} ms   ours {t_append / t_raw:5.1f}x the floor"
-    )
+    line("floor: raw write + fsync", t_raw * ms, "ms", f"ours {t_append / t_raw:5.1f}x the floor")
 
     # --- sizes
     parquet_size = store.committed_files()[0].stat().st_size
     save_size = (work / "step-0.pt").stat().st_size
     jsonl_size = (work / "step.jsonl").stat().st_size
+    mb = 1e-6
     print("\nfile size of one step")
-    print(f"  Parquet (zstd)                 {parquet_size / 1e6:8.1f} MB")
-    print(
-        f"  torch.save padded (baseline)   {save_size / 1e6:8.1f} MB   ours {save_size / parquet_size:5.2f}x smaller (target >= {TARGETS['size_vs_torch_save']}x)"
+    line("Parquet (zstd)", parquet_size * mb, "MB")
+    line(
+        "torch.save padded (baseline)",
+        save_size * mb,
+        "MB",
+        f"ours {save_size / parquet_size:5.2f}x smaller",
+        TARGETS["size_vs_torch_save"],
     )
-    print(
-        f"  JSONL (baseline)               {jsonl_size / 1e6:8.1f} MB   ours {jsonl_size / parquet_size:5.2f}x smaller"
+    line(
+        "JSONL (baseline)", jsonl_size * mb, "MB", f"ours {jsonl_size / parquet_size:5.2f}x smaller"
     )
-    print(
-        f"  floor: raw ragged bytes        {nbytes / 1e6:8.1f} MB   ours {parquet_size / nbytes:5.2f}x the raw bytes"
+    line(
+        "floor: raw ragged bytes",
+        nbytes * mb,
+        "MB",
+        f"ours {parquet_size / nbytes:5.2f}x the raw bytes",
     )
 
     # --- replay: Parquet decode vs memory-mapped IPC cache, at two sizes
@@ -306,19 +329,17 @@ def run(args, work: Path) -> dict:
     t_cache_small = _time(lambda: replay("cache", small_store, 0), max(args.repeat, 3))
     t_load = _time(lambda: torch.load(work / "step-0.pt"), args.repeat)
     print("\nreplay one step to torch tensors")
-    print(f"  from Parquet                   {t_parquet * 1e3:8.1f} ms")
-    print(
-        f"  torch.load padded (baseline)   {t_load * 1e3:8.1f} ms   Parquet {t_load / t_parquet:5.2f}x"
+    line("from Parquet", t_parquet * ms, "ms")
+    line("torch.load padded (baseline)", t_load * ms, "ms", f"Parquet {t_load / t_parquet:5.2f}x")
+    line(
+        "from IPC cache (memory map)",
+        t_cache * ms,
+        "ms",
+        f"{t_parquet / t_cache:6.0f}x faster than Parquet",
     )
-    print(
-        f"  from IPC cache (memory map)    {t_cache * 1e3:8.2f} ms   {t_parquet / t_cache:6.0f}x faster than Parquet"
-    )
-    print(
-        f"  IPC cache, 1/8 of the step     {t_cache_small * 1e3:8.2f} ms   full/eighth = {t_cache / t_cache_small:4.2f} (size-independent: ~1)"
-    )
-    print(
-        f"  floor: memcpy of ragged bytes  {t_memcpy * 1e3:8.1f} ms   (the cache path copies nothing)"
-    )
+    size_note = f"full/eighth = {t_cache / t_cache_small:4.2f} (size-independent: ~1)"
+    line("IPC cache, 1/8 of the step", t_cache_small * ms, "ms", size_note)
+    line("floor: memcpy of ragged bytes", t_memcpy * ms, "ms", "the cache path copies nothing")
 
     # --- peak RSS replaying a store 10x one step
     big = RolloutStore(work / "ten", cache=True)
@@ -330,9 +351,8 @@ def run(args, work: Path) -> dict:
         rss = rss_of_replay(big.root, source)
         grown = (rss["peak_kib"] - rss["base_kib"]) * 1024
         results[f"rss_{source}"] = grown / step_bytes
-        print(
-            f"  {source:7s}: +{grown / 1e6:7.1f} MB over the imports = {grown / step_bytes:4.2f}x one step (target < {TARGETS['rss']}x)"
-        )
+        note = f"{grown / step_bytes:4.2f}x one step (target < {TARGETS['rss']}x)"
+        line(f"{source}: {rss['steps']} steps, peak growth", grown * mb, "MB", note)
     print("  baseline: torch.load of 10 padded steps holds 10 steps (no streaming)")
 
     results.update(

@@ -369,3 +369,18 @@ def test_store_root_path_types(tmp_path):
     b = RolloutStore(Path(tmp_path / "s"))
     assert b.steps() == [0]
     assert b.config == {}
+
+
+@pytest.mark.slow
+def test_benchmark_quick_runs(tmp_path):
+    bench = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_store.py"
+    done = subprocess.run(
+        [sys.executable, str(bench), "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    for figure in ("torch.save padded", "JSONL", "from IPC cache", "peak growth"):
+        assert figure in done.stdout

@@ -74,7 +74,9 @@ SHARD = textwrap.dedent(
     from maxent_arrow.replay import ReplayDataset
     state = PartialState(cpu=True)  # reads RANK / WORLD_SIZE and joins the gloo group
     loader = torch.utils.data.DataLoader(
-        ReplayDataset(sys.argv[1], batch_groups=1, shuffle=True, seed=1), batch_size=None, num_workers=2
+        ReplayDataset(sys.argv[1], batch_groups=1, shuffle=True, seed=1),
+        batch_size=None,
+        num_workers=2,
     )
     keys = [[b.step, b.rank, g] for b in loader for g in b.column("group_index").to_pylist()]
     print(json.dumps({"process": state.process_index, "world": state.num_processes, "keys": keys}))
