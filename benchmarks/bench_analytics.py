@@ -11,6 +11,11 @@ reward function) and completion-length stats (min/mean/max, p50/p95, clipped fra
 terminated stats). Baseline: pandas, the way users write it today: ``read_parquet`` of the
 needed columns, ``explode``, ``groupby``. Floor: a memcpy of the decoded bytes the query needs.
 
+Each query is timed three ways: from Parquet (the query alone), from memory (after
+``RunAnalytics.materialize()``, as ``maxent-arrow report`` runs its queries), and end to end
+(open + materialize + both queries, against pandas doing both once). ``--steps-per-file 100``
+writes the layout ``RolloutStore.compact`` leaves (10 file pairs instead of 1000).
+
 Target: >= 10x faster than pandas. Run ``python benchmarks/bench_analytics.py [--quick]``.
 """
 
