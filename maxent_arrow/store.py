@@ -105,6 +105,9 @@ class RolloutStore:
         a :class:`StoreError` naming it, or ``"skip"`` it with a warning.
     check_crc:
         Check each group file's CRC-32 when reading it (one extra pass over the bytes read).
+    compression, compression_level:
+        Parquet codec of the group files (default zstd level 1; ``"lz4"`` or ``"none"`` write
+        faster and larger files).
     """
 
     def __init__(
@@ -115,13 +118,25 @@ class RolloutStore:
         cache: bool = False,
         on_error: OnError = "raise",
         check_crc: bool = True,
+        compression: str = "zstd",
+        compression_level: int | None = 1,
     ):
         self.root = check_root(root)
         self.cache_enabled = bool(cache)
         self.on_error = _check_on_error(on_error)
         self.check_crc = bool(check_crc)
+        if compression not in ("zstd", "lz4", "snappy", "gzip", "brotli", "none"):
+            raise StoreError(
+                "compression: expected zstd, lz4, snappy, gzip, brotli or none, got "
+                f"{compression!r}"
+            )
+        self.compression = compression
+        self.compression_level = (
+            compression_level if compression in ("zstd", "gzip", "brotli") else None
+        )
         self._step_tables: dict[str, tuple[tuple[int, int], pa.Table, dict]] = {}
         self._schemas: dict[str, tuple[tuple[int, int], pa.Schema]] = {}
+        self._unified: dict[str, tuple[frozenset[str], pa.Schema]] = {}
         self._groups_dir = self.root / "groups"
         self._steps_dir = self.root / "steps"
         self._cache_dir = self.root / "cache"
@@ -332,17 +347,28 @@ class RolloutStore:
         yet, the v1 schema (without ``rewards``).
         """
         files = self.committed_files(table)
-        if not files:
-            return S.group_schema() if table == "groups" else S.step_schema()
-        schemas = []
+        names = {p.name for p in files}
+        # Incremental: committed files never change, so unify the cached result with the
+        # new files only (an append must not cost O(files in the store)). After a compaction
+        # removed files, start over.
+        cached = self._unified.get(table)
+        done: set[str] = set()
+        schemas: list[pa.Schema] = []
+        if cached is not None and cached[0] <= names:
+            done, schemas = set(cached[0]), [cached[1]]
         for path in files:
+            if path.name in done:
+                continue
             try:
                 schemas.append(self._file_schema(path))
+                done.add(path.name)
             except StoreError as exc:
                 self._fail(_check_on_error(on_error or self.on_error), exc)
         if not schemas:
             return S.group_schema() if table == "groups" else S.step_schema()
-        return S.unify_schemas(schemas, where=f"{self.root}/{table}")
+        unified = S.unify_schemas(schemas, where=f"{self.root}/{table}")
+        self._unified[table] = (frozenset(done), unified)
+        return unified
 
     # ------------------------------------------------------------------ append
     def append(self, batch: RolloutBatch) -> Path:
@@ -431,6 +457,8 @@ class RolloutStore:
             meta,
             statistics=[n for n in ("step", "rank", "group_index") if n in names],
             dictionary=dictionary,
+            compression=self.compression,
+            compression_level=self.compression_level,
         )
 
     def _write_cache(self, batch: RolloutBatch, name: str) -> Path:

@@ -273,17 +273,21 @@ def parquet_bytes(
     statistics: list[str],
     dictionary: list[str] | bool = False,
     sealed: bool = False,
+    compression: str = "zstd",
+    compression_level: int | None = 1,
 ) -> pa.Buffer | bytes:
     """Parquet bytes in memory (so the CRC is of exactly what is written)."""
     table = table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
     sink = pa.BufferOutputStream()
+    if compression in ("none", "uncompressed", None):
+        compression, compression_level = "none", None
     # zstd level 1: token ids and log-probs compress little more at higher levels, which cost
     # several times the time; dictionary encoding is off for them (DESIGN §5).
     with pq.ParquetWriter(
         sink,
         table.schema,
-        compression="zstd",
-        compression_level=1,
+        compression=compression,
+        compression_level=compression_level,
         use_dictionary=dictionary,
         write_statistics=statistics,
         write_page_checksum=True,

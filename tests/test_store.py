@@ -384,3 +384,23 @@ def test_benchmark_quick_runs(tmp_path):
     assert done.returncode == 0, done.stderr
     for figure in ("torch.save padded", "JSONL", "from IPC cache", "peak growth"):
         assert figure in done.stdout
+
+
+def test_compression_option(tmp_path):
+    fast = RolloutStore(tmp_path / "fast", compression="none")
+    fast.append(make_batch(0))
+    meta = pq.ParquetFile(fast.committed_files()[0]).metadata
+    assert meta.row_group(0).column(0).compression == "UNCOMPRESSED"
+    assert fast.read().equals(RolloutStore(tmp_path / "fast").read())
+    with pytest.raises(StoreError, match="compression"):
+        RolloutStore(tmp_path / "bad", compression="zip")
+
+
+def test_schema_is_unified_incrementally(tmp_path):
+    store = RolloutStore(tmp_path / "s")
+    store.append(make_batch(0, reward_names=("accuracy",)))
+    assert [f.name for f in store.schema().field("rewards").type] == ["accuracy"]
+    store.append(make_batch(1, reward_names=("accuracy", "format")))
+    assert [f.name for f in store.schema().field("rewards").type] == ["accuracy", "format"]
+    store.compact()
+    assert store.schema().equals(RolloutStore(store.root).schema())
