@@ -391,7 +391,10 @@ def test_compression_option(tmp_path):
     fast.append(make_batch(0))
     meta = pq.ParquetFile(fast.committed_files()[0]).metadata
     assert meta.row_group(0).column(0).compression == "UNCOMPRESSED"
-    assert fast.read().equals(RolloutStore(tmp_path / "fast").read())
+    default = RolloutStore(tmp_path / "zstd")
+    default.append(make_batch(0))
+    assert fast.read().equals(default.read())
+    assert fast.committed_files()[0].stat().st_size > default.committed_files()[0].stat().st_size
     with pytest.raises(StoreError, match="compression"):
         RolloutStore(tmp_path / "bad", compression="zip")
 
