@@ -19,8 +19,10 @@ into training tensors (``pip install 'maxent-arrow[ray]'``).
 
 Why a datasource and not ``ray.data.read_parquet``: the commit rule, the checksums, the
 explicit unified schema and the slicing of compacted files need the store's step files, and
-``read_parquet`` (Ray 2.60) fails outright when ``fsspec`` is installed without ``aiohttp``
-(its HTTP-filesystem probe catches ``ModuleNotFoundError`` only).
+``read_parquet`` (Ray 2.60) fails at random when ``fsspec`` is installed without
+``aiohttp``: its HTTP-filesystem probe imports ``fsspec.implementations.http`` from several
+threads, and a thread that sees the module half-imported gets an ``ImportError`` the probe does
+not catch (it catches ``ModuleNotFoundError`` only).
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ import datetime as dt
 import json
 import os
 from collections.abc import Iterator, Mapping
+from pathlib import PurePosixPath
 from typing import Any, Literal
 from urllib.parse import urlparse
 
@@ -134,7 +135,7 @@ class ObjectStore:
         environment), any other pyarrow URI, or a path on ``filesystem``.
     filesystem:
         An explicit ``pyarrow.fs.FileSystem`` (e.g. ``S3FileSystem(endpoint_override=...)``).
-    config, on_error, check_crc:
+    config, on_error, check_crc, compression, compression_level:
         As for :class:`RolloutStore`.
 
     The public methods are those of ``RolloutStore`` that make sense without a local
@@ -150,6 +151,8 @@ class ObjectStore:
         config: Mapping[str, Any] | None = None,
         on_error: Literal["raise", "skip"] = "raise",
         check_crc: bool = True,
+        compression: str = "zstd",
+        compression_level: int | None = 1,
     ):
         self.uri = os.fspath(uri)
         self.filesystem, self.root = resolve_filesystem(uri, filesystem)
@@ -157,12 +160,23 @@ class ObjectStore:
             raise StoreError(f"{self.uri}: refusing a bucket or file system root as a store")
         self.on_error = _check_on_error(on_error)
         self.check_crc = bool(check_crc)
+        # The group files' codec, read by the borrowed RolloutStore._groups_parquet.
+        if compression not in ("zstd", "lz4", "snappy", "gzip", "brotli", "none"):
+            raise StoreError(
+                "compression: expected zstd, lz4, snappy, gzip, brotli or none, got "
+                f"{compression!r}"
+            )
+        self.compression = compression
+        self.compression_level = (
+            compression_level if compression in ("zstd", "gzip", "brotli") else None
+        )
         self.cache_enabled = False
         self._groups_dir = f"{self.root}/groups"
         self._steps_dir = f"{self.root}/steps"
         self._listing: dict[str, dict[str, pafs.FileInfo]] = {}
         self._step_tables: dict[str, tuple[tuple, pa.Table, dict]] = {}
         self._schemas: dict[str, tuple[tuple, pa.Schema]] = {}
+        self._unified: dict[str, tuple[frozenset[str], pa.Schema]] = {}
         self.manifest = self._open(config)
 
     def __repr__(self) -> str:
@@ -273,7 +287,8 @@ class ObjectStore:
         self._step_tables[name] = (key, table, meta)
         return table, meta
 
-    def _file_schema(self, path: str) -> pa.Schema:
+    def _file_schema(self, path: str | PurePosixPath) -> pa.Schema:
+        path = str(path)
         directory, _, name = path.rpartition("/")
         info = self._listed(directory, name)
         key = (info.size, info.mtime_ns)
@@ -299,15 +314,16 @@ class ObjectStore:
             size=None if info is None else info.size,
         )
 
-    def committed_files(self, table: Literal["groups", "steps"] = "groups") -> list[str]:
-        """Paths (on :attr:`filesystem`) of the committed files of ``table``, in step order."""
+    def committed_files(self, table: Literal["groups", "steps"] = "groups") -> list[PurePosixPath]:
+        """Paths (on :attr:`filesystem`; ``str()`` them for pyarrow) of the committed files of
+        ``table``, in step order."""
         if table not in ("groups", "steps"):
             raise StoreError(f"committed_files: table must be 'groups' or 'steps', got {table!r}")
         names = self._committed_step_names()
         if table == "steps":
-            return [f"{self._steps_dir}/{n}" for n in names]
+            return [PurePosixPath(self._steps_dir, n) for n in names]
         present = set(self._names(self._groups_dir))
-        return [f"{self._groups_dir}/{n}" for n in names if n in present]
+        return [PurePosixPath(self._groups_dir, n) for n in names if n in present]
 
     # ------------------------------------------------------------------ borrowed logic
     # RolloutStore's code above the file primitives, run on this class's primitives.
@@ -399,7 +415,7 @@ class ObjectStore:
         try:
             for table in ("groups", "steps"):
                 schema = self.schema(table)
-                files = self.committed_files(table)
+                files = [str(p) for p in self.committed_files(table)]
                 source = pads.dataset(
                     files, schema=schema, format="parquet", filesystem=self.filesystem
                 )
