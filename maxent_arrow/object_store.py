@@ -15,6 +15,8 @@ group object is written first and the step object, the commit marker, last; a cr
 two leaves an uncommitted group object that readers ignore. Object stores have no atomic
 create-if-absent through ``pyarrow.fs``, so the "append each (step, rank, kind) once" check is
 a read before the write: safe when, as the layout intends, each rank writes its own files.
+On a local file system, where a write is not atomic, use :class:`RolloutStore` (temp files,
+renames, fsync, locks); :func:`open_store` does so for local paths.
 ``verify``, ``compact`` and the IPC cache are local-directory features (``RolloutStore``).
 """
 
@@ -160,7 +162,7 @@ class ObjectStore:
             raise StoreError(f"{self.uri}: refusing a bucket or file system root as a store")
         self.on_error = _check_on_error(on_error)
         self.check_crc = bool(check_crc)
-        # The group files' codec, read by the borrowed RolloutStore._groups_parquet.
+        # The group files' codec, read by the borrowed RolloutStore._write_groups.
         if compression not in ("zstd", "lz4", "snappy", "gzip", "brotli", "none"):
             raise StoreError(
                 "compression: expected zstd, lz4, snappy, gzip, brotli or none, got "
@@ -171,6 +173,7 @@ class ObjectStore:
             compression_level if compression in ("zstd", "gzip", "brotli") else None
         )
         self.cache_enabled = False
+        self._dirs_made = False
         self._groups_dir = f"{self.root}/groups"
         self._steps_dir = f"{self.root}/steps"
         self._listing: dict[str, dict[str, pafs.FileInfo]] = {}
@@ -332,7 +335,7 @@ class ObjectStore:
     _units = RolloutStore._units
     _fail = RolloutStore._fail
     _check_conflicts = RolloutStore._check_conflicts
-    _groups_parquet = RolloutStore._groups_parquet
+    _write_groups = RolloutStore._write_groups
     steps = RolloutStore.steps
     __len__ = RolloutStore.__len__
     schema = RolloutStore.schema
@@ -378,7 +381,9 @@ class ObjectStore:
                 f"{self._steps_dir}/{name}: step {batch.step} of rank {batch.rank} "
                 f"({batch.kind}) is already in the store; each (step, rank, kind) is appended once"
             )
-        groups_bytes = self._groups_parquet(batch)
+        sink = pa.BufferOutputStream()
+        self._write_groups(batch, sink)  # RolloutStore's own encoding: the same bytes
+        groups_bytes = sink.getvalue()
         group_meta = {
             "group_file": name,
             "group_size": groups_bytes.size,
@@ -394,6 +399,14 @@ class ObjectStore:
             statistics=["step", "rank"],
             sealed=True,
         )
+        if not self._dirs_made:
+            # Needed on file systems with real directories; a no-op marker on object stores.
+            for directory in (self._groups_dir, self._steps_dir):
+                try:
+                    self.filesystem.create_dir(directory, recursive=True)
+                except (pa.ArrowException, OSError) as exc:
+                    raise StoreError(f"cannot create {directory}: {exc}") from None
+            self._dirs_made = True
         self._put(f"{self._groups_dir}/{name}", groups_bytes)
         self._put(f"{self._steps_dir}/{name}", step_bytes)
         return f"{self._steps_dir}/{name}"
