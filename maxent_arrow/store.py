@@ -46,13 +46,16 @@ from maxent_arrow.store_files import (
     check_root,
     check_seal,
     cleanup_temp,
-    crc32_of,
+    commit_temp,
+    discard_temp,
     fsync_dir,
     os_error,
     parquet_bytes,
+    prepare_temp,
     store_lock,
     unit_name,
     write_atomic,
+    write_parquet,
 )
 
 __all__ = ["RolloutStore", "StoreProblem", "VerifyReport", "FORMAT_NAME"]
@@ -390,38 +393,43 @@ class RolloutStore:
             where=f"batch for {name}",
         )
         self._check_conflicts(batch)
-        groups_bytes = self._groups_parquet(batch)
-        group_meta = {
-            "group_file": name,
-            "group_size": groups_bytes.size,
-            "group_crc32": crc32_of(groups_bytes),
-        }
-        step_table = pa.Table.from_batches([batch.step_row])
-        step_bytes = parquet_bytes(
-            step_table,
-            {
-                STORE_META_KEY: json.dumps(group_meta).encode(),
-                S.METADATA_KEY: S.SCHEMA_VERSION.encode(),
-            },
-            statistics=["step", "rank"],
-            sealed=True,
-        )
         group_path = self._path(self._groups_dir, name)
         step_path = self._path(self._steps_dir, name)
-        with store_lock(self.root):
-            if step_path.exists() or name in self._replaced(self._names(self._steps_dir)):
-                raise StoreError(
-                    f"{step_path}: step {batch.step} of rank {batch.rank} ({batch.kind}) is "
-                    "already in the store; each (step, rank, kind) is appended once"
-                )
-            write_atomic(group_path, groups_bytes, overwrite=True)
-            try:
-                write_atomic(step_path, step_bytes, overwrite=False)
-            except BaseException:
-                # Not committed: remove the group file so the store is as it was.
-                with contextlib.suppress(OSError):
-                    group_path.unlink()
-                raise
+        self._refuse_duplicate(name, batch, step_path)  # early and cheap; again under the lock
+        # The slow part (encoding and writing the group file) runs outside the lock, so ranks
+        # appending at once only serialise on two renames.
+        group_temp, size, crc = prepare_temp(
+            group_path, produce=lambda sink: self._write_groups(batch, sink)
+        )
+        group_meta = {"group_file": name, "group_size": size, "group_crc32": crc}
+        try:
+            step_bytes = parquet_bytes(
+                pa.Table.from_batches([batch.step_row]),
+                {
+                    STORE_META_KEY: json.dumps(group_meta).encode(),
+                    S.METADATA_KEY: S.SCHEMA_VERSION.encode(),
+                },
+                statistics=["step", "rank"],
+                sealed=True,
+            )
+            step_temp, _, _ = prepare_temp(step_path, step_bytes)
+        except BaseException:
+            discard_temp(group_temp)
+            raise
+        try:
+            with store_lock(self.root):
+                self._refuse_duplicate(name, batch, step_path)
+                commit_temp(group_temp, group_path, overwrite=True)
+                try:
+                    commit_temp(step_temp, step_path, overwrite=False)
+                except BaseException:
+                    # Not committed: remove the group file so the store is as it was.
+                    with contextlib.suppress(OSError):
+                        group_path.unlink()
+                    raise
+        finally:
+            discard_temp(group_temp)  # no-ops once committed
+            discard_temp(step_temp)
         if self.cache_enabled:
             try:
                 self._write_cache(batch, name)
@@ -430,6 +438,13 @@ class RolloutStore:
                     f"step {name} is committed but its IPC cache copy failed: {exc}", stacklevel=2
                 )
         return step_path
+
+    def _refuse_duplicate(self, name: str, batch: RolloutBatch, step_path: Path) -> None:
+        if step_path.exists() or name in self._replaced(self._names(self._steps_dir)):
+            raise StoreError(
+                f"{step_path}: step {batch.step} of rank {batch.rank} ({batch.kind}) is "
+                "already in the store; each (step, rank, kind) is appended once"
+            )
 
     def _check_conflicts(self, batch: RolloutBatch) -> None:
         for table, schema in (("groups", batch.groups.schema), ("steps", batch.step_row.schema)):
@@ -442,7 +457,7 @@ class RolloutStore:
             except SchemaError as exc:
                 raise SchemaError(f"{exc}; the store's files keep the first type") from None
 
-    def _groups_parquet(self, batch: RolloutBatch) -> pa.Buffer:
+    def _write_groups(self, batch: RolloutBatch, sink) -> None:
         meta = {
             S.METADATA_KEY: S.SCHEMA_VERSION.encode(),
             CONFIG_META_KEY: (batch._scalar("config") or "{}").encode(),
@@ -452,7 +467,8 @@ class RolloutStore:
             meta[BATCH_META_KEY] = raw
         names = batch.groups.schema.names
         dictionary = [n for n in ("prompt", "answer") if n in names]
-        return parquet_bytes(
+        write_parquet(
+            sink,
             pa.Table.from_batches([batch.groups]),
             meta,
             statistics=[n for n in ("step", "rank", "group_index") if n in names],

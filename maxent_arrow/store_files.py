@@ -13,8 +13,10 @@ import contextlib
 import errno
 import fcntl
 import os
+import queue
 import re
 import socket
+import threading
 import time
 import uuid
 import zlib
@@ -41,6 +43,10 @@ __all__ = [
     "os_error",
     "check_root",
     "parquet_bytes",
+    "write_parquet",
+    "prepare_temp",
+    "commit_temp",
+    "discard_temp",
 ]
 
 TEMP_PREFIX = ".tmp-"
@@ -111,13 +117,66 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(final: Path, data, *, overwrite: bool = True) -> None:
-    """Write ``data`` (bytes or a buffer) to ``final`` atomically and durably.
+class _ThreadedSink:
+    """A write-only file for the Parquet writer: chunks go to a thread that writes them to
+    ``fd`` and folds them into a CRC-32, so encoding and the kernel's copy overlap."""
 
-    The bytes go to a temp file in the same directory, which is fsynced, then renamed over
-    ``final`` (``overwrite=True``) or hard-linked to it (``overwrite=False``: fails with
-    :class:`StoreError` if ``final`` exists, atomically, even against other processes), and the
-    directory is fsynced. On any error the temp file is removed and ``final`` is untouched.
+    def __init__(self, fd: int):
+        self._fd = fd
+        self._queue: queue.Queue[bytes | None] = queue.Queue(maxsize=16)
+        self.size = 0
+        self.crc = 0
+        self.error: OSError | None = None
+        self.closed = False
+        self._thread = threading.Thread(target=self._run, name="maxent-arrow-writer", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (chunk := self._queue.get()) is not None:
+            if self.error is not None:
+                continue  # drain after a failure; the writer sees the error on its next write
+            try:
+                view = memoryview(chunk)
+                written = 0
+                while written < len(view):
+                    written += os.write(self._fd, view[written:])
+                self.crc = zlib.crc32(chunk, self.crc)
+            except OSError as exc:
+                self.error = exc
+
+    def write(self, data) -> int:
+        if self.error is not None:
+            raise self.error
+        chunk = bytes(data)  # the caller may reuse its buffer once we return
+        self._queue.put(chunk)
+        self.size += len(chunk)
+        return len(chunk)
+
+    def tell(self) -> int:
+        return self.size
+
+    def flush(self) -> None:
+        pass
+
+    def writable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        self.closed = True
+
+    def finish(self) -> None:
+        """Wait for the writes; raise the first write error."""
+        self._queue.put(None)
+        self._thread.join()
+        if self.error is not None:
+            raise self.error
+
+
+def prepare_temp(final: Path, data=None, *, produce=None) -> tuple[Path, int, int]:
+    """Write ``data`` (or what ``produce(sink)`` writes) durably to a temp file beside ``final``.
+
+    Returns ``(temp, size, crc32)``; the temp file is fsynced. On any error it is removed and a
+    :class:`StoreError` says why (a full disk, a file size limit, a read-only directory).
     """
     temp = _temp_path(final)
     try:
@@ -125,14 +184,40 @@ def write_atomic(final: Path, data, *, overwrite: bool = True) -> None:
     except OSError as exc:
         raise os_error("cannot create a file in", final.parent, exc) from exc
     try:
-        try:
+        if produce is None:
             view = memoryview(data).cast("B")
             written = 0
             while written < len(view):
                 written += os.write(fd, view[written : written + (64 << 20)])
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+            size, crc = len(view), crc32_of(view)
+        else:
+            sink = _ThreadedSink(fd)
+            try:
+                produce(sink)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    sink.finish()
+                if sink.error is not None:
+                    raise sink.error from None
+                raise
+            sink.finish()
+            size, crc = sink.size, sink.crc & 0xFFFFFFFF
+        os.fsync(fd)
+    except BaseException as exc:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        if isinstance(exc, OSError) and not isinstance(exc, StoreError):
+            raise os_error("cannot write", final, exc) from exc
+        raise
+    os.close(fd)
+    return temp, size, crc
+
+
+def commit_temp(temp: Path, final: Path, *, overwrite: bool) -> None:
+    """Rename (``overwrite``) or hard-link (refusing an existing ``final``) a prepared temp file
+    into place, then fsync the directory. The temp file is gone afterwards either way."""
+    try:
         if overwrite:
             os.replace(temp, final)
         else:
@@ -143,11 +228,27 @@ def write_atomic(final: Path, data, *, overwrite: bool = True) -> None:
             os.unlink(temp)
         fsync_dir(final.parent)
     except OSError as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
+        discard_temp(temp)
         if isinstance(exc, StoreError):
             raise
         raise os_error("cannot write", final, exc) from exc
+
+
+def discard_temp(temp: Path) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(temp)
+
+
+def write_atomic(final: Path, data, *, overwrite: bool = True) -> None:
+    """Write ``data`` (bytes or a buffer) to ``final`` atomically and durably.
+
+    The bytes go to a temp file in the same directory, which is fsynced, then renamed over
+    ``final`` (``overwrite=True``) or hard-linked to it (``overwrite=False``: fails with
+    :class:`StoreError` if ``final`` exists, atomically, even against other processes), and the
+    directory is fsynced. On any error the temp file is removed and ``final`` is untouched.
+    """
+    temp, _, _ = prepare_temp(final, data)
+    commit_temp(temp, final, overwrite=overwrite)
 
 
 def crc32_of(data) -> int:
@@ -266,7 +367,8 @@ def _split_columns(schema: pa.Schema) -> list[str]:
     return paths
 
 
-def parquet_bytes(
+def write_parquet(
+    sink,
     table: pa.Table,
     metadata: dict[bytes, bytes],
     *,
@@ -275,10 +377,9 @@ def parquet_bytes(
     sealed: bool = False,
     compression: str = "zstd",
     compression_level: int | None = 1,
-) -> pa.Buffer | bytes:
-    """Parquet bytes in memory (so the CRC is of exactly what is written)."""
+) -> None:
+    """Write ``table`` as one Parquet file to ``sink`` with the store's settings."""
     table = table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
-    sink = pa.BufferOutputStream()
     if compression in ("none", "uncompressed", None):
         compression, compression_level = "none", None
     # zstd level 1: token ids and log-probs compress little more at higher levels, which cost
@@ -300,6 +401,13 @@ def parquet_bytes(
         writer.write_table(table, row_group_size=max(table.num_rows, 1))
         if sealed:
             writer.add_key_value_metadata({SEAL_KEY: SEAL_PLACEHOLDER})
-    if sealed:
+
+
+def parquet_bytes(table: pa.Table, metadata: dict[bytes, bytes], **options) -> pa.Buffer | bytes:
+    """Parquet bytes in memory (so a CRC can be of exactly what is written); sealed files come
+    back with their own CRC patched in."""
+    sink = pa.BufferOutputStream()
+    write_parquet(sink, table, metadata, **options)
+    if options.get("sealed"):
         return seal(sink.getvalue().to_pybytes())
     return sink.getvalue()
