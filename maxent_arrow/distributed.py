@@ -143,7 +143,7 @@ def _datasource(reads, filesystem, schema, crc, with_unit, row_filter, keep):
 
     out_schema = schema if row_filter is None else pa.schema([schema.field(c) for c in keep])
     if with_unit:
-        out_schema = schema.append(pa.field(UNIT_COLUMN, pa.string()))
+        out_schema = out_schema.append(pa.field(UNIT_COLUMN, pa.string()))
 
     class StoreDatasource(Datasource):
         def get_name(self) -> str:
