@@ -11,7 +11,8 @@ Layout (plain files that DuckDB, Polars, pyarrow datasets and HF ``datasets`` re
 
 The step file is the commit marker: it is linked into place last, so a group file is visible
 only once its step file exists. The step file's metadata records the group file's size and
-CRC-32, so a truncated or bit-flipped group file is caught on read. Names starting with
+CRC-32, and the step file carries a CRC-32 of its own bytes (sealed into its footer), so a
+truncated or bit-flipped file is caught on read and named by ``verify()``. Names starting with
 ``.tmp-`` are in-flight temp files that readers ignore and ``open`` cleans up.
 
 Parquet: zstd; no dictionary encoding on token and log-prob columns; statistics on ``step``,
