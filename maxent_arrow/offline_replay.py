@@ -3,9 +3,10 @@
 A saved step holds everything a loss needs except the policy forward pass (semantics §4.2):
 the exact prompt and completion token ids, the reference log-probs, q, the weights, the
 behaviour log-probs and the config. ``replay_losses`` streams the steps back from the store,
-recomputes the MaxEnt weights from the stored q and reference term (they must equal the stored
-weights), re-scores the stored tokens with the policy snapshot of that step, recomputes the
-loss, and reports it beside the logged one.
+recomputes advantages, q and weights from the stored utilities, reference sums and config
+(:func:`maxent_arrow.replay.recompute`; they must equal the stored columns), re-scores the
+stored tokens with the policy snapshot of that step, recomputes the loss, and reports it beside
+the logged one.
 """
 
 from __future__ import annotations
@@ -19,14 +20,14 @@ from typing import Any
 import torch
 
 from maxent_arrow.batch import RolloutBatch
-from maxent_arrow.compute import maxent_weights
 from maxent_arrow.errors import StoreError
 from maxent_arrow.ingest import build_score_batch
 from maxent_arrow.loss import ClipSettings, evaluate_losses
+from maxent_arrow.replay import recompute
 from maxent_arrow.scoring import sequence_scores
 from maxent_arrow.store import RolloutStore
 
-__all__ = ["ReplayedStep", "replay_losses", "recompute_weights"]
+__all__ = ["ReplayedStep", "replay_losses", "recompute_errors", "snapshot_loader"]
 
 
 @dataclass(frozen=True)
@@ -36,8 +37,13 @@ class ReplayedStep:
     step: int
     logged_loss: float
     replayed_loss: float
-    max_weight_error: float
+    recompute_errors: dict[str, float]
     num_samples: int
+
+    @property
+    def max_weight_error(self) -> float:
+        """Largest difference of the recomputed advantages, q or weights to the stored ones."""
+        return max(self.recompute_errors.values(), default=0.0)
 
     @property
     def loss_error(self) -> float:
@@ -45,22 +51,17 @@ class ReplayedStep:
         return abs(self.replayed_loss - self.logged_loss) / max(abs(self.logged_loss), 1e-12)
 
 
-def recompute_weights(batch: RolloutBatch) -> torch.Tensor:
-    """MaxEnt weights from the step's stored q and reference term, as its config says."""
-    cfg = batch.config
-    reference = batch.reference_logprobs
-    q = batch.ragged("q")
-    if q is None or reference is None:
-        raise StoreError(f"step {batch.step}: no q or reference columns to recompute weights from")
-    rho = reference.ref_logp_sum if cfg.get("len_norm_ref", True) else reference.ref_logp_sum_raw
-    weights = maxent_weights(
-        q,
-        rho.to(torch.float64),
-        tau=cfg["tau"],
-        beta=cfg["beta"],
-        denominator=cfg.get("weight_denominator", "tau"),
-    )
-    return weights.values
+def recompute_errors(batch: RolloutBatch) -> dict[str, float]:
+    """Largest absolute difference between each stored derived column (advantages, q, weights)
+    and its recomputation from the step's stored facts and config."""
+    errors = {}
+    for name, ragged in recompute(batch).items():
+        stored = batch.ragged(name)
+        if stored is None:
+            raise StoreError(f"step {batch.step}: no stored {name!r} to compare with")
+        diff = (ragged.values - stored.values.to(torch.float64)).abs()
+        errors[name] = float(diff.max()) if diff.numel() else 0.0
+    return errors
 
 
 def _clip(cfg: dict[str, Any]) -> ClipSettings | None:
@@ -94,8 +95,7 @@ def replay_losses(
     for batch in store.replay(steps=steps, kind="train"):
         cfg = batch.config
         stored = batch.ragged("weights")
-        recomputed = recompute_weights(batch)
-        weight_error = float((recomputed - stored.values.to(torch.float64)).abs().max())
+        errors = recompute_errors(batch)
         model = load_policy(batch.step)
         score_batch = build_score_batch(
             batch,
@@ -129,7 +129,7 @@ def replay_losses(
             step=batch.step,
             logged_loss=math.nan if logged is None else logged.total_loss,
             replayed_loss=float(loss.loss),
-            max_weight_error=weight_error,
+            recompute_errors=errors,
             num_samples=batch.num_samples,
         )
 

@@ -244,16 +244,24 @@ class MaxEntTrainer:
         return batch
 
     def weights(self, rewards, reference) -> Ragged:
-        """MaxEnt weights from the step's q and the reference term (§3.6)."""
+        """MaxEnt weights from the step's q and the reference term (§3.6).
+
+        The reference term is computed from the stored facts (raw sums and token counts, in
+        float64), exactly as :func:`maxent_arrow.replay.recompute` does, so a replayed step
+        reproduces the weights bit for bit.
+        """
         cfg = self.config
         q = rewards.q_distribution.grouped.to_ragged()
-        rho = reference.ref_logp_sum if cfg.len_norm_ref else reference.ref_logp_sum_raw
+        raw = reference.ref_logp_sum_raw.detach().cpu().to(torch.float64)
+        counts = reference.ref_tok_counts.detach().cpu().to(torch.float64)
+        rho = raw / counts.clamp(min=1) if cfg.len_norm_ref else raw
         return maxent_weights(
             q,
-            rho.detach().to(torch.float64).cpu(),
+            rho,
             tau=cfg.tau,
             beta=cfg.beta,
             denominator=cfg.weight_denominator,
+            token_counts=counts,
         )
 
     def clip_settings(self) -> ClipSettings | None:
