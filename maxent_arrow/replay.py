@@ -25,7 +25,14 @@ from maxent_arrow.errors import StoreError
 if TYPE_CHECKING:
     from maxent_arrow.store import OnError, RolloutStore, _Unit
 
-__all__ = ["replay", "ReplayDataset", "process_shard", "recompute", "RECOMPUTE_DEFAULTS"]
+__all__ = [
+    "replay",
+    "write_cache",
+    "ReplayDataset",
+    "process_shard",
+    "recompute",
+    "RECOMPUTE_DEFAULTS",
+]
 
 
 @dataclass(frozen=True)
@@ -219,6 +226,25 @@ def _partial_step_row(step_row: pa.RecordBatch, part: pa.RecordBatch) -> pa.Reco
     arrays[names.index("num_groups")] = pa.array([part.num_rows], pa.int32())
     arrays[names.index("num_samples")] = pa.array([samples], pa.int32())
     return pa.RecordBatch.from_arrays(arrays, schema=step_row.schema)
+
+
+def write_cache(store: RolloutStore, batch: RolloutBatch, name: str) -> Path:
+    """Write the IPC cache copy of a committed step (uncompressed: memory-mappable)."""
+    import pyarrow.ipc as ipc
+
+    from maxent_arrow.batch import STEP_META_KEY, step_row_to_json
+    from maxent_arrow.store_files import write_atomic
+
+    path = store._path(store._cache_dir, name.removesuffix(".parquet") + ".arrow")
+    store._cache_dir.mkdir(exist_ok=True)
+    meta = dict(batch.groups.schema.metadata or {})
+    meta[STEP_META_KEY] = step_row_to_json(batch.step_row).encode()
+    groups = batch.groups.replace_schema_metadata(meta)
+    sink = pa.BufferOutputStream()
+    with ipc.new_file(sink, groups.schema) as writer:
+        writer.write_batch(groups)
+    write_atomic(path, sink.getvalue(), overwrite=True)
+    return path
 
 
 # ---------------------------------------------------------------------------- torch

@@ -24,7 +24,6 @@ reads as nulls in older files); a column that changes type is refused at append 
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import json
 import os
 import warnings
@@ -38,9 +37,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from maxent_arrow import schema as S
-from maxent_arrow.batch import BATCH_META_KEY, STEP_META_KEY, RolloutBatch, step_row_to_json
+from maxent_arrow.batch import BATCH_META_KEY, RolloutBatch
 from maxent_arrow.errors import SchemaError, StoreError
-from maxent_arrow.store_admin import StoreProblem, VerifyReport
+from maxent_arrow.store_admin import StoreProblem, VerifyReport, remove_replaced
 from maxent_arrow.store_files import (
     COMPACT_RE,
     UNIT_RE,
@@ -49,13 +48,12 @@ from maxent_arrow.store_files import (
     cleanup_temp,
     commit_temp,
     discard_temp,
-    fsync_dir,
+    open_manifest,
     os_error,
     parquet_bytes,
     prepare_temp,
     store_lock,
     unit_name,
-    write_atomic,
     write_parquet,
 )
 
@@ -148,48 +146,12 @@ class RolloutStore:
 
     # ------------------------------------------------------------------ open / manifest
     def _open(self, config: Mapping[str, Any] | None) -> dict[str, Any]:
-        manifest_path = self.root / "manifest.json"
-        if self.root.exists() and not manifest_path.exists():
-            # Our own directories without a manifest: a store being created by another rank
-            # right now, or a creation interrupted before the manifest was written.
-            own = {"groups", "steps", "cache", ".lock"}
-            if any(
-                p.name not in own and not p.name.startswith(".tmp-") for p in self.root.iterdir()
-            ):
-                raise StoreError(
-                    f"{self.root}: not a rollout store (no manifest.json) and not empty"
-                )
-        if not manifest_path.exists():
-            manifest = {
-                "format": FORMAT_NAME,
-                "schema_version": S.SCHEMA_VERSION,
-                "created_at": dt.datetime.now(dt.UTC).isoformat(),
-                "config": _jsonable_config(config),
-            }
-            try:
-                for directory in (self.root, self._groups_dir, self._steps_dir, self._cache_dir):
-                    directory.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise os_error("cannot create the store at", self.root, exc) from exc
-            with contextlib.suppress(StoreError):
-                # Another rank may create the manifest first; theirs wins (link refuses ours).
-                write_atomic(
-                    manifest_path, json.dumps(manifest, indent=2).encode(), overwrite=False
-                )
-        try:
-            manifest = json.loads(manifest_path.read_text())
-        except (OSError, ValueError) as exc:
-            raise StoreError(f"{manifest_path}: unreadable manifest ({exc})") from None
-        if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
-            raise StoreError(f"{manifest_path}: not a {FORMAT_NAME} manifest")
-        S.check_version(manifest.get("schema_version"), where=str(manifest_path))
+        dirs = (self._groups_dir, self._steps_dir, self._cache_dir)
+        manifest = open_manifest(self.root, dirs, FORMAT_NAME, _jsonable_config(config))
         if os.access(self.root, os.W_OK):
-            for directory in (self._groups_dir, self._steps_dir, self._cache_dir):
-                if not directory.exists():
-                    with contextlib.suppress(OSError):
-                        directory.mkdir()
+            for directory in dirs:
                 cleanup_temp(directory)
-            self._remove_replaced()
+            remove_replaced(self)
         return manifest
 
     @property
@@ -479,18 +441,9 @@ class RolloutStore:
         )
 
     def _write_cache(self, batch: RolloutBatch, name: str) -> Path:
-        import pyarrow.ipc as ipc
+        from maxent_arrow.replay import write_cache
 
-        path = self._path(self._cache_dir, name.removesuffix(".parquet") + ".arrow")
-        self._cache_dir.mkdir(exist_ok=True)
-        meta = dict(batch.groups.schema.metadata or {})
-        meta[STEP_META_KEY] = step_row_to_json(batch.step_row).encode()
-        groups = batch.groups.replace_schema_metadata(meta)
-        sink = pa.BufferOutputStream()
-        with ipc.new_file(sink, groups.schema) as writer:
-            writer.write_batch(groups)
-        write_atomic(path, sink.getvalue(), overwrite=True)
-        return path
+        return write_cache(self, batch, name)
 
     def build_cache(self, *, steps: Iterable[int] | None = None, kind: str | None = None) -> int:
         """Write IPC cache copies of committed steps that have none; returns how many."""
@@ -654,18 +607,6 @@ class RolloutStore:
         from maxent_arrow.store_admin import compact
 
         return compact(self, kind=kind, steps=steps, max_steps=max_steps)
-
-    def _remove_replaced(self) -> None:
-        names = self._names(self._steps_dir)
-        replaced = self._replaced(names)
-        for name in sorted(replaced):
-            for directory in (self._steps_dir, self._groups_dir):
-                with contextlib.suppress(OSError):
-                    (directory / name).unlink()
-        if replaced:
-            with contextlib.suppress(OSError):
-                fsync_dir(self._steps_dir)
-                fsync_dir(self._groups_dir)
 
 
 # ---------------------------------------------------------------------------- helpers

@@ -29,7 +29,7 @@ from maxent_arrow.store_files import (
 if TYPE_CHECKING:
     from maxent_arrow.store import RolloutStore
 
-__all__ = ["verify", "compact", "StoreProblem", "VerifyReport"]
+__all__ = ["verify", "compact", "remove_replaced", "StoreProblem", "VerifyReport"]
 
 
 @dataclass(frozen=True)
@@ -226,3 +226,18 @@ def _compact_chunk(store, kind, units, store_meta_key, parquet_bytes, conform) -
 
 
 _ = pq
+
+
+def remove_replaced(store: RolloutStore) -> None:
+    """Delete per-append files that a committed compacted pair replaces (cleanup after a
+    compaction that stopped before deleting them; readers already ignore them)."""
+    names = store._names(store._steps_dir)
+    replaced = store._replaced(names)
+    for name in sorted(replaced):
+        for directory in (store._steps_dir, store._groups_dir):
+            with contextlib.suppress(OSError):
+                (directory / name).unlink()
+    if replaced:
+        with contextlib.suppress(OSError):
+            fsync_dir(store._steps_dir)
+            fsync_dir(store._groups_dir)

@@ -44,6 +44,7 @@ __all__ = [
     "check_root",
     "parquet_bytes",
     "write_parquet",
+    "open_manifest",
     "prepare_temp",
     "commit_temp",
     "discard_temp",
@@ -411,3 +412,48 @@ def parquet_bytes(table: pa.Table, metadata: dict[bytes, bytes], **options) -> p
     if options.get("sealed"):
         return seal(sink.getvalue().to_pybytes())
     return sink.getvalue()
+
+
+# ---------------------------------------------------------------------------- manifest
+def open_manifest(root: Path, dirs: tuple[Path, ...], fmt: str, config: dict) -> dict:
+    """Read ``root/manifest.json``, creating the store (directories, then the manifest) if
+    missing. Refuses a non-empty directory that is not a store, another format and a newer
+    schema major version."""
+    import datetime as dt
+    import json
+
+    manifest_path = root / "manifest.json"
+    if root.exists() and not manifest_path.exists():
+        # Our own directories without a manifest: a store being created by another rank
+        # right now, or a creation interrupted before the manifest was written.
+        own = {"groups", "steps", "cache", ".lock"}
+        if any(p.name not in own and not p.name.startswith(TEMP_PREFIX) for p in root.iterdir()):
+            raise StoreError(f"{root}: not a rollout store (no manifest.json) and not empty")
+    if not manifest_path.exists():
+        manifest = {
+            "format": fmt,
+            "schema_version": S.SCHEMA_VERSION,
+            "created_at": dt.datetime.now(dt.UTC).isoformat(),
+            "config": config,
+        }
+        try:
+            for directory in (root, *dirs):
+                directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise os_error("cannot create the store at", root, exc) from exc
+        with contextlib.suppress(StoreError):
+            # Another rank may create the manifest first; theirs wins (link refuses ours).
+            write_atomic(manifest_path, json.dumps(manifest, indent=2).encode(), overwrite=False)
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise StoreError(f"{manifest_path}: unreadable manifest ({exc})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != fmt:
+        raise StoreError(f"{manifest_path}: not a {fmt} manifest")
+    S.check_version(manifest.get("schema_version"), where=str(manifest_path))
+    if os.access(root, os.W_OK):
+        for directory in dirs:
+            if not directory.exists():
+                with contextlib.suppress(OSError):
+                    directory.mkdir()
+    return manifest
