@@ -300,7 +300,8 @@ def assemble(
         rf = reference.to_arrow()
         for name in ("ref_logp_sum", "ref_tok_counts", "ref_logp_sum_raw", "ref_token_logp"):
             value = getattr(reference, name)
-            meta["dtypes"][name] = dtype_name(value.dtype)
+            if value is not None:
+                meta["dtypes"][name] = dtype_name(value.dtype)
         if reference.ref_token_mask is not None:
             meta["dtypes"]["ref_token_mask"] = dtype_name(reference.ref_token_mask.dtype)
         meta["has_ref_mask"] = reference.ref_token_mask is not None

@@ -424,7 +424,8 @@ def sequence_scores(
         if behavior_token_logp is not None:
             old = _aligned_behavior(behavior_token_logp, score_batch, scores, width, device)
         if not return_token_logp:
-            token_logp = token_mask = None
+            # old_token_logp keeps its mask: without it the per-token rows have no lengths.
+            token_logp = None
     return SequenceScores(
         cur_logp_sum=cur,
         behavior_logp_sum=behavior,
