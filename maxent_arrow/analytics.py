@@ -50,6 +50,7 @@ from maxent_arrow.run_views import (
     flat_columns,
     quote,
     read_schemas,
+    samples_view_sql,
     sql_string,
 )
 
@@ -183,43 +184,7 @@ class RunAnalytics(ReadyMadeQueries):
         self._step_schema = self.con.sql("SELECT * FROM _step_rows LIMIT 0").to_arrow_table().schema
 
     def _samples_sql(self) -> str:
-        cols = self._group_columns
-        keep = ["step", "rank", "group_index", "kind"] + [
-            c
-            for c in ("prompt", "answer", "seed_semantic_entropy", "seed_advantage_scale")
-            if c in cols
-        ]
-        out = [f"g.{quote(c)}" for c in keep] + ["g._i - 1 AS sample_index"]
-        singular = {
-            "completions": "completion",
-            "total_utils": "total_util",
-            "advantages": "advantage",
-            "weights": "weight",
-            "ref_tok_counts": "ref_tok_count",
-        }
-        for column in _schema.PER_COMPLETION_COLUMNS:
-            if column not in cols:
-                continue
-            if column == "completion_info":
-                for sub in _schema.COMPLETION_INFO_TYPE:
-                    out.append(f"g.completion_info[g._i].{quote(sub.name)} AS {quote(sub.name)}")
-                continue
-            out.append(f"g.{quote(column)}[g._i] AS {quote(singular.get(column, column))}")
-        if self.reward_names:
-            fields = ", ".join(
-                f"{quote(n)} := g.rewards.{quote(n)}[g._i]" for n in self.reward_names
-            )
-            out.append(f"struct_pack({fields}) AS rewards")
-            # Also flat, named as in sample_scalars (``reward_<name>``), for plain SQL.
-            out += [
-                f"g.rewards.{quote(n)}[g._i] AS {quote('reward_' + n)}" for n in self.reward_names
-            ]
-        # Subscripts from generate_series, then `list[i]` per column: aligned by construction,
-        # and projection pushdown still reaches the Parquet scan.
-        return (
-            f"SELECT {', '.join(out)} FROM (SELECT *, unnest(generate_series(1, "
-            f"len(completions))) AS _i FROM groups) g"
-        )
+        return samples_view_sql(self._group_columns | {"kind"}, self.reward_names)
 
     def materialize(self) -> None:
         """Build the in-memory ``sample_scalars`` table (one scan) and answer the ready-made

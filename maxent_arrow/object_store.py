@@ -422,7 +422,7 @@ class ObjectStore:
             raise MissingExtraError("duckdb", "analytics") from None
         import pyarrow.dataset as pads
 
-        from maxent_arrow.store_read import samples_view_sql
+        from maxent_arrow.store_read import samples_sql
 
         con = duckdb.connect()
         try:
@@ -435,7 +435,7 @@ class ObjectStore:
                 con.register(f"_{table}_source", source)
                 con.execute(f"CREATE VIEW {table} AS SELECT * FROM _{table}_source")
                 if table == "groups":
-                    con.execute(f"CREATE VIEW samples AS {samples_view_sql(schema)}")
+                    con.execute(f"CREATE VIEW samples AS {samples_sql(schema)}")
             try:
                 result = con.sql(query)
             except duckdb.Error as exc:

@@ -27,6 +27,7 @@ from maxent_arrow import schema as _schema
 from maxent_arrow.errors import LayoutError, StoreError
 
 __all__ = [
+    "samples_view_sql",
     "ViewBuilder",
     "committed_files",
     "file_kind",
@@ -228,3 +229,60 @@ def flat_columns(columns: set[str], reward_names: list[str]) -> dict[str, str]:
             "lambda x: coalesce(x.truncated, x.finish_reason = 'length'))"
         )
     return out
+
+
+_SINGULAR = {
+    "completions": "completion",
+    "total_utils": "total_util",
+    "advantages": "advantage",
+    "weights": "weight",
+    "ref_tok_counts": "ref_tok_count",
+}
+
+
+def samples_view_sql(
+    columns: Iterable[str], reward_names: Sequence[str], source: str = "groups"
+) -> str:
+    """SQL of the ``samples`` view over ``source`` (group rows): one row per completion.
+
+    ``sample_index`` is the completion's index in its group; each per-completion list becomes
+    its singular column (``completion``, ``total_util``, ``advantage``, ``q``, ``weight`` ...),
+    the completion info its fields, and each reward function ``reward_<name>`` (and a
+    ``rewards`` struct). Subscripts come from ``generate_series`` and every column is indexed
+    with the same subscript, so the lists stay aligned by construction and projection
+    pushdown still reaches the Parquet scan. The one definition behind
+    :class:`~maxent_arrow.analytics.RunAnalytics`, :meth:`RolloutStore.sql` and
+    :meth:`ObjectStore.sql`.
+    """
+    cols = set(columns)
+    keep = [
+        c
+        for c in (
+            "step",
+            "rank",
+            "group_index",
+            "kind",
+            "prompt",
+            "answer",
+            "seed_semantic_entropy",
+            "seed_advantage_scale",
+        )
+        if c in cols
+    ]
+    out = [f"g.{quote(c)}" for c in keep] + ["g._i - 1 AS sample_index"]
+    for column in _schema.PER_COMPLETION_COLUMNS:
+        if column not in cols:
+            continue
+        if column == "completion_info":
+            for sub in _schema.COMPLETION_INFO_TYPE:
+                out.append(f"g.completion_info[g._i].{quote(sub.name)} AS {quote(sub.name)}")
+            continue
+        out.append(f"g.{quote(column)}[g._i] AS {quote(_SINGULAR.get(column, column))}")
+    if reward_names:
+        fields = ", ".join(f"{quote(n)} := g.rewards.{quote(n)}[g._i]" for n in reward_names)
+        out.append(f"struct_pack({fields}) AS rewards")
+        out += [f"g.rewards.{quote(n)}[g._i] AS {quote('reward_' + n)}" for n in reward_names]
+    return (
+        f"SELECT {', '.join(out)} FROM (SELECT *, unnest(generate_series(1, "
+        f"len(completions))) AS _i FROM {source}) g"
+    )

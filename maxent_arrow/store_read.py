@@ -17,7 +17,7 @@ from maxent_arrow.store_files import crc32_file
 if TYPE_CHECKING:
     from maxent_arrow.store import OnError, RolloutStore
 
-__all__ = ["conform", "read_checked", "read_table", "run_sql", "samples_view_sql"]
+__all__ = ["conform", "read_checked", "read_table", "run_sql"]
 
 
 def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
@@ -135,49 +135,10 @@ def read_table(
 
 
 # ---------------------------------------------------------------------------- SQL
-_SAMPLE_NAMES = {
-    "completions": "completion",
-    "completion_ids": "completion_ids",
-    "completion_info": "completion_info",
-    "ref_meta": "ref_meta",
-    "total_utils": "total_util",
-    "advantages": "advantage",
-    "q": "q",
-    "weights": "weight",
-    "ref_logp_sum_raw": "ref_logp_sum_raw",
-    "ref_tok_counts": "ref_tok_count",
-    "ref_token_logp": "ref_token_logp",
-    "behavior_logp_sum": "behavior_logp_sum",
-    "behavior_token_logp": "behavior_token_logp",
-    "policy_entropy_sum": "policy_entropy_sum",
-}
 
 
 def _quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
-
-
-def samples_view_sql(schema: pa.Schema, source: str = "groups") -> str:
-    """SQL of the ``samples`` view: one row per completion, ``k`` its index in the group.
-
-    DuckDB unnests several lists of one SELECT in lockstep, which is the zip we want (every
-    per-completion list of a row has the same length K).
-    """
-    names = schema.names
-    parts = [
-        f"{_quote(n)}" for n in names if n in ("step", "rank", "group_index", "prompt", "answer")
-    ]
-    parts.append("UNNEST(range(len(completions))) AS k")
-    for column, alias in _SAMPLE_NAMES.items():
-        if column in names:
-            parts.append(f"UNNEST({_quote(column)}) AS {_quote(alias)}")
-    if "rewards" in names:
-        for f in schema.field("rewards").type:
-            parts.append(f"UNNEST(rewards.{_quote(f.name)}) AS {_quote('reward_' + f.name)}")
-    for column in ("seed_semantic_entropy", "seed_advantage_scale"):
-        if column in names:
-            parts.append(_quote(column))
-    return f"SELECT {', '.join(parts)} FROM {source}"
 
 
 def _usable_files(store: RolloutStore, table: str, on_error: OnError) -> list[Path]:
@@ -198,6 +159,15 @@ def _usable_files(store: RolloutStore, table: str, on_error: OnError) -> list[Pa
     return usable
 
 
+def samples_sql(schema: pa.Schema, *, with_kind: bool = False) -> str:
+    """The shared ``samples`` view (:func:`maxent_arrow.run_views.samples_view_sql`)."""
+    from maxent_arrow.run_views import samples_view_sql
+
+    rewards = schema.field("rewards").type if "rewards" in schema.names else []
+    names = [*schema.names, "kind"] if with_kind else schema.names
+    return samples_view_sql(names, [f.name for f in rewards])
+
+
 def run_sql(store: RolloutStore, query: str, *, on_error: OnError) -> pa.Table:
     try:
         import duckdb
@@ -210,16 +180,23 @@ def run_sql(store: RolloutStore, query: str, *, on_error: OnError) -> pa.Table:
             schema = store.schema(table, on_error=on_error)
             if files:
                 listing = ", ".join("'" + str(p).replace("'", "''") + "'" for p in files)
+                # Group rows carry their kind in the file name, as the analytics views do.
+                kind = (
+                    r", regexp_extract(filename, '\.([a-z][a-z0-9_]*)\.parquet$', 1) AS kind"
+                    if table == "groups"
+                    else ""
+                )
                 con.execute(
-                    f"CREATE VIEW {table} AS SELECT * FROM read_parquet([{listing}], "
-                    "union_by_name = true)"
+                    f"CREATE VIEW {table} AS SELECT * EXCLUDE (filename){kind} FROM "
+                    f"read_parquet([{listing}], union_by_name = true, filename = true)"
                 )
             else:
                 empty = schema.empty_table()
                 con.register(f"_{table}_empty", empty)
-                con.execute(f"CREATE VIEW {table} AS SELECT * FROM _{table}_empty")
+                kind = ", NULL::VARCHAR AS kind" if table == "groups" else ""
+                con.execute(f"CREATE VIEW {table} AS SELECT *{kind} FROM _{table}_empty")
             if table == "groups":
-                con.execute(f"CREATE VIEW samples AS {samples_view_sql(schema)}")
+                con.execute(f"CREATE VIEW samples AS {samples_sql(schema, with_kind=True)}")
         try:
             result = con.sql(query)
         except duckdb.Error as exc:

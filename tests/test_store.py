@@ -147,8 +147,8 @@ def test_sql_views(store):
     counts = store.sql("SELECT step, count(*) AS n FROM groups GROUP BY step ORDER BY step")
     assert counts.column("n").to_pylist() == [3, 6, 3]
     samples = store.sql(
-        "SELECT step, rank, group_index, k, completion, advantage, reward_accuracy FROM samples "
-        "ORDER BY step, rank, group_index, k"
+        "SELECT step, rank, group_index, sample_index, completion, advantage, reward_accuracy "
+        "FROM samples ORDER BY step, rank, group_index, sample_index"
     )
     b = make_batch(2)
     mine = samples.filter(pc.field("step") == 2)
@@ -162,6 +162,8 @@ def test_sql_views(store):
         make_batch(s, rank=r).num_samples for s, r in [(0, 0), (1, 0), (1, 1), (2, 0)]
     )
     assert store.sql("SELECT count(*) AS n FROM steps").column("n")[0].as_py() == 4
+    kinds = store.sql("SELECT DISTINCT kind FROM samples").column("kind").to_pylist()
+    assert kinds == ["train"]
     with pytest.raises(StoreError, match="nosuchtable"):
         store.sql("SELECT * FROM nosuchtable")
 
