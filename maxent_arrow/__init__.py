@@ -7,6 +7,8 @@ error hierarchy, and, loaded on first use, the rollout batch and store.
 
 from __future__ import annotations
 
+import atexit
+import gc
 from typing import TYPE_CHECKING, Any
 
 from maxent_arrow.errors import (
@@ -39,14 +41,30 @@ from maxent_arrow.types.rewards import (
 
 __version__ = "0.1.0"
 
+# Arrow scanners and readers abandoned before exit keep native worker threads alive; if they
+# are only collected during interpreter teardown, after Arrow's pools are gone, the process
+# aborts with "terminate called without an active exception" (apache/arrow#34314,
+# huggingface/datasets#7566). Collecting them while Arrow is still alive joins those threads.
+atexit.register(gc.collect)
+
 # Heavier parts load on first attribute access, so `import maxent_arrow` stays fast.
 _LAZY = {
     "RolloutBatch": "maxent_arrow.batch",
     "RolloutStore": "maxent_arrow.store",
+    "ReplayDataset": "maxent_arrow.replay",
+    "RunAnalytics": "maxent_arrow.analytics",
+    "build_score_batch": "maxent_arrow.ingest",
+    "build_report": "maxent_arrow.report",
+    "compute_rewards": "maxent_arrow.reward_step",
 }
 
 if TYPE_CHECKING:
+    from maxent_arrow.analytics import RunAnalytics
     from maxent_arrow.batch import RolloutBatch
+    from maxent_arrow.ingest import build_score_batch
+    from maxent_arrow.replay import ReplayDataset
+    from maxent_arrow.report import build_report
+    from maxent_arrow.reward_step import compute_rewards
     from maxent_arrow.store import RolloutStore
 
 
@@ -77,8 +95,10 @@ __all__ = [
     "ReferenceLogprobs",
     "RewardComputation",
     "RewardMoments",
+    "ReplayDataset",
     "RolloutBatch",
     "RolloutStore",
+    "RunAnalytics",
     "SchemaError",
     "SchemaVersionError",
     "ScoreBatch",
@@ -86,4 +106,7 @@ __all__ = [
     "StoreError",
     "ValidationContext",
     "__version__",
+    "build_report",
+    "build_score_batch",
+    "compute_rewards",
 ]
