@@ -28,7 +28,6 @@ import json
 import os
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -43,6 +42,13 @@ from maxent_arrow.store_admin import StoreProblem, VerifyReport, remove_replaced
 from maxent_arrow.store_files import (
     COMPACT_RE,
     UNIT_RE,
+    OnError,
+    _check_on_error,
+    _json_meta,
+    _jsonable_config,
+    _sort_key,
+    _step_set,
+    _Unit,
     check_root,
     check_seal,
     cleanup_temp,
@@ -62,30 +68,6 @@ __all__ = ["RolloutStore", "StoreProblem", "VerifyReport", "FORMAT_NAME"]
 FORMAT_NAME = "maxent-arrow-rollouts"
 STORE_META_KEY = b"maxent_arrow.store"
 CONFIG_META_KEY = b"maxent_arrow.config"
-OnError = Literal["raise", "skip"]
-
-
-@dataclass(frozen=True)
-class _Unit:
-    """One committed (step, rank, kind): where its step row and group rows are."""
-
-    step: int
-    rank: int
-    kind: str
-    step_file: str
-    group_file: str
-    row: int  # its row in the step file
-    start: int  # its first row in the group file
-    num_groups: int
-
-    @property
-    def name(self) -> str:
-        return unit_name(self.step, self.rank, self.kind)
-
-
-def _json_meta(schema: pa.Schema, key: bytes) -> dict[str, Any]:
-    raw = (schema.metadata or {}).get(key)
-    return json.loads(raw) if raw else {}
 
 
 class RolloutStore:
@@ -607,37 +589,3 @@ class RolloutStore:
         from maxent_arrow.store_admin import compact
 
         return compact(self, kind=kind, steps=steps, max_steps=max_steps)
-
-
-# ---------------------------------------------------------------------------- helpers
-def _check_on_error(value: str) -> OnError:
-    if value not in ("raise", "skip"):
-        raise StoreError(f"on_error must be 'raise' or 'skip', got {value!r}")
-    return value  # type: ignore[return-value]
-
-
-def _jsonable_config(config: Mapping[str, Any] | None) -> dict[str, Any]:
-    if config is None:
-        return {}
-    try:
-        return json.loads(json.dumps(dict(config)))
-    except (TypeError, ValueError) as exc:
-        raise SchemaError(
-            f"RolloutStore config: expected JSON-serialisable values ({exc})"
-        ) from None
-
-
-def _step_set(steps: Iterable[int] | int) -> set[int]:
-    if isinstance(steps, int):
-        return {steps}
-    if isinstance(steps, range):
-        return set(steps)
-    return {int(s) for s in steps}
-
-
-def _sort_key(name: str) -> tuple:
-    match = UNIT_RE.match(name)
-    if match:
-        return (int(match.group(1)), match.group(3), int(match.group(2)), 1)
-    match = COMPACT_RE.match(name)
-    return (int(match.group(1)), match.group(3), -1, 0)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import json
 import os
 import queue
 import re
@@ -20,14 +21,16 @@ import threading
 import time
 import uuid
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Literal
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from maxent_arrow import schema as S
-from maxent_arrow.errors import StoreError
+from maxent_arrow.errors import SchemaError, StoreError
 
 __all__ = [
     "UNIT_RE",
@@ -457,3 +460,63 @@ def open_manifest(root: Path, dirs: tuple[Path, ...], fmt: str, config: dict) ->
                 with contextlib.suppress(OSError):
                     directory.mkdir()
     return manifest
+
+
+# ---------------------------------------------------------------------------- units
+OnError = Literal["raise", "skip"]
+
+
+@dataclass(frozen=True)
+class _Unit:
+    """One committed (step, rank, kind): where its step row and group rows are."""
+
+    step: int
+    rank: int
+    kind: str
+    step_file: str
+    group_file: str
+    row: int  # its row in the step file
+    start: int  # its first row in the group file
+    num_groups: int
+
+    @property
+    def name(self) -> str:
+        return unit_name(self.step, self.rank, self.kind)
+
+
+def _json_meta(schema: pa.Schema, key: bytes) -> dict[str, Any]:
+    raw = (schema.metadata or {}).get(key)
+    return json.loads(raw) if raw else {}
+
+
+def _check_on_error(value: str) -> OnError:
+    if value not in ("raise", "skip"):
+        raise StoreError(f"on_error must be 'raise' or 'skip', got {value!r}")
+    return value  # type: ignore[return-value]
+
+
+def _jsonable_config(config: Mapping[str, Any] | None) -> dict[str, Any]:
+    if config is None:
+        return {}
+    try:
+        return json.loads(json.dumps(dict(config)))
+    except (TypeError, ValueError) as exc:
+        raise SchemaError(
+            f"RolloutStore config: expected JSON-serialisable values ({exc})"
+        ) from None
+
+
+def _step_set(steps: Iterable[int] | int) -> set[int]:
+    if isinstance(steps, int):
+        return {steps}
+    if isinstance(steps, range):
+        return set(steps)
+    return {int(s) for s in steps}
+
+
+def _sort_key(name: str) -> tuple:
+    match = UNIT_RE.match(name)
+    if match:
+        return (int(match.group(1)), match.group(3), int(match.group(2)), 1)
+    match = COMPACT_RE.match(name)
+    return (int(match.group(1)), match.group(3), -1, 0)

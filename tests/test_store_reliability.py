@@ -37,6 +37,7 @@ WRITER = textwrap.dedent(
     batches = [make_batch(s, rank=rank, groups=groups, k=(4, 8), max_tokens=128) for s in todo]
     print("READY", flush=True)
     for batch in batches:
+        print("BEGIN", batch.step, flush=True)
         store.append(batch)
         print("ACK", batch.step, flush=True)
     print("DONE", flush=True)
@@ -80,10 +81,20 @@ def test_sigkill_while_appending_loses_nothing_acknowledged(tmp_path):
             env=ENV,
         )
         assert proc.stdout.readline().strip() == "READY", proc.stderr.read()
-        # Six appends take a few hundred ms: kill somewhere inside them.
-        time.sleep(rng.uniform(0.0, 0.3))
+        # Kill inside the n-th append: right after the writer says it begins one, at a random
+        # point of its first few milliseconds (an append encodes, writes, fsyncs and renames
+        # two files: tens of ms), whatever the machine's speed.
+        target, seen, early = rng.randint(1, 4), 0, []
+        while seen < target:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            early.append(line)
+            seen += line.startswith("BEGIN")
+        time.sleep(rng.uniform(0.0, 0.005))
         proc.send_signal(signal.SIGKILL)
         out, _ = proc.communicate(timeout=60)
+        out = "".join(early) + out
         assert proc.returncode == -signal.SIGKILL, out
         acked |= {int(line.split()[1]) for line in out.splitlines() if line.startswith("ACK")}
         kills += 1
@@ -95,6 +106,7 @@ def test_sigkill_while_appending_loses_nothing_acknowledged(tmp_path):
         acked |= set(new)  # once visible, a step must stay visible
         visible = new
     assert len(acked) >= 10  # the writer made progress between kills
+    print(f"{kills} kills, {midway} inside an append, {len(acked)} steps acknowledged")
     assert midway >= 3, midway  # and several kills interrupted an append half-way
     # Leftovers of the killed writers are cleaned at open and never visible.
     RolloutStore(root)
