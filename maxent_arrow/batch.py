@@ -27,7 +27,6 @@ from maxent_arrow import schema as S
 from maxent_arrow.errors import LayoutError, SchemaError
 from maxent_arrow.ragged import Ragged, arrow_to_torch
 from maxent_arrow.types import rewards as R
-from maxent_arrow.types.base import PromptEntries
 from maxent_arrow.views import ArrowSequence, GroupedSequence, InfoSequence, JsonSequence
 
 __all__ = ["RolloutBatch", "BATCH_META_KEY", "STEP_META_KEY", "KINDS_PATTERN"]
@@ -424,42 +423,33 @@ class RolloutBatch:
         slice_size: int | None = None,
         score_tail_tokens: int | None = None,
     ) -> R.ScoreBatch:
-        """The scoring inputs: prompt ids per sample and right-padded completion ids.
-
-        Prompt ids are the group rows' ids taken per sample (one take of a list column);
-        completion ids are padded in one vectorised pass. Defaults come from the config
-        (``pad_token_id``, ``max_prompt_len``) and ``slice_size`` defaults to N.
+        """The scoring inputs of the stored samples, through :func:`~maxent_arrow.ingest.
+        build_score_batch` (the one ScoreBatch builder): prompt ids per sample and right-padded
+        completion ids in one vectorised pass. Defaults come from the config (``pad_token_id``,
+        ``max_prompt_len``); ``slice_size`` defaults to N.
         """
-        prompt_ids = self.column("prompt_ids")
-        ids = self.ragged("completion_ids")
-        if prompt_ids is None or ids is None:
+        from maxent_arrow.ingest import build_score_batch
+
+        if self.column("prompt_ids") is None or self.column("completion_ids") is None:
             raise LayoutError(
                 "RolloutBatch.score_batch: the batch has no prompt_ids/completion_ids columns"
             )
         config = self.config
-        pad = pad_token_id if pad_token_id is not None else config.get("pad_token_id", 0)
-        sizes = np.diff(self.group_offsets)
-        group_of = np.repeat(np.arange(len(sizes)), sizes)
-        # The seed builds prompt entries with nullable items; match it so entries compare equal.
-        per_sample = prompt_ids.take(pa.array(group_of)).cast(pa.list_(pa.int32()))
-        lengths = _offsets(per_sample)
-        masks = pa.ListArray.from_arrays(
-            pa.array(lengths.astype(np.int32)),
-            pa.array(np.ones(int(lengths[-1]) if len(lengths) else 0, dtype=np.int8)),
-        )
-        padded, mask = ids.to_padded(pad, dtype=torch.int64)
-        n = len(ids)
+        if pad_token_id is None:
+            pad_token_id = config.get("pad_token_id", 0)
+        sizes = np.diff(_offsets(self.column("prompt_ids")))
         if max_prompt_len is None:
-            max_prompt_len = config.get("max_prompt_len", int(np.diff(lengths).max(initial=0)))
-        return R.ScoreBatch(
-            prompt_entries=PromptEntries(per_sample, masks),
-            completion_ids=padded,
-            completion_attention_mask=mask.to(torch.int64),
-            pad_token_id=int(pad),
+            max_prompt_len = config.get("max_prompt_len", int(sizes.max(initial=1)))
+        # The stored completion ids are exactly the scored tokens, so no EOS cut is redone.
+        return build_score_batch(
+            self,
+            pad_token_id=pad_token_id
+            if pad_token_id is not None
+            else config.get("pad_token_id", 0),
             max_prompt_len=int(max_prompt_len),
-            slice_size=int(slice_size or max(n, 1)),
-            total_sequences=n,
+            slice_size=int(slice_size or 0),
             score_tail_tokens=score_tail_tokens,
+            eos_token_id=None,
         )
 
     # ------------------------------------------------------------------ assembly
