@@ -557,19 +557,14 @@ def check_out(
     where: str,
     inputs: Sequence[tuple[str, torch.Tensor | None]],
 ) -> torch.Tensor | None:
-    """Validate a caller's result buffer: ``[n]``, contiguous, ``like``'s dtype and device, no
-    autograd, and no memory shared with any input (results are written before every input
-    is read for the last time)."""
+    """A caller's result buffer: ``[n]``, contiguous, ``like``'s dtype and device, no grad, no
+    memory shared with an input (results are written before inputs are last read)."""
     if out is None:
         return None
     if not isinstance(out, torch.Tensor):
         raise SchemaError(f"{where}: out: expected a tensor, got {type(out).__name__}")
-    if (
-        out.shape != (n,)
-        or out.dtype != like.dtype
-        or out.device != like.device
-        or not out.is_contiguous()
-    ):
+    same = out.dtype == like.dtype and out.device == like.device
+    if out.shape != (n,) or not same or not out.is_contiguous():
         raise ComputeError(
             f"{where}: out: expected a contiguous {like.dtype} tensor of shape ({n},) on "
             f"{like.device}, got {out.dtype} {tuple(out.shape)} on {out.device}"
