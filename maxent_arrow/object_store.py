@@ -422,7 +422,7 @@ class ObjectStore:
             raise MissingExtraError("duckdb", "analytics") from None
         import pyarrow.dataset as pads
 
-        from maxent_arrow.store_read import samples_sql
+        from maxent_arrow.store_read import query_arrow, samples_sql
 
         con = duckdb.connect()
         try:
@@ -436,14 +436,7 @@ class ObjectStore:
                 con.execute(f"CREATE VIEW {table} AS SELECT * FROM _{table}_source")
                 if table == "groups":
                     con.execute(f"CREATE VIEW samples AS {samples_sql(schema)}")
-            try:
-                result = con.sql(query)
-            except duckdb.Error as exc:
-                raise StoreError(f"ObjectStore.sql: {exc}") from None
-            if result is None:
-                return pa.table({})
-            out = result.arrow()
-            return out.read_all() if isinstance(out, pa.RecordBatchReader) else out
+            return query_arrow(con, query, owner="ObjectStore.sql")
         finally:
             con.close()
 

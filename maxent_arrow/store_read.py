@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +16,7 @@ from maxent_arrow.store_files import crc32_file
 if TYPE_CHECKING:
     from maxent_arrow.store import OnError, RolloutStore
 
-__all__ = ["conform", "read_checked", "read_table", "run_sql"]
+__all__ = ["conform", "query_arrow", "read_checked", "read_table", "run_sql"]
 
 
 def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
@@ -197,16 +196,21 @@ def run_sql(store: RolloutStore, query: str, *, on_error: OnError) -> pa.Table:
                 con.execute(f"CREATE VIEW {table} AS SELECT *{kind} FROM _{table}_empty")
             if table == "groups":
                 con.execute(f"CREATE VIEW samples AS {samples_sql(schema, with_kind=True)}")
-        try:
-            result = con.sql(query)
-        except duckdb.Error as exc:
-            raise StoreError(f"RolloutStore.sql: {exc}") from None
-        if result is None:
-            return pa.table({})
-        out = result.arrow()
-        return out.read_all() if isinstance(out, pa.RecordBatchReader) else out
+        return query_arrow(con, query, owner="RolloutStore.sql")
     finally:
         con.close()
 
 
-_ = os
+def query_arrow(con: Any, query: str, *, owner: str) -> pa.Table:
+    """Run ``query`` on a DuckDB connection and return its result as one Arrow table (an empty
+    table for statements without a result); DuckDB errors become :class:`StoreError`."""
+    import duckdb
+
+    try:
+        result = con.sql(query)
+    except duckdb.Error as exc:
+        raise StoreError(f"{owner}: {exc}") from None
+    if result is None:
+        return pa.table({})
+    out = result.arrow()
+    return out.read_all() if isinstance(out, pa.RecordBatchReader) else out
