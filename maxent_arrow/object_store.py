@@ -45,7 +45,14 @@ from maxent_arrow.store import (
     _json_meta,
     _jsonable_config,
 )
-from maxent_arrow.store_files import TEMP_PREFIX, check_seal, crc32_of, parquet_bytes, unit_name
+from maxent_arrow.store_files import (
+    TEMP_PREFIX,
+    check_compression,
+    check_seal,
+    crc32_of,
+    parquet_bytes,
+    unit_name,
+)
 
 __all__ = ["ObjectStore", "open_store", "read_group_object", "resolve_filesystem"]
 
@@ -163,15 +170,7 @@ class ObjectStore:
         self.on_error = _check_on_error(on_error)
         self.check_crc = bool(check_crc)
         # The group files' codec, read by the borrowed RolloutStore._write_groups.
-        if compression not in ("zstd", "lz4", "snappy", "gzip", "brotli", "none"):
-            raise StoreError(
-                "compression: expected zstd, lz4, snappy, gzip, brotli or none, got "
-                f"{compression!r}"
-            )
-        self.compression = compression
-        self.compression_level = (
-            compression_level if compression in ("zstd", "gzip", "brotli") else None
-        )
+        self.compression, self.compression_level = check_compression(compression, compression_level)
         self.cache_enabled = False
         self._dirs_made = False
         self._groups_dir = f"{self.root}/groups"

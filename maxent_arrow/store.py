@@ -49,6 +49,7 @@ from maxent_arrow.store_files import (
     _sort_key,
     _step_set,
     _Unit,
+    check_compression,
     check_root,
     check_seal,
     cleanup_temp,
@@ -109,15 +110,7 @@ class RolloutStore:
         self.cache_enabled = bool(cache)
         self.on_error = _check_on_error(on_error)
         self.check_crc = bool(check_crc)
-        if compression not in ("zstd", "lz4", "snappy", "gzip", "brotli", "none"):
-            raise StoreError(
-                "compression: expected zstd, lz4, snappy, gzip, brotli or none, got "
-                f"{compression!r}"
-            )
-        self.compression = compression
-        self.compression_level = (
-            compression_level if compression in ("zstd", "gzip", "brotli") else None
-        )
+        self.compression, self.compression_level = check_compression(compression, compression_level)
         self._step_tables: dict[str, tuple[tuple[int, int], pa.Table, dict]] = {}
         self._schemas: dict[str, tuple[tuple[int, int], pa.Schema]] = {}
         self._unified: dict[str, tuple[frozenset[str], pa.Schema]] = {}

@@ -520,3 +520,12 @@ def _sort_key(name: str) -> tuple:
         return (int(match.group(1)), match.group(3), int(match.group(2)), 1)
     match = COMPACT_RE.match(name)
     return (int(match.group(1)), match.group(3), -1, 0)
+
+
+def check_compression(compression: str, level: int | None) -> tuple[str, int | None]:
+    """The Parquet codec of group files and its level (kept only for codecs that have one)."""
+    if compression not in ("zstd", "lz4", "snappy", "gzip", "brotli", "none"):
+        raise StoreError(
+            f"compression: expected zstd, lz4, snappy, gzip, brotli or none, got {compression!r}"
+        )
+    return compression, level if compression in ("zstd", "gzip", "brotli") else None
