@@ -195,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     print(
         f"replayed {len(replayed)} steps offline in {t['replay']:.1f}s: recomputed losses "
-        f"equal the logged ones (max relative error {worst:.2e}; advantages, q, weights recomputed within {worst_weight:.1e})"
+        f"equal the logged ones (max relative error {worst:.2e}; advantages, q and weights "
+        f"recomputed within {worst_weight:.1e})"
     )
     print()
     print(f"run:      {store_dir}")

@@ -1,1 +1,1 @@
-"""The seed's per-batch dataclasses (``rewards``) and the settings types they name (``settings``)."""
+"""The seed's per-batch dataclasses (``rewards``) and the settings types they name."""
