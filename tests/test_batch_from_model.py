@@ -1,4 +1,4 @@
-"""RolloutBatch.from_parts on what a real model's scoring returns, with and without per-token data."""
+"""RolloutBatch.from_parts on a real model's scoring output, with and without per-token data."""
 
 from __future__ import annotations
 
