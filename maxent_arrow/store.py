@@ -38,7 +38,7 @@ import pyarrow.parquet as pq
 from maxent_arrow import schema as S
 from maxent_arrow.batch import BATCH_META_KEY, RolloutBatch
 from maxent_arrow.errors import SchemaError, StoreError
-from maxent_arrow.store_admin import StoreProblem, VerifyReport, remove_replaced
+from maxent_arrow.store_admin import StoreProblem, VerifyReport, remove_orphans, remove_replaced
 from maxent_arrow.store_files import (
     COMPACT_RE,
     UNIT_RE,
@@ -127,6 +127,7 @@ class RolloutStore:
             for directory in dirs:
                 cleanup_temp(directory)
             remove_replaced(self)
+            remove_orphans(self)
         return manifest
 
     @property

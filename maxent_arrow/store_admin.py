@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -226,6 +227,35 @@ def _compact_chunk(store, kind, units, store_meta_key, parquet_bytes, conform) -
 
 
 _ = pq
+
+
+# A group file is renamed into place just before its step file, both under the store lock; one
+# without its step file is a commit that died in between. Writers that take no lock (an
+# ObjectStore pointed at a local file system) finish their two writes within milliseconds, so
+# only leftovers older than this are removed.
+ORPHAN_AGE_SECONDS = 60.0
+
+
+def remove_orphans(store: RolloutStore) -> list[Path]:
+    """Delete group files whose step file (the commit marker) does not exist: leftovers of a
+    crash between the two renames of a commit. This library never reads them, but plain-file
+    readers (DuckDB, Polars, HF ``datasets`` over ``groups/*.parquet``) would."""
+    removed: list[Path] = []
+    now = time.time()
+    with store_lock(store.root):
+        committed = set(store._names(store._steps_dir))
+        for name in store._names(store._groups_dir):
+            if not name.endswith(".parquet") or name in committed:
+                continue
+            path = store._groups_dir / name
+            with contextlib.suppress(OSError):
+                if now - path.stat().st_mtime > ORPHAN_AGE_SECONDS:
+                    path.unlink()
+                    removed.append(path)
+    if removed:
+        with contextlib.suppress(OSError):
+            fsync_dir(store._groups_dir)
+    return removed
 
 
 def remove_replaced(store: RolloutStore) -> None:

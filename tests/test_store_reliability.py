@@ -369,3 +369,27 @@ def test_read_only_directory_is_a_clear_error(tmp_path):
 def test_cursor_json_is_plain(damaged):
     batch = next(damaged.replay())
     assert json.loads(json.dumps(batch.cursor)) == batch.cursor
+
+
+def test_group_file_of_a_crashed_commit_is_removed_for_plain_file_readers(tmp_path):
+    """A crash between the group rename and the step rename leaves a group file without its
+    commit marker: invisible to the store, and removed at the next open so that DuckDB over
+    ``groups/*.parquet`` never counts it. A fresh one (a commit in flight) is left alone."""
+    import duckdb
+
+    root = tmp_path / "store"
+    store = RolloutStore(root)
+    store.append(make_batch(0))
+    store.append(make_batch(1))
+    committed = root / "groups" / "step-0000000001.rank-00000.train.parquet"
+    crashed = root / "groups" / "step-0000000002.rank-00000.train.parquet"
+    in_flight = root / "groups" / "step-0000000003.rank-00000.train.parquet"
+    shutil.copy(committed, crashed)
+    shutil.copy(committed, in_flight)
+    old = time.time() - 3600
+    os.utime(crashed, (old, old))
+    assert RolloutStore(root).steps() == [0, 1]
+    assert not crashed.exists() and in_flight.exists()
+    glob = str(root / "groups" / "step-000000000[012]*.parquet")
+    rows = duckdb.sql(f"SELECT count(*) FROM read_parquet('{glob}')").fetchall()[0][0]
+    assert rows == make_batch(0).num_groups + make_batch(1).num_groups
