@@ -25,7 +25,7 @@ import torch
 
 from maxent_arrow import schema as S
 from maxent_arrow.errors import LayoutError, SchemaError
-from maxent_arrow.ragged import Ragged, arrow_to_torch
+from maxent_arrow.ragged import Ragged, arrow_to_torch, list_offsets
 from maxent_arrow.types import rewards as R
 from maxent_arrow.views import ArrowSequence, GroupedSequence, InfoSequence, JsonSequence
 
@@ -47,11 +47,6 @@ _DIAG_FIELDS = [f.name for f in dataclasses.fields(R.BatchDiagnostics)]
 
 def _list_type(kind: pa.DataType) -> pa.DataType:
     return pa.list_(pa.field("item", kind, nullable=False))
-
-
-def _offsets(array: pa.Array) -> np.ndarray:
-    raw = np.asarray(array.offsets.to_numpy(zero_copy_only=False), dtype=np.int64)
-    return raw - raw[0]
 
 
 def _regroup(flat: pa.Array, offsets: np.ndarray) -> pa.Array:
@@ -216,7 +211,7 @@ class RolloutBatch:
     @property
     def group_offsets(self) -> np.ndarray:
         """Where each group's completions start and end in the flat ``[N]`` order (int64)."""
-        return _offsets(_combined(self.groups.column("completions")))
+        return list_offsets(_combined(self.groups.column("completions")))
 
     def _meta(self) -> dict[str, Any]:
         raw = (self.groups.schema.metadata or {}).get(BATCH_META_KEY)
@@ -437,7 +432,7 @@ class RolloutBatch:
         config = self.config
         if pad_token_id is None:
             pad_token_id = config.get("pad_token_id", 0)
-        sizes = np.diff(_offsets(self.column("prompt_ids")))
+        sizes = np.diff(list_offsets(self.column("prompt_ids")))
         if max_prompt_len is None:
             max_prompt_len = config.get("max_prompt_len", int(sizes.max(initial=1)))
         # The stored completion ids are exactly the scored tokens, so no EOS cut is redone.
@@ -471,6 +466,7 @@ class RolloutBatch:
         kind: str = "train",
         config: Mapping[str, Any] | None = None,
         policy_version: int | None = None,
+        behavior_token_logp: Any = None,
     ) -> RolloutBatch:
         """Assemble one step of one rank from the seed objects.
 
@@ -488,6 +484,11 @@ class RolloutBatch:
             generation's group sizes, which must match (checked, with the group named).
             ``scores`` contributes the behaviour log-probs (``behavior_logp_sum``,
             ``old_token_logp`` as ``behavior_token_logp``) and ``policy_entropy_sum``.
+        behavior_token_logp:
+            The sampler's per-token log-probs, one row per completion covering every generated
+            token (a ``Ragged`` or a ``list<float>`` array, flat in group order); stored instead
+            of ``scores.old_token_logp``, which covers only the scored tokens (they differ with
+            ``score_tail_tokens`` or an empty prompt).
         score_batch:
             Exact prompt token ids (the first sample's of each group) and completion ids.
         length_stats, loss, diagnostics:
@@ -514,6 +515,7 @@ class RolloutBatch:
             kind=kind,
             config=config,
             policy_version=policy_version,
+            behavior_token_logp=behavior_token_logp,
         )
 
 
@@ -543,4 +545,4 @@ def _info_with_token_ids(info: pa.Array, ids: pa.Array | None) -> pa.Array:
     names.insert(at, "token_ids")
     arrays.insert(at, token_ids)
     struct = pa.StructArray.from_arrays(arrays, names=names, mask=flat.is_null())
-    return _regroup(struct, _offsets(info))
+    return _regroup(struct, list_offsets(info))

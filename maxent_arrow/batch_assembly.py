@@ -30,11 +30,10 @@ from maxent_arrow.batch import (
     _combined,
     _int_arg,
     _json_config,
-    _offsets,
     _regroup,
 )
 from maxent_arrow.errors import LayoutError, SchemaError
-from maxent_arrow.ragged import Ragged
+from maxent_arrow.ragged import Ragged, list_offsets
 from maxent_arrow.types import rewards as R
 from maxent_arrow.types.columns import dtype_name
 from maxent_arrow.views import GroupedSequence
@@ -128,7 +127,7 @@ def _ids_into_extra(info: pa.Array, token_ids: pa.Array) -> pa.Array:
     arrays = [flat.field(i) for i in range(flat.type.num_fields)]
     arrays[flat.type.get_field_index("extra")] = pa.array(merged, pa.string())
     struct = pa.StructArray.from_arrays(arrays, fields=list(flat.type))
-    return _regroup(struct, _offsets(info))
+    return _regroup(struct, list_offsets(info))
 
 
 def _grouped_floats(name: str, value: Any, offsets: np.ndarray) -> pa.Array:
@@ -146,7 +145,7 @@ def _grouped_floats(name: str, value: Any, offsets: np.ndarray) -> pa.Array:
     if isinstance(value, pa.Array) and (
         pa.types.is_list(value.type) or pa.types.is_large_list(value.type)
     ):
-        _check_offsets(name, _offsets(value), offsets)
+        _check_offsets(name, list_offsets(value), offsets)
         flat = value.flatten()
     else:
         from maxent_arrow.types import fields as F
@@ -196,6 +195,7 @@ def assemble(
     kind: str,
     config: Mapping[str, Any] | None,
     policy_version: int | None,
+    behavior_token_logp: Any = None,
 ):
     import re
 
@@ -223,7 +223,7 @@ def assemble(
     gen = generation.to_arrow()
     p = gen.num_rows
     completions = gen.column("completions")
-    offsets = _offsets(completions)
+    offsets = list_offsets(completions)
     n = int(offsets[-1]) if len(offsets) else 0
     meta: dict[str, Any] = {"dtypes": {}, "widths": {}}
     columns: dict[str, pa.Array | None] = {
@@ -279,7 +279,7 @@ def assemble(
     if rewards is not None:
         _check_offsets("rewards.advantage.grouped", rewards.advantage.grouped.offsets, offsets)
         rc = rewards.to_arrow()
-        _check_offsets("rewards.q_distribution.grouped", _offsets(rc.column("q")), offsets)
+        _check_offsets("rewards.q_distribution.grouped", list_offsets(rc.column("q")), offsets)
         for name in ("total_utils", "rewards", "advantages", "q"):
             columns[name] = _column(rc, name)
         for name in ("seed_semantic_entropy", "seed_advantage_scale"):
@@ -333,6 +333,17 @@ def assemble(
                 columns[target] = _regroup(value.cast(pa.float64()), offsets)
         columns["behavior_token_logp"] = _per_token(
             "scores.old_token_logp", _column(ss, "old_token_logp"), offsets, pa.float32()
+        )
+    if behavior_token_logp is not None:
+        # The sampler's own rows (one value per generated token) take precedence over the
+        # scorer's view of them, which covers only the scored tokens.
+        rows = (
+            behavior_token_logp.to_arrow()
+            if isinstance(behavior_token_logp, Ragged)
+            else behavior_token_logp
+        )
+        columns["behavior_token_logp"] = _per_token(
+            "behavior_token_logp", rows, offsets, pa.float32()
         )
     if length_stats is not None:
         step_values.update(
@@ -440,7 +451,7 @@ def _check_groups(groups: pa.RecordBatch, step_row: pa.RecordBatch) -> None:
     completions = groups.column("completions")
     if completions.null_count:
         raise LayoutError("RolloutBatch.groups column 'completions': a group is null")
-    offsets = _offsets(completions)
+    offsets = list_offsets(completions)
     n = int(offsets[-1]) if len(offsets) else 0
     if row["num_samples"] != n:
         raise LayoutError(
@@ -473,7 +484,7 @@ def _check_grouped(name: str, column: pa.Array, sizes: np.ndarray) -> None:
     if column.null_count:
         bad = int(np.flatnonzero(~column.is_valid().to_numpy(zero_copy_only=False))[0])
         raise LayoutError(f"RolloutBatch column {name!r}: group {bad} is null")
-    got = np.diff(_offsets(column))
+    got = np.diff(list_offsets(column))
     if not np.array_equal(got, sizes):
         g = int(np.flatnonzero(got != sizes)[0])
         raise LayoutError(

@@ -23,7 +23,7 @@ import torch
 
 from maxent_arrow.errors import LayoutError, SchemaError
 from maxent_arrow.ingest import build_score_batch
-from maxent_arrow.ragged import Ragged, arrow_to_torch
+from maxent_arrow.ragged import Ragged, arrow_to_torch, list_offsets
 
 __all__ = ["GroupCollator", "SAMPLE_COLUMNS", "TOKEN_COLUMNS"]
 
@@ -55,12 +55,6 @@ def _as_batch(batch: pa.Table | pa.RecordBatch) -> pa.RecordBatch:
     if not batches:
         return pa.RecordBatch.from_pylist([], schema=batch.schema)
     return batches[0]
-
-
-def _offsets(array: pa.Array) -> np.ndarray:
-    """int64 list offsets rebased to 0 (a slice's offsets start where the slice does)."""
-    offsets = np.asarray(array.offsets.to_numpy(zero_copy_only=False), dtype=np.int64)
-    return offsets - offsets[0]
 
 
 def _present(batch: pa.RecordBatch, name: str) -> pa.Array | None:
@@ -148,7 +142,7 @@ class GroupCollator:
             max_completion_len=self.max_completion_len,
         )
         out: dict[str, torch.Tensor] = {
-            "group_offsets": torch.from_numpy(_offsets(rows.column("completion_ids"))),
+            "group_offsets": torch.from_numpy(list_offsets(rows.column("completion_ids"))),
             "completion_ids": score.completion_ids,
             "completion_mask": score.completion_attention_mask,
         }
@@ -172,9 +166,9 @@ class GroupCollator:
         passes over the tokens (the loader's hot path; ``packing.sequence_layout`` gives the
         same tensors through a pad/unpad round trip that costs several times more)."""
         prompts = score.prompt_entries.ids
-        p_off = _offsets(prompts)
+        p_off = list_offsets(prompts)
         p_vals = np.asarray(prompts.flatten().to_numpy(zero_copy_only=False))
-        c_off = _offsets(samples)
+        c_off = list_offsets(samples)
         c_vals = np.asarray(samples.flatten().to_numpy(zero_copy_only=False))
         p_len = np.diff(p_off)
         # Completion tokens that count: EOS-aware and width-capped, as ingestion masked them.

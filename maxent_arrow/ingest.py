@@ -29,7 +29,7 @@ import torch
 
 from maxent_arrow.errors import LayoutError, SchemaError
 from maxent_arrow.prompt_cache import PromptCache
-from maxent_arrow.ragged import Ragged
+from maxent_arrow.ragged import Ragged, list_offsets
 from maxent_arrow.types.base import PromptEntries
 from maxent_arrow.types.rewards import GenerationBatch, ScoreBatch
 
@@ -106,11 +106,6 @@ def _column(batch: pa.RecordBatch | pa.Table, name: str) -> pa.Array | None:
     return column
 
 
-def _rebased_offsets(array: pa.Array) -> np.ndarray:
-    raw = np.asarray(array.offsets.to_numpy(zero_copy_only=False), dtype=np.int64)
-    return raw - raw[0]
-
-
 def _first_null(array: pa.Array) -> int:
     return int(np.flatnonzero(~array.is_valid().to_numpy(zero_copy_only=False))[0])
 
@@ -129,13 +124,13 @@ def _completion_lists(completion_ids: pa.Array) -> tuple[pa.Array, np.ndarray]:
         raise SchemaError(f"completion_ids: expected list<list<int32>>, got {kind}")
     if samples.null_count:
         i = _first_null(samples)
-        group_offsets = _rebased_offsets(completion_ids)
+        group_offsets = list_offsets(completion_ids)
         g = int(np.searchsorted(group_offsets, i, side="right") - 1)
         raise LayoutError(
             f"completion_ids: expected token ids, got null at group {g}, sample "
             f"{i - group_offsets[g]}"
         )
-    return samples, _rebased_offsets(completion_ids)
+    return samples, list_offsets(completion_ids)
 
 
 def _from_generation(gen: GenerationBatch, tokenizer: Any):
@@ -216,7 +211,7 @@ def _sample_prompts(
 ) -> PromptEntries:
     """Each group's prompt repeated for its samples, head-truncated: two list arrays."""
     values = np.asarray(prompt_ids.flatten().cast(pa.int32()).to_numpy(zero_copy_only=False))
-    offsets = _rebased_offsets(prompt_ids)
+    offsets = list_offsets(prompt_ids)
     glen = np.minimum(np.diff(offsets), max_prompt_len)
     sizes = np.diff(group_offsets)
     slen = np.repeat(glen, sizes)

@@ -18,7 +18,7 @@ import torch
 
 from maxent_arrow.errors import LayoutError, SchemaError
 
-__all__ = ["Ragged", "arrow_to_torch", "torch_to_arrow"]
+__all__ = ["Ragged", "arrow_to_torch", "list_offsets", "torch_to_arrow"]
 
 _INT32_MAX = 2**31 - 1
 
@@ -54,6 +54,13 @@ def torch_to_arrow(tensor: torch.Tensor) -> pa.Array:
     if tensor.dtype == torch.bfloat16:
         tensor = tensor.float()
     return pa.array(tensor.contiguous().reshape(-1).numpy())
+
+
+def list_offsets(array: pa.Array) -> np.ndarray:
+    """The int64 offsets of a ``list`` / ``large_list`` array, rebased to 0 (a slice's offsets
+    start where the slice does; DESIGN §5)."""
+    raw = np.asarray(array.offsets.to_numpy(zero_copy_only=False), dtype=np.int64)
+    return raw - raw[0]
 
 
 def _concat_chunks(chunked: pa.ChunkedArray) -> pa.Array:
@@ -127,8 +134,7 @@ class Ragged:
                 f"{_first_null(flat)}"
             )
         values = arrow_to_torch(flat, field="Ragged.from_arrow")
-        raw = np.asarray(array.offsets.to_numpy(zero_copy_only=False), dtype=np.int64)
-        offsets = torch.from_numpy(raw - raw[0]) if raw.size else torch.zeros(1, dtype=torch.int64)
+        offsets = torch.from_numpy(list_offsets(array))
         return cls(values, offsets, validate=False)
 
     @classmethod

@@ -54,6 +54,7 @@ class TrainConfig:
     q_epsilon: float = 1e-6
     weight_denominator: str = "tau"
     len_norm_ref: bool = True
+    length_reweight: bool = False  # the [C] post-softmax w ∝ w·T reweighting (sum references)
     scale_rewards: bool = True
     use_clip_objective: bool = False
     clip_eps_low: float = 0.2
@@ -239,6 +240,7 @@ class MaxEntTrainer:
             weights=weights,
             config=self.run_config(),
             policy_version=step,
+            behavior_token_logp=rollouts.behavior_token_logp,
         )
         self.store.append(batch)
         return batch
@@ -262,6 +264,7 @@ class MaxEntTrainer:
             beta=cfg.beta,
             denominator=cfg.weight_denominator,
             token_counts=counts,
+            length_reweight=cfg.length_reweight,
         )
 
     def clip_settings(self) -> ClipSettings | None:

@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from maxent_arrow.ragged import Ragged, arrow_to_torch
+from maxent_arrow.ragged import Ragged, arrow_to_torch, list_offsets
 
 __all__ = ["ArrowSequence", "JsonSequence", "InfoSequence", "GroupedSequence"]
 
@@ -192,8 +192,7 @@ class GroupedSequence(Sequence):
     @property
     def offsets(self) -> np.ndarray:
         """Group boundaries, int64, starting at 0."""
-        raw = np.asarray(self._array.offsets.to_numpy(zero_copy_only=False), dtype=np.int64)
-        return raw - raw[0]
+        return list_offsets(self._array)
 
     def group_sizes(self) -> np.ndarray:
         """Number of items in each group."""

@@ -7,6 +7,7 @@ import torch
 from transformers import ByT5Tokenizer
 
 from maxent_arrow.batch import RolloutBatch
+from maxent_arrow.errors import LayoutError
 from maxent_arrow.generation import sample_groups
 from maxent_arrow.ingest import build_score_batch
 from maxent_arrow.scoring import reference_logprobs, sequence_scores
@@ -52,3 +53,21 @@ def test_behaviour_rows_keep_each_completions_length(scored, per_token_reference
     back = batch.reference_logprobs
     assert torch.equal(back.ref_logp_sum_raw, reference.ref_logp_sum_raw)
     assert (back.ref_token_logp is not None) == per_token_reference
+
+
+def test_the_samplers_own_rows_are_stored_when_given(scored):
+    model, rollouts, score_batch = scored
+    reference = reference_logprobs(model, score_batch)
+    scores = sequence_scores(model, score_batch, reference)  # no behaviour: policy rows
+    batch = RolloutBatch.from_parts(
+        0,
+        generation=rollouts.generation,
+        score_batch=score_batch,
+        reference=reference,
+        scores=scores,
+        behavior_token_logp=rollouts.behavior_token_logp,
+    )
+    assert batch.ragged("behavior_token_logp").equal(rollouts.behavior_token_logp)
+    wrong = rollouts.behavior_token_logp[:3]
+    with pytest.raises(LayoutError, match="behavior_token_logp expected 6 rows"):
+        RolloutBatch.from_parts(0, generation=rollouts.generation, behavior_token_logp=wrong)

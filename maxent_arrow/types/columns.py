@@ -153,11 +153,6 @@ def grouped(flat: pa.Array, offsets: np.ndarray) -> pa.Array:
     return pa.LargeListArray.from_arrays(pa.array(offsets), flat)
 
 
-def offsets_of(array: pa.Array) -> np.ndarray:
-    raw = np.asarray(array.offsets.to_numpy(zero_copy_only=False), dtype=np.int64)
-    return raw - raw[0]
-
-
 # ---------------------------------------------------------------------------- tensors
 def tensor_column(tensor: torch.Tensor | None) -> pa.Array | None:
     """A ``[N]`` tensor as a primitive column (``.detach().cpu()``; zero-copy on CPU)."""

@@ -19,7 +19,7 @@ import pyarrow as pa
 import torch
 
 from maxent_arrow.errors import LayoutError, SchemaError
-from maxent_arrow.ragged import Ragged
+from maxent_arrow.ragged import Ragged, list_offsets
 from maxent_arrow.views import (
     INFO_FIELDS,
     ArrowSequence,
@@ -324,7 +324,7 @@ def ensure_grouped_floats(field: str, value: Any, *, optional: bool = False):
         _check_no_null_items(field, array)
         flat = _numeric_array(f"{field} values", array.flatten(), _FLOAT)
         if flat is not array.flatten() and flat.type != array.type.value_type:
-            array = _list_array(flat, np.diff(_rebased(array)))
+            array = _list_array(flat, np.diff(list_offsets(array)))
         return GroupedSequence(array)
     groups = _group_lists(field, value)
     for g, group in enumerate(groups):
@@ -338,16 +338,11 @@ def _check_no_null_items(field: str, array: pa.Array) -> None:
     flat = array.flatten()
     if flat.null_count:
         i = int(np.flatnonzero(~flat.is_valid().to_numpy(zero_copy_only=False))[0])
-        offsets = _rebased(array)
+        offsets = list_offsets(array)
         g = int(np.searchsorted(offsets, i, side="right") - 1)
         raise LayoutError(
             f"{field}: expected no nulls, got a null at group {g}, sample {i - int(offsets[g])}"
         )
-
-
-def _rebased(array: pa.Array) -> np.ndarray:
-    raw = np.asarray(array.offsets.to_numpy(zero_copy_only=False), dtype=np.int64)
-    return raw - raw[0]
 
 
 def ensure_grouped_strings(field: str, value: Any) -> GroupedSequence:
