@@ -31,7 +31,7 @@ bench: $(STAMP)
 	for b in benchmarks/bench_*.py; do $(PY) $$b || exit 1; done
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check maxent_arrow tests benchmarks
+	$(VENV)/bin/ruff check maxent_arrow tests benchmarks examples data
 
 clean:
 	rm -rf $(VENV) build *.egg-info

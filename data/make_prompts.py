@@ -1,4 +1,4 @@
-"""Write the demo's arithmetic prompt set: data/arithmetic_train.jsonl and data/arithmetic_eval.jsonl.
+"""Write the demo's arithmetic prompts: data/arithmetic_train.jsonl and data/arithmetic_eval.jsonl.
 
 Each line is {"prompt": ..., "answer": ...}: a one-operation integer question with its answer.
 Seeded, so re-running writes the same files (the repository ships them).
