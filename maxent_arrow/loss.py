@@ -171,6 +171,21 @@ def _check_beta(beta: float, where: str) -> float:
     return float(beta)
 
 
+def _sequence_ratio(
+    s: torch.Tensor, behavior_logp_sum: Any, *, n: int, where: str, device: Any
+) -> torch.Tensor:
+    """``exp(S - S_beh)`` per sequence, the log-ratio clamped to ±60; without stored behaviour
+    sums the behaviour policy is the detached current one (ratio 1, gradient of S)."""
+    beh = (
+        s.detach()
+        if behavior_logp_sum is None
+        else as_sample_vector(
+            behavior_logp_sum, n=n, where=f"{where}: behavior_logp_sum", device=device
+        ).to(s.dtype)
+    )
+    return torch.exp((s - beh).clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP))
+
+
 def _clipped_objective(ratio: torch.Tensor, adv: torch.Tensor, clip: ClipSettings) -> torch.Tensor:
     """``min(r Â, clamp(r) Â)`` (or the original's max for ``Â < 0``), per element."""
     if clip.delta is not None:
@@ -290,14 +305,7 @@ def maxent_loss(
     policy = -(w * s / t).sum() / groups
     clip_value = None
     if clip is not None:
-        beh = (
-            s.detach()
-            if behavior_logp_sum is None
-            else as_sample_vector(
-                behavior_logp_sum, n=n, where=f"{where}: behavior_logp_sum", device=device
-            ).to(dtype)
-        )
-        ratio = torch.exp((s - beh).clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP))
+        ratio = _sequence_ratio(s, behavior_logp_sum, n=n, where=where, device=device)
         if clip.adv_baseline is not None:
             baseline = torch.full_like(w, float(clip.adv_baseline))
         else:
@@ -433,14 +441,7 @@ def _grpo_sequence(
     s = cur_logp_sum.to(dtype)
     adv = as_sample_vector(advantages, n=n, where=f"{where}: advantages", device=device)
     adv = adv.to(dtype).detach()
-    beh = (
-        s.detach()
-        if behavior_logp_sum is None
-        else as_sample_vector(
-            behavior_logp_sum, n=n, where=f"{where}: behavior_logp_sum", device=device
-        ).to(dtype)
-    )
-    ratio = torch.exp((s - beh).clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP))
+    ratio = _sequence_ratio(s, behavior_logp_sum, n=n, where=where, device=device)
     per_seq = -_clipped_objective(ratio, adv, clip) if clip is not None else -ratio * adv
     ppo = per_seq.sum() / n
     policy = ppo * clip.coef if clip is not None else ppo
