@@ -34,8 +34,8 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from maxent_arrow import schema as S  # noqa: E402
-from maxent_arrow.analytics import RunAnalytics  # noqa: E402
+from maxent_arrow.analytics.run import RunAnalytics  # noqa: E402
+from maxent_arrow.arrow import schema as S  # noqa: E402
 
 TARGET = 10.0
 MAX_LEN = 64

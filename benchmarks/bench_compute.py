@@ -3,8 +3,8 @@
 Figures from the same run, on the same data (float64, 2 reward columns, a reference per-token
 mean, prompt-major groups):
 
-- ours: :mod:`maxent_arrow.compute` on (values, offsets), no Python loop. Every run wraps the
-  numpy inputs in fresh tensors (zero-copy), so the offsets are checked and their derived
+- ours: :mod:`maxent_arrow.compute.group_math` on (values, offsets), no Python loop. Every run
+  wraps the numpy inputs in fresh tensors (zero-copy), so the offsets are checked and their derived
   state (lengths, row ids) built once per run, as for a new batch; nothing carries over
   between runs. Uniform K takes the dense ``[P, K]`` path, ragged K the segment path;
 - baseline: the original pipeline's shape, a Python loop over groups building small torch

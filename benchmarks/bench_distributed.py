@@ -36,9 +36,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from maxent_arrow import schema as S  # noqa: E402
-from maxent_arrow.batch import RolloutBatch  # noqa: E402
-from maxent_arrow.store import RolloutStore  # noqa: E402
+from maxent_arrow.arrow import schema as S  # noqa: E402
+from maxent_arrow.rollout.batch import RolloutBatch  # noqa: E402
+from maxent_arrow.store.store import RolloutStore  # noqa: E402
 
 TARGET = 5.0
 COLUMNS = [
@@ -171,8 +171,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import ray
 
-    from maxent_arrow.collate import GroupCollator
-    from maxent_arrow.distributed import ray_collate_fn, read_store
+    from maxent_arrow.ingest.collate import GroupCollator
+    from maxent_arrow.integrations.ray import ray_collate_fn, read_store
 
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     with tempfile.TemporaryDirectory() as tmp:

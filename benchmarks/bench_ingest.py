@@ -28,8 +28,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from maxent_arrow.ingest import build_score_batch  # noqa: E402
-from maxent_arrow.prompt_cache import PromptCache  # noqa: E402
+from maxent_arrow.ingest.prompt_cache import PromptCache  # noqa: E402
+from maxent_arrow.ingest.score_batch import build_score_batch  # noqa: E402
 
 EOS = 1
 PAD = 0

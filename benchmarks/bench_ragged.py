@@ -37,7 +37,7 @@ from torch.nn.utils.rnn import pad_sequence
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from maxent_arrow import Ragged  # noqa: E402
-from maxent_arrow.views import ArrowSequence  # noqa: E402
+from maxent_arrow.arrow import ArrowSequence  # noqa: E402
 
 TARGET_VS_BASELINE = 30.0
 TARGET_VS_FLOOR = 3.0

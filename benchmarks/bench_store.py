@@ -39,7 +39,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from maxent_arrow import RolloutBatch, RolloutStore  # noqa: E402
-from maxent_arrow import schema as S  # noqa: E402
+from maxent_arrow.arrow import schema as S  # noqa: E402
 
 TARGETS = {"vs_torch_save": 2.0, "vs_jsonl": 10.0, "size_vs_torch_save": 2.0, "rss": 3.0}
 

@@ -42,8 +42,8 @@ def cuda_time(fn, repeats: int = 5) -> float:
 def transfer_rows(prompts: int, k: int, max_completion: int) -> list[tuple[str, float, str]]:
     from bench_ingest import workload
 
-    from maxent_arrow.ingest import build_score_batch
-    from maxent_arrow.ragged import Ragged
+    from maxent_arrow.arrow import Ragged
+    from maxent_arrow.ingest.score_batch import build_score_batch
 
     table = workload(prompts, k, max_completion)
     opts = dict(pad_token_id=0, max_prompt_len=256, slice_size=k, eos_token_id=1)
@@ -100,8 +100,8 @@ def scoring_rows(prompts: int, k: int, max_completion: int) -> list[tuple[str, f
     import pyarrow as pa
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from maxent_arrow.ingest import build_score_batch
-    from maxent_arrow.scoring import reference_logprobs, supports_packing
+    from maxent_arrow.ingest.score_batch import build_score_batch
+    from maxent_arrow.train.scoring import reference_logprobs, supports_packing
 
     torch.manual_seed(0)
     config = GPT2Config(n_layer=12, n_embd=768, n_head=12, vocab_size=50257, n_positions=1024)

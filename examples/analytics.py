@@ -8,8 +8,8 @@ import tempfile
 from pathlib import Path
 
 from maxent_arrow import demo
-from maxent_arrow.analytics import open_run
-from maxent_arrow.report import build_report
+from maxent_arrow.analytics.report import build_report
+from maxent_arrow.analytics.run import open_run
 
 run = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tempfile.mkdtemp()) / "run"
 if not (run / "store").exists():

@@ -8,11 +8,11 @@ import torch
 from transformers import ByT5Tokenizer
 
 from maxent_arrow import Ragged
-from maxent_arrow.demo import load_prompts
-from maxent_arrow.generation import sample_groups
-from maxent_arrow.ingest import build_score_batch
-from maxent_arrow.scoring import reference_logprobs, sequence_scores
-from maxent_arrow.trainer import tiny_model
+from maxent_arrow.demo import tiny_model
+from maxent_arrow.demo.job import load_prompts
+from maxent_arrow.ingest.score_batch import build_score_batch
+from maxent_arrow.train.generation import sample_groups
+from maxent_arrow.train.scoring import reference_logprobs, sequence_scores
 
 # 1. A token column in Arrow (list<int32>), viewed by torch without a copy.
 column = pa.array([[5, 6, 7], [8], [9, 10]], type=pa.list_(pa.int32()))

@@ -11,9 +11,10 @@ import torch
 from torch.utils.data import DataLoader
 
 from maxent_arrow import RolloutStore, demo
-from maxent_arrow.offline_replay import replay_losses, snapshot_loader
-from maxent_arrow.replay import ReplayDataset, recompute
-from maxent_arrow.trainer import tiny_model
+from maxent_arrow.demo import tiny_model
+from maxent_arrow.rollout import recompute
+from maxent_arrow.store import ReplayDataset
+from maxent_arrow.train import replay_losses, snapshot_loader
 
 run = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tempfile.mkdtemp()) / "run"
 if not (run / "store").exists():

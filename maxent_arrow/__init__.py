@@ -2,42 +2,21 @@
 
 The public surface: the seed's 15 per-batch dataclasses (facades over Arrow record batches),
 ``Ragged`` (zero-copy torch views of Arrow list columns, padded or packed in one pass), the
-error hierarchy, and, loaded on first use, the rollout batch and store.
+rollout batch and store, analytics, and the error hierarchy. The package tree is the
+architecture (``docs/architecture.md``): ``errors`` · ``arrow`` · ``types`` · ``compute`` |
+``ingest`` · ``rollout`` · ``store`` · ``analytics`` | ``train`` · ``integrations`` ·
+``demo`` · ``cli``, each importing only the ones before it.
+
+Every name loads on first use (:mod:`maxent_arrow.lazy`): ``import maxent_arrow`` imports no
+torch, so commands that make no tensor start fast.
 """
 
 from __future__ import annotations
 
 import atexit
 import gc
-from typing import TYPE_CHECKING, Any
 
-from maxent_arrow.errors import (
-    ComputeError,
-    LayoutError,
-    MaxentArrowError,
-    MissingExtraError,
-    SchemaError,
-    SchemaVersionError,
-    StoreError,
-)
-from maxent_arrow.ragged import Ragged
-from maxent_arrow.types.rewards import (
-    AdvantageStats,
-    BatchDiagnostics,
-    GenerationBatch,
-    LengthStats,
-    LossOutputs,
-    LossScalarBundle,
-    PromptCacheEntry,
-    PromptCompletionBatch,
-    QDistribution,
-    ReferenceLogprobs,
-    RewardComputation,
-    RewardMoments,
-    ScoreBatch,
-    SequenceScores,
-    ValidationContext,
-)
+from maxent_arrow import lazy
 
 __version__ = "0.1.0"
 
@@ -47,66 +26,42 @@ __version__ = "0.1.0"
 # huggingface/datasets#7566). Collecting them while Arrow is still alive joins those threads.
 atexit.register(gc.collect)
 
-# Heavier parts load on first attribute access, so `import maxent_arrow` stays fast.
-_LAZY = {
-    "RolloutBatch": "maxent_arrow.batch",
-    "RolloutStore": "maxent_arrow.store",
-    "ReplayDataset": "maxent_arrow.replay",
-    "RunAnalytics": "maxent_arrow.analytics",
-    "build_score_batch": "maxent_arrow.ingest",
-    "build_report": "maxent_arrow.report",
-    "compute_rewards": "maxent_arrow.reward_step",
-}
+_lazy_names, __getattr__, __dir__ = lazy.exports(
+    __name__,
+    {
+        ".types": [
+            "AdvantageStats",
+            "BatchDiagnostics",
+            "GenerationBatch",
+            "LengthStats",
+            "LossOutputs",
+            "LossScalarBundle",
+            "PromptCacheEntry",
+            "PromptCompletionBatch",
+            "QDistribution",
+            "ReferenceLogprobs",
+            "RewardComputation",
+            "RewardMoments",
+            "ScoreBatch",
+            "SequenceScores",
+            "ValidationContext",
+        ],
+        ".errors": [
+            "ComputeError",
+            "LayoutError",
+            "MaxentArrowError",
+            "MissingExtraError",
+            "SchemaError",
+            "SchemaVersionError",
+            "StoreError",
+        ],
+        ".arrow": ["Ragged"],
+        ".rollout": ["RolloutBatch", "RunConfig", "recompute"],
+        ".store": ["ReplayDataset", "RolloutStore"],
+        ".analytics": ["RunAnalytics", "build_report"],
+        ".ingest": ["build_score_batch"],
+        ".compute": ["compute_rewards"],
+    },
+)
 
-if TYPE_CHECKING:
-    from maxent_arrow.analytics import RunAnalytics
-    from maxent_arrow.batch import RolloutBatch
-    from maxent_arrow.ingest import build_score_batch
-    from maxent_arrow.replay import ReplayDataset
-    from maxent_arrow.report import build_report
-    from maxent_arrow.reward_step import compute_rewards
-    from maxent_arrow.store import RolloutStore
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'maxent_arrow' has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(module), name)
-
-
-__all__ = [
-    "AdvantageStats",
-    "BatchDiagnostics",
-    "ComputeError",
-    "GenerationBatch",
-    "LayoutError",
-    "LengthStats",
-    "LossOutputs",
-    "LossScalarBundle",
-    "MaxentArrowError",
-    "MissingExtraError",
-    "PromptCacheEntry",
-    "PromptCompletionBatch",
-    "QDistribution",
-    "Ragged",
-    "ReferenceLogprobs",
-    "RewardComputation",
-    "RewardMoments",
-    "ReplayDataset",
-    "RolloutBatch",
-    "RolloutStore",
-    "RunAnalytics",
-    "SchemaError",
-    "SchemaVersionError",
-    "ScoreBatch",
-    "SequenceScores",
-    "StoreError",
-    "ValidationContext",
-    "__version__",
-    "build_report",
-    "build_score_batch",
-    "compute_rewards",
-]
+__all__ = [*_lazy_names, "__version__"]

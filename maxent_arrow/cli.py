@@ -2,7 +2,7 @@
 
 Subcommands::
 
-    maxent-arrow demo [...]                     the end-to-end demo (maxent_arrow.demo)
+    maxent-arrow demo [...]                     the end-to-end demo (maxent_arrow.demo.job)
     maxent-arrow inspect RUN [--json]           schema version, steps, ranks, rows, sizes, config
     maxent-arrow query RUN "SQL" [--json|--csv] DuckDB SQL over views groups, samples, steps
     maxent-arrow report RUN --out DIR           PNG plots, index.html, summary.md
@@ -38,7 +38,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from maxent_arrow.errors import MaxentArrowError, MissingExtraError
+from maxent_arrow import analytics, demo, store
+from maxent_arrow.errors import MaxentArrowError, MissingExtraError, StoreError
 
 __all__ = [
     "EXIT_DATA",
@@ -101,21 +102,15 @@ def _store(root: str) -> Any:
     """An existing rollout store (never creates one: these commands only read or tidy)."""
     path = Path(root)
     if not (path / "manifest.json").is_file():
-        from maxent_arrow.errors import StoreError
-
         raise StoreError(f"{path}: not a rollout store (no manifest.json)")
-    from maxent_arrow.store import RolloutStore
-
-    return RolloutStore(path)
+    return store.RolloutStore(path)
 
 
 # ---------------------------------------------------------------------- commands
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    from maxent_arrow.analytics import RunAnalytics
-
-    with RunAnalytics(args.run, progress=_progress(args)) as run:
+    with analytics.RunAnalytics(args.run, progress=_progress(args)) as run:
         info = run.describe()
     if args.json:
         _print_json(info)
@@ -179,9 +174,9 @@ def _readable(table: Any, max_rows: int) -> str:
 
 
 def _cmd_query(args: argparse.Namespace) -> int:
-    from maxent_arrow.analytics import RunAnalytics
-
-    with RunAnalytics(args.run, progress=_progress(args), materialize=args.materialize) as run:
+    with analytics.RunAnalytics(
+        args.run, progress=_progress(args), materialize=args.materialize
+    ) as run:
         table = run.sql(args.sql)
     if args.json:
         _print_json(_jsonable_rows(table))
@@ -193,13 +188,11 @@ def _cmd_query(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from maxent_arrow.report import build_report
-
     if args.bins < 1:
         raise _UsageError(f"--bins must be >= 1, got {args.bins}")
     if any(k < 1 for k in args.k):
         raise _UsageError(f"--k values must be >= 1, got {args.k}")
-    report = build_report(
+    report = analytics.build_report(
         args.run,
         args.out,
         threshold=args.threshold,
@@ -226,9 +219,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    store = _store(args.run)
     with _busy("verifying", _progress(args)):
-        report = store.verify()
+        report = _store(args.run).verify()
     if args.json:
         _print_json(
             {
@@ -246,9 +238,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 def _cmd_compact(args: argparse.Namespace) -> int:
     if args.max_steps is not None and args.max_steps < 2:
         raise _UsageError(f"--max-steps must be >= 2, got {args.max_steps}")
-    store = _store(args.run)
     with _busy("compacting", _progress(args)):
-        made = store.compact(kind=args.kind, max_steps=args.max_steps)
+        made = _store(args.run).compact(kind=args.kind, max_steps=args.max_steps)
     if args.json:
         _print_json({"compacted": [str(p) for p in made]})
     else:
@@ -257,9 +248,7 @@ def _cmd_compact(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from maxent_arrow.export import export_hf, export_ipc
-
-    fn = export_ipc if args.to == "ipc" else export_hf
+    fn = analytics.export_ipc if args.to == "ipc" else analytics.export_hf
     made = fn(args.run, args.dir, progress=_progress(args))
     if args.json:
         _print_json({"format": args.to, "written": [str(p) for p in made]})
@@ -369,12 +358,12 @@ def main(argv: list[str] | None = None) -> int:
 def _run(argv: list[str]) -> int:
     if argv and argv[0] == "demo":
         try:
-            from maxent_arrow import demo
+            main_ = demo.main
         except ImportError as exc:
             _error("demo", f"the demo cannot be loaded ({exc})")
             return EXIT_MISSING_EXTRA
         try:
-            return int(demo.main(argv[1:]) or 0)
+            return int(main_(argv[1:]) or 0)
         except SystemExit as exc:  # the demo's own argparse (--help, a usage error)
             return int(exc.code or 0) if isinstance(exc.code, int | None) else EXIT_USAGE
     parser = _parser()

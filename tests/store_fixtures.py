@@ -2,7 +2,7 @@
 concurrency subprocesses, so it depends on nothing but maxent_arrow and numpy/torch).
 
 Derived values (advantages, q, weights) are computed here with plain numpy from the formulas of
-semantics §3.2, §3.4 and §3.6, independently of ``maxent_arrow.compute``.
+semantics §3.2, §3.4 and §3.6, independently of ``maxent_arrow.compute.group_math``.
 """
 
 from __future__ import annotations

@@ -10,10 +10,10 @@ from typing import Any, ClassVar
 import numpy as np
 import pyarrow as pa
 
+from maxent_arrow.arrow import ArrowSequence, GroupedSequence
 from maxent_arrow.errors import LayoutError, SchemaError
 from maxent_arrow.types import fields as F
 from maxent_arrow.types.columns import tensor_equal
-from maxent_arrow.views import ArrowSequence, GroupedSequence
 
 _MISSING = object()
 

@@ -21,8 +21,8 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from maxent_arrow.arrow import Ragged, arrow_to_torch, torch_to_arrow
 from maxent_arrow.errors import LayoutError, SchemaError
-from maxent_arrow.ragged import Ragged, arrow_to_torch, torch_to_arrow
 
 META_KEY = b"maxent_arrow"
 RECORD_VERSION = 1

@@ -18,15 +18,16 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from maxent_arrow.errors import LayoutError, SchemaError
-from maxent_arrow.ragged import Ragged, list_offsets
-from maxent_arrow.views import (
+from maxent_arrow.arrow import (
     INFO_FIELDS,
     ArrowSequence,
     GroupedSequence,
     InfoSequence,
     JsonSequence,
+    Ragged,
+    list_offsets,
 )
+from maxent_arrow.errors import LayoutError, SchemaError
 
 INFO_TYPE = pa.struct(
     [pa.field(name, kind) for name, kind in INFO_FIELDS.items()] + [pa.field("extra", pa.string())]

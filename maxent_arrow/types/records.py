@@ -17,7 +17,7 @@ PromptCacheEntry, scalar     one row
 classes
 ==========================  =========================================================
 
-Column names follow the group table of :mod:`maxent_arrow.schema` where the same data appear
+Column names follow the group table of :mod:`maxent_arrow.arrow.schema` where the same data appear
 there (``advantages``, ``q``, ``total_utils``, ``rewards``, ``completions`` ...), so a rollout
 batch can be assembled from these batches by column.
 """
@@ -31,6 +31,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from maxent_arrow.arrow import ArrowSequence, GroupedSequence, InfoSequence, JsonSequence
 from maxent_arrow.errors import SchemaError
 from maxent_arrow.types import rewards as R
 from maxent_arrow.types.base import PromptEntries
@@ -53,7 +54,6 @@ from maxent_arrow.types.columns import (
     prefix_lengths,
     tensor_column,
 )
-from maxent_arrow.views import ArrowSequence, GroupedSequence, InfoSequence, JsonSequence
 
 
 def _is_float_list(kind: pa.DataType) -> bool:

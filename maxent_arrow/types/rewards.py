@@ -6,7 +6,7 @@ They are real dataclasses (``dataclasses.fields`` and ``replace`` work), constru
 seed's Python types. Each value is normalised when it is assigned (in ``__init__`` or later, as
 the original pipeline reassigns fields in place):
 
-- list fields hold Arrow-backed read-only views (:mod:`maxent_arrow.views`);
+- list fields hold Arrow-backed read-only views (:mod:`maxent_arrow.arrow.sequences`);
 - ``grouped`` and ``samples`` pairs are one Arrow list array and its flattened child;
 - tensor fields keep the tensors given (gradients included).
 

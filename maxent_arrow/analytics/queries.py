@@ -1,0 +1,523 @@
+"""The ready-made queries of :class:`maxent_arrow.analytics.RunAnalytics`.
+
+Each returns a ``pyarrow.Table`` computed by DuckDB from the flat per-completion relation
+(:meth:`RunAnalytics.flat`: one ``UNNEST`` per needed scalar list column, or the materialized
+``sample_scalars`` table), from the ``groups`` view (best and worst completions, which need
+text) or from the ``steps`` table (KL buckets, eval rows). None of them reads a token column.
+What each metric means: ``reference/semantics.md`` §2 (and §2.14 for the KL buckets, §3.6 for
+weights and their entropy).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from maxent_arrow.analytics.views import quote, sql_string
+from maxent_arrow.arrow import schema as _schema
+from maxent_arrow.errors import LayoutError, SchemaError
+
+if TYPE_CHECKING:
+    from maxent_arrow.analytics.run import RunAnalytics
+
+__all__ = ["DEFAULT_QUANTILES", "ReadyMadeQueries"]
+
+DEFAULT_QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
+# Config keys that hold the completion-length cap (semantics §4.2 and the recipes' spelling).
+_MAX_LEN_KEYS = ("max_completion_len", "max_completion_length")
+_GROUP_KEY = "step, rank, kind, group_index"
+
+
+class ReadyMadeQueries:
+    """Mixed into :class:`RunAnalytics`; uses its ``sql``, ``flat``, ``_alias``, ``_where``,
+    ``_flat``, ``_group_columns``, ``reward_names`` and ``step_schema``."""
+
+    if TYPE_CHECKING:
+        sql = RunAnalytics.sql
+        flat = RunAnalytics.flat
+        _alias = RunAnalytics._alias
+        _where = RunAnalytics._where
+        _flat: dict[str, str]
+        _group_columns: set[str]
+        reward_names: list[str]
+        step_schema: pa.Schema
+
+    @staticmethod
+    def _qname(q: float) -> str:
+        return "p" + f"{q * 100:g}".replace(".", "_").zfill(2)
+
+    # ------------------------------------------------------------------ ready-made queries
+
+    def reward_curve(
+        self, *, kind: str | None = "train", quantiles: Sequence[float] = DEFAULT_QUANTILES
+    ) -> pa.Table:
+        """Reward statistics per step: one row per (step, reward).
+
+        ``reward`` is ``"total_utils"`` (the combined utility U_i) or the name of a reward
+        function (its raw, unweighted value). Columns: ``step, reward, n, mean, std, min,
+        p05 … p95, max``. ``std`` is the population std (divide by n), as
+        ``RewardMoments.std``; quantiles interpolate linearly (numpy's default). Null values
+        (a reward function added mid-run, absent from older files) are not counted; a
+        (step, reward) without any value has no row.
+        """
+        qs = [float(q) for q in quantiles]
+        if any(not 0.0 <= q <= 1.0 for q in qs):
+            raise LayoutError(f"quantiles: expected values in [0, 1], got {qs}")
+        sources = [("total_utils", "total_util")] if "total_util" in self._flat else []
+        sources += [(n, f"reward_{n}") for n in self.reward_names]
+        if not sources:
+            raise SchemaError("reward_curve: the store has neither 'total_utils' nor 'rewards'")
+        flat = self.flat([a for _, a in sources], kind=kind)
+        # In memory, a source with few distinct values (0/1 correctness rewards, and U itself
+        # when it is a weighted sum of those) is summarised from a (step, value) histogram:
+        # one cheap GROUP BY instead of DuckDB's per-value quantile state (measured 7x faster
+        # for 1M binary values). Exact either way; Parquet scans stay one query (one scan).
+        discrete = (
+            self._discrete_sources([a for _, a in sources], flat) if self.materialized else set()
+        )
+        parts = []
+        continuous = [(i, a) for i, (_, a) in enumerate(sources) if a not in discrete]
+        if continuous:
+            aggs = []
+            for i, alias in continuous:
+                x = quote(alias)
+                aggs.append(
+                    f"count({x}) AS n{i}, avg({x}) AS mean{i}, stddev_pop({x}) AS std{i}, "
+                    f"min({x}) AS min{i}, max({x}) AS max{i}"
+                    + (f", quantile_cont({x}, {qs}) AS q{i}" if qs else "")
+                )
+            wide = self.sql(
+                f"SELECT step, {', '.join(aggs)} FROM {flat} GROUP BY step ORDER BY step"
+            )
+            for i, _ in continuous:
+                cols = {
+                    "step": wide.column("step"),
+                    "n": wide.column(f"n{i}"),
+                    "mean": wide.column(f"mean{i}"),
+                    "std": wide.column(f"std{i}"),
+                    "min": wide.column(f"min{i}"),
+                }
+                for j, q in enumerate(qs):
+                    cols[self._qname(q)] = pc.list_element(wide.column(f"q{i}"), j)
+                cols["max"] = wide.column(f"max{i}")
+                parts.append((i, pa.table(cols)))
+        for i, (_, alias) in enumerate(sources):
+            if alias in discrete:
+                x = quote(alias)
+                hist = self.sql(
+                    f"SELECT step, {x} AS x, count(*) AS c FROM {flat} WHERE {x} IS NOT NULL "
+                    "GROUP BY ALL ORDER BY step, x"
+                )
+                parts.append((i, _stats_from_histogram(hist, qs, self._qname)))
+        tables = []
+        for i, part in parts:
+            part = part.add_column(1, "reward", pa.array([sources[i][0]] * part.num_rows))
+            part = part.append_column("_order", pa.array(np.full(part.num_rows, i, np.int32)))
+            tables.append(part.filter(pc.greater(part.column("n"), 0)))
+        table = pa.concat_tables(tables).sort_by([("step", "ascending"), ("_order", "ascending")])
+        return table.drop_columns(["_order"])
+
+    def _discrete_sources(self, aliases: list[str], flat: str, *, limit: int = 64) -> set[str]:
+        """Aliases with at most ``limit`` distinct values in a 65536-row sample (a guess that
+        only picks the faster exact method, never changes a result)."""
+        counts = ", ".join(f"count(DISTINCT {quote(a)}) AS {quote(a)}" for a in aliases)
+        row = self.sql(f"SELECT {counts} FROM (SELECT * FROM {flat} LIMIT 65536)").to_pylist()
+        return {a for a, v in row[0].items() if v <= limit} if row else set()
+
+    def success_rate(
+        self,
+        *,
+        threshold: float = 0.0,
+        k: Sequence[int] = (1,),
+        reward: str = "total_utils",
+        kind: str | None = "train",
+    ) -> pa.Table:
+        """Success per step, where a completion succeeds when its ``reward`` > ``threshold``.
+
+        Columns: ``step, num_groups, num_samples, success_rate`` (fraction of successful
+        completions), ``group_success_rate`` (fraction of groups with at least one success),
+        and ``pass_at_{k}`` for each k: the unbiased estimator of Chen et al. (2021),
+        ``1 - C(n-c, k) / C(n, k)`` per group of n completions with c successes, averaged over
+        the groups with n >= k (null when there are none).
+        """
+        ks = [int(x) for x in k]
+        if any(x < 1 for x in ks):
+            raise LayoutError(f"k: expected integers >= 1, got {ks}")
+        alias = self._alias(reward, what="success_rate")
+        v = quote(alias)
+        passes = []
+        for x in ks:
+            # C(n-c,k)/C(n,k) through lgamma: exact to ~1e-13, no overflow for large n.
+            ratio = (
+                f"exp(lgamma(n - c + 1) - lgamma(n - c - {x} + 1) + lgamma(n - {x} + 1) "
+                f"- lgamma(n + 1))"
+            )
+            passes.append(
+                f"avg(CASE WHEN n < {x} THEN NULL WHEN n - c < {x} THEN 1.0 "
+                f"ELSE 1.0 - {ratio} END) AS pass_at_{x}"
+            )
+        per_group = (
+            f"SELECT step, count({v}) AS n, count(*) FILTER (WHERE {v} > {float(threshold)!r}) "
+            f"AS c FROM {self.flat([alias], kind=kind)} GROUP BY {_GROUP_KEY}"
+        )
+        return self.sql(
+            f"SELECT step, count(*) AS num_groups, sum(n)::BIGINT AS num_samples, "
+            f"sum(c) / sum(n) AS success_rate, avg((c > 0)::DOUBLE) AS group_success_rate, "
+            f"{', '.join(passes)} FROM ({per_group}) WHERE n > 0 GROUP BY step ORDER BY step"
+        )
+
+    def zero_variance_groups(
+        self, *, atol: float = 1e-8, reward: str = "total_utils", kind: str | None = "train"
+    ) -> pa.Table:
+        """Groups whose completions all score the same (max - min <= ``atol``), per step.
+
+        Such groups have all-zero advantages and give no learning signal (the seed's
+        ``frac_reward_zero_std``). Columns: ``step, num_groups, zero_variance_groups,
+        frac_zero_variance``. A group of one completion counts as zero-variance.
+        """
+        alias = self._alias(reward, what="zero_variance_groups")
+        v = quote(alias)
+        return self.sql(
+            f"SELECT step, count(*) AS num_groups, "
+            f"count(*) FILTER (WHERE spread <= {float(atol)!r}) AS zero_variance_groups, "
+            f"zero_variance_groups / count(*) AS frac_zero_variance FROM ("
+            f"SELECT step, max({v}) - min({v}) AS spread FROM {self.flat([alias], kind=kind)} "
+            f"WHERE {v} IS NOT NULL GROUP BY {_GROUP_KEY}) GROUP BY step ORDER BY step"
+        )
+
+    def _max_len_by_step(self, kind: str | None) -> str | None:
+        """The length cap from the step rows' config: one number (as text) when every step has
+        the same, else SQL of (step, kind, max_len); None when no step row has one."""
+        if "config" not in self.step_schema.names:
+            return None
+        keys = ", ".join(f"json_extract(config, '$.{k}')::BIGINT" for k in _MAX_LEN_KEYS)
+        sql = (
+            f"SELECT step, kind, max(coalesce({keys})) AS max_len FROM steps "
+            f"{self._where(kind=kind)} GROUP BY step, kind"
+        )
+        caps = self.sql(f"SELECT DISTINCT max_len FROM ({sql})").column("max_len").to_pylist()
+        if caps == [None] or not caps:
+            return None
+        # One cap for the whole run (the usual case): a constant, no join.
+        return str(int(caps[0])) if len(caps) == 1 else sql
+
+    def length_stats(
+        self, *, max_completion_len: int | None = None, kind: str | None = "train"
+    ) -> pa.Table:
+        """Completion length statistics per step (``LengthStats`` over all ranks of a step).
+
+        Lengths are T_i = ``ref_tok_counts`` (semantics §2.13), or the generator's
+        ``completion_info.token_count`` when the run stored no reference counts. A completion
+        is *clipped* when T_i >= the cap: the argument, else the step's config
+        (``max_completion_len``), else the generator's ``truncated`` flag. Columns: ``step,
+        n, min_length, mean_length, max_length, p50_length, p95_length, clipped_frac,
+        min_terminated, mean_terminated, max_terminated`` (terminated = not clipped; null when
+        every completion was clipped).
+        """
+        if "length" not in self._flat:
+            raise SchemaError("length_stats: the store has no 'ref_tok_counts' nor token counts")
+        if max_completion_len is not None:
+            cap = int(max_completion_len)
+            inner = f"SELECT step, length AS t, length >= {cap} AS clipped FROM " + self.flat(
+                ["length"], kind=kind
+            )
+        elif (by_step := self._max_len_by_step(kind)) is not None and by_step.isdigit():
+            inner = f"SELECT step, length AS t, length >= {by_step} AS clipped FROM " + self.flat(
+                ["length"], kind=kind
+            )
+        elif by_step is not None:
+            inner = (
+                f"SELECT g.step, g.length AS t, g.length >= m.max_len AS clipped FROM "
+                f"{self.flat(['length'], kind=kind)} g "
+                f"LEFT JOIN ({by_step}) m ON g.step = m.step AND g.kind = m.kind"
+            )
+        else:
+            if "truncated" not in self._flat:
+                raise SchemaError("length_stats: no length cap and no 'completion_info' flags")
+            inner = "SELECT step, length AS t, truncated AS clipped FROM " + self.flat(
+                ["length", "truncated"], kind=kind
+            )
+        # Lengths are small integers: one GROUP BY (step, length, clipped) gives a histogram of
+        # at most steps x max_len rows, and every statistic (quantiles included, exactly) comes
+        # from it in numpy; much cheaper than DuckDB's per-value quantile state.
+        hist = self.sql(
+            f"SELECT step, t::BIGINT AS t, clipped, count(*) AS c FROM ({inner}) "
+            "WHERE t IS NOT NULL GROUP BY ALL ORDER BY step, t"
+        )
+        return _length_stats_from_histogram(hist)
+
+    def entropy_curve(self, *, kind: str | None = "train") -> pa.Table:
+        """Entropy of the per-group q-distribution and MaxEnt weights, per step.
+
+        Per group g: H(q_g) = -Σ q ln q and H(w_g) = -Σ w ln w (natural log; zero entries
+        contribute 0). Per step: mean, population std, min and max over groups
+        (``q_entropy_*``, ``weight_entropy_*``; semantics §2.5, §3.6). A group whose weights
+        have a negative entry (GRPO mode stores advantages as weights) is not a distribution
+        and gets no weight entropy; nor does a group without stored weights.
+        """
+        parts = [
+            (a, p) for a, p in (("q", "q_entropy"), ("weight", "weight_entropy")) if a in self._flat
+        ]
+        if not parts:
+            raise SchemaError("entropy_curve: the store has neither 'q' nor 'weights'")
+        per_group = ", ".join(
+            f"CASE WHEN min({quote(a)}) < 0 THEN NULL ELSE -sum({quote(a)} * ln({quote(a)})) "
+            f"FILTER (WHERE {quote(a)} > 0) END AS {p}"
+            for a, p in parts
+        )
+        aggs = ", ".join(
+            f"avg({p}) AS {p}_mean, stddev_pop({p}) AS {p}_std, min({p}) AS {p}_min, "
+            f"max({p}) AS {p}_max"
+            for _, p in parts
+        )
+        return self.sql(
+            f"SELECT step, count(*) AS num_groups, {aggs} FROM (SELECT step, {per_group} FROM "
+            f"{self.flat([a for a, _ in parts], kind=kind)} GROUP BY {_GROUP_KEY}) "
+            f"GROUP BY step ORDER BY step"
+        )
+
+    def kl_by_length_bucket(self, *, kind: str | None = "train") -> pa.Table:
+        """Per-token KL per completion-length bucket, per step (``BatchDiagnostics``).
+
+        From the step rows' ``kl_per_token_by_len_bucket`` and ``kl_token_count_by_len_bucket``
+        maps (semantics §2.14). Ranks of one step are combined token-weighted,
+        Σ_r kl_r·t_r / Σ_r t_r (a plain mean when no counts were stored). Columns: ``step,
+        bucket, bucket_order, kl_per_token, tokens``; buckets in ``KL_LENGTH_BUCKETS`` order.
+        """
+        labels = list(_schema.KL_LENGTH_BUCKETS)
+        order = (
+            "CASE e.key "
+            + " ".join(f"WHEN {sql_string(b)} THEN {i}" for i, b in enumerate(labels))
+            + f" ELSE {len(labels)} END"
+        )
+        return self.sql(
+            f"SELECT step, e.key AS bucket, min({order}) AS bucket_order, "
+            "CASE WHEN sum(c) > 0 THEN sum(e.value * c) / sum(c) ELSE avg(e.value) END "
+            "AS kl_per_token, sum(c) AS tokens FROM (SELECT step, "
+            "unnest(map_entries(kl_per_token_by_len_bucket)) AS e, kl_token_count_by_len_bucket "
+            f"AS counts FROM steps {self._where(kind=kind)}) s, "
+            "LATERAL (SELECT map_extract_value(s.counts, e.key) AS c) "
+            "GROUP BY step, e.key ORDER BY step, bucket_order, bucket"
+        )
+
+    def advantage_histogram(
+        self,
+        *,
+        bins: int = 50,
+        steps: int | Iterable[int] | None = None,
+        kind: str | None = "train",
+        column: str = "advantages",
+    ) -> pa.Table:
+        """Histogram of a per-completion value (advantages by default) over ``steps``.
+
+        ``bins`` equal-width bins between the min and max finite value, the last one closed,
+        as ``numpy.histogram`` builds them (a single value v gets the range v ± 0.5).
+        Columns: ``bin_left, bin_right, count`` (all ``bins`` rows, empty bins included).
+        """
+        if int(bins) < 1:
+            raise LayoutError(f"bins: expected an integer >= 1, got {bins!r}")
+        bins = int(bins)
+        alias = self._alias(column, what="advantage_histogram")
+        values = (
+            f"SELECT {quote(alias)} AS x FROM {self.flat([alias], kind=kind, steps=steps)} "
+            f"WHERE isfinite({quote(alias)})"
+        )
+        bounds = self.sql(f"SELECT min(x) AS lo, max(x) AS hi FROM ({values})")
+        lo, hi = bounds.column("lo")[0].as_py(), bounds.column("hi")[0].as_py()
+        if lo is None:
+            lo, hi = 0.0, 1.0
+        elif lo == hi:
+            lo, hi = lo - 0.5, hi + 0.5
+        counts = self.sql(
+            f"SELECT least(floor((x - {lo!r}) * ({bins} / ({hi!r} - {lo!r})))::BIGINT, "
+            f"{bins - 1}) AS b, count(*) AS n FROM ({values}) GROUP BY b"
+        )
+        full = np.zeros(bins, dtype=np.int64)
+        full[counts.column("b").to_numpy()] = counts.column("n").to_numpy()
+        edges = np.linspace(lo, hi, bins + 1)
+        return pa.table({"bin_left": edges[:-1], "bin_right": edges[1:], "count": full})
+
+    def extreme_completions(
+        self,
+        step: int,
+        *,
+        n: int = 5,
+        by: str = "total_utils",
+        kind: str | None = "train",
+    ) -> pa.Table:
+        """The ``n`` best and ``n`` worst completions of one step, ranked by ``by``.
+
+        Columns: ``which`` (``"best"``/``"worst"``), ``position`` (1 = most extreme),
+        ``step, rank, group_index, sample_index, prompt, completion, score`` and whichever of
+        ``total_util, advantage, length`` the store has. Ties break by (rank, group,
+        sample). Token columns are not read.
+        """
+        expr = self._list_expr(by, what="extreme_completions")
+        n = int(n)
+        if n < 1:
+            raise LayoutError(f"n: expected an integer >= 1, got {n}")
+        cols = self._group_columns
+        extra = [
+            (c, alias)
+            for c, alias in (
+                ("total_utils", "total_util"),
+                ("advantages", "advantage"),
+                ("ref_tok_counts", "length"),
+            )
+            if c in cols
+        ]
+        prompt = "prompt" if "prompt" in cols else "NULL::VARCHAR AS prompt"
+        unnested = ", ".join(f"unnest({quote(c)}) AS {a}" for c, a in extra)
+        base = (
+            f"SELECT step, rank, group_index, {prompt}, "
+            f"unnest(generate_series(0, len(completions) - 1)) AS sample_index, "
+            f"unnest(completions) AS completion, unnest({expr}) AS score"
+            f"{', ' + unnested if unnested else ''} FROM groups "
+            f"{self._where(kind=kind, steps=int(step))}"
+        )
+        order = "rank, group_index, sample_index"
+        return self.sql(
+            f"WITH s AS ({base}) "
+            f"SELECT * FROM (SELECT 'best' AS which, row_number() OVER (ORDER BY score DESC, "
+            f"{order}) AS position, * FROM s WHERE score IS NOT NULL) WHERE position <= {n} "
+            f"UNION ALL "
+            f"SELECT * FROM (SELECT 'worst' AS which, row_number() OVER (ORDER BY score ASC, "
+            f"{order}) AS position, * FROM s WHERE score IS NOT NULL) WHERE position <= {n} "
+            f"ORDER BY which, position"
+        )
+
+    def eval_rows(self) -> pa.Table:
+        """The step rows of evaluation passes (``kind = 'eval'``), by step and rank."""
+        return self.sql("SELECT * FROM steps WHERE kind = 'eval' ORDER BY step, rank")
+
+    def _list_expr(self, name: str, *, what: str) -> str:
+        return self._flat[self._alias(name, what=what)]
+
+
+def _length_stats_from_histogram(hist: pa.Table) -> pa.Table:
+    """``length_stats`` from (step, t, clipped, c) rows sorted by (step, t), vectorised.
+
+    Quantiles interpolate linearly between order statistics as ``numpy.quantile`` and
+    DuckDB's ``quantile_cont`` do: h = (n - 1) q, value = x[floor h] + (h - floor h)(x[floor h
+    + 1] - x[floor h]), with x the step's sorted lengths, located through cumulative counts.
+    """
+    step = hist.column("step").to_numpy()
+    t = hist.column("t").to_numpy().astype(np.float64)
+    c = hist.column("c").to_numpy().astype(np.int64)
+    clipped = hist.column("clipped")
+    is_clipped = pc.fill_null(clipped, False).to_numpy(zero_copy_only=False)
+    is_term = pc.fill_null(pc.invert(clipped), False).to_numpy(zero_copy_only=False)
+    known = pc.is_valid(clipped).to_numpy(zero_copy_only=False)
+    if step.size == 0:
+        names = [
+            "n",
+            "min_length",
+            "mean_length",
+            "max_length",
+            "p50_length",
+            "p95_length",
+            "clipped_frac",
+            "min_terminated",
+            "mean_terminated",
+            "max_terminated",
+        ]
+        return pa.table(
+            {
+                "step": pa.array([], pa.int64()),
+                **{n: pa.array([], pa.int64() if n == "n" else pa.float64()) for n in names},
+            }
+        )
+    starts, n, cum, base = _segments(step, c)
+    steps = step[starts]
+
+    def seg_sum(values: np.ndarray) -> np.ndarray:
+        return np.add.reduceat(values, starts)
+
+    def seg_ext(values: np.ndarray, mask: np.ndarray, fn: Any, fill: float) -> np.ndarray:
+        out = fn.reduceat(np.where(mask, values, fill), starts)
+        has = np.add.reduceat(mask.astype(np.int64), starts) > 0
+        return np.where(has, out, np.nan)
+
+    everything = np.ones_like(known)
+
+    def quantile(q: float) -> np.ndarray:
+        return _segment_quantile(t, cum, base, n, q)
+
+    n_known = seg_sum(c * known)
+    n_term = seg_sum(c * is_term)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        table = {
+            "step": pa.array(steps, pa.int64()),
+            "n": pa.array(n, pa.int64()),
+            "min_length": seg_ext(t, everything, np.minimum, np.inf),
+            "mean_length": seg_sum(t * c) / n,
+            "max_length": seg_ext(t, everything, np.maximum, -np.inf),
+            "p50_length": quantile(0.5),
+            "p95_length": quantile(0.95),
+            "clipped_frac": np.where(n_known > 0, seg_sum(c * is_clipped) / n_known, np.nan),
+            "min_terminated": seg_ext(t, is_term & (c > 0), np.minimum, np.inf),
+            "mean_terminated": np.where(n_term > 0, seg_sum(t * c * is_term) / n_term, np.nan),
+            "max_terminated": seg_ext(t, is_term & (c > 0), np.maximum, -np.inf),
+        }
+    # NaN marks "no value" above; Arrow gets real nulls, as the SQL version gave.
+    return pa.table(
+        {
+            k: v if isinstance(v, pa.Array) else pa.array(v, pa.float64(), from_pandas=True)
+            for k, v in table.items()
+        }
+    )
+
+
+def _stats_from_histogram(hist: pa.Table, qs: Sequence[float], qname: Any) -> pa.Table:
+    """``step, n, mean, std (population), min, p.., max`` from (step, x, c) rows sorted by
+    (step, x): the same numbers as the SQL aggregates, quantiles exact (linear)."""
+    step = hist.column("step").to_numpy()
+    x = hist.column("x").to_numpy().astype(np.float64)
+    c = hist.column("c").to_numpy().astype(np.int64)
+    if step.size == 0:
+        names = ["n", "mean", "std", "min", *[qname(q) for q in qs], "max"]
+        return pa.table(
+            {
+                "step": pa.array([], pa.int64()),
+                **{k: pa.array([], pa.int64() if k == "n" else pa.float64()) for k in names},
+            }
+        )
+    starts, n, cum, base = _segments(step, c)
+    mean = np.add.reduceat(x * c, starts) / n
+    dev = x - np.repeat(mean, np.diff(np.r_[starts, step.size]))
+    cols: dict[str, Any] = {
+        "step": pa.array(step[starts], pa.int64()),
+        "n": pa.array(n, pa.int64()),
+        "mean": mean,
+        "std": np.sqrt(np.add.reduceat(dev * dev * c, starts) / n),
+        "min": np.minimum.reduceat(x, starts),
+    }
+    for q in qs:
+        cols[qname(q)] = _segment_quantile(x, cum, base, n, q)
+    cols["max"] = np.maximum.reduceat(x, starts)
+    return pa.table(cols)
+
+
+def _segments(step: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Row starts of each step, its count, global cumulative counts and each step's base."""
+    starts = np.flatnonzero(np.r_[True, step[1:] != step[:-1]])
+    n = np.add.reduceat(c, starts)
+    cum = np.cumsum(c)  # sorted positions: row r covers [cum[r] - c[r], cum[r])
+    base = np.r_[0, cum[:-1]][starts]
+    return starts, n, cum, base
+
+
+def _segment_quantile(
+    x: np.ndarray, cum: np.ndarray, base: np.ndarray, n: np.ndarray, q: float
+) -> np.ndarray:
+    """Linear-interpolation quantile per segment (numpy's and DuckDB's quantile_cont):
+    h = (n - 1) q, x[floor h] + (h - floor h)(x[floor h + 1] - x[floor h])."""
+    h = (n - 1) * q
+    lo = np.floor(h)
+    at_lo = np.searchsorted(cum, base + lo.astype(np.int64), side="right")
+    at_hi = np.searchsorted(cum, base + np.minimum(lo + 1, n - 1).astype(np.int64), "right")
+    return x[at_lo] + (h - lo) * (x[at_hi] - x[at_lo])

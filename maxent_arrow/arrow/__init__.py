@@ -1,0 +1,28 @@
+"""Arrow underneath everything: the store's schemas, list arrays and their torch twin.
+
+- :mod:`~maxent_arrow.arrow.schema`: the group and step tables of each schema version, the kind
+  rule, version checks and schema unification (no torch).
+- :mod:`~maxent_arrow.arrow.lists`: offsets and regrouping of Arrow list arrays (no torch).
+- :mod:`~maxent_arrow.arrow.ragged`: :class:`Ragged`, values + int64 offsets in torch, viewed
+  from Arrow without copying, padded or packed in one vectorised pass.
+- :mod:`~maxent_arrow.arrow.sequences`: read-only Python sequences over Arrow arrays.
+
+Names load on first use (:mod:`maxent_arrow.lazy`), so importing this package imports no torch.
+"""
+
+from maxent_arrow import lazy
+
+__all__, __getattr__, __dir__ = lazy.exports(
+    __name__,
+    {
+        ".lists": ["first_null", "list_offsets", "regroup", "single_array"],
+        ".ragged": ["Ragged", "arrow_to_torch", "torch_to_arrow"],
+        ".sequences": [
+            "INFO_FIELDS",
+            "ArrowSequence",
+            "GroupedSequence",
+            "InfoSequence",
+            "JsonSequence",
+        ],
+    },
+)

@@ -1,0 +1,42 @@
+"""Arrow list arrays without torch: offsets rebased to 0, one chunk, a list over flat values.
+
+The traps these exist for (``docs/arrow-layout.md``, "Traps"): ``ListArray.values`` ignores a
+slice's offset (use ``.flatten()``), and a slice's offsets are not rebased to 0.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+__all__ = ["first_null", "list_offsets", "regroup", "single_array"]
+
+
+def list_offsets(array: pa.Array) -> np.ndarray:
+    """The int64 offsets of a ``list`` / ``large_list`` array, rebased to 0 (a slice's offsets
+    start where the slice does)."""
+    raw = np.asarray(array.offsets.to_numpy(zero_copy_only=False), dtype=np.int64)
+    return raw - raw[0]
+
+
+def single_array(column: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """``column`` as one array: a one-chunk column's chunk (no copy), else the chunks
+    concatenated (one copy)."""
+    if isinstance(column, pa.ChunkedArray):
+        if column.num_chunks == 1:
+            return column.chunk(0)
+        if column.num_chunks == 0:
+            return pa.array([], type=column.type)
+        return pa.concat_arrays(column.chunks)
+    return column
+
+
+def regroup(flat: pa.Array | pa.ChunkedArray, offsets: np.ndarray) -> pa.Array:
+    """A ``list`` array over ``flat`` with the given offsets (``flat`` is not copied)."""
+    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), single_array(flat))
+
+
+def first_null(array: pa.Array) -> int:
+    """The position of the first null in ``array`` (which has at least one)."""
+    valid = np.asarray(array.is_valid().to_numpy(zero_copy_only=False))
+    return int(np.flatnonzero(~valid)[0])

@@ -1,0 +1,392 @@
+"""The whole reward step, ``GenerationBatch`` -> ``RewardComputation`` (``semantics.md``
+§4.1 step 2), and the entropy-bonus update of step 5b.
+
+The reward functions are the only per-sample Python: they take the flat lists of completion
+and answer strings and return floats. Everything after that call works on Arrow arrays and
+torch tensors: the truncation flags come from the completion-info struct columns, the
+behaviour log-likelihoods from one Arrow JSON parse of the metadata, and the group math from
+:mod:`maxent_arrow.compute.group_math`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pj
+import torch
+
+from maxent_arrow import compute as C
+from maxent_arrow.arrow import (
+    GroupedSequence,
+    InfoSequence,
+    JsonSequence,
+    Ragged,
+    arrow_to_torch,
+    torch_to_arrow,
+)
+from maxent_arrow.compute.seed_grpo import SeedGrpoSettings, seed_grpo_statistics
+from maxent_arrow.errors import ComputeError, SchemaError
+from maxent_arrow.types.rewards import (
+    AdvantageStats,
+    GenerationBatch,
+    PromptCompletionBatch,
+    QDistribution,
+    RewardComputation,
+)
+
+__all__ = ["compute_rewards", "apply_entropy_bonus", "behavior_logprobs_from_meta"]
+
+# Keys under which the original's metadata carried the sequence log-prob and token count
+# (semantics §6.2: the same quantity under several names), in order of precedence.
+_SUM_KEYS = ("logprob_sum", "cumulative_logprob", "logprob")
+_COUNT_KEYS = ("token_count", "num_tokens")
+
+
+def _offsets(grouped: GroupedSequence) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(grouped.offsets, dtype=np.int64))
+
+
+def _grouped_arrow(ragged: Ragged) -> pa.Array:
+    return (
+        ragged.to(torch.device("cpu")).to_arrow()
+        if ragged.device.type != "cpu"
+        else (ragged.to_arrow())
+    )
+
+
+def _call_reward(j: int, fn: Any, completions: list[str], answers: list[str]) -> np.ndarray:
+    name = getattr(fn, "__name__", type(fn).__name__)
+    values = fn(completions, answers)
+    if isinstance(values, torch.Tensor):
+        values = values.detach().cpu().to(torch.float64).numpy()
+    if isinstance(values, str | bytes) or not isinstance(values, Sequence | np.ndarray):
+        raise SchemaError(
+            f"compute_rewards: reward function {j} ({name}) returned {type(values).__name__}, "
+            "expected a list of floats"
+        )
+    if len(values) != len(completions):
+        raise ComputeError(
+            f"compute_rewards: reward function {j} ({name}) returned {len(values)} values, "
+            f"expected {len(completions)} (one per completion)"
+        )
+    try:
+        # None (a reward that does not apply) becomes NaN, which U counts as 0 (§3.1).
+        array = np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError):
+        array = None
+    if array is None or array.ndim != 1:
+        for i, v in enumerate(values):  # only on the error path, to name the sample
+            if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Real)):
+                raise SchemaError(
+                    f"compute_rewards: reward function {j} ({name}) returned {v!r} at sample "
+                    f"{i}, expected a float"
+                )
+        raise SchemaError(f"compute_rewards: reward function {j} ({name}) returned non-floats")
+    return array
+
+
+def _truncated(info: GroupedSequence | None, max_completion_len: int | None) -> pa.Array | None:
+    """``truncated | finish_reason == "length" | token_count >= max_completion_len`` per sample."""
+    if info is None:
+        return None
+    flat = info.arrow.flatten()
+    if not isinstance(flat, pa.StructArray):
+        return None
+    # The info column may be a slice of a larger batch; struct_field honours its offset.
+    flags = pc.fill_null(pc.struct_field(flat, "truncated"), False)
+    reason = pc.struct_field(flat, "finish_reason")
+    flags = pc.or_(flags, pc.fill_null(pc.equal(reason, "length"), False))
+    if max_completion_len is not None:
+        hit = pc.greater_equal(pc.struct_field(flat, "token_count"), max_completion_len)
+        flags = pc.or_(flags, pc.fill_null(hit, False))
+    # A null info row (no metadata for that completion) is not truncated.
+    return pc.fill_null(flags, False)
+
+
+def behavior_logprobs_from_meta(meta: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Behaviour (generation) log-prob sums and token counts from the JSON metadata.
+
+    One Arrow JSON parse of all entries (no per-sample ``json.loads``). The sum is the first
+    of ``logprob_sum``, ``cumulative_logprob``, ``logprob``, else the sum of
+    ``token_logprobs``; the count ``token_count``, ``num_tokens``, else the length of
+    ``token_logprobs``. Missing values are NaN. Returns float64 ``[N]`` tensors.
+    """
+    if isinstance(meta, GroupedSequence):
+        meta = meta.arrow.flatten()
+    elif isinstance(meta, JsonSequence):
+        meta = meta.arrow
+    if not isinstance(meta, pa.Array) or not pa.types.is_string(meta.type):
+        raise SchemaError("behavior_logprobs_from_meta: expected JSON metadata text")
+    n = len(meta)
+    if n == 0:
+        return torch.empty(0, dtype=torch.float64), torch.empty(0, dtype=torch.float64)
+    text = pc.fill_null(pc.if_else(pc.equal(meta, "null"), "{}", meta), "{}")
+    lines = pc.binary_join_element_wise(text, pa.scalar(""), "\n")
+    _, offsets, data = lines.buffers()
+    bounds = np.frombuffer(offsets, dtype=np.int32)[lines.offset : lines.offset + n + 1]
+    body = data[int(bounds[0]) : int(bounds[-1])]
+    fields = [(k, pa.float64()) for k in _SUM_KEYS] + [(k, pa.float64()) for k in _COUNT_KEYS]
+    table = None
+    # Try with the per-token list first; metadata whose `token_logprobs` holds non-numbers
+    # (raw vLLM objects) parses without it.
+    for extra in ([("token_logprobs", pa.list_(pa.float64()))], []):
+        options = pj.ParseOptions(
+            explicit_schema=pa.schema(fields + extra), unexpected_field_behavior="ignore"
+        )
+        try:
+            table = pj.read_json(pa.BufferReader(body), parse_options=options)
+            break
+        except pa.ArrowInvalid as exc:
+            error = exc
+    if table is None:
+        raise SchemaError(f"behavior_logprobs_from_meta: unreadable metadata ({error})")
+    if table.num_rows != n:
+        raise SchemaError(
+            f"behavior_logprobs_from_meta: expected {n} metadata objects, parsed {table.num_rows}"
+        )
+    total = pc.coalesce(*(table.column(k) for k in _SUM_KEYS))
+    count = pc.coalesce(*(table.column(k) for k in _COUNT_KEYS))
+    if "token_logprobs" in table.column_names:
+        tokens = table.column("token_logprobs").combine_chunks()
+        sums = _list_sums(tokens)
+        total = pc.coalesce(total, pa.array(sums, mask=np.asarray(tokens.is_null())))
+        count = pc.coalesce(count, pc.cast(pc.list_value_length(tokens), pa.float64()))
+
+    def tensor(column: pa.ChunkedArray) -> torch.Tensor:
+        array = pc.fill_null(column, math.nan).combine_chunks()
+        return arrow_to_torch(pc.cast(array, pa.float64()))
+
+    return tensor(total), tensor(count)
+
+
+def _list_sums(tokens: pa.Array) -> np.ndarray:
+    lengths = np.asarray(pc.fill_null(pc.list_value_length(tokens), 0), dtype=np.int64)
+    values = arrow_to_torch(pc.fill_null(tokens.flatten(), math.nan)).to(torch.float64)
+    bounds = torch.zeros(lengths.size + 1, dtype=torch.int64)
+    torch.cumsum(torch.from_numpy(lengths), 0, out=bounds[1:])
+    sums = torch.segment_reduce(values, "sum", offsets=bounds, unsafe=True, initial=0)
+    return sums.numpy()
+
+
+def compute_rewards(
+    generation_batch: GenerationBatch,
+    reward_funcs: Sequence[Any],
+    *,
+    weights: Sequence[float],
+    reward_names: Sequence[str] | None = None,
+    scale_rewards: bool = True,
+    q_temperature: float = 1.0,
+    q_epsilon: float = 1e-6,
+    zero_truncated_completion_rewards: bool = False,
+    max_completion_len: int | None = None,
+    seed_grpo: SeedGrpoSettings | None = None,
+    device: torch.device | str | None = None,
+) -> RewardComputation:
+    """Rewards, utilities, moments, advantages (SEED-scaled), q: ``RewardComputation`` (§3.1-3.4).
+
+    Parameters
+    ----------
+    generation_batch:
+        P prompt groups of completions.
+    reward_funcs:
+        ``f(completions, answers) -> list[float]`` over the N flat completions and their
+        answers (each prompt's answer repeated K times). ``None`` entries count as NaN.
+    weights:
+        ``λ_j`` per function.
+    reward_names:
+        Keys of ``per_reward_values`` (default ``reward_0``, ``reward_1``, ... as the seed).
+    zero_truncated_completion_rewards, max_completion_len:
+        Set ``U_i = 0`` for completions flagged truncated, with ``finish_reason == "length"``,
+        or with ``token_count >= max_completion_len`` in their completion info.
+    seed_grpo:
+        Enable SEED-GRPO scaling (needs ``grouped_ref_meta`` with log-prob sums and counts).
+    device:
+        Where the group math runs (default CPU); the record's lists are Arrow on the host.
+    """
+    gb = generation_batch
+    grouped = gb.grouped_completions
+    if len(grouped) == 0:
+        raise ComputeError("compute_rewards: generation_batch: expected at least one group, got 0")
+    offsets = _offsets(grouped)
+    sizes = np.diff(grouped.offsets)
+    if (sizes == 0).any():
+        g = int(np.flatnonzero(sizes == 0)[0])
+        raise ComputeError(
+            f"compute_rewards: generation_batch.grouped_completions: group {g} is empty (size 0)"
+        )
+    if len(weights) != len(reward_funcs):
+        raise ComputeError(
+            f"compute_rewards: weights: expected {len(reward_funcs)} (one per reward function), "
+            f"got {len(weights)}"
+        )
+    names = (
+        list(reward_names)
+        if reward_names is not None
+        else [f"reward_{j}" for j in range(len(reward_funcs))]
+    )
+    if len(names) != len(reward_funcs) or len(set(names)) != len(names):
+        raise ComputeError(
+            f"compute_rewards: reward_names: expected {len(reward_funcs)} distinct names, got "
+            f"{names!r}"
+        )
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    completions_arrow = grouped.arrow.flatten()
+    group_of_sample = pa.array(np.repeat(np.arange(len(grouped), dtype=np.int64), sizes))
+    answers_arrow = gb.answers.arrow.take(group_of_sample)
+    completions, answers = completions_arrow.to_pylist(), answers_arrow.to_pylist()
+    raw = {
+        name: torch.from_numpy(_call_reward(j, fn, completions, answers))
+        for j, (name, fn) in enumerate(zip(names, reward_funcs))
+    }
+    truncated = None
+    if zero_truncated_completion_rewards:
+        flags = _truncated(gb.grouped_completion_info, max_completion_len)
+        if flags is not None:
+            truncated = torch.from_numpy(np.asarray(flags.to_numpy(zero_copy_only=False)))
+    offsets_dev = offsets.to(device)
+    utils = C.total_utils(
+        {k: v.to(device) for k, v in raw.items()},
+        list(weights),
+        truncated=None if truncated is None else truncated.to(device),
+        offsets=offsets_dev,
+    )
+    seed = None
+    if seed_grpo is not None:
+        if gb.grouped_ref_meta is None:
+            raise ComputeError(
+                "compute_rewards: seed_grpo needs generation_batch.grouped_ref_meta (log-prob "
+                "sums and token counts), got None"
+            )
+        lp, count = behavior_logprobs_from_meta(gb.grouped_ref_meta)
+        seed = seed_grpo_statistics(
+            completions_arrow,
+            lp.to(device),
+            count.to(device),
+            offsets=offsets_dev,
+            settings=seed_grpo,
+        )
+    info = gb.grouped_completion_info
+    metadata = None if info is None else InfoSequence(info.arrow.flatten())
+    pairs = PromptCompletionBatch(
+        prompts=gb.prompts.arrow.take(group_of_sample),
+        completions=completions_arrow,
+        metadata=metadata,
+    )
+    return _assemble(
+        utils,
+        raw,
+        pairs=pairs,
+        ref_meta=_flat_ref_meta(gb.grouped_ref_meta),
+        scale_rewards=scale_rewards,
+        q_temperature=q_temperature,
+        q_epsilon=q_epsilon,
+        seed_scales=None if seed is None else seed.scales,
+        extra={
+            "seed_semantic_entropies": None if seed is None else seed.semantic_entropy.cpu(),
+            "seed_advantage_scales": None if seed is None else seed.scales.cpu(),
+            "seed_alpha_effective": None if seed is None else seed.alpha_effective,
+            "seed_max_possible_entropy": None if seed is None else seed.max_possible_entropy,
+        },
+    )
+
+
+def _flat_ref_meta(grouped: GroupedSequence | None) -> JsonSequence | None:
+    if grouped is None:
+        return None
+    flat = grouped.arrow.flatten()
+    # The seed sets ref_logprob_meta to None when no entry carries a payload.
+    if flat.null_count == len(flat) or pc.all(pc.equal(flat, "null")).as_py():
+        return None
+    return JsonSequence(flat)
+
+
+def _assemble(
+    utils: Ragged,
+    per_reward: dict[str, Any],
+    *,
+    pairs: PromptCompletionBatch,
+    ref_meta: JsonSequence | None,
+    scale_rewards: bool,
+    q_temperature: float,
+    q_epsilon: float,
+    seed_scales: torch.Tensor | None,
+    extra: dict[str, Any],
+) -> RewardComputation:
+    moments = C.reward_moments(utils)
+    adv = C.group_advantages(utils, scale_rewards=scale_rewards)
+    if seed_scales is not None:
+        adv = C.apply_group_scales(adv, seed_scales)
+    q = C.q_distribution(utils, temperature=q_temperature, epsilon=q_epsilon)
+    adv_arrow, q_arrow = _grouped_arrow(adv), _grouped_arrow(q)
+    return RewardComputation(
+        total_utils=torch_to_arrow(utils.values),
+        per_reward_values={k: _column(v) for k, v in per_reward.items()},
+        advantage=AdvantageStats(grouped=adv_arrow, samples=adv_arrow.flatten()),
+        pairs=pairs,
+        q_distribution=QDistribution(grouped=q_arrow, samples=q_arrow.flatten()),
+        moments=moments,
+        ref_logprob_meta=ref_meta,
+        completion_metadata=pairs.metadata,
+        **extra,
+    )
+
+
+def _column(value: Any) -> pa.Array:
+    return torch_to_arrow(value) if isinstance(value, torch.Tensor) else value
+
+
+def apply_entropy_bonus(
+    reward_computation: RewardComputation,
+    policy_entropy_sum: Any,
+    token_counts: Any,
+    *,
+    coef: float,
+    scale_rewards: bool = True,
+    q_temperature: float = 1.0,
+    q_epsilon: float = 1e-6,
+) -> RewardComputation:
+    """The policy-entropy bonus of §3.5, as a new ``RewardComputation``.
+
+    ``U <- U + c σ_R z``; moments, advantages (SEED scales re-applied) and q are recomputed
+    from the new U; ``per_reward_values`` gains ``policy_entropy_group_zscore``,
+    ``policy_entropy_per_token`` and ``entropy_bonus``; ``entropy_bonus_scale`` is σ_R. With
+    ``coef == 0`` the input is returned unchanged, as the original skips the step.
+    """
+    rc = reward_computation
+    if coef == 0:
+        return rc
+    grouped = rc.advantage.grouped
+    offsets = _offsets(grouped)
+    utils = Ragged(rc.total_utils.to_torch(), offsets, validate=False)
+    bonus = C.entropy_bonus(
+        utils, policy_entropy_sum, token_counts, coef=coef, reward_std=rc.moments.std
+    )
+    per_reward = {k: v.arrow for k, v in rc.per_reward_values.items()}
+    per_reward["policy_entropy_group_zscore"] = bonus.zscore.values.cpu()
+    per_reward["policy_entropy_per_token"] = bonus.per_token.values.cpu()
+    per_reward["entropy_bonus"] = bonus.bonus.values.cpu()
+    scales = rc.seed_advantage_scales
+    out = _assemble(
+        Ragged(bonus.utils.values.cpu(), offsets, validate=False),
+        per_reward,
+        pairs=rc.pairs,
+        ref_meta=rc.ref_logprob_meta,
+        scale_rewards=scale_rewards,
+        q_temperature=q_temperature,
+        q_epsilon=q_epsilon,
+        seed_scales=None if scales is None else scales.to_torch(),
+        extra={
+            f.name: getattr(rc, f.name)
+            for f in dataclasses.fields(rc)
+            if f.name.startswith("seed_")
+        },
+    )
+    out.entropy_bonus_scale = bonus.scale
+    return out

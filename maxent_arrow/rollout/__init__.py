@@ -1,0 +1,22 @@
+"""One step of one rank as Arrow, and what can be recomputed from it.
+
+- :class:`RolloutBatch`: the group rows and the step row of one step of one rank, built from
+  the seed objects (:meth:`RolloutBatch.from_parts`) or from Arrow, giving the seed objects
+  back as views.
+- :class:`RunConfig`: the replay contract, the settings a step was computed with.
+- :func:`recompute`: advantages, q and MaxEnt weights of a batch from its stored facts.
+
+Names load on first use; importing this package imports no torch.
+"""
+
+from maxent_arrow import lazy
+
+__all__, __getattr__, __dir__ = lazy.exports(
+    __name__,
+    {
+        ".batch": ["RolloutBatch"],
+        ".config": ["RunConfig"],
+        ".layout": ["BATCH_META_KEY", "STEP_META_KEY", "step_row_from_json", "step_row_to_json"],
+        ".recompute": ["recompute"],
+    },
+)

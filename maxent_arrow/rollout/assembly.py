@@ -1,0 +1,409 @@
+"""``RolloutBatch.from_parts``: one step's seed objects to a group batch and a step row.
+
+:class:`GroupColumns` collects the group table's columns part by part (generation, token ids,
+rewards, reference, behaviour scores, weights); :func:`step_values` collects the step row.
+Per-sample ``[N]`` columns of the seed classes (their ``to_arrow()`` layouts, named like the
+group table on purpose) are regrouped by the generation's group offsets: a new offsets buffer
+over the same child values, no copy of the token or log-prob bytes (a cast copies only when a
+dtype must change, e.g. int64 token ids to int32).
+
+Nothing here imports torch: the seed classes and ``Ragged`` are reached through their lazy
+packages, which are loaded by the time seed objects exist.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from maxent_arrow import arrow as A
+from maxent_arrow import types as T
+from maxent_arrow.arrow import schema as S
+from maxent_arrow.arrow.lists import list_offsets, regroup
+from maxent_arrow.errors import LayoutError, SchemaError
+from maxent_arrow.rollout.layout import BATCH_META_KEY, config_json, int_arg
+
+__all__ = ["GroupColumns", "check_parts", "step_values"]
+
+_IDS_TYPE = dict((f.name, f.type) for f in S.GROUP_FIELDS)["completion_ids"]
+_DIAGNOSTIC_MAPS = ("kl_per_token_by_len_bucket", "kl_token_count_by_len_bucket")
+
+
+def _float_values(name: str, value: Any) -> pa.Array:
+    """Flat per-sample values (a tensor, a list, an Arrow array) as a float64 array."""
+    if isinstance(value, pa.Array | pa.ChunkedArray):
+        return value
+    tensor = getattr(value, "detach", None)
+    if tensor is not None:
+        return pa.array(value.detach().cpu().double().reshape(-1).numpy())
+    try:
+        return pa.array(value, pa.float64())
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as exc:
+        raise SchemaError(f"RolloutBatch.from_parts: {name}: expected numbers ({exc})") from None
+
+
+def _dtype_name(tensor: Any) -> str:
+    return str(tensor.dtype).removeprefix("torch.")
+
+
+def check_parts(parts: Mapping[str, Any]) -> None:
+    """Each given part has the seed type ``from_parts`` documents for it."""
+    expected = {
+        "generation": (T.GenerationBatch, "GenerationBatch"),
+        "rewards": (T.RewardComputation, "RewardComputation"),
+        "score_batch": (T.ScoreBatch, "ScoreBatch"),
+        "reference": (T.ReferenceLogprobs, "ReferenceLogprobs"),
+        "scores": (T.SequenceScores, "SequenceScores"),
+        "length_stats": (T.LengthStats, "LengthStats"),
+        "loss": (T.LossOutputs | T.LossScalarBundle, "LossOutputs or LossScalarBundle"),
+        "diagnostics": (T.BatchDiagnostics, "BatchDiagnostics"),
+    }
+    if parts.get("generation") is None:
+        raise SchemaError(
+            "RolloutBatch.from_parts: generation expected a GenerationBatch, got None"
+        )
+    for name, (kind, label) in expected.items():
+        _typed(name, parts.get(name), kind, label)
+
+
+class GroupColumns:
+    """The group table's columns of one step, filled part by part.
+
+    Built from the generation (prompts, answers, completions, ref meta, completion info, and
+    the generator's token ids if the completion info carries them); each ``add_*`` method then
+    adds what one seed object holds, checked against the generation's group sizes.
+    """
+
+    def __init__(self, generation: Any, *, step: int, rank: int):
+        gen = generation.to_arrow()
+        self.num_groups = gen.num_rows
+        completions = gen.column("completions")
+        self.offsets = list_offsets(completions)
+        self.num_samples = int(self.offsets[-1]) if len(self.offsets) else 0
+        self.meta: dict[str, Any] = {"dtypes": {}, "widths": {}}
+        p = self.num_groups
+        self.columns: dict[str, pa.Array | None] = {
+            "step": pa.array(np.full(p, step, dtype=np.int64)),
+            "rank": pa.array(np.full(p, rank, dtype=np.int32)),
+            "group_index": pa.array(np.arange(p, dtype=np.int32)),
+            "prompt": gen.column("prompt"),
+            "answer": gen.column("answer"),
+            "completions": completions,
+            "ref_meta": _column(gen, "ref_meta"),
+        }
+        info, self._info_ids = _split_info(_column(gen, "completion_info"), self.offsets)
+        self.columns["completion_info"] = info
+        self.reward_names: list[str] = []
+
+    def add_token_ids(self, score_batch: Any) -> None:
+        """Token ids: the exact scored ids of ``score_batch`` first, the generator's ids (from
+        the completion info) otherwise; generator ids that differ from the scored ones are
+        kept in the completion info's JSON ``extra``."""
+        completion_ids = None
+        offsets, n = self.offsets, self.num_samples
+        if score_batch is not None:
+            sb = score_batch.to_arrow()
+            _check_rows("score_batch", sb.column("completion_ids"), n)
+            sizes = np.diff(offsets)
+            if self.num_groups and int(sizes.min()) == 0:
+                g = int(np.flatnonzero(sizes == 0)[0])
+                raise LayoutError(
+                    f"RolloutBatch.from_parts: group {g} has no completions, so its prompt ids "
+                    "cannot be taken from score_batch"
+                )
+            self.columns["prompt_ids"] = sb.column("prompt_ids").take(pa.array(offsets[:-1]))
+            completion_ids = _per_token(
+                "score_batch.completion_ids", sb.column("completion_ids"), offsets, pa.int32()
+            )
+        info_ids = self._info_ids
+        if info_ids is not None:
+            info_ids = info_ids.cast(_IDS_TYPE)
+            if completion_ids is None:
+                completion_ids = info_ids
+                self.meta["info_token_ids"] = True
+            elif info_ids.flatten().equals(completion_ids.flatten()):
+                self.meta["info_token_ids"] = True
+            else:
+                self.columns["completion_info"] = _ids_into_extra(
+                    self.columns["completion_info"], info_ids
+                )
+        self.columns["completion_ids"] = completion_ids
+
+    def add_rewards(self, rewards: Any) -> None:
+        """Utilities, per-function rewards, advantages, q and the SEED-GRPO group columns."""
+        offsets = self.offsets
+        _check_offsets("rewards.advantage.grouped", rewards.advantage.grouped.offsets, offsets)
+        rc = rewards.to_arrow()
+        _check_offsets("rewards.q_distribution.grouped", list_offsets(rc.column("q")), offsets)
+        for name in (
+            "total_utils",
+            "rewards",
+            "advantages",
+            "q",
+            "seed_semantic_entropy",
+            "seed_advantage_scale",
+        ):
+            self.columns[name] = _column(rc, name)
+        if self.columns["rewards"] is not None:
+            self.reward_names = [f.name for f in self.columns["rewards"].type]
+
+    def add_weights(self, weights: Any) -> None:
+        self.columns["weights"] = _grouped_floats("weights", weights, self.offsets)
+
+    def add_reference(self, reference: Any) -> None:
+        """Raw reference sums R_i, token counts T_i and per-token reference log-probs, with
+        the tensor dtypes and widths needed to give the seed object back as it was."""
+        offsets, n, meta = self.offsets, self.num_samples, self.meta
+        rf = reference.to_arrow()
+        for name in ("ref_logp_sum", "ref_tok_counts", "ref_logp_sum_raw", "ref_token_logp"):
+            value = getattr(reference, name)
+            if value is not None:
+                meta["dtypes"][name] = _dtype_name(value)
+        if reference.ref_token_mask is not None:
+            meta["dtypes"]["ref_token_mask"] = _dtype_name(reference.ref_token_mask)
+        meta["has_ref_mask"] = reference.ref_token_mask is not None
+        if reference.ref_token_logp is not None:
+            meta["widths"]["ref_token_logp"] = int(reference.ref_token_logp.shape[1])
+        raw = rf.column("ref_logp_sum_raw")
+        _check_rows("reference.ref_logp_sum_raw", raw, n)
+        self.columns["ref_logp_sum_raw"] = regroup(raw.cast(pa.float64()), offsets)
+        self.columns["ref_tok_counts"] = regroup(
+            _counts_int32("reference.ref_tok_counts", rf.column("ref_tok_counts")), offsets
+        )
+        self.columns["ref_token_logp"] = _per_token(
+            "reference.ref_token_logp", _column(rf, "ref_token_logp"), offsets, pa.float32()
+        )
+
+    def add_scores(self, scores: Any) -> None:
+        """Behaviour sums, entropy sums and per-token behaviour log-probs of the scorer."""
+        offsets, n = self.offsets, self.num_samples
+        ss = scores.to_arrow()
+        for name in ("behavior_logp_sum", "policy_entropy_sum"):
+            value = _column(ss, name)
+            if value is not None:
+                _check_rows(f"scores.{name}", value, n)
+                # Sums stay in double (docs/seed-bugs.md: no bf16 accumulation).
+                self.columns[name] = regroup(value.cast(pa.float64()), offsets)
+        self.columns["behavior_token_logp"] = _per_token(
+            "scores.old_token_logp", _column(ss, "old_token_logp"), offsets, pa.float32()
+        )
+
+    def add_behavior_tokens(self, behavior_token_logp: Any) -> None:
+        """The sampler's own per-token rows (one value per generated token); they take
+        precedence over the scorer's view, which covers only the scored tokens."""
+        rows = (
+            behavior_token_logp.to_arrow()
+            if isinstance(behavior_token_logp, A.Ragged)
+            else behavior_token_logp
+        )
+        self.columns["behavior_token_logp"] = _per_token(
+            "behavior_token_logp", rows, self.offsets, pa.float32()
+        )
+
+    def to_batch(self) -> pa.RecordBatch:
+        """The group record batch in the schema's column order (absent parts left out)."""
+        schema = S.group_schema(self.reward_names)
+        fields, arrays = [], []
+        for field in schema:
+            array = self.columns.get(field.name)
+            if array is None:
+                continue
+            if isinstance(array, pa.ChunkedArray):
+                array = array.combine_chunks()
+            fields.append(pa.field(field.name, field.type, nullable=field.nullable))
+            arrays.append(array if array.type == field.type else array.cast(field.type))
+        metadata = {
+            S.METADATA_KEY: S.SCHEMA_VERSION.encode(),
+            BATCH_META_KEY: json.dumps(self.meta, sort_keys=True).encode(),
+        }
+        return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields, metadata=metadata))
+
+
+def step_values(
+    columns: GroupColumns,
+    *,
+    step: int,
+    rank: int,
+    kind: str,
+    config: Mapping[str, Any] | None,
+    policy_version: int | None,
+    parts: Mapping[str, Any],
+) -> pa.RecordBatch:
+    """The one-row step batch: identity, counts, the config snapshot and the scalars of the
+    reward moments, reference summaries, length stats, loss and diagnostics."""
+    values: dict[str, Any] = {
+        "step": int_arg("step", step),
+        "rank": int_arg("rank", rank),
+        "kind": S.check_kind(kind, where="RolloutBatch.kind"),
+        "num_groups": columns.num_groups,
+        "num_samples": columns.num_samples,
+        "created_at": dt.datetime.now(dt.UTC),
+        "policy_version": policy_version,
+        "config": config_json(config),
+    }
+    rewards = parts.get("rewards")
+    if rewards is not None:
+        values.update(
+            reward_mean=rewards.moments.mean,
+            reward_std=rewards.moments.std,
+            entropy_bonus_scale=rewards.entropy_bonus_scale,
+            seed_alpha_effective=rewards.seed_alpha_effective,
+            seed_max_possible_entropy=rewards.seed_max_possible_entropy,
+        )
+    reference = parts.get("reference")
+    if reference is not None:
+        values.update(
+            ref_logp_mean=reference.ref_logp_mean,
+            avg_completion_tokens=reference.avg_completion_tokens,
+        )
+    length_stats = parts.get("length_stats")
+    if length_stats is not None:
+        values.update(
+            {f.name: getattr(length_stats, f.name) for f in dataclasses.fields(length_stats)}
+        )
+    loss = parts.get("loss")
+    if loss is not None:
+        values.update(dataclasses.asdict(loss.scalars if isinstance(loss, T.LossOutputs) else loss))
+    diagnostics = parts.get("diagnostics")
+    if diagnostics is not None:
+        scalars = dataclasses.asdict(diagnostics)
+        for name in _DIAGNOSTIC_MAPS:
+            scalars[name] = list(scalars[name].items())
+        values.update(scalars)
+    schema = S.step_schema()
+    return pa.RecordBatch.from_pydict({f.name: [values.get(f.name)] for f in schema}, schema=schema)
+
+
+def _typed(name: str, value: Any, kind: Any, expected: str) -> Any:
+    if value is not None and not isinstance(value, kind):
+        raise SchemaError(
+            f"RolloutBatch.from_parts: {name} expected a {expected}, got {type(value).__name__}"
+        )
+    return value
+
+
+def _column(rb: pa.RecordBatch, name: str) -> pa.Array | None:
+    if name not in rb.schema.names:
+        return None
+    return rb.column(name)
+
+
+def _check_rows(owner: str, array: pa.Array, n: int) -> None:
+    if len(array) != n:
+        raise LayoutError(
+            f"RolloutBatch.from_parts: {owner} expected {n} rows (one per completion, as "
+            f"generation), got {len(array)}"
+        )
+
+
+def _check_offsets(owner: str, got: np.ndarray, expected: np.ndarray) -> None:
+    if len(got) != len(expected):
+        raise LayoutError(
+            f"RolloutBatch.from_parts: {owner} expected {len(expected) - 1} groups (as "
+            f"generation), got {len(got) - 1}"
+        )
+    if not np.array_equal(got, expected):
+        g = int(np.flatnonzero(np.diff(got) != np.diff(expected))[0])
+        raise LayoutError(
+            f"RolloutBatch.from_parts: {owner} expected {int(expected[g + 1] - expected[g])} "
+            f"completions at group {g} (as generation), got {int(got[g + 1] - got[g])}"
+        )
+
+
+def _split_info(info: pa.Array | None, offsets: np.ndarray):
+    """Completion info without ``token_ids`` (they go to ``completion_ids``) and those ids."""
+    if info is None:
+        return None, None
+    flat = info.flatten()
+    names = [f.name for f in flat.type]
+    token_ids = None
+    if "token_ids" in names:
+        candidate = flat.field(names.index("token_ids"))
+        if candidate.null_count == 0:
+            token_ids = regroup(candidate, offsets)
+        elif candidate.null_count != len(candidate):
+            i = int(np.flatnonzero(~candidate.is_valid().to_numpy(zero_copy_only=False))[0])
+            g = int(np.searchsorted(offsets, i, side="right") - 1)
+            raise LayoutError(
+                "RolloutBatch.from_parts: generation.grouped_completion_info has token_ids for "
+                f"some completions only (missing at group {g}, sample {i - offsets[g]})"
+            )
+    arrays = []
+    for field in S.COMPLETION_INFO_TYPE:
+        if field.name in names:
+            arrays.append(flat.field(names.index(field.name)).cast(field.type))
+        else:
+            arrays.append(pa.nulls(len(flat), field.type))
+    struct = pa.StructArray.from_arrays(
+        arrays,
+        fields=list(S.COMPLETION_INFO_TYPE),
+        mask=flat.is_null() if flat.null_count else None,
+    )
+    return regroup(struct, offsets), token_ids
+
+
+def _ids_into_extra(info: pa.Array, token_ids: pa.Array) -> pa.Array:
+    """Keep completion-info token ids that differ from the scored ids in the JSON ``extra``.
+
+    A rare path (re-tokenised completions, semantics §6.3), so a loop over samples is fine.
+    """
+    flat = info.flatten()
+    extras = flat.field("extra").to_pylist()
+    ids = token_ids.flatten().to_pylist()
+    merged = []
+    for extra, item in zip(extras, ids):
+        data = json.loads(extra) if extra else {}
+        data["token_ids"] = item
+        merged.append(json.dumps(data))
+    arrays = [flat.field(i) for i in range(flat.type.num_fields)]
+    arrays[flat.type.get_field_index("extra")] = pa.array(merged, pa.string())
+    struct = pa.StructArray.from_arrays(arrays, fields=list(flat.type))
+    return regroup(struct, list_offsets(info))
+
+
+def _grouped_floats(name: str, value: Any, offsets: np.ndarray) -> pa.Array:
+    """Per-sample values (flat ``[N]`` or already grouped) as ``list<double>`` by group."""
+    if isinstance(value, T.AdvantageStats | T.QDistribution):
+        value = value.grouped
+    if isinstance(value, A.Ragged):
+        value = value.to_arrow()
+    if isinstance(value, A.GroupedSequence):
+        value = value.arrow
+    if isinstance(value, pa.ChunkedArray):
+        value = value.combine_chunks()
+    if isinstance(value, list | tuple) and value and isinstance(value[0], list | tuple):
+        value = pa.array(value, pa.list_(pa.float64()))
+    if isinstance(value, pa.Array) and (
+        pa.types.is_list(value.type) or pa.types.is_large_list(value.type)
+    ):
+        _check_offsets(name, list_offsets(value), offsets)
+        flat = value.flatten()
+    else:
+        flat = _float_values(name, value)
+        _check_rows(name, flat, int(offsets[-1]))
+    if flat.null_count:
+        raise LayoutError(f"RolloutBatch.from_parts: {name} has a null value")
+    return regroup(flat.cast(pa.float64()), offsets)
+
+
+def _counts_int32(name: str, array: pa.Array) -> pa.Array:
+    try:
+        return array.cast(pa.int32())  # safe cast: refuses fractional or out-of-range counts
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise LayoutError(
+            f"RolloutBatch.from_parts: {name} expected whole numbers ({exc})"
+        ) from None
+
+
+def _per_token(name: str, array: pa.Array | None, offsets: np.ndarray, kind: pa.DataType):
+    if array is None:
+        return None
+    _check_rows(name, array, int(offsets[-1]))
+    inner = pa.list_(pa.field("item", kind, nullable=False))
+    return regroup(array.cast(inner), offsets)

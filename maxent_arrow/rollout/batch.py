@@ -1,0 +1,495 @@
+"""``RolloutBatch``: one step of one rank, as a group record batch plus its step row.
+
+The group batch has one row per prompt group in the v1 group layout of
+:mod:`maxent_arrow.arrow.schema` (per-completion values as ``list<T>``, per-token values as
+``list<list<T>>``); the step row is a one-row batch in the step layout (reward moments, length
+stats, reference summaries, loss scalars, diagnostics and the run config as JSON).
+
+``from_parts`` assembles a batch from the seed objects of one training step without copying
+the per-token bytes (flat ``[N]`` columns are regrouped by the group offsets, which only adds
+an offsets buffer); the properties give the seed objects back as views of the same buffers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+
+from maxent_arrow import arrow as A
+from maxent_arrow import ingest
+from maxent_arrow import types as T
+from maxent_arrow.arrow.lists import list_offsets, regroup, single_array
+from maxent_arrow.errors import LayoutError, SchemaError
+from maxent_arrow.rollout.assembly import GroupColumns, check_parts, step_values
+from maxent_arrow.rollout.config import RunConfig
+from maxent_arrow.rollout.layout import (
+    BATCH_META_KEY,
+    STEP_META_KEY,
+    normalise,
+    step_row_from_json,
+    step_row_to_json,
+)
+
+if TYPE_CHECKING:
+    import torch
+
+    from maxent_arrow.arrow import Ragged
+
+__all__ = ["RolloutBatch"]
+
+_LENGTH_FIELDS = (
+    "min_length",
+    "mean_length",
+    "max_length",
+    "clipped_ratio",
+    "min_terminated",
+    "mean_terminated",
+    "max_terminated",
+)
+
+
+class RolloutBatch:
+    """One step of one rank: a group record batch (``.groups``) and its step row (``.step_row``).
+
+    Parameters
+    ----------
+    groups:
+        One row per prompt group in the v1 group layout (a subset of its columns; unknown
+        extra columns are kept). Known columns are cast to their schema types.
+    step_row:
+        One row in the step layout; ``num_groups`` and ``num_samples`` must match ``groups``.
+    validate:
+        Check the layout (required columns, one step and rank, every per-completion column
+        grouped like ``completions``, no nulls inside lists). Costs O(groups) plus a null count
+        per column; the store skips it for data it verified when appending.
+    """
+
+    __slots__ = ("groups", "step_row", "cursor")
+
+    def __init__(
+        self,
+        groups: pa.RecordBatch | pa.Table,
+        step_row: pa.RecordBatch | pa.Table,
+        *,
+        validate: bool = True,
+    ):
+        if isinstance(groups, pa.Table):
+            groups = (
+                groups.combine_chunks().to_batches()[0]
+                if groups.num_rows
+                else (pa.RecordBatch.from_pylist([], schema=groups.schema))
+            )
+        if isinstance(step_row, pa.Table):
+            step_row = step_row.combine_chunks().to_batches()[0]
+        if not isinstance(groups, pa.RecordBatch) or not isinstance(step_row, pa.RecordBatch):
+            raise SchemaError(
+                "RolloutBatch: expected pyarrow RecordBatch or Table for groups and step_row, "
+                f"got {type(groups).__name__} and {type(step_row).__name__}"
+            )
+        if validate:
+            groups, step_row = normalise(groups, step_row)
+        self.groups = groups
+        self.step_row = step_row
+        # The replay position after this batch (set by RolloutStore.replay), for resuming.
+        self.cursor: Any = None
+
+    # ------------------------------------------------------------------ identity
+    def _scalar(self, name: str) -> Any:
+        if name not in self.step_row.schema.names:
+            return None
+        return self.step_row.column(name)[0].as_py()
+
+    @property
+    def step(self) -> int:
+        return int(self._scalar("step"))
+
+    @property
+    def rank(self) -> int:
+        return int(self._scalar("rank"))
+
+    @property
+    def kind(self) -> str:
+        return str(self._scalar("kind"))
+
+    @property
+    def num_groups(self) -> int:
+        return self.groups.num_rows
+
+    @property
+    def num_samples(self) -> int:
+        return int(self._scalar("num_samples"))
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The run config snapshot of this step (parsed from the JSON ``config`` column)."""
+        text = self._scalar("config")
+        return json.loads(text) if text else {}
+
+    @property
+    def run_config(self) -> RunConfig:
+        """The config snapshot as a :class:`~maxent_arrow.rollout.RunConfig` (the replay
+        contract)."""
+        return RunConfig.from_dict(self._scalar("config"))
+
+    @property
+    def group_offsets(self) -> np.ndarray:
+        """Where each group's completions start and end in the flat ``[N]`` order (int64)."""
+        return list_offsets(single_array(self.groups.column("completions")))
+
+    def _meta(self) -> dict[str, Any]:
+        raw = (self.groups.schema.metadata or {}).get(BATCH_META_KEY)
+        return json.loads(raw) if raw else {}
+
+    def column(self, name: str) -> pa.Array | None:
+        """Column ``name`` of the groups, or ``None`` when absent or null in every group (a
+        column that only other steps of a merged file have)."""
+        if name not in self.groups.schema.names:
+            return None
+        column = single_array(self.groups.column(name))
+        if len(column) and column.null_count == len(column):
+            return None
+        return column
+
+    def __repr__(self) -> str:
+        return (
+            f"RolloutBatch(step={self.step}, rank={self.rank}, kind={self.kind!r}, "
+            f"groups={self.num_groups}, samples={self.num_samples}, "
+            f"columns={len(self.groups.schema)})"
+        )
+
+    def __len__(self) -> int:
+        return self.num_groups
+
+    def equals(self, other: RolloutBatch) -> bool:
+        """Same group rows and same step row (``created_at`` included)."""
+        return self.groups.equals(other.groups) and self.step_row.equals(other.step_row)
+
+    # ------------------------------------------------------------------ Arrow
+    def to_arrow(self) -> pa.Table:
+        """The group rows as a table; the step row rides in the schema metadata as JSON."""
+        meta = dict(self.groups.schema.metadata or {})
+        meta[STEP_META_KEY] = step_row_to_json(self.step_row).encode()
+        return pa.Table.from_batches([self.groups]).replace_schema_metadata(meta)
+
+    @classmethod
+    def from_arrow(cls, table: pa.Table | pa.RecordBatch) -> RolloutBatch:
+        """Rebuild from :meth:`to_arrow` output (also after a Parquet or IPC round trip)."""
+        raw = (table.schema.metadata or {}).get(STEP_META_KEY)
+        if raw is None:
+            raise SchemaError(
+                "RolloutBatch.from_arrow: no step row in the schema metadata "
+                f"(key {STEP_META_KEY.decode()!r}); was it written by RolloutBatch.to_arrow?"
+            )
+        meta = {k: v for k, v in table.schema.metadata.items() if k != STEP_META_KEY}
+        table = table.replace_schema_metadata(meta)
+        return cls(table, step_row_from_json(raw))
+
+    def __arrow_c_stream__(self, requested_schema: object | None = None) -> object:
+        """The Arrow PyCapsule stream protocol: DuckDB, Polars and pyarrow read the groups."""
+        return self.to_arrow().__arrow_c_stream__(requested_schema)
+
+    # ------------------------------------------------------------------ seed objects
+    @property
+    def generation_batch(self) -> T.GenerationBatch:
+        """Prompts, answers, grouped completions, ref meta and completion info (views)."""
+        info = self.column("completion_info")
+        if info is not None and self._meta().get("info_token_ids"):
+            info = _info_with_token_ids(info, self.column("completion_ids"))
+        ref_meta = self.column("ref_meta")
+        return T.GenerationBatch(
+            prompts=A.ArrowSequence(self.column("prompt")),
+            answers=A.ArrowSequence(self.column("answer")),
+            grouped_completions=A.GroupedSequence(self.column("completions")),
+            grouped_ref_meta=None
+            if ref_meta is None
+            else A.GroupedSequence(ref_meta, A.JsonSequence),
+            grouped_completion_info=None
+            if info is None
+            else A.GroupedSequence(info, A.InfoSequence),
+        )
+
+    def _flat(self, name: str) -> pa.Array | None:
+        column = self.column(name)
+        return None if column is None else column.flatten()
+
+    @property
+    def reward_computation(self) -> T.RewardComputation | None:
+        """Utilities, per-reward values, advantages, q and moments; ``None`` if not stored.
+
+        ``pairs.prompts`` is a dictionary array over the group prompts (no string copies);
+        ``pairs.metadata`` and ``completion_metadata`` are the flattened completion info.
+        """
+        if self.column("advantages") is None or self.column("q") is None:
+            return None
+        offsets = self.group_offsets
+        sizes = np.diff(offsets)
+        group_of = np.repeat(np.arange(len(sizes), dtype=np.int32), sizes)
+        prompts = pa.DictionaryArray.from_arrays(pa.array(group_of), self.column("prompt"))
+        info = self._flat("completion_info")
+        metadata = None if info is None else A.InfoSequence(info)
+        rewards = self.column("rewards")
+        per_reward = {}
+        if rewards is not None:
+            for i, field in enumerate(rewards.type):
+                values = rewards.field(i)
+                if len(values) and values.null_count == len(values):
+                    continue  # a reward function added after this step
+                per_reward[field.name] = A.ArrowSequence(values.flatten())
+        advantages = A.GroupedSequence(self.column("advantages"))
+        q = A.GroupedSequence(self.column("q"))
+        ref_meta = self._flat("ref_meta")
+        entropies = self.column("seed_semantic_entropy")
+        scales = self.column("seed_advantage_scale")
+        total = self._flat("total_utils")
+        return T.RewardComputation(
+            total_utils=A.ArrowSequence(total),
+            per_reward_values=per_reward,
+            advantage=T.AdvantageStats(grouped=advantages, samples=advantages.samples),
+            pairs=T.PromptCompletionBatch(
+                prompts=A.ArrowSequence(prompts),
+                completions=A.ArrowSequence(self._flat("completions")),
+                metadata=metadata,
+            ),
+            q_distribution=T.QDistribution(grouped=q, samples=q.samples),
+            moments=T.RewardMoments(
+                mean=_nan_if_none(self._scalar("reward_mean")),
+                std=_nan_if_none(self._scalar("reward_std")),
+            ),
+            ref_logprob_meta=None if ref_meta is None else A.JsonSequence(ref_meta),
+            completion_metadata=metadata,
+            entropy_bonus_scale=self._scalar("entropy_bonus_scale"),
+            seed_semantic_entropies=None if entropies is None else A.ArrowSequence(entropies),
+            seed_advantage_scales=None if scales is None else A.ArrowSequence(scales),
+            seed_alpha_effective=self._scalar("seed_alpha_effective"),
+            seed_max_possible_entropy=self._scalar("seed_max_possible_entropy"),
+        )
+
+    def ragged(self, name: str) -> Ragged | None:
+        """A per-completion (``[N]``) or per-token column's innermost values as :class:`Ragged`.
+
+        For a per-token column the rows are the N completions (one row of tokens each); for a
+        per-completion column the rows are the groups.
+        """
+        column = self.column(name)
+        if column is None:
+            return None
+        if pa.types.is_list(column.type.value_type):
+            column = column.flatten()
+        return A.Ragged.from_arrow(column)
+
+    @property
+    def reference_logprobs(self) -> T.ReferenceLogprobs | None:
+        """Reference statistics rebuilt from R_i and T_i (``ref_logp_sum`` = R / max(T, 1)).
+
+        Per-token values come back right-padded with 0 to the longest completion, with the
+        mask. Tensor dtypes are the ones given to ``from_parts``.
+        """
+        raw = self._flat("ref_logp_sum_raw")
+        counts = self._flat("ref_tok_counts")
+        if raw is None or counts is None:
+            return None
+        dtypes = self._meta().get("dtypes", {})
+        raw_t = _to_dtype(A.arrow_to_torch(raw), dtypes.get("ref_logp_sum_raw"))
+        counts_t = _to_dtype(A.arrow_to_torch(counts), dtypes.get("ref_tok_counts", "float32"))
+        mean_t = (raw_t.double() / counts_t.double().clamp(min=1)).to(
+            _torch_dtype(dtypes.get("ref_logp_sum", "float32"))
+        )
+        token_logp = mask = None
+        per_token = self.ragged("ref_token_logp")
+        if per_token is not None:
+            width = self._meta().get("widths", {}).get("ref_token_logp")
+            token_logp, mask = per_token.to_padded(
+                0.0, max_len=width, dtype=_torch_dtype(dtypes.get("ref_token_logp"))
+            )
+            mask = mask.to(_torch_dtype(dtypes.get("ref_token_mask", "int64")))
+            if not self._meta().get("has_ref_mask", True):
+                mask = None
+        return T.ReferenceLogprobs(
+            ref_logp_sum=mean_t,
+            ref_tok_counts=counts_t,
+            ref_logp_sum_raw=raw_t,
+            ref_logp_mean=_nan_if_none(self._scalar("ref_logp_mean")),
+            avg_completion_tokens=_nan_if_none(self._scalar("avg_completion_tokens")),
+            ref_token_logp=token_logp,
+            ref_token_mask=mask,
+        )
+
+    @property
+    def length_stats(self) -> T.LengthStats | None:
+        values = {name: self._scalar(name) for name in _LENGTH_FIELDS}
+        if any(v is None for v in values.values()):
+            return None
+        return T.LengthStats(**values)
+
+    @property
+    def loss_scalars(self) -> T.LossScalarBundle | None:
+        names = [f.name for f in dataclasses.fields(T.LossScalarBundle)]
+        values = {name: self._scalar(name) for name in names}
+        if any(values[n] is None for n in names if n != "clip_loss"):
+            return None
+        return T.LossScalarBundle(**values)
+
+    @property
+    def diagnostics(self) -> T.BatchDiagnostics | None:
+        names = [f.name for f in dataclasses.fields(T.BatchDiagnostics)]
+        values = {name: self._scalar(name) for name in names}
+        if any(values[n] is None for n in names if n != "kl_value"):
+            return None
+        for name in ("kl_per_token_by_len_bucket", "kl_token_count_by_len_bucket"):
+            values[name] = dict(values[name])
+        return T.BatchDiagnostics(**values)
+
+    def score_batch(
+        self,
+        *,
+        pad_token_id: int | None = None,
+        max_prompt_len: int | None = None,
+        slice_size: int | None = None,
+        score_tail_tokens: int | None = None,
+    ) -> T.ScoreBatch:
+        """The scoring inputs of the stored samples, through :func:`~maxent_arrow.ingest.
+        build_score_batch` (the one ScoreBatch builder): prompt ids per sample and right-padded
+        completion ids in one vectorised pass. Defaults come from the config (``pad_token_id``,
+        ``max_prompt_len``); ``slice_size`` defaults to N.
+        """
+        if self.column("prompt_ids") is None or self.column("completion_ids") is None:
+            raise LayoutError(
+                "RolloutBatch.score_batch: the batch has no prompt_ids/completion_ids columns"
+            )
+        config = self.config
+        if pad_token_id is None:
+            pad_token_id = config.get("pad_token_id", 0)
+        sizes = np.diff(list_offsets(self.column("prompt_ids")))
+        if max_prompt_len is None:
+            max_prompt_len = config.get("max_prompt_len", int(sizes.max(initial=1)))
+        # The stored completion ids are exactly the scored tokens, so no EOS cut is redone.
+        return ingest.build_score_batch(
+            self,
+            pad_token_id=pad_token_id
+            if pad_token_id is not None
+            else config.get("pad_token_id", 0),
+            max_prompt_len=int(max_prompt_len),
+            slice_size=int(slice_size or 0),
+            score_tail_tokens=score_tail_tokens,
+            eos_token_id=None,
+        )
+
+    # ------------------------------------------------------------------ assembly
+    @classmethod
+    def from_parts(
+        cls,
+        step: int,
+        *,
+        generation: T.GenerationBatch,
+        rewards: T.RewardComputation | None = None,
+        score_batch: T.ScoreBatch | None = None,
+        reference: T.ReferenceLogprobs | None = None,
+        scores: T.SequenceScores | None = None,
+        length_stats: T.LengthStats | None = None,
+        loss: T.LossOutputs | T.LossScalarBundle | None = None,
+        diagnostics: T.BatchDiagnostics | None = None,
+        weights: Any = None,
+        rank: int = 0,
+        kind: str = "train",
+        config: Mapping[str, Any] | None = None,
+        policy_version: int | None = None,
+        behavior_token_logp: Any = None,
+    ) -> RolloutBatch:
+        """Assemble one step of one rank from the seed objects.
+
+        Parameters
+        ----------
+        step, rank, kind:
+            Where the batch belongs (``kind`` is ``"train"``, ``"eval"`` or another lowercase
+            name).
+        generation:
+            The groups: prompts, answers, completions, ref meta and completion info. Token ids
+            found in the completion info (``token_ids``) become ``completion_ids`` unless
+            ``score_batch`` gives them.
+        rewards, reference, scores, weights:
+            Per-sample ``[N]`` values (flat, in group order); each is regrouped by the
+            generation's group sizes, which must match (checked, with the group named).
+            ``scores`` contributes the behaviour log-probs (``behavior_logp_sum``,
+            ``old_token_logp`` as ``behavior_token_logp``) and ``policy_entropy_sum``.
+        behavior_token_logp:
+            The sampler's per-token log-probs, one row per completion covering every generated
+            token (a ``Ragged`` or a ``list<float>`` array, flat in group order); stored instead
+            of ``scores.old_token_logp``, which covers only the scored tokens (they differ with
+            ``score_tail_tokens`` or an empty prompt).
+        score_batch:
+            Exact prompt token ids (the first sample's of each group) and completion ids.
+        length_stats, loss, diagnostics:
+            Step scalars.
+        config:
+            The run config snapshot (JSON-serialisable dict): tau, beta, T_q, epsilon, weight
+            convention, clip settings, lengths, tokenizer identity, reward names and weights.
+        """
+        parts = {
+            "generation": generation,
+            "rewards": rewards,
+            "score_batch": score_batch,
+            "reference": reference,
+            "scores": scores,
+            "length_stats": length_stats,
+            "loss": loss,
+            "diagnostics": diagnostics,
+        }
+        check_parts(parts)
+        step_row = step_values(
+            columns := GroupColumns(generation, step=step, rank=rank),
+            step=step,
+            rank=rank,
+            kind=kind,
+            config=config,
+            policy_version=policy_version,
+            parts=parts,
+        )
+        columns.add_token_ids(score_batch)
+        if rewards is not None:
+            columns.add_rewards(rewards)
+        if weights is not None:
+            columns.add_weights(weights)
+        if reference is not None:
+            columns.add_reference(reference)
+        if scores is not None:
+            columns.add_scores(scores)
+        if behavior_token_logp is not None:
+            columns.add_behavior_tokens(behavior_token_logp)
+        return cls(columns.to_batch(), step_row)
+
+
+# ---------------------------------------------------------------------------- helpers
+def _nan_if_none(value: float | None) -> float:
+    return math.nan if value is None else value
+
+
+def _torch_dtype(name: str | None) -> torch.dtype | None:
+    import torch  # deferred: the batch itself is Arrow, torch is only for its seed views
+
+    return None if name is None else getattr(torch, name)
+
+
+def _to_dtype(tensor: torch.Tensor, name: str | None) -> torch.Tensor:
+    target = _torch_dtype(name)
+    return tensor if target is None or tensor.dtype == target else tensor.to(target)
+
+
+def _info_with_token_ids(info: pa.Array, ids: pa.Array | None) -> pa.Array:
+    """Completion info with the ``token_ids`` field put back from ``completion_ids``."""
+    if ids is None:
+        return info
+    flat = info.flatten()
+    token_ids = ids.flatten()
+    names = [f.name for f in flat.type]
+    arrays = [flat.field(i) for i in range(len(names))]
+    at = names.index("extra") if "extra" in names else len(names)
+    names.insert(at, "token_ids")
+    arrays.insert(at, token_ids)
+    struct = pa.StructArray.from_arrays(arrays, names=names, mask=flat.is_null())
+    return regroup(struct, list_offsets(info))

@@ -1,0 +1,135 @@
+"""Sampling K completions per prompt with a ``transformers`` causal LM, into a ``GenerationBatch``.
+
+``sample_groups`` runs ``model.generate`` once for all prompts (left-padded, ``num_return_sequences
+= K``), cuts each completion after its first EOS (inclusive), and keeps what a replayable step
+needs (semantics §4.2): the exact generated token ids, finish reason, token count, and the
+behaviour policy's per-token log-probs under the sampling temperature, as a ``Ragged`` (one row per
+completion, prompt-major).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from maxent_arrow.arrow import Ragged
+from maxent_arrow.types.rewards import GenerationBatch
+
+__all__ = ["Rollouts", "sample_groups"]
+
+
+@dataclass
+class Rollouts:
+    """What one generation call produced.
+
+    ``generation`` holds texts, answers and completion info (with ``token_ids``);
+    ``prompt_ids`` the prompt token rows (one per group); ``behavior_token_logp`` the sampling
+    policy's log-probs of each generated token (one row per completion, float32).
+    """
+
+    generation: GenerationBatch
+    prompt_ids: Ragged
+    completion_ids: Ragged
+    behavior_token_logp: Ragged
+
+
+def _eos_cut_lengths(
+    ids: torch.Tensor, eos_token_id: int | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row: the length up to and including the first EOS (or the full width), and whether
+    an EOS was found. Vectorised: the first EOS is the argmax of the EOS indicator."""
+    width = ids.shape[1]
+    if eos_token_id is None or width == 0:
+        return torch.full((ids.shape[0],), width, dtype=torch.int64), torch.zeros(
+            ids.shape[0], dtype=torch.bool
+        )
+    is_eos = ids == eos_token_id
+    found = is_eos.any(dim=1)
+    first = is_eos.to(torch.int8).argmax(dim=1)
+    lengths = torch.where(found, first + 1, torch.full_like(first, width))
+    return lengths.to(torch.int64), found
+
+
+@torch.no_grad()
+def sample_groups(
+    model: Any,
+    tokenizer: Any,
+    prompts: list[str],
+    answers: list[str],
+    *,
+    k: int,
+    max_new_tokens: int,
+    max_prompt_len: int = 256,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    greedy: bool = False,
+    generator_seed: int | None = None,
+) -> Rollouts:
+    """Generate ``k`` completions for each prompt (``k`` = 1 with ``greedy`` for evaluation).
+
+    Prompts are tokenized without special tokens and cut to their first ``max_prompt_len``
+    tokens (the seed's head truncation). ``behavior_token_logp`` is ``log_softmax(logits /
+    temperature)`` at each sampled token: the distribution the tokens were drawn from.
+    """
+    device = next(model.parameters()).device
+    encoded = [
+        tokenizer(p, add_special_tokens=False)["input_ids"][:max_prompt_len] for p in prompts
+    ]
+    prompt_rows = Ragged.from_lists(encoded, dtype=torch.int64)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    input_ids, mask = prompt_rows.to_padded(pad_id, side="left")
+    if generator_seed is not None:
+        torch.manual_seed(generator_seed)
+    output = model.generate(
+        input_ids=input_ids.to(device),
+        attention_mask=mask.to(device=device, dtype=torch.int64),
+        do_sample=not greedy,
+        temperature=temperature if not greedy else None,
+        top_p=top_p if not greedy else None,
+        top_k=0 if not greedy else None,
+        num_return_sequences=k,
+        max_new_tokens=max_new_tokens,
+        min_new_tokens=1,
+        pad_token_id=pad_id,
+        eos_token_id=tokenizer.eos_token_id,
+        return_dict_in_generate=True,
+        output_logits=True,
+    )
+    completion = output.sequences[:, input_ids.shape[1] :].cpu()
+    logits = torch.stack(output.logits, dim=1).float().cpu()  # [N, T, V], raw logits
+    scale = 1.0 if greedy else float(temperature)
+    token_logp = torch.log_softmax(logits / scale, dim=-1).gather(-1, completion[..., None])[..., 0]
+    lengths, found_eos = _eos_cut_lengths(completion, tokenizer.eos_token_id)
+    keep = torch.arange(completion.shape[1]) < lengths[:, None]
+    completion_rows = Ragged.from_lengths(completion[keep].to(torch.int32), lengths)
+    behavior = Ragged.from_lengths(token_logp[keep], lengths)
+
+    texts = tokenizer.batch_decode(completion_rows.tolist(), skip_special_tokens=True)
+    ids = completion_rows.tolist()
+    counts = lengths.tolist()
+    eos = found_eos.tolist()
+    grouped_texts, grouped_info = [], []
+    for g in range(len(prompts)):
+        rows = range(g * k, (g + 1) * k)
+        grouped_texts.append([texts[i] for i in rows])
+        grouped_info.append(
+            [
+                {
+                    "token_ids": ids[i],
+                    "token_count": counts[i],
+                    "finish_reason": "stop" if eos[i] else "length",
+                    "truncated": not eos[i],
+                }
+                for i in rows
+            ]
+        )
+    generation = GenerationBatch(
+        prompts=list(prompts),
+        answers=list(answers),
+        grouped_completions=grouped_texts,
+        grouped_ref_meta=None,
+        grouped_completion_info=grouped_info,
+    )
+    return Rollouts(generation, prompt_rows, completion_rows, behavior)

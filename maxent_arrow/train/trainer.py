@@ -1,0 +1,222 @@
+"""A small, complete MaxEnt-GRPO training loop through the rollout store (what the demo runs).
+
+One step (semantics §4.1): sample K completions per prompt with ``model.generate``; score them
+with the reward functions (:func:`~maxent_arrow.reward_step.compute_rewards`: utilities,
+advantages, q); build the ``ScoreBatch`` from the exact generated token ids; reference log-probs
+from a frozen copy of the initial model; MaxEnt weights from q and the reference; policy scores
+with gradients; the MaxEnt loss and diagnostics; one optimizer step through ``accelerate``; and
+``RolloutStore.append`` of everything, with the config snapshot that makes it replayable.
+
+Before each update the policy weights are saved (safetensors, no pickle) as the step's snapshot,
+so an offline replay can re-score the stored tokens with exactly the weights that produced the
+logged loss (:mod:`maxent_arrow.train.offline`).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from maxent_arrow.arrow import Ragged
+from maxent_arrow.compute import (
+    ClipSettings,
+    compute_rewards,
+    evaluate_losses,
+    length_stats,
+    maxent_weights,
+)
+from maxent_arrow.ingest import build_score_batch, tokenizer_identity
+from maxent_arrow.rollout import RolloutBatch, RunConfig
+from maxent_arrow.store import RolloutStore
+from maxent_arrow.train.generation import sample_groups
+from maxent_arrow.train.scoring import reference_logprobs, sequence_scores
+from maxent_arrow.train.snapshots import snapshot_path
+
+__all__ = ["MaxEntTrainer"]
+
+
+class MaxEntTrainer:
+    """Policy, frozen reference, optimizer and store of one run.
+
+    Parameters
+    ----------
+    model, tokenizer:
+        A ``transformers`` causal LM and its tokenizer; the reference is a frozen deep copy of
+        the model as given.
+    store:
+        Where every step goes.
+    config:
+        The run's settings (:class:`~maxent_arrow.rollout.RunConfig`); stored with every
+        step, completed with the tokenizer's identity and ids, as the replay contract.
+    reward_funcs:
+        ``f(completions, answers) -> list[float]``, one per ``config.reward_names``.
+    accelerator:
+        An ``accelerate.Accelerator``; it decides the device and runs the backward pass.
+    run_dir:
+        Where the per-step weight snapshots go (``snapshots/``); None keeps none.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        store: RolloutStore,
+        *,
+        config: RunConfig,
+        reward_funcs: Sequence[Callable],
+        accelerator: Any = None,
+        run_dir: Path | None = None,
+    ):
+        from accelerate import Accelerator
+
+        self.config = config
+        self.tokenizer = tokenizer
+        self.store = store
+        self.reward_funcs = list(reward_funcs)
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.accelerator = accelerator or Accelerator(cpu=not torch.cuda.is_available())
+        self.reference = copy.deepcopy(model).eval().requires_grad_(False)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate)
+        self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
+        self.reference.to(self.accelerator.device)
+
+    @property
+    def policy(self) -> Any:
+        """The unwrapped policy model."""
+        return self.accelerator.unwrap_model(self.model)
+
+    def run_config(self) -> RunConfig:
+        """The config snapshot stored with every step: the settings, with the tokenizer's
+        identity and ids and the model's class."""
+        return self.config.replace(
+            mode="maxent",
+            tokenizer=tokenizer_identity(self.tokenizer),
+            pad_token_id=self.tokenizer.pad_token_id,
+            eos_token_id=self.tokenizer.eos_token_id,
+            model=type(self.policy).__name__,
+        )
+
+    def save_snapshot(self, step: int) -> Path | None:
+        if self.run_dir is None:
+            return None
+        from safetensors.torch import save_model
+
+        path = snapshot_path(self.run_dir, step)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_model(self.policy, str(path))
+        return path
+
+    def step(self, step: int, rows: Sequence[dict[str, str]]) -> RolloutBatch:
+        """Run one training step on ``rows`` (``{"prompt", "answer"}``) and append it."""
+        cfg = self.config
+        policy = self.policy
+        policy.eval()
+        rollouts = sample_groups(
+            policy,
+            self.tokenizer,
+            [r["prompt"] for r in rows],
+            [r["answer"] for r in rows],
+            k=cfg.num_generations,
+            max_new_tokens=cfg.max_completion_len,
+            max_prompt_len=cfg.max_prompt_len,
+            temperature=cfg.gen_temperature,
+            top_p=cfg.top_p,
+            generator_seed=cfg.seed * 1_000_003 + step,
+        )
+        rewards = compute_rewards(
+            rollouts.generation,
+            self.reward_funcs,
+            weights=list(cfg.reward_weights),
+            reward_names=list(cfg.reward_names),
+            scale_rewards=cfg.scale_rewards == "group",
+            q_temperature=cfg.q_temperature,
+            q_epsilon=cfg.q_epsilon,
+            max_completion_len=cfg.max_completion_len,
+        )
+        score_batch = build_score_batch(
+            rollouts.generation,
+            pad_token_id=self.tokenizer.pad_token_id,
+            max_prompt_len=cfg.max_prompt_len,
+            slice_size=0,
+            tokenizer=self.tokenizer,
+            max_completion_len=cfg.max_completion_len,
+            accelerator=self.accelerator,
+        )
+        reference = reference_logprobs(
+            self.reference, score_batch, temperature=cfg.gen_temperature, return_token_logp=True
+        )
+        self.save_snapshot(step)
+        scores = sequence_scores(
+            self.model,
+            score_batch,
+            reference,
+            behavior_token_logp=rollouts.behavior_token_logp,
+            return_token_logp=True,
+            temperature=cfg.gen_temperature,
+        )
+        weights = self.weights(rewards, reference)
+        loss, diagnostics = evaluate_losses(
+            scores,
+            reference,
+            weights,
+            mode="maxent",
+            beta=cfg.beta,
+            clip=self.clip_settings(),
+            max_completion_len=cfg.max_completion_len,
+            len_norm_ref=cfg.len_norm_ref,
+        )
+        self.accelerator.backward(loss.loss)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        lengths = length_stats(reference.ref_tok_counts, max_completion_len=cfg.max_completion_len)
+        batch = RolloutBatch.from_parts(
+            step,
+            generation=rollouts.generation,
+            rewards=rewards,
+            score_batch=score_batch,
+            reference=reference,
+            scores=scores,
+            length_stats=lengths,
+            loss=loss,
+            diagnostics=diagnostics,
+            weights=weights,
+            config=self.run_config().to_dict(),
+            policy_version=step,
+            behavior_token_logp=rollouts.behavior_token_logp,
+        )
+        self.store.append(batch)
+        return batch
+
+    def weights(self, rewards, reference) -> Ragged:
+        """MaxEnt weights from the step's q and the reference term (§3.6).
+
+        The reference term is computed from the stored facts (raw sums and token counts, in
+        float64), exactly as :func:`maxent_arrow.rollout.recompute` does, so a replayed step
+        reproduces the weights bit for bit.
+        """
+        cfg = self.config
+        q = rewards.q_distribution.grouped.to_ragged()
+        raw = reference.ref_logp_sum_raw.detach().cpu().to(torch.float64)
+        counts = reference.ref_tok_counts.detach().cpu().to(torch.float64)
+        rho = raw / counts.clamp(min=1) if cfg.len_norm_ref else raw
+        return maxent_weights(
+            q,
+            rho,
+            tau=cfg.tau,
+            beta=cfg.beta,
+            denominator=cfg.weight_denominator,
+            token_counts=counts,
+            length_reweight=cfg.length_reweight,
+        )
+
+    def clip_settings(self) -> ClipSettings | None:
+        cfg = self.config
+        if not cfg.use_clip_objective:
+            return None
+        return ClipSettings(
+            eps_low=cfg.clip_eps_low, eps_high=cfg.clip_eps_high, coef=cfg.clip_objective_coef
+        )

@@ -1,0 +1,79 @@
+"""The golden schema-v1 store in ``data/golden_v1`` (written by ``data/make_golden_v1.py``): every
+later version must read it and find exactly what ``data/golden_v1_expected.json`` records."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import duckdb
+import pyarrow.dataset as ds
+import pytest
+
+from maxent_arrow import RolloutStore
+
+DATA = Path(__file__).resolve().parents[2] / "data"
+EXPECTED = json.loads((DATA / "golden_v1_expected.json").read_text())
+
+
+def _digest(values: list) -> str:
+    return hashlib.sha256(json.dumps(values).encode()).hexdigest()[:16]
+
+
+@pytest.fixture
+def golden(tmp_path):
+    # A copy: opening a store may clean up, and the shipped files must stay as they are.
+    shutil.copytree(DATA / "golden_v1", tmp_path / "golden_v1")
+    return RolloutStore(tmp_path / "golden_v1")
+
+
+def test_golden_store_verifies(golden):
+    report = golden.verify()
+    assert report.ok, str(report)
+    assert golden.manifest["schema_version"] == EXPECTED["schema_version"]
+    assert golden.config == {"run": "golden-v1", "model": "tiny-gpt2"}
+
+
+def test_golden_store_reads_as_recorded(golden):
+    units = golden.read_steps(columns=["step", "rank", "kind"]).to_pydict()
+    assert [list(u) for u in zip(*units.values())] == EXPECTED["units"]
+    table = golden.read()
+    assert table.num_rows == EXPECTED["groups"]
+    assert table.column_names == EXPECTED["columns"]
+    assert [f.name for f in table.schema.field("rewards").type] == EXPECTED["reward_fields"]
+    nulls = sum(
+        1
+        for r, s in zip(table.column("rewards").to_pylist(), table.column("step").to_pylist())
+        if s < 2 and r["format"] is None
+    )
+    assert nulls == EXPECTED["format_nulls_before_step_2"] > 0
+    assert _digest(table.column("completion_ids").to_pylist()) == EXPECTED["completion_ids_sha"]
+    assert _digest(table.column("q").to_pylist()) == EXPECTED["q_sha"]
+    assert _digest(table.column("ref_token_logp").to_pylist()) == EXPECTED["ref_token_logp_sha"]
+    assert (
+        golden.sql("SELECT count(*) AS n FROM samples").column("n")[0].as_py()
+        == EXPECTED["samples"]
+    )
+    means = golden.read_steps(columns=["reward_mean"]).column("reward_mean").to_pylist()
+    assert means == EXPECTED["reward_mean"]
+
+
+def test_golden_replay_from_archive_and_cache(golden):
+    parquet = list(golden.replay(source="parquet"))
+    auto = list(golden.replay(source="auto"))  # the step-2 copies come from the IPC cache
+    assert [(b.step, b.rank) for b in parquet] == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1)]
+    for a, b in zip(parquet, auto):
+        assert a.groups.equals(b.groups) and a.step_row.equals(b.step_row)
+        assert a.generation_batch == b.generation_batch
+        assert a.reward_computation.total_utils == b.reward_computation.total_utils
+        assert a.reference_logprobs == b.reference_logprobs
+
+
+def test_golden_files_read_by_other_tools(golden):
+    files = [str(p) for p in golden.committed_files()]
+    rows = duckdb.sql(f"SELECT count(*) FROM read_parquet({files}, union_by_name=true)").fetchall()
+    assert rows[0][0] == EXPECTED["groups"]
+    dataset = ds.dataset(files, schema=golden.schema())
+    assert dataset.count_rows() == EXPECTED["groups"]

@@ -1,0 +1,242 @@
+"""A rollout store on object storage (maxent_arrow.store.objects), against a real S3-compatible
+server: moto in server mode on 127.0.0.1, started by these tests on a free port, spoken to over
+HTTP by pyarrow's S3 file system (the same client code as for AWS). Every remote result is
+compared with a local RolloutStore holding the same batches. The first tests use pyarrow's
+local file system and need no ``s3`` extra.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parents[1]))
+
+from store_fixtures import CONFIG, make_batch  # noqa: E402
+
+from maxent_arrow.errors import StoreError  # noqa: E402
+from maxent_arrow.store.objects import ObjectStore, open_store  # noqa: E402
+from maxent_arrow.store.store import RolloutStore  # noqa: E402
+
+_CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+
+
+@pytest.fixture(scope="module")
+def s3():
+    """A moto S3 server on 127.0.0.1 and a bucket; yields (endpoint, pyarrow file system)."""
+    pytest.importorskip("moto")
+    boto3 = pytest.importorskip("boto3")
+    from moto.server import ThreadedMotoServer
+
+    saved = {k: os.environ.get(k) for k in _CREDENTIALS}
+    os.environ.update(_CREDENTIALS)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        endpoint = f"{host}:{port}"
+        boto3.client("s3", endpoint_url=f"http://{endpoint}").create_bucket(Bucket="runs")
+        fs = pafs.S3FileSystem(
+            access_key="testing",
+            secret_key="testing",
+            region="us-east-1",
+            endpoint_override=endpoint,
+            scheme="http",
+        )
+        yield endpoint, fs
+    finally:
+        server.stop()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def test_object_store_files_are_rollout_store_files(tmp_path: Path) -> None:
+    """ObjectStore on pyarrow's local file system writes what RolloutStore reads and checks."""
+    root = tmp_path / "store"
+    remote = ObjectStore(str(root), filesystem=pafs.LocalFileSystem(), config=CONFIG)
+    batches = [make_batch(step, rank=rank) for step in range(2) for rank in range(2)]
+    for batch in batches:
+        remote.append(batch)
+    local = RolloutStore(root)
+    assert local.verify().ok  # sealed step files, group sizes and CRC-32 as recorded
+    assert local.read().equals(remote.read())
+    local.append(make_batch(2))
+    assert remote.steps() == [0, 1, 2]
+    assert remote.read(steps=[2]).equals(local.read(steps=[2]))
+
+
+def test_object_store_keeps_the_state_rolloutstore_methods_use(tmp_path: Path) -> None:
+    """ObjectStore runs RolloutStore's own methods: it must carry every attribute they read
+    (a guard for when RolloutStore grows one)."""
+    local = RolloutStore(tmp_path / "a")
+    remote = ObjectStore(str(tmp_path / "b"), filesystem=pafs.LocalFileSystem())
+    missing = set(vars(local)) - set(vars(remote)) - {"_cache_dir"}  # no IPC cache remotely
+    assert not missing, f"ObjectStore lacks RolloutStore state {sorted(missing)}"
+
+
+def _uri(endpoint: str, prefix: str) -> str:
+    return f"s3://runs/{prefix}?endpoint_override={endpoint}&scheme=http&region=us-east-1"
+
+
+@pytest.fixture(scope="module")
+def pair(s3, tmp_path_factory: pytest.TempPathFactory) -> tuple[ObjectStore, RolloutStore]:
+    """The same appends to an S3 store (opened by URI) and to a local store."""
+    endpoint, _ = s3
+    remote = ObjectStore(_uri(endpoint, "run-1"), config=CONFIG)
+    local = RolloutStore(tmp_path_factory.mktemp("local") / "store", config=CONFIG)
+    batches = [make_batch(step, rank=rank) for step in range(3) for rank in range(2)]
+    batches.append(make_batch(1, rank=1, kind="eval", groups=2))
+    for batch in batches:
+        remote.append(batch)
+        local.append(batch)
+    return remote, local
+
+
+def test_appends_and_reads_equal_a_local_store(pair) -> None:
+    remote, local = pair
+    assert remote.steps() == local.steps() == [0, 1, 2]
+    assert len(remote) == len(local) == 7
+    assert remote.config == local.config == CONFIG
+    assert remote.read().equals(local.read())
+    assert remote.read_steps().equals(local.read_steps())
+    assert remote.schema("groups").equals(local.schema("groups"))
+    subset = dict(steps=[1], columns=["step", "rank", "weights"], kind="train")
+    assert remote.read(**subset).equals(local.read(**subset))
+    assert [p.name for p in remote.committed_files("groups")] == [
+        p.name for p in local.committed_files("groups")
+    ]
+
+
+def test_replay_sharded_by_rank_reads_each_group_once(pair) -> None:
+    remote, local = pair
+
+    def keys(batches) -> list[tuple[int, int, int]]:
+        out = []
+        for b in batches:
+            ids = b.groups.column("group_index").to_pylist()
+            out += [(b.step, b.rank, g) for g in ids]
+        return out
+
+    shards = [keys(remote.replay(rank=r, world_size=2, batch_groups=2)) for r in range(2)]
+    assert not set(shards[0]) & set(shards[1])
+    everything = local.read(kind="train", columns=["step", "rank", "group_index"]).to_pydict()
+    expected = set(zip(everything["step"], everything["rank"], everything["group_index"]))
+    assert set(shards[0]) | set(shards[1]) == expected
+    assert len(shards[0]) + len(shards[1]) == len(expected)
+    # The same plan as the local store's replay, batch by batch.
+    for r in range(2):
+        ours = list(remote.replay(rank=r, world_size=2, batch_groups=2, shuffle=True, seed=3))
+        theirs = list(local.replay(rank=r, world_size=2, batch_groups=2, shuffle=True, seed=3))
+        assert len(ours) == len(theirs)
+        for a, b in zip(ours, theirs):
+            assert a.groups.equals(b.groups) and a.step_row.equals(b.step_row)
+    with pytest.raises(StoreError, match="no IPC cache"):
+        remote.replay(source="cache")
+
+
+def test_duckdb_queries_equal_local(pair) -> None:
+    remote, local = pair
+    queries = [
+        "SELECT step, rank, count(*) AS n, avg(weight) AS w FROM samples "
+        "GROUP BY step, rank ORDER BY step, rank",
+        "SELECT step, rank, kind, num_samples, reward_mean FROM steps ORDER BY step, rank, kind",
+        "SELECT group_index, len(completions) AS k FROM groups WHERE step = 2 ORDER BY rank, 1",
+    ]
+    for query in queries:
+        got, expected = remote.sql(query), local.sql(query)
+        assert got.num_rows > 0
+        assert got.schema.equals(expected.schema)
+        for name in got.column_names:
+            a, b = got.column(name).to_pylist(), expected.column(name).to_pylist()
+            # Parallel aggregation may sum floats in another order.
+            assert a == (
+                pytest.approx(b, rel=1e-12)
+                if pa.types.is_floating(got.schema.field(name).type)
+                else b
+            )
+    with pytest.raises(StoreError, match="ObjectStore.sql"):
+        remote.sql("SELECT nope FROM groups")
+
+
+def test_files_are_interchangeable_with_a_local_store(pair, s3, tmp_path: Path) -> None:
+    remote, local = pair
+    _, fs = s3
+    # Download the S3 store: RolloutStore reads it, checksums and all.
+    pafs.copy_files(
+        "runs/run-1", str(tmp_path / "down"), source_filesystem=fs,
+        destination_filesystem=pafs.LocalFileSystem(),
+    )  # fmt: skip
+    down = RolloutStore(tmp_path / "down")
+    assert down.read().equals(local.read())
+    assert down.verify().ok
+    # Upload the local store: ObjectStore reads it.
+    pafs.copy_files(
+        str(local.root), "runs/uploaded", source_filesystem=pafs.LocalFileSystem(),
+        destination_filesystem=fs,
+    )  # fmt: skip
+    up = ObjectStore("s3://runs/uploaded", filesystem=fs)
+    assert up.read().equals(local.read())
+
+
+def test_commit_rule_refusals_and_damage(s3) -> None:
+    endpoint, fs = s3
+    store = ObjectStore("runs/run-2", filesystem=fs, config=CONFIG)
+    first = make_batch(0)
+    store.append(first)
+    # A crashed append: its group object exists, its step object (the commit marker) not.
+    with fs.open_output_stream("runs/run-2/groups/step-0000000005.rank-00000.train.parquet") as f:
+        f.write(b"PAR1 partial")
+    assert store.steps() == [0]
+    before = store.read()
+    assert before.num_rows == first.num_groups
+    assert before.column("prompt").to_pylist() == first.groups.column("prompt").to_pylist()
+    with pytest.raises(StoreError, match="already in the store"):
+        store.append(make_batch(0, seed=99))
+    assert store.read().equals(before)
+    # Damage a committed group object: the read names it.
+    path = "runs/run-2/groups/step-0000000000.rank-00000.train.parquet"
+    with fs.open_input_stream(path) as f:
+        data = bytearray(f.read())
+    data[64] ^= 0xFF
+    with fs.open_output_stream(path) as f:
+        f.write(bytes(data))
+    with pytest.raises(StoreError, match=r"step-0000000000.rank-00000.train.parquet: CRC-32"):
+        store.read()
+    assert ObjectStore("runs/run-2", filesystem=fs, check_crc=False).steps() == [0]
+    # Step objects carry a sealed CRC-32 (the same format RolloutStore writes).
+    step = "runs/run-2/steps/step-0000000000.rank-00000.train.parquet"
+    with fs.open_input_stream(step) as f:
+        data = bytearray(f.read())
+    data[40] ^= 0x01
+    with fs.open_output_stream(step) as f:
+        f.write(bytes(data))
+    with pytest.raises(StoreError, match="sealed in the file"):
+        ObjectStore("runs/run-2", filesystem=fs).steps()
+    # A prefix holding other data is not taken for a store.
+    with fs.open_output_stream("runs/other/data.csv") as f:
+        f.write(b"a,b\n")
+    with pytest.raises(StoreError, match="not a rollout store"):
+        ObjectStore(_uri(endpoint, "other"))
+    with pytest.raises(StoreError, match="bucket or file system root"):
+        ObjectStore("s3://", filesystem=fs)
+
+
+def test_open_store_dispatches_on_the_uri(s3, tmp_path: Path) -> None:
+    endpoint, _ = s3
+    assert isinstance(open_store(tmp_path / "a"), RolloutStore)
+    assert isinstance(open_store(f"file://{tmp_path / 'b'}"), RolloutStore)
+    remote = open_store(_uri(endpoint, "run-3"))
+    assert isinstance(remote, ObjectStore)
+    assert open_store(remote) is remote

@@ -1,0 +1,411 @@
+"""RolloutStore: layout, append/read/replay/sql, schema evolution, refusals, other readers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+from store_fixtures import make_batch, make_parts
+
+from maxent_arrow import RolloutBatch, RolloutStore, SchemaError, SchemaVersionError, StoreError
+from maxent_arrow.arrow.schema import NO_DICTIONARY_COLUMNS
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = RolloutStore(tmp_path / "store", config={"run": "test"})
+    for step in range(3):
+        s.append(make_batch(step))
+    s.append(make_batch(1, rank=1))
+    return s
+
+
+def test_layout_on_disk(store):
+    root = store.root
+    manifest = json.loads((root / "manifest.json").read_text())
+    assert manifest["format"] == "maxent-arrow-rollouts"
+    assert manifest["schema_version"] == "1.0" and manifest["config"] == {"run": "test"}
+    names = sorted(p.name for p in (root / "groups").iterdir())
+    assert names == [
+        "step-0000000000.rank-00000.train.parquet",
+        "step-0000000001.rank-00000.train.parquet",
+        "step-0000000001.rank-00001.train.parquet",
+        "step-0000000002.rank-00000.train.parquet",
+    ]
+    assert sorted(p.name for p in (root / "steps").iterdir()) == names
+    assert store.committed_files("groups") == [root / "groups" / n for n in names]
+    assert store.committed_files("steps") == [root / "steps" / n for n in names]
+
+
+def test_parquet_file_properties(store):
+    path = store.committed_files()[0]
+    meta = pq.ParquetFile(path).metadata
+    rg = meta.row_group(0)
+    for i in range(rg.num_columns):
+        col = rg.column(i)
+        top = col.path_in_schema.split(".")[0]
+        assert col.compression == "ZSTD"
+        assert col.is_stats_set == (top in ("step", "rank", "group_index")), col.path_in_schema
+        if top in NO_DICTIONARY_COLUMNS:
+            assert "RLE_DICTIONARY" not in col.encodings and "PLAIN_DICTIONARY" not in col.encodings
+    kv = meta.metadata
+    assert kv[b"maxent_arrow.schema_version"] == b"1.0"
+    assert json.loads(kv[b"maxent_arrow.config"])["tau"] == 0.5
+
+
+def test_read_and_steps(store):
+    assert store.steps() == [0, 1, 2]
+    table = store.read()
+    assert table.num_rows == 12
+    assert table.column("step").to_pylist() == [0] * 3 + [1] * 6 + [2] * 3
+    some = store.read(steps=[1], columns=["step", "rank", "q"])
+    assert some.column_names == ["step", "rank", "q"]
+    assert sorted(set(some.column("rank").to_pylist())) == [0, 1]
+    filtered = store.read(
+        columns=["q"], filter=(pc.field("step") == 2) & (pc.field("group_index") > 0)
+    )
+    assert filtered.column_names == ["q"] and filtered.num_rows == 2
+    assert filtered.column("q").to_pylist() == make_batch(2).column("q").to_pylist()[1:]
+    steps = store.read_steps(columns=["step", "rank", "num_groups"])
+    assert steps.to_pylist() == [
+        {"step": 0, "rank": 0, "num_groups": 3},
+        {"step": 1, "rank": 0, "num_groups": 3},
+        {"step": 1, "rank": 1, "num_groups": 3},
+        {"step": 2, "rank": 0, "num_groups": 3},
+    ]
+    with pytest.raises(SchemaError, match="nope"):
+        store.read(columns=["nope"])
+
+
+def test_replay_gives_back_the_appended_batches(store):
+    for batch in store.replay():
+        original = make_batch(batch.step, rank=batch.rank)
+        assert batch.groups.equals(original.groups)
+        assert batch.generation_batch == original.generation_batch
+        assert batch.reference_logprobs == original.reference_logprobs
+
+
+def test_replay_resumes_from_a_cursor(store):
+    full = [
+        b.groups.column("q").to_pylist() for b in store.replay(batch_groups=2, shuffle=True, seed=3)
+    ]
+    stream = store.replay(batch_groups=2, shuffle=True, seed=3)
+    head = [next(stream) for _ in range(3)]
+    cursor = json.loads(json.dumps(head[-1].cursor))  # survives a JSON checkpoint
+    rest = [
+        b.groups.column("q").to_pylist()
+        for b in store.replay(batch_groups=2, shuffle=True, seed=3, start=cursor)
+    ]
+    assert [b.groups.column("q").to_pylist() for b in head] + rest == full
+    with pytest.raises(StoreError, match="different replay"):
+        store.replay(batch_groups=2, shuffle=True, seed=4, start=cursor)
+
+
+def test_replay_shards_are_disjoint_and_complete(store):
+    seen = []
+    for rank in range(3):
+        for b in store.replay(batch_groups=1, shuffle=True, rank=rank, world_size=3):
+            seen += [(b.step, b.rank, g) for g in b.groups.column("group_index").to_pylist()]
+            assert b.num_samples == len(b.column("completions").flatten())
+    assert len(seen) == len(set(seen)) == 12
+
+
+def test_ipc_cache_replay_is_zero_copy(tmp_path):
+    store = RolloutStore(tmp_path / "s", cache=True)
+    big = make_batch(0, groups=64, k=(8, 8), max_tokens=256)
+    store.append(big)
+    assert (store.root / "cache" / "step-0000000000.rank-00000.train.arrow").exists()
+    before = pa.total_allocated_bytes()
+    (batch,) = store.replay(source="cache")
+    tokens = batch.ragged("ref_token_logp")  # a torch view of the mapped bytes
+    allocated = pa.total_allocated_bytes() - before
+    # Only the small step row is decoded; the group data stay in the mapping (no copy).
+    assert allocated < big.groups.nbytes / 100, (allocated, big.groups.nbytes)
+    assert batch.groups.equals(big.groups)
+    assert tokens.values.numel() == big.ragged("ref_token_logp").values.numel()
+    before = pa.total_allocated_bytes()
+    (decoded,) = store.replay(source="parquet")
+    assert pa.total_allocated_bytes() - before > tokens.values.numel() * 4
+
+
+def test_build_cache_and_source_choice(store):
+    with pytest.raises(StoreError, match="no IPC cache"):
+        list(store.replay(source="cache"))
+    assert store.build_cache() == 4
+    assert [b.step for b in store.replay(source="cache")] == [0, 1, 1, 2]
+
+
+def test_sql_views(store):
+    counts = store.sql("SELECT step, count(*) AS n FROM groups GROUP BY step ORDER BY step")
+    assert counts.column("n").to_pylist() == [3, 6, 3]
+    samples = store.sql(
+        "SELECT step, rank, group_index, sample_index, completion, advantage, reward_accuracy "
+        "FROM samples ORDER BY step, rank, group_index, sample_index"
+    )
+    b = make_batch(2)
+    mine = samples.filter(pc.field("step") == 2)
+    assert mine.column("completion").to_pylist() == b.column("completions").flatten().to_pylist()
+    assert mine.column("advantage").to_pylist() == b.column("advantages").flatten().to_pylist()
+    assert (
+        mine.column("reward_accuracy").to_pylist()
+        == b.column("rewards").field("accuracy").flatten().to_pylist()
+    )
+    assert store.sql("SELECT count(*) AS n FROM samples").column("n")[0].as_py() == sum(
+        make_batch(s, rank=r).num_samples for s, r in [(0, 0), (1, 0), (1, 1), (2, 0)]
+    )
+    assert store.sql("SELECT count(*) AS n FROM steps").column("n")[0].as_py() == 4
+    kinds = store.sql("SELECT DISTINCT kind FROM samples").column("kind").to_pylist()
+    assert kinds == ["train"]
+    with pytest.raises(StoreError, match="nosuchtable"):
+        store.sql("SELECT * FROM nosuchtable")
+
+
+def test_empty_store(tmp_path):
+    store = RolloutStore(tmp_path / "empty")
+    assert store.steps() == [] and store.committed_files() == []
+    assert store.read().num_rows == 0
+    assert list(store.replay()) == []
+    assert store.sql("SELECT count(*) AS n FROM samples").column("n")[0].as_py() == 0
+    assert store.verify().ok
+
+
+def test_reward_added_mid_run_reads_as_nulls(tmp_path):
+    store = RolloutStore(tmp_path / "s")
+    store.append(make_batch(0, reward_names=("accuracy",)))
+    store.append(make_batch(1, reward_names=("accuracy", "format")))
+    schema = store.schema()
+    assert [f.name for f in schema.field("rewards").type] == ["accuracy", "format"]
+    table = store.read(columns=["step", "rewards"])
+    first = table.filter(pc.field("step") == 0).column("rewards").to_pylist()
+    assert all(r["format"] is None and r["accuracy"] for r in first)
+    got = store.sql(
+        "SELECT step, count(reward_format) AS n FROM samples GROUP BY step ORDER BY step"
+    )
+    assert got.column("n").to_pylist() == [0, make_batch(1).num_samples]
+
+
+def test_conflicting_column_type_is_refused_and_store_unchanged(tmp_path):
+    store = RolloutStore(tmp_path / "s")
+    store.append(make_batch(0))
+    before = sorted(p.name for p in store.root.rglob("*"))
+    b = make_batch(1)
+    groups = b.groups.append_column("extra", pa.array([1] * b.num_groups))
+    store.append(RolloutBatch(groups, b.step_row))
+    c = make_batch(2)
+    bad = c.groups.append_column("extra", pa.array(["x"] * c.num_groups))
+    before = sorted(p.name for p in store.root.rglob("*"))
+    with pytest.raises(SchemaError, match="extra.*int64.*string"):
+        store.append(RolloutBatch(bad, c.step_row))
+    # A type that pyarrow would silently promote (int64 -> double) is refused as well.
+    widened = c.groups.append_column("extra", pa.array([1.5] * c.num_groups))
+    with pytest.raises(SchemaError, match="'extra' changed type from int64 to double"):
+        store.append(RolloutBatch(widened, c.step_row))
+    assert sorted(p.name for p in store.root.rglob("*")) == before
+    assert store.steps() == [0, 1]
+
+
+def test_duplicate_append_is_refused(store):
+    with pytest.raises(StoreError, match="already in the store"):
+        store.append(make_batch(1))
+    assert store.read(steps=[1]).num_rows == 6
+
+
+def test_newer_schema_major_is_refused(tmp_path):
+    store = RolloutStore(tmp_path / "s")
+    store.append(make_batch(0))
+    manifest = store.root / "manifest.json"
+    data = json.loads(manifest.read_text())
+    manifest.write_text(json.dumps({**data, "schema_version": "2.0"}))
+    with pytest.raises(SchemaVersionError, match="2.0"):
+        RolloutStore(store.root)
+    manifest.write_text(json.dumps(data))
+    # A file written by a newer major: readers refuse it by name.
+    path = store.committed_files()[0]
+    table = pq.read_table(path)
+    meta = {**table.schema.metadata, b"maxent_arrow.schema_version": b"2.1"}
+    newer = tmp_path / "newer.parquet"
+    pq.write_table(table.replace_schema_metadata(meta), newer)
+    os.replace(newer, path)
+    with pytest.raises(SchemaVersionError, match=path.name):
+        RolloutStore(store.root).schema()
+
+
+def test_paths_that_escape_the_store_are_refused(tmp_path):
+    outside = tmp_path / "outside.parquet"
+    outside.write_bytes(b"not yours")
+    with pytest.raises(StoreError, match="not a directory"):
+        RolloutStore(outside)
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "file.txt").write_text("x")
+    with pytest.raises(StoreError, match="not a rollout store"):
+        RolloutStore(tmp_path / "junk")
+    with pytest.raises(StoreError, match="file system root"):
+        RolloutStore("/")
+    store = RolloutStore(tmp_path / "s")
+    store.append(make_batch(0))
+    # A committed group file swapped for a symlink out of the store is refused by name.
+    path = store.committed_files()[0]
+    target = tmp_path / "elsewhere.parquet"
+    os.replace(path, target)
+    path.symlink_to(target)
+    with pytest.raises(StoreError, match="outside the store"):
+        store.read()
+    with pytest.raises(SchemaError, match="kind"):
+        RolloutBatch.from_parts(0, kind="../../etc", **make_parts())
+
+
+def test_compact_merges_atomically(tmp_path):
+    store = RolloutStore(tmp_path / "s")
+    for step in range(5):
+        store.append(make_batch(step))
+    store.append(make_batch(0, kind="eval"))
+    before = store.read()
+    made = store.compact(kind="train", max_steps=3)
+    assert [p.name for p in made] == [
+        "compact-0000000000-0000000002.train.parquet",
+        "compact-0000000003-0000000004.train.parquet",
+    ]
+    assert store.read().equals(before)
+    assert [b.step for b in store.replay()] == [0, 1, 2, 3, 4]
+    assert len(store.committed_files()) == 3
+    with pytest.raises(StoreError, match="already in the store"):
+        store.append(make_batch(1))
+    store.append(make_batch(5))
+    assert store.steps(kind="train") == [0, 1, 2, 3, 4, 5]
+    assert store.verify().ok
+
+
+def test_compact_crash_before_cleanup_shows_no_duplicates(tmp_path):
+    store = RolloutStore(tmp_path / "s")
+    for step in range(3):
+        store.append(make_batch(step))
+    before = store.read()
+    originals = {p: p.read_bytes() for p in store.root.glob("*/step-*.parquet")}
+    store.compact()
+    for path, data in originals.items():  # as if the process died before deleting them
+        path.write_bytes(data)
+    assert store.read().equals(before)  # hidden by the compacted file's `replaces`
+    RolloutStore(store.root)
+    assert not any(p.exists() for p in originals)
+
+
+READER_SCRIPT = textwrap.dedent(
+    """
+    import sys, json
+    root = sys.argv[1]
+    import glob
+    # The layout's rule: a group file is committed when its step file exists.
+    names = [p.rsplit("/", 1)[1] for p in glob.glob(root + "/steps/step-*.parquet")]
+    groups = sorted(root + "/groups/" + n for n in names)
+    import duckdb
+    n = duckdb.sql(
+        "SELECT count(*) FROM read_parquet(" + repr(groups) + ", union_by_name=true)"
+    ).fetchall()[0][0]
+    import pyarrow.dataset as ds
+    d = ds.dataset(groups, format="parquet")
+    tokens = d.to_table(columns=["completion_ids"]).column("completion_ids").to_pylist()
+    import datasets
+    hf = datasets.load_dataset("parquet", data_files=groups, split="train")
+    out = {
+        "duckdb": n,
+        "pyarrow": d.count_rows(),
+        "hf": len(hf),
+        "hf_q": hf[0]["q"],
+        "tokens0": tokens[0],
+        "maxent_loaded": "maxent_arrow" in sys.modules,
+    }
+    print(json.dumps(out))
+    """
+)
+
+
+def test_other_tools_read_the_store_without_maxent_arrow(store, tmp_path):
+    env = {**os.environ, "HF_DATASETS_CACHE": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", READER_SCRIPT, str(store.root)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["duckdb"] == out["pyarrow"] == out["hf"] == 12
+    first = make_batch(0)
+    assert out["hf_q"] == first.column("q")[0].as_py()
+    assert out["tokens0"] == first.column("completion_ids")[0].as_py()
+    assert out["maxent_loaded"] is False
+
+
+def test_temp_files_are_ignored_and_cleaned(tmp_path):
+    store = RolloutStore(tmp_path / "s")
+    store.append(make_batch(0))
+    dead = store.root / "steps" / ".tmp-nohost.999999.abc.step-0000000001.rank-00000.train.parquet"
+    dead.write_bytes(b"partial")
+    assert store.steps() == [0]
+    assert any("temp file" in str(n) for n in store.verify().notes)
+    old = os.stat(dead).st_mtime - 2 * 86400
+    os.utime(dead, (old, old))
+    RolloutStore(store.root)
+    assert not dead.exists()
+
+
+def test_append_refuses_non_batches(tmp_path):
+    store = RolloutStore(tmp_path / "s")
+    with pytest.raises(SchemaError, match="RolloutBatch"):
+        store.append({"step": 1})  # type: ignore[arg-type]
+
+
+def test_store_root_path_types(tmp_path):
+    a = RolloutStore(str(tmp_path / "s"))
+    a.append(make_batch(0))
+    b = RolloutStore(Path(tmp_path / "s"))
+    assert b.steps() == [0]
+    assert b.config == {}
+
+
+@pytest.mark.slow
+def test_benchmark_quick_runs(tmp_path):
+    bench = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_store.py"
+    done = subprocess.run(
+        [sys.executable, str(bench), "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    for figure in ("torch.save padded", "JSONL", "from IPC cache", "peak growth"):
+        assert figure in done.stdout
+
+
+def test_compression_option(tmp_path):
+    fast = RolloutStore(tmp_path / "fast", compression="none")
+    fast.append(make_batch(0))
+    meta = pq.ParquetFile(fast.committed_files()[0]).metadata
+    assert meta.row_group(0).column(0).compression == "UNCOMPRESSED"
+    default = RolloutStore(tmp_path / "zstd")
+    default.append(make_batch(0))
+    assert fast.read().equals(default.read())
+    assert fast.committed_files()[0].stat().st_size > default.committed_files()[0].stat().st_size
+    with pytest.raises(StoreError, match="compression"):
+        RolloutStore(tmp_path / "bad", compression="zip")
+
+
+def test_schema_is_unified_incrementally(tmp_path):
+    store = RolloutStore(tmp_path / "s")
+    store.append(make_batch(0, reward_names=("accuracy",)))
+    assert [f.name for f in store.schema().field("rewards").type] == ["accuracy"]
+    store.append(make_batch(1, reward_names=("accuracy", "format")))
+    assert [f.name for f in store.schema().field("rewards").type] == ["accuracy", "format"]
+    store.compact()
+    assert store.schema().equals(RolloutStore(store.root).schema())
