@@ -24,7 +24,11 @@ __all__ = [
     "SCHEMA_VERSION",
     "SCHEMA_MAJOR",
     "METADATA_KEY",
+    "BUCKET_COLUMNS",
     "COMPLETION_INFO_TYPE",
+    "MESSAGE_TYPE",
+    "MESSAGES_TYPE",
+    "default_group_id",
     "GROUP_FIELDS",
     "STEP_FIELDS",
     "GROUP_REQUIRED",
@@ -41,8 +45,8 @@ __all__ = [
     "unify_schemas",
 ]
 
-SCHEMA_VERSION = "1.0"
-SCHEMA_MAJOR = 1
+SCHEMA_VERSION = "2.0"
+SCHEMA_MAJOR = 2
 METADATA_KEY = b"maxent_arrow.schema_version"
 
 # The rule for a step's kind ("train", "eval", ...): a lowercase name. It is part of the store's
@@ -86,45 +90,79 @@ COMPLETION_INFO_TYPE = pa.struct(
     ]
 )
 
-_BUCKETS = pa.map_(pa.string(), pa.float64())
+# A chat message: role and text content; any other key of the message (a name, tool calls,
+# non-text content) as a JSON object in `extra`.
+MESSAGE_TYPE = pa.struct(
+    [
+        pa.field("role", pa.string()),
+        pa.field("content", pa.string()),
+        pa.field("extra", pa.string()),
+    ]
+)
+MESSAGES_TYPE = _list(MESSAGE_TYPE)
 
 GROUP_FIELDS: list[pa.Field] = [
     pa.field("step", pa.int64(), nullable=False),
     pa.field("rank", pa.int32(), nullable=False),
+    pa.field("kind", pa.string(), nullable=False),
     pa.field("group_index", pa.int32(), nullable=False),
+    # Run-wide identity of the prompt group: the rows of one step and kind with the same
+    # group_id are parts of one group (a trainer that spreads a prompt's K completions over
+    # ranks writes one part per rank); group_size is the whole group's K, num_completions
+    # this row's, and completion_index each completion's place in the whole group.
+    pa.field("group_id", pa.string(), nullable=False),
+    pa.field("group_size", pa.int32(), nullable=False),
+    pa.field("num_completions", pa.int32(), nullable=False),
+    # Exactly one of prompt / prompt_messages is set (a plain or a chat prompt).
     pa.field("prompt", pa.string()),
+    pa.field("prompt_messages", MESSAGES_TYPE),
     pa.field("answer", pa.string()),
     pa.field("prompt_ids", _list(pa.int32())),
     pa.field("completions", _list(pa.string())),
-    pa.field("completion_ids", pa.list_(pa.field("item", _list(pa.int32()), nullable=False))),
-    pa.field("completion_info", pa.list_(pa.field("item", COMPLETION_INFO_TYPE, nullable=False))),
+    pa.field("completion_messages", _list(MESSAGES_TYPE)),
+    pa.field("completion_index", _list(pa.int32())),
+    pa.field("completion_ids", _list(_list(pa.int32()))),
+    pa.field("completion_info", _list(COMPLETION_INFO_TYPE)),
     pa.field("ref_meta", _list(pa.string())),
     pa.field("total_utils", _list(pa.float64())),
-    # `rewards` is a struct with one list<double> field per reward function; its fields are
-    # run-specific, so group_schema() builds it from the reward names.
+    # Raw rewards: the reward functions' names and, per completion, one value per name (NaN
+    # where a function gave none). Names are data, not columns, so adding a reward function
+    # mid-run changes no file's schema.
+    pa.field("reward_names", _list(pa.string())),
+    pa.field("reward_values", _list(_list(pa.float64()))),
     pa.field("advantages", _list(pa.float64())),
     pa.field("q", _list(pa.float64())),
     pa.field("weights", _list(pa.float64())),
     pa.field("ref_logp_sum_raw", _list(pa.float64())),
     pa.field("ref_tok_counts", _list(pa.int32())),
-    pa.field("ref_token_logp", pa.list_(pa.field("item", _list(pa.float32()), nullable=False))),
+    pa.field("ref_token_logp", _list(_list(pa.float32()))),
     pa.field("behavior_logp_sum", _list(pa.float64())),
-    pa.field(
-        "behavior_token_logp", pa.list_(pa.field("item", _list(pa.float32()), nullable=False))
-    ),
+    pa.field("behavior_token_logp", _list(_list(pa.float32()))),
     pa.field("policy_entropy_sum", _list(pa.float64())),
     pa.field("seed_semantic_entropy", pa.float64()),
     pa.field("seed_advantage_scale", pa.float64()),
 ]
 
-GROUP_REQUIRED = ("step", "rank", "group_index", "completions")
+GROUP_REQUIRED = (
+    "step",
+    "rank",
+    "kind",
+    "group_index",
+    "group_id",
+    "group_size",
+    "num_completions",
+    "completions",
+)
 
 PER_COMPLETION_COLUMNS = (
     "completions",
+    "completion_messages",
+    "completion_index",
     "completion_ids",
     "completion_info",
     "ref_meta",
     "total_utils",
+    "reward_values",
     "advantages",
     "q",
     "weights",
@@ -138,13 +176,16 @@ PER_COMPLETION_COLUMNS = (
 
 PER_TOKEN_COLUMNS = ("completion_ids", "ref_token_logp", "behavior_token_logp")
 
-# Dictionary encoding makes token-id writes ~4x slower for little gain (DESIGN §5).
+# Dictionary encoding makes token-id writes ~4x slower for little gain
+# (``docs/arrow-layout.md``, "Parquet settings").
 NO_DICTIONARY_COLUMNS = (
     "prompt_ids",
     "completion_ids",
+    "completion_index",
     "ref_token_logp",
     "behavior_token_logp",
     "total_utils",
+    "reward_values",
     "advantages",
     "q",
     "weights",
@@ -156,7 +197,7 @@ NO_DICTIONARY_COLUMNS = (
 STEP_FIELDS: list[pa.Field] = [
     pa.field("step", pa.int64(), nullable=False),
     pa.field("rank", pa.int32(), nullable=False),
-    pa.field("kind", pa.string(), nullable=False),  # "train" or "eval"
+    pa.field("kind", pa.string(), nullable=False),  # "train", "eval", ...
     pa.field("num_groups", pa.int32(), nullable=False),
     pa.field("num_samples", pa.int32(), nullable=False),
     pa.field("created_at", pa.timestamp("us", tz="UTC")),
@@ -181,7 +222,8 @@ STEP_FIELDS: list[pa.Field] = [
     pa.field("clip_loss", pa.float64()),
     pa.field("kl_loss", pa.float64()),
     pa.field("weighted_kl_loss", pa.float64()),
-    # BatchDiagnostics
+    # BatchDiagnostics; the two bucket dicts as lists parallel to kl_length_buckets (no map
+    # columns: Hugging Face `datasets` cannot read them)
     pa.field("kl_value", pa.float64()),
     pa.field("clip_ratio", pa.float64()),
     pa.field("clip_ratio_low_mean", pa.float64()),
@@ -189,42 +231,39 @@ STEP_FIELDS: list[pa.Field] = [
     pa.field("clip_ratio_high_mean", pa.float64()),
     pa.field("clip_ratio_high_max", pa.float64()),
     pa.field("clip_ratio_region_mean", pa.float64()),
-    pa.field("kl_per_token_by_len_bucket", _BUCKETS),
-    pa.field("kl_token_count_by_len_bucket", _BUCKETS),
+    pa.field("kl_length_buckets", _list(pa.string())),
+    pa.field("kl_per_token_by_len_bucket", _list(pa.float64())),
+    pa.field("kl_token_count_by_len_bucket", _list(pa.float64())),
     # RewardComputation scalars
     pa.field("entropy_bonus_scale", pa.float64()),
     pa.field("seed_alpha_effective", pa.float64()),
     pa.field("seed_max_possible_entropy", pa.float64()),
-    # Everything needed to replay the step (tau, beta, T_q, epsilon, weight convention, clip
-    # settings, lengths, tokenizer identity, reward names and weights), as JSON text.
+    # The replay contract (maxent_arrow.rollout.RunConfig) as JSON text.
     pa.field("config", pa.string()),
 ]
 
 STEP_REQUIRED = ("step", "rank", "kind", "num_groups", "num_samples")
+BUCKET_COLUMNS = ("kl_per_token_by_len_bucket", "kl_token_count_by_len_bucket")
 
 
 def _metadata(extra: dict[bytes, bytes] | None = None) -> dict[bytes, bytes]:
     return {METADATA_KEY: SCHEMA_VERSION.encode(), **(extra or {})}
 
 
-def rewards_type(reward_names: list[str]) -> pa.DataType:
-    """The ``rewards`` struct: one ``list<double>`` field per reward function, in order."""
-    return pa.struct([pa.field(name, _list(pa.float64())) for name in reward_names])
-
-
-def group_schema(
-    reward_names: list[str] | None = None, *, metadata: dict[bytes, bytes] | None = None
-) -> pa.Schema:
-    """The full v1 group schema (``rewards`` after ``total_utils`` when reward names are given)."""
-    fields = list(GROUP_FIELDS)
-    if reward_names:
-        at = [f.name for f in fields].index("total_utils") + 1
-        fields.insert(at, pa.field("rewards", rewards_type(list(reward_names))))
-    return pa.schema(fields, metadata=_metadata(metadata))
+def group_schema(*, metadata: dict[bytes, bytes] | None = None) -> pa.Schema:
+    """The group table of :data:`SCHEMA_VERSION`."""
+    return pa.schema(GROUP_FIELDS, metadata=_metadata(metadata))
 
 
 def step_schema(*, metadata: dict[bytes, bytes] | None = None) -> pa.Schema:
+    """The step table of :data:`SCHEMA_VERSION`."""
     return pa.schema(STEP_FIELDS, metadata=_metadata(metadata))
+
+
+def default_group_id(step: int, rank: int, group_index: int) -> str:
+    """The group id of a group written whole by one rank: ``"{step}.{rank}.{group_index}"``
+    (unique within a step; a trainer with its own prompt ids passes those instead)."""
+    return f"{step}.{rank}.{group_index}"
 
 
 def check_version(version: str | bytes | None, *, where: str) -> str:

@@ -26,13 +26,13 @@ from maxent_arrow import arrow as A
 from maxent_arrow import types as T
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.arrow.lists import list_offsets, regroup
+from maxent_arrow.arrow.upgrade import completion_index, reward_lists
 from maxent_arrow.errors import LayoutError, SchemaError
 from maxent_arrow.rollout.layout import BATCH_META_KEY, config_json, int_arg
 
 __all__ = ["GroupColumns", "check_parts", "step_values"]
 
 _IDS_TYPE = dict((f.name, f.type) for f in S.GROUP_FIELDS)["completion_ids"]
-_DIAGNOSTIC_MAPS = ("kl_per_token_by_len_bucket", "kl_token_count_by_len_bucket")
 
 
 def _float_values(name: str, value: Any) -> pa.Array:
@@ -80,7 +80,7 @@ class GroupColumns:
     adds what one seed object holds, checked against the generation's group sizes.
     """
 
-    def __init__(self, generation: Any, *, step: int, rank: int):
+    def __init__(self, generation: Any, *, step: int, rank: int, kind: str):
         gen = generation.to_arrow()
         self.num_groups = gen.num_rows
         completions = gen.column("completions")
@@ -88,18 +88,53 @@ class GroupColumns:
         self.num_samples = int(self.offsets[-1]) if len(self.offsets) else 0
         self.meta: dict[str, Any] = {"dtypes": {}, "widths": {}}
         p = self.num_groups
+        sizes = np.diff(self.offsets).astype(np.int32)
         self.columns: dict[str, pa.Array | None] = {
             "step": pa.array(np.full(p, step, dtype=np.int64)),
             "rank": pa.array(np.full(p, rank, dtype=np.int32)),
+            "kind": pa.array([kind] * p, pa.string()),
             "group_index": pa.array(np.arange(p, dtype=np.int32)),
+            "group_id": pa.array(
+                [S.default_group_id(step, rank, g) for g in range(p)], pa.string()
+            ),
+            "group_size": pa.array(sizes),
+            "num_completions": pa.array(sizes),
             "prompt": gen.column("prompt"),
+            "prompt_messages": _column(gen, "prompt_messages"),
             "answer": gen.column("answer"),
             "completions": completions,
+            "completion_messages": _column(gen, "completion_messages"),
+            "completion_index": completion_index(sizes),
             "ref_meta": _column(gen, "ref_meta"),
         }
         info, self._info_ids = _split_info(_column(gen, "completion_info"), self.offsets)
         self.columns["completion_info"] = info
-        self.reward_names: list[str] = []
+
+    def set_group_identity(self, group_ids: Any, group_sizes: Any, completion_indices: Any) -> None:
+        """Groups that are parts of larger ones (a trainer that spreads one prompt's
+        completions over ranks): each row's run-wide ``group_id``, the whole group's size and
+        each completion's index in the whole group (flat ``[N]``, in group order)."""
+        p, n = self.num_groups, self.num_samples
+        ids = pa.array(list(group_ids), pa.string())
+        sizes = pa.array(np.asarray(group_sizes, dtype=np.int64), pa.int64())
+        index = pa.array(np.asarray(completion_indices, dtype=np.int64), pa.int64())
+        _check_rows("group_ids", ids, p, unit="groups")
+        _check_rows("group_sizes", sizes, p, unit="groups")
+        _check_rows("completion_indices", index, n)
+        if ids.null_count:
+            raise LayoutError("RolloutBatch.from_parts: group_ids has a null")
+        own = np.diff(self.offsets)
+        got = sizes.to_numpy()
+        if (got < own).any() or (index.to_numpy() < 0).any():
+            g = int(np.flatnonzero(got < own)[0]) if (got < own).any() else -1
+            raise LayoutError(
+                "RolloutBatch.from_parts: group_sizes must be at least each row's completions"
+                + (f" (group {g}: {got[g]} < {own[g]})" if g >= 0 else "")
+                + " and completion_indices >= 0"
+            )
+        self.columns["group_id"] = ids
+        self.columns["group_size"] = sizes.cast(pa.int32())
+        self.columns["completion_index"] = regroup(index.cast(pa.int32()), self.offsets)
 
     def add_token_ids(self, score_batch: Any) -> None:
         """Token ids: the exact scored ids of ``score_batch`` first, the generator's ids (from
@@ -136,22 +171,32 @@ class GroupColumns:
         self.columns["completion_ids"] = completion_ids
 
     def add_rewards(self, rewards: Any) -> None:
-        """Utilities, per-function rewards, advantages, q and the SEED-GRPO group columns."""
+        """Utilities, per-function raw rewards, advantages, q and the SEED-GRPO group
+        columns."""
         offsets = self.offsets
         _check_offsets("rewards.advantage.grouped", rewards.advantage.grouped.offsets, offsets)
         rc = rewards.to_arrow()
         _check_offsets("rewards.q_distribution.grouped", list_offsets(rc.column("q")), offsets)
         for name in (
             "total_utils",
-            "rewards",
             "advantages",
             "q",
             "seed_semantic_entropy",
             "seed_advantage_scale",
         ):
             self.columns[name] = _column(rc, name)
-        if self.columns["rewards"] is not None:
-            self.reward_names = [f.name for f in self.columns["rewards"].type]
+        names = list(rewards.per_reward_values or {})
+        if names:
+            values = []
+            for name in names:
+                flat = _float_values(
+                    f"rewards.per_reward_values[{name!r}]", rewards.per_reward_values[name]
+                )
+                _check_rows(f"rewards.per_reward_values[{name!r}]", flat, self.num_samples)
+                values.append(np.asarray(flat.to_numpy(zero_copy_only=False), dtype=np.float64))
+            self.columns["reward_names"], self.columns["reward_values"] = reward_lists(
+                names, values, offsets
+            )
 
     def add_weights(self, weights: Any) -> None:
         self.columns["weights"] = _grouped_floats("weights", weights, self.offsets)
@@ -208,7 +253,7 @@ class GroupColumns:
 
     def to_batch(self) -> pa.RecordBatch:
         """The group record batch in the schema's column order (absent parts left out)."""
-        schema = S.group_schema(self.reward_names)
+        schema = S.group_schema()
         fields, arrays = [], []
         for field in schema:
             array = self.columns.get(field.name)
@@ -240,7 +285,7 @@ def step_values(
     values: dict[str, Any] = {
         "step": int_arg("step", step),
         "rank": int_arg("rank", rank),
-        "kind": S.check_kind(kind, where="RolloutBatch.kind"),
+        "kind": kind,
         "num_groups": columns.num_groups,
         "num_samples": columns.num_samples,
         "created_at": dt.datetime.now(dt.UTC),
@@ -273,8 +318,15 @@ def step_values(
     diagnostics = parts.get("diagnostics")
     if diagnostics is not None:
         scalars = dataclasses.asdict(diagnostics)
-        for name in _DIAGNOSTIC_MAPS:
-            scalars[name] = list(scalars[name].items())
+        labels = list(scalars[S.BUCKET_COLUMNS[0]])
+        for name in S.BUCKET_COLUMNS:
+            if list(scalars[name]) != labels:
+                raise LayoutError(
+                    f"RolloutBatch.from_parts: diagnostics.{name}: expected the buckets "
+                    f"{labels} (as {S.BUCKET_COLUMNS[0]}), got {list(scalars[name])}"
+                )
+            scalars[name] = [float(v) for v in scalars[name].values()]
+        scalars["kl_length_buckets"] = labels
         values.update(scalars)
     schema = S.step_schema()
     return pa.RecordBatch.from_pydict({f.name: [values.get(f.name)] for f in schema}, schema=schema)
@@ -294,11 +346,12 @@ def _column(rb: pa.RecordBatch, name: str) -> pa.Array | None:
     return rb.column(name)
 
 
-def _check_rows(owner: str, array: pa.Array, n: int) -> None:
+def _check_rows(owner: str, array: pa.Array, n: int, *, unit: str = "completions") -> None:
     if len(array) != n:
+        what = "one per completion" if unit == "completions" else "one per group"
         raise LayoutError(
-            f"RolloutBatch.from_parts: {owner} expected {n} rows (one per completion, as "
-            f"generation), got {len(array)}"
+            f"RolloutBatch.from_parts: {owner} expected {n} rows ({what}, as generation), "
+            f"got {len(array)}"
         )
 
 

@@ -24,6 +24,7 @@ import pyarrow as pa
 from maxent_arrow import arrow as A
 from maxent_arrow import ingest
 from maxent_arrow import types as T
+from maxent_arrow.arrow import schema as S
 from maxent_arrow.arrow.lists import list_offsets, regroup, single_array
 from maxent_arrow.errors import LayoutError, SchemaError
 from maxent_arrow.rollout.assembly import GroupColumns, check_parts, step_values
@@ -32,6 +33,7 @@ from maxent_arrow.rollout.layout import (
     BATCH_META_KEY,
     STEP_META_KEY,
     normalise,
+    rewards_by_name,
     step_row_from_json,
     step_row_to_json,
 )
@@ -233,14 +235,10 @@ class RolloutBatch:
         prompts = pa.DictionaryArray.from_arrays(pa.array(group_of), self.column("prompt"))
         info = self._flat("completion_info")
         metadata = None if info is None else A.InfoSequence(info)
-        rewards = self.column("rewards")
-        per_reward = {}
-        if rewards is not None:
-            for i, field in enumerate(rewards.type):
-                values = rewards.field(i)
-                if len(values) and values.null_count == len(values):
-                    continue  # a reward function added after this step
-                per_reward[field.name] = A.ArrowSequence(values.flatten())
+        per_reward = {
+            name: A.ArrowSequence(pa.array(values))
+            for name, values in rewards_by_name(self.groups).items()
+        }
         advantages = A.GroupedSequence(self.column("advantages"))
         q = A.GroupedSequence(self.column("q"))
         ref_meta = self._flat("ref_meta")
@@ -341,8 +339,9 @@ class RolloutBatch:
         values = {name: self._scalar(name) for name in names}
         if any(values[n] is None for n in names if n != "kl_value"):
             return None
-        for name in ("kl_per_token_by_len_bucket", "kl_token_count_by_len_bucket"):
-            values[name] = dict(values[name])
+        labels = self._scalar("kl_length_buckets") or []
+        for name in S.BUCKET_COLUMNS:
+            values[name] = dict(zip(labels, values[name]))
         return T.BatchDiagnostics(**values)
 
     def score_batch(
@@ -441,8 +440,9 @@ class RolloutBatch:
             "diagnostics": diagnostics,
         }
         check_parts(parts)
+        kind = S.check_kind(kind, where="RolloutBatch.kind")
         step_row = step_values(
-            columns := GroupColumns(generation, step=step, rank=rank),
+            columns := GroupColumns(generation, step=step, rank=rank, kind=kind),
             step=step,
             rank=rank,
             kind=kind,

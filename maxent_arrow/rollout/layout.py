@@ -30,6 +30,7 @@ __all__ = [
     "config_json",
     "int_arg",
     "normalise",
+    "rewards_by_name",
     "step_row_from_json",
     "step_row_to_json",
 ]
@@ -78,13 +79,11 @@ def int_arg(name: str, value: Any, *, minimum: int = 0) -> int:
 
 # ---------------------------------------------------------------------------- step row JSON
 def step_row_to_json(row: pa.RecordBatch) -> str:
-    """The one-row step batch as JSON text (maps as objects, timestamps as ISO strings)."""
+    """The one-row step batch as JSON text (timestamps as ISO strings)."""
     item = row.to_pylist()[0]
     for name, value in item.items():
         if isinstance(value, dt.datetime):
             item[name] = value.isoformat()
-        elif isinstance(value, list) and value and isinstance(value[0], tuple):
-            item[name] = dict(value)
         elif isinstance(value, float) and not math.isfinite(value):
             item[name] = repr(value)  # JSON has no NaN; "nan"/"inf" round-trip via float()
     return json.dumps(item, sort_keys=True)
@@ -100,8 +99,6 @@ def step_row_from_json(text: str | bytes) -> pa.RecordBatch:
             continue
         if pa.types.is_timestamp(kind) and isinstance(value, str):
             value = dt.datetime.fromisoformat(value)
-        elif pa.types.is_map(kind) and isinstance(value, dict):
-            value = list(value.items())
         elif pa.types.is_floating(kind) and isinstance(value, str):
             value = float(value)
         fields.append(pa.field(name, kind, nullable=name not in S.STEP_REQUIRED))
@@ -129,8 +126,6 @@ def normalise(groups: pa.RecordBatch, step_row: pa.RecordBatch):
     for field in groups.schema:
         array = single_array(groups.column(field.name))
         target = GROUP_TYPES.get(field.name)
-        if field.name == "rewards":
-            target = _rewards_target(array)
         if target is not None:
             array = cast_column(field.name, array, target)
         arrays.append(array)
@@ -155,21 +150,14 @@ def normalise(groups: pa.RecordBatch, step_row: pa.RecordBatch):
     return groups, step_row
 
 
-def _rewards_target(array: pa.Array) -> pa.DataType:
-    if not pa.types.is_struct(array.type):
-        raise SchemaError(
-            f"RolloutBatch column 'rewards': expected struct<list<double>>, got {array.type}"
-        )
-    return S.rewards_type([f.name for f in array.type])
-
-
 def _check_groups(groups: pa.RecordBatch, step_row: pa.RecordBatch) -> None:
     row = {n: step_row.column(n)[0].as_py() for n in S.STEP_REQUIRED}
     p = groups.num_rows
-    for name in ("step", "rank"):
+    for name in ("step", "rank", "kind"):
         column = groups.column(name)
         if column.null_count or (p and not pc.all(pc.equal(column, row[name])).as_py()):
-            bad = int(np.flatnonzero(column.to_numpy(zero_copy_only=False) != row[name])[0])
+            values = np.asarray(column.to_numpy(zero_copy_only=False), dtype=object)
+            bad = int(np.flatnonzero(values != row[name])[0])
             raise LayoutError(
                 f"RolloutBatch.groups column {name!r}: expected {row[name]} (the step row's) "
                 f"in every group, got {column[bad].as_py()} at group {bad}"
@@ -190,14 +178,12 @@ def _check_groups(groups: pa.RecordBatch, step_row: pa.RecordBatch) -> None:
             f"got {row['num_samples']}"
         )
     sizes = np.diff(offsets)
+    _check_counts(groups, sizes)
     for name in S.PER_COMPLETION_COLUMNS:
         if name == "completions" or name not in groups.schema.names:
             continue
         _check_grouped(name, groups.column(name), sizes)
-    if "rewards" in groups.schema.names:
-        rewards = groups.column("rewards")
-        for i, field in enumerate(rewards.type):
-            _check_grouped(f"rewards.{field.name}", rewards.field(i), sizes)
+    _check_rewards(groups)
     for name in S.PER_TOKEN_COLUMNS:
         if name in groups.schema.names:
             inner = groups.column(name).flatten()
@@ -207,6 +193,86 @@ def _check_groups(groups: pa.RecordBatch, step_row: pa.RecordBatch) -> None:
                 )
             if inner.flatten().null_count:
                 raise LayoutError(f"RolloutBatch column {name!r}: a null inside a token list")
+
+
+def _check_counts(groups: pa.RecordBatch, sizes: np.ndarray) -> None:
+    """``num_completions`` is each row's K; ``group_size`` (the whole group's) is not less."""
+    own = np.asarray(groups.column("num_completions").to_numpy(zero_copy_only=False))
+    if not np.array_equal(own, sizes):
+        g = int(np.flatnonzero(own != sizes)[0])
+        raise LayoutError(
+            f"RolloutBatch column 'num_completions': expected {sizes[g]} at group {g} (its "
+            f"completions), got {own[g]}"
+        )
+    whole = np.asarray(groups.column("group_size").to_numpy(zero_copy_only=False))
+    if (whole < sizes).any():
+        g = int(np.flatnonzero(whole < sizes)[0])
+        raise LayoutError(
+            f"RolloutBatch column 'group_size': expected at least {sizes[g]} at group {g} "
+            f"(its completions), got {whole[g]}"
+        )
+
+
+def _check_rewards(groups: pa.RecordBatch) -> None:
+    """Each completion has one reward value per reward name of its row."""
+    names = groups.schema.names
+    if ("reward_names" in names) != ("reward_values" in names):
+        raise SchemaError("RolloutBatch: reward_names and reward_values go together")
+    if "reward_names" not in names:
+        return
+    reward_names, values = groups.column("reward_names"), groups.column("reward_values")
+    if reward_names.null_count != values.null_count:
+        raise LayoutError("RolloutBatch: reward_names and reward_values are null in other rows")
+    if values.null_count == len(values):
+        return
+    per_row = np.diff(list_offsets(reward_names))
+    per_value = np.diff(list_offsets(values.flatten()))
+    expected = np.repeat(per_row, np.diff(list_offsets(values)))
+    if not np.array_equal(per_value, expected):
+        i = int(np.flatnonzero(per_value != expected)[0])
+        offsets = list_offsets(values)
+        g = int(np.searchsorted(offsets, i, side="right") - 1)
+        raise LayoutError(
+            f"RolloutBatch column 'reward_values': expected {expected[i]} values (one per "
+            f"reward name) at group {g}, sample {i - offsets[g]}, got {per_value[i]}"
+        )
+
+
+def rewards_by_name(groups: pa.RecordBatch) -> dict[str, np.ndarray]:
+    """The raw rewards of every completion, ``{name: [N] float64}`` (NaN where a row lacks
+    that reward function), in the order the names first appear."""
+    if "reward_names" not in groups.schema.names:
+        return {}
+    reward_names = single_array(groups.column("reward_names"))
+    values = single_array(groups.column("reward_values"))
+    if values.null_count == len(values):
+        return {}
+    sizes = np.diff(list_offsets(values))
+    flat = np.asarray(values.flatten().flatten().to_numpy(zero_copy_only=False), dtype=np.float64)
+    n = int(sizes.sum())
+    first = reward_names[0].as_py() if len(reward_names) else None
+    if (
+        first is not None
+        and pc.all(pc.equal(pc.list_value_length(reward_names), len(first))).as_py()
+    ):
+        same = pc.equal(reward_names.flatten(), pa.array(first * len(reward_names), pa.string()))
+        if pc.all(same).as_py():  # one set of reward functions for every row: one reshape
+            matrix = flat.reshape(n, len(first))
+            return {name: matrix[:, j] for j, name in enumerate(first)}
+    names_per_row = reward_names.to_pylist()
+    out: dict[str, np.ndarray] = {}
+    start_row, start_value = 0, 0
+    for g, row in enumerate(names_per_row):
+        count = int(sizes[g])
+        if row:
+            block = flat[start_value : start_value + count * len(row)].reshape(count, len(row))
+            for j, name in enumerate(row):
+                out.setdefault(name, np.full(n, np.nan))[start_row : start_row + count] = block[
+                    :, j
+                ]
+            start_value += count * len(row)
+        start_row += count
+    return out
 
 
 def _check_grouped(name: str, column: pa.Array, sizes: np.ndarray) -> None:

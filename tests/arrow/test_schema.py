@@ -1,4 +1,5 @@
-"""The v1 group and step tables, schema versions, and unification across files."""
+"""The group and step tables of schema 2.0, schema versions, unification across files, and
+the upgrade of 1.x files."""
 
 from __future__ import annotations
 
@@ -23,19 +24,28 @@ from maxent_arrow import (
 )
 from maxent_arrow.arrow import schema as S
 
-# DESIGN §4, in order.
+# docs/arrow-layout.md, in order.
 GROUP_COLUMNS = [
     "step",
     "rank",
+    "kind",
     "group_index",
+    "group_id",
+    "group_size",
+    "num_completions",
     "prompt",
+    "prompt_messages",
     "answer",
     "prompt_ids",
     "completions",
+    "completion_messages",
+    "completion_index",
     "completion_ids",
     "completion_info",
     "ref_meta",
     "total_utils",
+    "reward_names",
+    "reward_values",
     "advantages",
     "q",
     "weights",
@@ -57,8 +67,16 @@ def list_of(kind: pa.DataType) -> pa.DataType:
 def test_group_schema_columns_types_and_non_null_children():
     schema = S.group_schema()
     assert schema.names == GROUP_COLUMNS
-    assert schema.metadata[S.METADATA_KEY] == S.SCHEMA_VERSION.encode() == b"1.0"
+    assert schema.metadata[S.METADATA_KEY] == S.SCHEMA_VERSION.encode() == b"2.0"
     assert schema.field("step").type == pa.int64() and not schema.field("step").nullable
+    for name in ("kind", "group_id"):
+        assert schema.field(name).type == pa.string() and not schema.field(name).nullable
+    for name in ("group_size", "num_completions"):
+        assert schema.field(name).type == pa.int32() and not schema.field(name).nullable
+    assert schema.field("completion_index").type == list_of(pa.int32())
+    assert schema.field("prompt_messages").type == list_of(S.MESSAGE_TYPE)
+    assert schema.field("completion_messages").type == list_of(list_of(S.MESSAGE_TYPE))
+    assert S.MESSAGE_TYPE.names == ["role", "content", "extra"]
     assert schema.field("rank").type == pa.int32()
     assert schema.field("prompt_ids").type == list_of(pa.int32())
     assert schema.field("completions").type == list_of(pa.string())
@@ -79,20 +97,22 @@ def test_group_schema_columns_types_and_non_null_children():
             kind = kind.value_type
 
 
-def test_group_schema_puts_the_rewards_struct_after_total_utils():
-    schema = S.group_schema(["accuracy", "format", "ünicode"])
+def test_rewards_are_names_and_values_so_a_new_reward_changes_no_schema():
+    schema = S.group_schema()
     names = schema.names
-    assert names[names.index("total_utils") + 1] == "rewards"
-    rewards = schema.field("rewards").type
-    assert rewards.names == ["accuracy", "format", "ünicode"]
-    assert all(f.type == list_of(pa.float64()) for f in rewards)
-    assert S.rewards_type(["a"]) == pa.struct([pa.field("a", list_of(pa.float64()))])
+    assert names[names.index("total_utils") + 1 : names.index("total_utils") + 3] == [
+        "reward_names",
+        "reward_values",
+    ]
+    assert schema.field("reward_names").type == list_of(pa.string())
+    assert schema.field("reward_values").type == list_of(list_of(pa.float64()))
+    assert "rewards" not in names
     extra = S.group_schema(metadata={b"run": b"demo"}).metadata
-    assert extra[b"run"] == b"demo" and extra[S.METADATA_KEY] == b"1.0"
+    assert extra[b"run"] == b"demo" and extra[S.METADATA_KEY] == b"2.0"
 
 
 def test_column_groups_are_consistent_with_the_schema():
-    schema = S.group_schema(["r"])
+    schema = S.group_schema()
     for name in S.PER_COMPLETION_COLUMNS:
         assert pa.types.is_list(schema.field(name).type), name
     for name in S.PER_TOKEN_COLUMNS:
@@ -106,7 +126,7 @@ def test_column_groups_are_consistent_with_the_schema():
 
 def test_step_schema_holds_the_scalar_records_and_the_config():
     schema = S.step_schema()
-    assert schema.metadata[S.METADATA_KEY] == b"1.0"
+    assert schema.metadata[S.METADATA_KEY] == b"2.0"
     assert set(S.STEP_REQUIRED) <= set(schema.names)
     scalar_fields = {
         "RewardMoments": ["reward_mean", "reward_std"],
@@ -139,12 +159,12 @@ def test_step_schema_holds_the_scalar_records_and_the_config():
     import dataclasses
 
     for field in dataclasses.fields(BatchDiagnostics):
-        expected = (
-            pa.map_(pa.string(), pa.float64())
-            if field.name.endswith("_by_len_bucket")
-            else pa.float64()
-        )
+        # No map columns (HF datasets cannot read them): the bucket dicts are lists parallel
+        # to kl_length_buckets.
+        expected = list_of(pa.float64()) if field.name.endswith("_by_len_bucket") else pa.float64()
         assert schema.field(field.name).type == expected, field.name
+    assert schema.field("kl_length_buckets").type == list_of(pa.string())
+    assert not any(pa.types.is_map(f.type) for f in schema)
     assert schema.field("config").type == pa.string()
     assert schema.field("created_at").type == pa.timestamp("us", tz="UTC")
 
@@ -160,23 +180,29 @@ def test_schemas_survive_a_parquet_file(tmp_path):
             {
                 "step": 3,
                 "rank": 0,
+                "kind": "train",
                 "group_index": 0,
+                "group_id": "3.0.0",
+                "group_size": 2,
+                "num_completions": 2,
                 "prompt": "2+2?",
                 "completions": ["4", "5"],
+                "completion_index": [0, 1],
                 "completion_ids": [[52], [53, 1]],
-                "rewards": {"accuracy": [1.0, 0.0]},
+                "reward_names": ["accuracy"],
+                "reward_values": [[1.0], [0.0]],
                 "completion_info": [
                     {"finish_reason": "stop", "token_count": 1},
                     {"finish_reason": "length", "truncated": True, "extra": json.dumps({"k": 1})},
                 ],
             }
         ],
-        schema=S.group_schema(["accuracy"]),
+        schema=S.group_schema(),
     )
     pq.write_table(group, tmp_path / "group.parquet")
     back = pq.read_table(tmp_path / "group.parquet")
     assert back.schema.equals(group.schema, check_metadata=False)
-    assert S.check_version(back.schema.metadata[S.METADATA_KEY], where="group.parquet") == "1.0"
+    assert S.check_version(back.schema.metadata[S.METADATA_KEY], where="group.parquet") == "2.0"
     assert back.column("completion_ids").to_pylist() == [[[52], [53, 1]]]
     step = pa.Table.from_pylist(
         [{"step": 3, "rank": 0, "kind": "train", "num_groups": 1, "num_samples": 2}],
@@ -196,14 +222,13 @@ def test_record_columns_use_the_group_table_names_and_value_types():
         moments=RewardMoments(0.5, 0.5),
     )
     batch = record.to_arrow()
-    group = S.group_schema(["accuracy"])
+    group = S.group_schema()
     for name in ("total_utils", "advantages", "q"):
         assert batch.schema.field(name).type.value_type == group.field(name).type.value_type
-    assert batch.schema.field("rewards").type.names == group.field("rewards").type.names
 
 
 # ---------------------------------------------------------------------------- versions
-@pytest.mark.parametrize("version", ["1.0", "1.7", b"1.0", "0.3"])
+@pytest.mark.parametrize("version", ["2.0", "2.7", b"2.0", "1.0", "0.3"])
 def test_check_version_accepts_our_major_and_older(version):
     expected = version.decode() if isinstance(version, bytes) else version
     assert S.check_version(version, where="a.parquet") == expected
@@ -212,10 +237,10 @@ def test_check_version_accepts_our_major_and_older(version):
 def test_check_version_refuses_a_newer_major_missing_and_malformed_versions():
     with pytest.raises(
         SchemaVersionError,
-        match=r"^part-0\.parquet: written with schema version 2\.0, newer than this "
-        r"maxent-arrow reads \(1\.0\); upgrade maxent-arrow$",
+        match=r"^part-0\.parquet: written with schema version 3\.0, newer than this "
+        r"maxent-arrow reads \(2\.0\); upgrade maxent-arrow$",
     ):
-        S.check_version("2.0", where="part-0.parquet")
+        S.check_version("3.0", where="part-0.parquet")
     with pytest.raises(SchemaVersionError, match="^x: no schema version in the metadata$"):
         S.check_version(None, where="x")
     with pytest.raises(SchemaVersionError, match="^x: malformed schema version 'one.0'$"):
@@ -224,30 +249,46 @@ def test_check_version_refuses_a_newer_major_missing_and_malformed_versions():
 
 
 # ---------------------------------------------------------------------------- unify_schemas
-def test_unify_merges_an_added_reward_function_and_new_columns(tmp_path):
-    old = pa.Table.from_pylist(
-        [{"step": 1, "rank": 0, "group_index": 0, "rewards": {"accuracy": [1.0]}}],
-        schema=S.group_schema(["accuracy"]),
-    )
-    new = pa.Table.from_pylist(
-        [{"step": 2, "rank": 0, "group_index": 0, "rewards": {"accuracy": [0.0], "format": [1.0]}}],
-        schema=S.group_schema(["accuracy", "format"]),
-    )
-    pq.write_table(old, tmp_path / "step-1.parquet")
-    pq.write_table(new, tmp_path / "step-2.parquet")
+def test_a_reward_added_mid_run_keeps_every_file_schema_and_plain_readers_see_it(tmp_path):
+    def rows(step, names, values):
+        return pa.Table.from_pylist(
+            [
+                {
+                    "step": step,
+                    "rank": 0,
+                    "kind": "train",
+                    "group_index": 0,
+                    "group_id": f"{step}.0.0",
+                    "group_size": 1,
+                    "num_completions": 1,
+                    "completions": ["x"],
+                    "reward_names": names,
+                    "reward_values": [values],
+                }
+            ],
+            schema=S.group_schema(),
+        )
+
+    pq.write_table(rows(1, ["accuracy"], [1.0]), tmp_path / "step-1.parquet")
+    pq.write_table(rows(2, ["accuracy", "format"], [0.0, 1.0]), tmp_path / "step-2.parquet")
     schemas = [pq.read_schema(tmp_path / f) for f in ("step-1.parquet", "step-2.parquet")]
+    assert schemas[0].equals(schemas[1], check_metadata=False)
     unified = S.unify_schemas(schemas)
-    assert unified.field("rewards").type.names == ["accuracy", "format"]
-    assert unified.metadata[S.METADATA_KEY] == b"1.0"
-    table = ds.dataset(tmp_path, format="parquet", schema=unified).to_table().sort_by("step")
-    assert table.column("rewards").to_pylist() == [
-        {"accuracy": [1.0], "format": None},
-        {"accuracy": [0.0], "format": [1.0]},
-    ]
+    assert unified.metadata[S.METADATA_KEY] == b"2.0"
+    # A plain pyarrow dataset (first file's schema) keeps the second reward.
+    table = ds.dataset(tmp_path, format="parquet").to_table().sort_by("step")
+    assert table.column("reward_names").to_pylist() == [["accuracy"], ["accuracy", "format"]]
+    assert table.column("reward_values").to_pylist() == [[[1.0]], [[0.0, 1.0]]]
     plus = S.unify_schemas([S.group_schema(), pa.schema([("weights_v2", pa.float64())])])
     assert plus.names[-1] == "weights_v2"
     missing = S.unify_schemas([S.group_schema(), pa.schema([("q", pa.null())])])
     assert missing.field("q").type == list_of(pa.float64())
+
+
+def test_unify_still_merges_struct_fields_of_other_writers():
+    a = pa.schema([("extra", pa.struct([("a", pa.float64())]))])
+    b = pa.schema([("extra", pa.struct([("a", pa.float64()), ("b", pa.string())]))])
+    assert S.unify_schemas([a, b]).field("extra").type.names == ["a", "b"]
 
 
 def test_unify_accepts_lossless_spellings_of_the_same_type():
@@ -269,9 +310,9 @@ def test_unify_accepts_lossless_spellings_of_the_same_type():
             "list<item: float>",
         ),
         (
-            pa.schema([("rewards", pa.struct([("accuracy", pa.list_(pa.int64()))]))]),
-            "store: column 'rewards' changed type from struct<accuracy: list<item: double not "
-            "null>> to struct<accuracy: list<item: int64>>",
+            pa.schema([("reward_values", pa.list_(pa.list_(pa.int64())))]),
+            "store: column 'reward_values' changed type from list<item: list<item: double not "
+            "null> not null> to list<item: list<item: int64>>",
         ),
         (
             pa.schema([("seed_semantic_entropy", pa.string())]),
@@ -281,7 +322,7 @@ def test_unify_accepts_lossless_spellings_of_the_same_type():
 )
 def test_unify_refuses_a_type_change_by_column(changed, message):
     with pytest.raises(SchemaError, match="^" + re.escape(message) + "$"):
-        S.unify_schemas([S.group_schema(["accuracy"]), changed])
+        S.unify_schemas([S.group_schema(), changed])
 
 
 def test_unify_refuses_a_changed_primitive_and_no_input():

@@ -46,8 +46,8 @@ def test_identity_and_counts(batch, parts):
     assert "step=12" in repr(batch)
 
 
-def test_layout_is_the_v1_schema(batch):
-    expected = group_schema(["accuracy", "format"])
+def test_layout_is_the_current_schema(batch):
+    expected = group_schema()
     for f in batch.groups.schema:
         assert f.type == expected.field(f.name).type, f.name
     steps = step_schema()
