@@ -51,6 +51,7 @@ _lazy_names, __getattr__, __dir__ = lazy.exports(
             "LayoutError",
             "MaxentArrowError",
             "MissingExtraError",
+            "QueryError",
             "SchemaError",
             "SchemaVersionError",
             "StoreError",

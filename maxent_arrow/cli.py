@@ -7,6 +7,7 @@ Subcommands::
     maxent-arrow query RUN "SQL" [--json|--csv] DuckDB SQL over views groups, samples, steps
     maxent-arrow report RUN --out DIR           PNG plots, index.html, summary.md
     maxent-arrow verify RUN [--json]            check every file (sizes, checksums, rows)
+    maxent-arrow repair RUN [--json]            move crash leftovers into RUN/quarantine/
     maxent-arrow compact RUN [--max-steps N]    merge per-append files atomically
     maxent-arrow export RUN --to ipc|hf DIR     Arrow IPC files or a HF datasets dataset
 
@@ -15,7 +16,8 @@ Exit codes (scripts can rely on them):
 * 0: success;
 * 1: a problem with the data: ``verify`` found damage, a store or file that cannot be read, a
   schema conflict, a query that DuckDB refused;
-* 2: usage error (unknown command or option, bad argument);
+* 2: usage error (unknown command or option, bad argument, a query that is empty, several
+  statements, or not a read);
 * 3: an optional dependency is missing (the message names the ``pip install`` to run);
 * 4: an unexpected internal error (a bug; the message says so);
 * 130: interrupted (Ctrl-C).
@@ -30,16 +32,16 @@ import argparse
 import contextlib
 import io
 import json
+import math
 import os
 import sys
 import threading
 import traceback
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 from maxent_arrow import analytics, demo, store
-from maxent_arrow.errors import MaxentArrowError, MissingExtraError, StoreError
+from maxent_arrow.errors import MaxentArrowError, MissingExtraError, QueryError
 
 __all__ = [
     "EXIT_DATA",
@@ -98,19 +100,16 @@ def _print_json(value: Any) -> None:
     sys.stdout.write(json.dumps(value, indent=2, default=str) + "\n")
 
 
-def _store(root: str) -> Any:
+def _store(args: argparse.Namespace) -> Any:
     """An existing rollout store (never creates one: these commands only read or tidy)."""
-    path = Path(root)
-    if not (path / "manifest.json").is_file():
-        raise StoreError(f"{path}: not a rollout store (no manifest.json)")
-    return store.RolloutStore(path)
+    return store.RolloutStore(args.run, on_error=args.on_error)
 
 
 # ---------------------------------------------------------------------- commands
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    with analytics.RunAnalytics(args.run, progress=_progress(args)) as run:
+    with analytics.RunAnalytics(_store(args), on_error=args.on_error) as run:
         info = run.describe()
     if args.json:
         _print_json(info)
@@ -192,8 +191,10 @@ def _cmd_report(args: argparse.Namespace) -> int:
         raise _UsageError(f"--bins must be >= 1, got {args.bins}")
     if any(k < 1 for k in args.k):
         raise _UsageError(f"--k values must be >= 1, got {args.k}")
+    if not math.isfinite(args.threshold):
+        raise _UsageError(f"--threshold must be a finite number, got {args.threshold}")
     report = analytics.build_report(
-        args.run,
+        _store(args),
         args.out,
         threshold=args.threshold,
         k=tuple(args.k),
@@ -220,7 +221,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 def _cmd_verify(args: argparse.Namespace) -> int:
     with _busy("verifying", _progress(args)):
-        report = _store(args.run).verify()
+        report = _store(args).verify()
     if args.json:
         _print_json(
             {
@@ -239,7 +240,7 @@ def _cmd_compact(args: argparse.Namespace) -> int:
     if args.max_steps is not None and args.max_steps < 2:
         raise _UsageError(f"--max-steps must be >= 2, got {args.max_steps}")
     with _busy("compacting", _progress(args)):
-        made = _store(args.run).compact(kind=args.kind, max_steps=args.max_steps)
+        made = _store(args).compact(kind=args.kind, max_steps=args.max_steps)
     if args.json:
         _print_json({"compacted": [str(p) for p in made]})
     else:
@@ -247,9 +248,23 @@ def _cmd_compact(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_repair(args: argparse.Namespace) -> int:
+    report = _store(args).repair()
+    if args.json:
+        _print_json(
+            {
+                "moved": [{"path": str(p.path), "why": p.problem} for p in report.moved],
+                "kept": [{"path": str(p.path), "why": p.problem} for p in report.kept],
+            }
+        )
+    else:
+        sys.stdout.write(str(report) + "\n")
+    return EXIT_OK
+
+
 def _cmd_export(args: argparse.Namespace) -> int:
     fn = analytics.export_ipc if args.to == "ipc" else analytics.export_hf
-    made = fn(args.run, args.dir, progress=_progress(args))
+    made = fn(_store(args), args.dir, progress=_progress(args))
     if args.json:
         _print_json({"format": args.to, "written": [str(p) for p in made]})
     else:
@@ -272,7 +287,13 @@ def _parser() -> argparse.ArgumentParser:
     def command(name: str, help_text: str, *, run: bool = True) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text)
         if run:
-            p.add_argument("run", metavar="RUN", help="the store directory")
+            p.add_argument("run", metavar="RUN", help="the store (a directory or a URI)")
+            p.add_argument(
+                "--on-error",
+                choices=["raise", "skip"],
+                default="raise",
+                help="a damaged or missing file: fail (default) or skip it with a warning",
+            )
         p.add_argument(
             "--progress",
             action=argparse.BooleanOptionalAction,
@@ -315,6 +336,14 @@ def _parser() -> argparse.ArgumentParser:
     p = command("verify", "Check every file of a store; exit 1 if any is damaged.")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_cmd_verify)
+
+    p = command(
+        "repair",
+        "Move leftovers of crashed writes (temp files, uncommitted or replaced files) into "
+        "RUN/quarantine/; prints what it moved. Nothing is deleted.",
+    )
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=_cmd_repair)
 
     p = command("compact", "Merge the per-append files of a store (atomic).")
     p.add_argument("--kind", default=None, help="only this kind (train/eval)")
@@ -373,7 +402,7 @@ def _run(argv: list[str]) -> int:
         return int(exc.code or 0) if isinstance(exc.code, int | None) else EXIT_USAGE
     try:
         return args.func(args)
-    except _UsageError as exc:
+    except (_UsageError, QueryError) as exc:
         _error(args.command, str(exc))
         return EXIT_USAGE
     except MissingExtraError as exc:

@@ -18,6 +18,7 @@ __all__ = [
     "ComputeError",
     "StoreError",
     "SchemaVersionError",
+    "QueryError",
     "MissingExtraError",
 ]
 
@@ -47,6 +48,11 @@ class StoreError(MaxentArrowError, OSError):
 
 class SchemaVersionError(StoreError):
     """Data written by a newer, incompatible schema major version."""
+
+
+class QueryError(MaxentArrowError, ValueError):
+    """A SQL query the store refuses to run: empty, several statements, or a statement that is
+    not a read (``COPY``, ``ATTACH``, ``INSTALL``, ``SET`` ...). Queries only read."""
 
 
 class MissingExtraError(MaxentArrowError, ImportError):

@@ -12,6 +12,7 @@ __all__, __getattr__, __dir__ = lazy.exports(
         ".run": ["RunAnalytics", "open_run", "DEFAULT_QUANTILES"],
         ".report": ["Report", "build_report"],
         ".export": ["export_hf", "export_ipc"],
-        ".views": ["committed_files"],
+        ".relations": ["RunRelations"],
+        ".queries": ["ReadyMadeQueries"],
     },
 )

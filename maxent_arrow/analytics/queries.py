@@ -1,50 +1,37 @@
-"""The ready-made queries of :class:`maxent_arrow.analytics.RunAnalytics`.
+"""The ready-made queries of a run: reward curves, success and pass@k, zero-variance groups,
+length statistics, entropies, KL by length bucket, histograms and extreme completions.
 
-Each returns a ``pyarrow.Table`` computed by DuckDB from the flat per-completion relation
-(:meth:`RunAnalytics.flat`: one ``UNNEST`` per needed scalar list column, or the materialized
-``sample_scalars`` table), from the ``groups`` view (best and worst completions, which need
-text) or from the ``steps`` table (KL buckets, eval rows). None of them reads a token column.
-What each metric means: ``reference/semantics.md`` §2 (and §2.14 for the KL buckets, §3.6 for
-weights and their entropy).
+:class:`ReadyMadeQueries` runs them on a :class:`~maxent_arrow.analytics.relations.RunRelations`
+(its only dependency); :class:`~maxent_arrow.analytics.RunAnalytics` is one. Each reads only the
+list columns it needs and never a token column.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from maxent_arrow.analytics.views import quote, sql_string
-from maxent_arrow.arrow import schema as _schema
+from maxent_arrow.analytics.relations import GROUP_KEY, RunRelations
+from maxent_arrow.arrow import schema as S
 from maxent_arrow.errors import LayoutError, SchemaError
-
-if TYPE_CHECKING:
-    from maxent_arrow.analytics.run import RunAnalytics
+from maxent_arrow.store.sql import quote, sql_string
 
 __all__ = ["DEFAULT_QUANTILES", "ReadyMadeQueries"]
 
 DEFAULT_QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
-# Config keys that hold the completion-length cap (semantics §4.2 and the recipes' spelling).
-_MAX_LEN_KEYS = ("max_completion_len", "max_completion_length")
-_GROUP_KEY = "step, rank, kind, group_index"
+# The RunConfig field that holds the completion-length cap.
+_MAX_LEN_KEY = "max_completion_len"
 
 
 class ReadyMadeQueries:
-    """Mixed into :class:`RunAnalytics`; uses its ``sql``, ``flat``, ``_alias``, ``_where``,
-    ``_flat``, ``_group_columns``, ``reward_names`` and ``step_schema``."""
+    """The ready-made queries over :attr:`rel`, a run's per-completion relations."""
 
-    if TYPE_CHECKING:
-        sql = RunAnalytics.sql
-        flat = RunAnalytics.flat
-        _alias = RunAnalytics._alias
-        _where = RunAnalytics._where
-        _flat: dict[str, str]
-        _group_columns: set[str]
-        reward_names: list[str]
-        step_schema: pa.Schema
+    rel: RunRelations
 
     @staticmethod
     def _qname(q: float) -> str:
@@ -67,17 +54,19 @@ class ReadyMadeQueries:
         qs = [float(q) for q in quantiles]
         if any(not 0.0 <= q <= 1.0 for q in qs):
             raise LayoutError(f"quantiles: expected values in [0, 1], got {qs}")
-        sources = [("total_utils", "total_util")] if "total_util" in self._flat else []
-        sources += [(n, f"reward_{n}") for n in self.reward_names]
+        sources = [("total_utils", "total_util")] if "total_util" in self.rel.flat_exprs else []
+        sources += [(n, f"reward_{n}") for n in self.rel.reward_names]
         if not sources:
-            raise SchemaError("reward_curve: the store has neither 'total_utils' nor 'rewards'")
-        flat = self.flat([a for _, a in sources], kind=kind)
+            raise SchemaError("reward_curve: the store has neither 'total_utils' nor raw rewards")
+        flat = self.rel.flat([a for _, a in sources], kind=kind)
         # In memory, a source with few distinct values (0/1 correctness rewards, and U itself
         # when it is a weighted sum of those) is summarised from a (step, value) histogram:
         # one cheap GROUP BY instead of DuckDB's per-value quantile state (measured 7x faster
         # for 1M binary values). Exact either way; Parquet scans stay one query (one scan).
         discrete = (
-            self._discrete_sources([a for _, a in sources], flat) if self.materialized else set()
+            self._discrete_sources([a for _, a in sources], flat)
+            if self.rel.materialized
+            else set()
         )
         parts = []
         continuous = [(i, a) for i, (_, a) in enumerate(sources) if a not in discrete]
@@ -90,7 +79,7 @@ class ReadyMadeQueries:
                     f"min({x}) AS min{i}, max({x}) AS max{i}"
                     + (f", quantile_cont({x}, {qs}) AS q{i}" if qs else "")
                 )
-            wide = self.sql(
+            wide = self.rel.sql(
                 f"SELECT step, {', '.join(aggs)} FROM {flat} GROUP BY step ORDER BY step"
             )
             for i, _ in continuous:
@@ -108,7 +97,7 @@ class ReadyMadeQueries:
         for i, (_, alias) in enumerate(sources):
             if alias in discrete:
                 x = quote(alias)
-                hist = self.sql(
+                hist = self.rel.sql(
                     f"SELECT step, {x} AS x, count(*) AS c FROM {flat} WHERE {x} IS NOT NULL "
                     "GROUP BY ALL ORDER BY step, x"
                 )
@@ -125,7 +114,7 @@ class ReadyMadeQueries:
         """Aliases with at most ``limit`` distinct values in a 65536-row sample (a guess that
         only picks the faster exact method, never changes a result)."""
         counts = ", ".join(f"count(DISTINCT {quote(a)}) AS {quote(a)}" for a in aliases)
-        row = self.sql(f"SELECT {counts} FROM (SELECT * FROM {flat} LIMIT 65536)").to_pylist()
+        row = self.rel.sql(f"SELECT {counts} FROM (SELECT * FROM {flat} LIMIT 65536)").to_pylist()
         return {a for a, v in row[0].items() if v <= limit} if row else set()
 
     def success_rate(
@@ -147,7 +136,9 @@ class ReadyMadeQueries:
         ks = [int(x) for x in k]
         if any(x < 1 for x in ks):
             raise LayoutError(f"k: expected integers >= 1, got {ks}")
-        alias = self._alias(reward, what="success_rate")
+        if not math.isfinite(float(threshold)):
+            raise LayoutError(f"threshold: expected a finite number, got {threshold!r}")
+        alias = self.rel.alias(reward, what="success_rate")
         v = quote(alias)
         passes = []
         for x in ks:
@@ -162,9 +153,9 @@ class ReadyMadeQueries:
             )
         per_group = (
             f"SELECT step, count({v}) AS n, count(*) FILTER (WHERE {v} > {float(threshold)!r}) "
-            f"AS c FROM {self.flat([alias], kind=kind)} GROUP BY {_GROUP_KEY}"
+            f"AS c FROM {self.rel.flat([alias], kind=kind)} GROUP BY {GROUP_KEY}"
         )
-        return self.sql(
+        return self.rel.sql(
             f"SELECT step, count(*) AS num_groups, sum(n)::BIGINT AS num_samples, "
             f"sum(c) / sum(n) AS success_rate, avg((c > 0)::DOUBLE) AS group_success_rate, "
             f"{', '.join(passes)} FROM ({per_group}) WHERE n > 0 GROUP BY step ORDER BY step"
@@ -179,27 +170,27 @@ class ReadyMadeQueries:
         ``frac_reward_zero_std``). Columns: ``step, num_groups, zero_variance_groups,
         frac_zero_variance``. A group of one completion counts as zero-variance.
         """
-        alias = self._alias(reward, what="zero_variance_groups")
+        if not math.isfinite(float(atol)) or float(atol) < 0:
+            raise LayoutError(f"atol: expected a finite number >= 0, got {atol!r}")
+        alias = self.rel.alias(reward, what="zero_variance_groups")
         v = quote(alias)
-        return self.sql(
+        return self.rel.sql(
             f"SELECT step, count(*) AS num_groups, "
             f"count(*) FILTER (WHERE spread <= {float(atol)!r}) AS zero_variance_groups, "
             f"zero_variance_groups / count(*) AS frac_zero_variance FROM ("
-            f"SELECT step, max({v}) - min({v}) AS spread FROM {self.flat([alias], kind=kind)} "
-            f"WHERE {v} IS NOT NULL GROUP BY {_GROUP_KEY}) GROUP BY step ORDER BY step"
+            f"SELECT step, max({v}) - min({v}) AS spread FROM {self.rel.flat([alias], kind=kind)} "
+            f"WHERE {v} IS NOT NULL GROUP BY {GROUP_KEY}) GROUP BY step ORDER BY step"
         )
 
     def _max_len_by_step(self, kind: str | None) -> str | None:
         """The length cap from the step rows' config: one number (as text) when every step has
         the same, else SQL of (step, kind, max_len); None when no step row has one."""
-        if "config" not in self.step_schema.names:
-            return None
-        keys = ", ".join(f"json_extract(config, '$.{k}')::BIGINT" for k in _MAX_LEN_KEYS)
+        cap = f"json_extract(config, '$.{_MAX_LEN_KEY}')::BIGINT"
         sql = (
-            f"SELECT step, kind, max(coalesce({keys})) AS max_len FROM steps "
-            f"{self._where(kind=kind)} GROUP BY step, kind"
+            f"SELECT step, kind, max({cap}) AS max_len FROM steps "
+            f"{self.rel.where(kind=kind)} GROUP BY step, kind"
         )
-        caps = self.sql(f"SELECT DISTINCT max_len FROM ({sql})").column("max_len").to_pylist()
+        caps = self.rel.sql(f"SELECT DISTINCT max_len FROM ({sql})").column("max_len").to_pylist()
         if caps == [None] or not caps:
             return None
         # One cap for the whole run (the usual case): a constant, no join.
@@ -210,7 +201,7 @@ class ReadyMadeQueries:
     ) -> pa.Table:
         """Completion length statistics per step (``LengthStats`` over all ranks of a step).
 
-        Lengths are T_i = ``ref_tok_counts`` (semantics §2.13), or the generator's
+        Lengths are T_i = ``ref_tok_counts`` (``docs/formulas.md`` §2.13), or the generator's
         ``completion_info.token_count`` when the run stored no reference counts. A completion
         is *clipped* when T_i >= the cap: the argument, else the step's config
         (``max_completion_len``), else the generator's ``truncated`` flag. Columns: ``step,
@@ -218,33 +209,34 @@ class ReadyMadeQueries:
         min_terminated, mean_terminated, max_terminated`` (terminated = not clipped; null when
         every completion was clipped).
         """
-        if "length" not in self._flat:
+        if "length" not in self.rel.flat_exprs:
             raise SchemaError("length_stats: the store has no 'ref_tok_counts' nor token counts")
         if max_completion_len is not None:
             cap = int(max_completion_len)
-            inner = f"SELECT step, length AS t, length >= {cap} AS clipped FROM " + self.flat(
+            inner = f"SELECT step, length AS t, length >= {cap} AS clipped FROM " + self.rel.flat(
                 ["length"], kind=kind
             )
         elif (by_step := self._max_len_by_step(kind)) is not None and by_step.isdigit():
-            inner = f"SELECT step, length AS t, length >= {by_step} AS clipped FROM " + self.flat(
-                ["length"], kind=kind
+            inner = (
+                f"SELECT step, length AS t, length >= {by_step} AS clipped FROM "
+                + self.rel.flat(["length"], kind=kind)
             )
         elif by_step is not None:
             inner = (
                 f"SELECT g.step, g.length AS t, g.length >= m.max_len AS clipped FROM "
-                f"{self.flat(['length'], kind=kind)} g "
+                f"{self.rel.flat(['length'], kind=kind)} g "
                 f"LEFT JOIN ({by_step}) m ON g.step = m.step AND g.kind = m.kind"
             )
         else:
-            if "truncated" not in self._flat:
+            if "truncated" not in self.rel.flat_exprs:
                 raise SchemaError("length_stats: no length cap and no 'completion_info' flags")
-            inner = "SELECT step, length AS t, truncated AS clipped FROM " + self.flat(
+            inner = "SELECT step, length AS t, truncated AS clipped FROM " + self.rel.flat(
                 ["length", "truncated"], kind=kind
             )
         # Lengths are small integers: one GROUP BY (step, length, clipped) gives a histogram of
         # at most steps x max_len rows, and every statistic (quantiles included, exactly) comes
         # from it in numpy; much cheaper than DuckDB's per-value quantile state.
-        hist = self.sql(
+        hist = self.rel.sql(
             f"SELECT step, t::BIGINT AS t, clipped, count(*) AS c FROM ({inner}) "
             "WHERE t IS NOT NULL GROUP BY ALL ORDER BY step, t"
         )
@@ -255,12 +247,14 @@ class ReadyMadeQueries:
 
         Per group g: H(q_g) = -Σ q ln q and H(w_g) = -Σ w ln w (natural log; zero entries
         contribute 0). Per step: mean, population std, min and max over groups
-        (``q_entropy_*``, ``weight_entropy_*``; semantics §2.5, §3.6). A group whose weights
-        have a negative entry (GRPO mode stores advantages as weights) is not a distribution
-        and gets no weight entropy; nor does a group without stored weights.
+        (``q_entropy_*``, ``weight_entropy_*``; ``docs/formulas.md`` §3.4, §3.6). A group
+        whose weights have a negative entry (GRPO mode stores advantages as weights) is not a
+        distribution and gets no weight entropy; nor does a group without stored weights.
         """
         parts = [
-            (a, p) for a, p in (("q", "q_entropy"), ("weight", "weight_entropy")) if a in self._flat
+            (a, p)
+            for a, p in (("q", "q_entropy"), ("weight", "weight_entropy"))
+            if a in self.rel.flat_exprs
         ]
         if not parts:
             raise SchemaError("entropy_curve: the store has neither 'q' nor 'weights'")
@@ -274,9 +268,9 @@ class ReadyMadeQueries:
             f"max({p}) AS {p}_max"
             for _, p in parts
         )
-        return self.sql(
+        return self.rel.sql(
             f"SELECT step, count(*) AS num_groups, {aggs} FROM (SELECT step, {per_group} FROM "
-            f"{self.flat([a for a, _ in parts], kind=kind)} GROUP BY {_GROUP_KEY}) "
+            f"{self.rel.flat([a for a, _ in parts], kind=kind)} GROUP BY {GROUP_KEY}) "
             f"GROUP BY step ORDER BY step"
         )
 
@@ -284,24 +278,24 @@ class ReadyMadeQueries:
         """Per-token KL per completion-length bucket, per step (``BatchDiagnostics``).
 
         From the step rows' ``kl_per_token_by_len_bucket`` and ``kl_token_count_by_len_bucket``
-        maps (semantics §2.14). Ranks of one step are combined token-weighted,
-        Σ_r kl_r·t_r / Σ_r t_r (a plain mean when no counts were stored). Columns: ``step,
-        bucket, bucket_order, kl_per_token, tokens``; buckets in ``KL_LENGTH_BUCKETS`` order.
+        (lists parallel to ``kl_length_buckets``; ``docs/formulas.md`` §3.10). Ranks of one
+        step are combined token-weighted, Σ_r kl_r·t_r / Σ_r t_r (a plain mean when no counts
+        were stored). Columns: ``step, bucket, bucket_order, kl_per_token, tokens``; buckets in
+        ``KL_LENGTH_BUCKETS`` order.
         """
-        labels = list(_schema.KL_LENGTH_BUCKETS)
+        labels = list(S.KL_LENGTH_BUCKETS)
         order = (
-            "CASE e.key "
+            "CASE bucket "
             + " ".join(f"WHEN {sql_string(b)} THEN {i}" for i, b in enumerate(labels))
             + f" ELSE {len(labels)} END"
         )
-        return self.sql(
-            f"SELECT step, e.key AS bucket, min({order}) AS bucket_order, "
-            "CASE WHEN sum(c) > 0 THEN sum(e.value * c) / sum(c) ELSE avg(e.value) END "
-            "AS kl_per_token, sum(c) AS tokens FROM (SELECT step, "
-            "unnest(map_entries(kl_per_token_by_len_bucket)) AS e, kl_token_count_by_len_bucket "
-            f"AS counts FROM steps {self._where(kind=kind)}) s, "
-            "LATERAL (SELECT map_extract_value(s.counts, e.key) AS c) "
-            "GROUP BY step, e.key ORDER BY step, bucket_order, bucket"
+        return self.rel.sql(
+            f"SELECT step, bucket, min({order}) AS bucket_order, "
+            "CASE WHEN sum(c) > 0 THEN sum(v * c) / sum(c) ELSE avg(v) END AS kl_per_token, "
+            "sum(c) AS tokens FROM (SELECT step, unnest(kl_length_buckets) AS bucket, "
+            "unnest(kl_per_token_by_len_bucket) AS v, unnest(kl_token_count_by_len_bucket) AS c "
+            f"FROM steps {self.rel.where(kind=kind)}) "
+            "GROUP BY step, bucket ORDER BY step, bucket_order, bucket"
         )
 
     def advantage_histogram(
@@ -321,18 +315,18 @@ class ReadyMadeQueries:
         if int(bins) < 1:
             raise LayoutError(f"bins: expected an integer >= 1, got {bins!r}")
         bins = int(bins)
-        alias = self._alias(column, what="advantage_histogram")
+        alias = self.rel.alias(column, what="advantage_histogram")
         values = (
-            f"SELECT {quote(alias)} AS x FROM {self.flat([alias], kind=kind, steps=steps)} "
+            f"SELECT {quote(alias)} AS x FROM {self.rel.flat([alias], kind=kind, steps=steps)} "
             f"WHERE isfinite({quote(alias)})"
         )
-        bounds = self.sql(f"SELECT min(x) AS lo, max(x) AS hi FROM ({values})")
+        bounds = self.rel.sql(f"SELECT min(x) AS lo, max(x) AS hi FROM ({values})")
         lo, hi = bounds.column("lo")[0].as_py(), bounds.column("hi")[0].as_py()
         if lo is None:
             lo, hi = 0.0, 1.0
         elif lo == hi:
             lo, hi = lo - 0.5, hi + 0.5
-        counts = self.sql(
+        counts = self.rel.sql(
             f"SELECT least(floor((x - {lo!r}) * ({bins} / ({hi!r} - {lo!r})))::BIGINT, "
             f"{bins - 1}) AS b, count(*) AS n FROM ({values}) GROUP BY b"
         )
@@ -360,7 +354,7 @@ class ReadyMadeQueries:
         n = int(n)
         if n < 1:
             raise LayoutError(f"n: expected an integer >= 1, got {n}")
-        cols = self._group_columns
+        cols = self.rel.group_columns
         extra = [
             (c, alias)
             for c, alias in (
@@ -374,13 +368,13 @@ class ReadyMadeQueries:
         unnested = ", ".join(f"unnest({quote(c)}) AS {a}" for c, a in extra)
         base = (
             f"SELECT step, rank, group_index, {prompt}, "
-            f"unnest(generate_series(0, len(completions) - 1)) AS sample_index, "
+            f"unnest(generate_series(0, num_completions - 1)) AS sample_index, "
             f"unnest(completions) AS completion, unnest({expr}) AS score"
             f"{', ' + unnested if unnested else ''} FROM groups "
-            f"{self._where(kind=kind, steps=int(step))}"
+            f"{self.rel.where(kind=kind, steps=int(step))}"
         )
         order = "rank, group_index, sample_index"
-        return self.sql(
+        return self.rel.sql(
             f"WITH s AS ({base}) "
             f"SELECT * FROM (SELECT 'best' AS which, row_number() OVER (ORDER BY score DESC, "
             f"{order}) AS position, * FROM s WHERE score IS NOT NULL) WHERE position <= {n} "
@@ -392,10 +386,10 @@ class ReadyMadeQueries:
 
     def eval_rows(self) -> pa.Table:
         """The step rows of evaluation passes (``kind = 'eval'``), by step and rank."""
-        return self.sql("SELECT * FROM steps WHERE kind = 'eval' ORDER BY step, rank")
+        return self.rel.sql("SELECT * FROM steps WHERE kind = 'eval' ORDER BY step, rank")
 
     def _list_expr(self, name: str, *, what: str) -> str:
-        return self._flat[self._alias(name, what=what)]
+        return self.rel.flat_exprs[self.rel.alias(name, what=what)]
 
 
 def _length_stats_from_histogram(hist: pa.Table) -> pa.Table:

@@ -62,6 +62,19 @@ def load_prompts(split: str = "train", *, limit: int | None = None) -> list[dict
     return rows[:limit] if limit is not None else rows
 
 
+def _count(minimum: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {value}")
+        return value
+
+    return parse
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="maxent-arrow demo",
@@ -69,12 +82,12 @@ def _parser() -> argparse.ArgumentParser:
         "offline and report.",
     )
     parser.add_argument("--out", type=Path, default=Path("runs/demo"), help="run directory")
-    parser.add_argument("--steps", type=int, default=48, help="training steps")
-    parser.add_argument("--prompts", type=int, default=8, help="prompt groups per step")
-    parser.add_argument("--k", type=int, default=8, help="completions per prompt")
-    parser.add_argument("--max-new-tokens", type=int, default=8, help="completion token cap")
-    parser.add_argument("--eval-every", type=int, default=12, help="evaluate every N steps")
-    parser.add_argument("--eval-prompts", type=int, default=64, help="held-out prompts")
+    parser.add_argument("--steps", type=_count(1), default=48, help="training steps")
+    parser.add_argument("--prompts", type=_count(1), default=8, help="prompt groups per step")
+    parser.add_argument("--k", type=_count(1), default=8, help="completions per prompt")
+    parser.add_argument("--max-new-tokens", type=_count(1), default=8, help="completion token cap")
+    parser.add_argument("--eval-every", type=_count(1), default=12, help="evaluate every N steps")
+    parser.add_argument("--eval-prompts", type=_count(0), default=64, help="held-out prompts")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-report", action="store_true", help="skip the plotted report")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")

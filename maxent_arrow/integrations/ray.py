@@ -30,7 +30,6 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -41,13 +40,12 @@ import torch
 
 from maxent_arrow import compute as C
 from maxent_arrow.arrow import Ragged, torch_to_arrow
+from maxent_arrow.arrow.lists import list_offsets
 from maxent_arrow.errors import ComputeError, MissingExtraError, SchemaError, StoreError
 from maxent_arrow.ingest.collate import GroupCollator
 from maxent_arrow.rollout import RolloutBatch, recompute, step_row_from_json, step_row_to_json
-from maxent_arrow.store.files import unit_name
-from maxent_arrow.store.objects import ObjectStore, open_store, read_group_object
-from maxent_arrow.store.read import conform
-from maxent_arrow.store.store import RolloutStore
+from maxent_arrow.rollout.layout import rewards_by_name
+from maxent_arrow.store import GroupFileRead, RolloutStore, conform, unit_name
 
 __all__ = [
     "UNIT_COLUMN",
@@ -73,49 +71,14 @@ def _ray() -> Any:
 
 
 # ---------------------------------------------------------------------------- reading
-@dataclass(frozen=True)
-class _FileRead:
-    """One group file to read and the row ranges (one per unit) to take from it."""
-
-    path: str
-    size: int | None
-    meta: dict
-    units: tuple[tuple[str, int, int], ...]  # (unit name, first row, rows)
-
-    @property
-    def num_rows(self) -> int:
-        return sum(count for _, _, count in self.units)
-
-
-def _store_files(store: RolloutStore | ObjectStore) -> tuple[pafs.FileSystem, str]:
-    if isinstance(store, ObjectStore):
-        return store.filesystem, store._groups_dir
-    return pafs.LocalFileSystem(), str(store._groups_dir)
-
-
-def _plan(store, *, steps, kind, ranks) -> list[_FileRead]:
-    _, groups_dir = _store_files(store)
-    by_file: dict[str, list] = {}
-    for unit in store._units(kind=kind, steps=steps, ranks=ranks, on_error=store.on_error):
-        by_file.setdefault(unit.step_file, []).append(unit)
-    reads = []
-    for step_file, units in by_file.items():
-        _, meta = store._step_table(step_file)
-        path = f"{groups_dir}/{meta['group_file']}"
-        reads.append(
-            _FileRead(
-                path,
-                meta.get("group_size"),
-                dict(meta),
-                tuple((u.name, u.start, u.num_groups) for u in units),
-            )
-        )
-    return reads
+def _open(
+    root: str | os.PathLike[str] | RolloutStore, filesystem: pafs.FileSystem | None = None
+) -> RolloutStore:
+    return root if isinstance(root, RolloutStore) else RolloutStore(root, filesystem=filesystem)
 
 
 def _read_blocks(
-    reads: list[_FileRead],
-    filesystem: pafs.FileSystem,
+    reads: list[GroupFileRead],
     schema: pa.Schema,
     crc: bool,
     with_unit: bool,
@@ -124,7 +87,7 @@ def _read_blocks(
 ) -> Iterator[pa.Table]:
     """Runs in a Ray worker: one Arrow block per unit, in the store's unified schema."""
     for read in reads:
-        table = read_group_object(filesystem, read.path, read.meta, schema.names, crc=crc)
+        table = read.read(schema.names, crc=crc)
         for name, start, count in read.units:
             part = table if (start, count) == (0, table.num_rows) else table.slice(start, count)
             part = conform(part, schema)
@@ -136,7 +99,7 @@ def _read_blocks(
             yield part
 
 
-def _datasource(reads, filesystem, schema, crc, with_unit, row_filter, keep):
+def _datasource(reads, schema, crc, with_unit, row_filter, keep):
     _ray()
     from ray.data.block import BlockMetadata
     from ray.data.datasource import Datasource, ReadTask
@@ -172,7 +135,7 @@ def _datasource(reads, filesystem, schema, crc, with_unit, row_filter, keep):
                 tasks.append(
                     ReadTask(
                         lambda chunk=chunk: _read_blocks(
-                            chunk, filesystem, schema, crc, with_unit, row_filter, keep
+                            chunk, schema, crc, with_unit, row_filter, keep
                         ),
                         meta,
                         schema=out_schema,
@@ -184,7 +147,7 @@ def _datasource(reads, filesystem, schema, crc, with_unit, row_filter, keep):
 
 
 def read_store(
-    root: str | os.PathLike[str] | RolloutStore | ObjectStore,
+    root: str | os.PathLike[str] | RolloutStore,
     *,
     steps: Iterable[int] | int | None = None,
     columns: list[str] | None = None,
@@ -225,7 +188,7 @@ def read_store(
     order (``DataContext.execution_options.preserve_order``).
     """
     ray = _ray()
-    store = open_store(root, filesystem=filesystem)
+    store = _open(root, filesystem)
     unified = store.schema("groups")
     if columns is not None:
         unknown = [c for c in columns if c not in unified.names]
@@ -242,39 +205,41 @@ def read_store(
         ]
         needed = list(dict.fromkeys(keep + flat))
     unified = pa.schema([unified.field(c) for c in needed], metadata=unified.metadata)
-    reads = _plan(store, steps=steps, kind=kind, ranks=ranks)
+    reads = store.file_reads(steps=steps, kind=kind, ranks=ranks)
     if not reads:
         empty = unified.empty_table().select(keep)
         if include_unit:
             empty = empty.append_column(UNIT_COLUMN, pa.array([], pa.string()))
         return ray.data.from_arrow(empty)
-    fs, _ = _store_files(store)
-    source = _datasource(reads, fs, unified, bool(check_crc), bool(include_unit), filter, keep)
+    source = _datasource(reads, unified, bool(check_crc), bool(include_unit), filter, keep)
     return ray.data.read_datasource(source, override_num_blocks=override_num_blocks)
 
 
 # ---------------------------------------------------------------------------- group math
 def _utilities(table: pa.Table, reward_weights: Mapping[str, float]) -> Ragged:
-    """``total_utils`` recomputed from the ``rewards`` struct with new weights (§3.1)."""
-    if "rewards" not in table.column_names:
-        raise ComputeError("recompute_group_math: reward_weights given but no 'rewards' column")
-    rewards = table.column("rewards").combine_chunks()
-    names = [f.name for f in rewards.type]
+    """``total_utils`` recomputed from the raw rewards with new weights
+    (``docs/formulas.md`` §3.1)."""
+    if "reward_names" not in table.column_names:
+        raise ComputeError("recompute_group_math: reward_weights given but no raw rewards stored")
+    batch = table.combine_chunks().to_batches()[0]
+    by_name = rewards_by_name(batch)
+    offsets = torch.from_numpy(list_offsets(batch.column("reward_values")))
     per_reward = {}
     for name in reward_weights:
-        if name not in names:
+        if name not in by_name:
             raise ComputeError(
                 f"recompute_group_math: reward_weights: no reward {name!r} in the rows "
-                f"(they have {names})"
+                f"(they have {list(by_name)})"
             )
-        field = rewards.field(names.index(name))
-        if field.null_count:
-            row = int(np.flatnonzero(~field.is_valid().to_numpy(zero_copy_only=False))[0])
+        values = by_name[name]
+        if np.isnan(values).any():
+            sample = int(np.flatnonzero(np.isnan(values))[0])
+            group = int(np.searchsorted(offsets.numpy(), sample, side="right") - 1)
             raise ComputeError(
-                f"recompute_group_math: rewards.{name}: null at group {row} (a reward added "
-                "after this step was written); leave it out of reward_weights"
+                f"recompute_group_math: rewards {name!r}: missing at group {group} (a reward "
+                "added after this step was written); leave it out of reward_weights"
             )
-        per_reward[name] = Ragged.from_arrow(field)
+        per_reward[name] = Ragged(torch.from_numpy(values), offsets)
     return C.total_utils(per_reward, dict(reward_weights))
 
 
@@ -332,7 +297,7 @@ def recompute_group_math(
     return out
 
 
-def _unit_configs(store: RolloutStore | ObjectStore) -> dict[str, str]:
+def _unit_configs(store: RolloutStore) -> dict[str, str]:
     """The config snapshot of every committed unit, keyed by the unit's file name."""
     steps = store.read_steps(columns=["step", "rank", "kind", "config"]).to_pydict()
     return {
@@ -380,7 +345,7 @@ def _recompute_by_unit(
 def recompute_dataset(
     dataset: Any,
     *,
-    source: str | os.PathLike[str] | RolloutStore | ObjectStore | None = None,
+    source: str | os.PathLike[str] | RolloutStore | None = None,
     config: Mapping[str, Any] | None = None,
     reward_weights: Mapping[str, float] | None = None,
     batch_size: int | None = 1024,
@@ -404,7 +369,7 @@ def recompute_dataset(
             batch_format="pyarrow",
             batch_size=batch_size,
             fn_kwargs={
-                "configs": _unit_configs(open_store(source)),
+                "configs": _unit_configs(_open(source)),
                 "reward_weights": reward_weights,
                 "overrides": overrides,
             },
@@ -442,7 +407,7 @@ def _write_unit(
         step_row = step_row.set_column(
             index, "config", pa.array([json.dumps(merged, sort_keys=True)])
         )
-    store = open_store(target, filesystem=filesystem)
+    store = _open(target, filesystem)
     path = store.append(RolloutBatch(rows, step_row))
     return pa.table({"unit": [name], "groups": [rows.num_rows], "path": [str(path)]})
 
@@ -451,11 +416,11 @@ def write_store(
     dataset: Any,
     root: str | os.PathLike[str],
     *,
-    source: str | os.PathLike[str] | RolloutStore | ObjectStore,
+    source: str | os.PathLike[str] | RolloutStore,
     filesystem: pafs.FileSystem | None = None,
     source_filesystem: pafs.FileSystem | None = None,
     config: Mapping[str, Any] | None = None,
-) -> RolloutStore | ObjectStore:
+) -> RolloutStore:
     """Commit a dataset of group rows (read with ``include_unit=True``) to a new store at
     ``root``: one append per unit, with the unit's step row from ``source`` (its ``config``
     updated with ``config`` when given), written by Ray tasks in parallel. Returns the new
@@ -467,7 +432,7 @@ def write_store(
             f"write_store: the dataset has no {UNIT_COLUMN!r} column; read it "
             "with read_store(..., include_unit=True)"
         )
-    src = open_store(source, filesystem=source_filesystem)
+    src = _open(source, source_filesystem)
     steps = src.read_steps()
     keys = steps.select(["step", "rank", "kind"]).to_pydict()
     step_rows = {
@@ -475,8 +440,8 @@ def write_store(
         for i, (step, rank, kind) in enumerate(zip(keys["step"], keys["rank"], keys["kind"]))
     }
     base = {**src.config, **dict(config or {})}
-    created = open_store(root, filesystem=filesystem, config=base)
-    target = created.uri if isinstance(created, ObjectStore) else str(created.root)
+    created = RolloutStore.create(root, filesystem=filesystem, config=base)
+    target = created.uri
     # Few partitions: a unit is small, and Ray's default (200) costs seconds of empty tasks.
     partitions = max(1, min(len(step_rows), int(ray.cluster_resources().get("CPU", 1)) * 2))
     written = dataset.groupby(UNIT_COLUMN, num_partitions=partitions).map_groups(
@@ -492,23 +457,23 @@ def write_store(
     done = pa.concat_tables(ray.get(written.to_arrow_refs())) if step_rows else None
     if done is not None and done.num_rows != len(set(done.column("unit").to_pylist())):
         raise StoreError("write_store: a unit was written more than once")
-    return open_store(root, filesystem=filesystem)
+    return RolloutStore(root, filesystem=filesystem)
 
 
 def recompute_store(
-    source: str | os.PathLike[str] | RolloutStore | ObjectStore,
+    source: str | os.PathLike[str] | RolloutStore,
     target: str | os.PathLike[str],
     *,
     filesystem: pafs.FileSystem | None = None,
     target_filesystem: pafs.FileSystem | None = None,
     reward_weights: Mapping[str, float] | None = None,
     **overrides: Any,
-) -> RolloutStore | ObjectStore:
+) -> RolloutStore:
     """Recompute advantages, q and weights of a whole run on the cluster and commit them as a
     new store: :func:`read_store` -> :func:`recompute_dataset` (each step with its own config
     snapshot) -> :func:`write_store`. ``overrides`` (e.g. ``tau=0.3``) also go into the new
     store's manifest and step-row configs."""
-    src = open_store(source, filesystem=filesystem)
+    src = _open(source, filesystem)
     dataset = recompute_dataset(
         read_store(src, include_unit=True),
         source=src,

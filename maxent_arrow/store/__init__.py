@@ -1,5 +1,6 @@
 """The rollout store: a directory (local, or on any ``pyarrow.fs`` file system) of plain
-Parquet files, one pair per append, with atomic commits, checksums, replay and SQL.
+Parquet files, one pair per append, with atomic commits, checksums on every read path,
+replay, sandboxed SQL and maintenance.
 
 Names load on first use; importing this package imports no torch.
 """
@@ -9,11 +10,14 @@ from maxent_arrow import lazy
 __all__, __getattr__, __dir__ = lazy.exports(
     __name__,
     {
-        ".store": ["RolloutStore", "FORMAT_NAME"],
-        ".admin": ["StoreProblem", "VerifyReport"],
+        ".store": ["RolloutStore"],
+        ".admin": ["RepairReport", "StoreProblem", "VerifyReport"],
+        ".backend": ["open_backend"],
+        ".catalog": ["Unit"],
         ".dataset": ["ReplayDataset", "process_shard"],
-        ".objects": ["ObjectStore", "open_store", "resolve_filesystem", "read_group_object"],
-        ".read": ["conform"],
-        ".files": ["unit_name"],
+        ".layout": ["FORMAT_NAME", "unit_name"],
+        ".reader": ["GroupFileRead", "conform"],
+        ".replay": ["ReplayOptions"],
+        ".sql": ["SqlViews", "check_query", "samples_view_sql"],
     },
 )

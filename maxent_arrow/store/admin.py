@@ -1,41 +1,47 @@
-"""Maintenance of a rollout store: ``verify`` (find damaged files) and ``compact`` (merge the
-per-append files atomically)."""
+"""Maintenance of a store: ``verify`` (find damage), ``compact`` (merge files atomically) and
+``repair`` (move crash leftovers aside).
+
+``verify`` only reads. ``compact`` and ``repair`` are writers and take the store lock, so they
+exist on local stores only (``docs/commit-protocol.md``).
+"""
 
 from __future__ import annotations
 
 import contextlib
-import json
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
-import pyarrow.parquet as pq
 
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.errors import StoreError
-from maxent_arrow.store.files import (
-    COMPACT_RE,
-    TEMP_PREFIX,
-    UNIT_RE,
+from maxent_arrow.store.backend import Backend, crash_point, is_temp_name, writer_alive
+from maxent_arrow.store.catalog import Catalog, StepFile, Unit
+from maxent_arrow.store.checksums import check_chunks, check_seal
+from maxent_arrow.store.layout import (
+    CACHE,
+    GROUPS,
+    MANIFEST,
+    QUARANTINE,
+    STEPS,
     compact_name,
-    crc32_of,
-    fsync_dir,
-    store_lock,
-    write_atomic,
+    parse_name,
 )
+from maxent_arrow.store.manifest import read as read_manifest
+from maxent_arrow.store.parquet import group_file_settings, write_parquet
+from maxent_arrow.store.reader import conform, read_group_file
+from maxent_arrow.store.schemas import UnifiedSchemas
+from maxent_arrow.store.writer import group_file_meta, step_file_bytes
 
-if TYPE_CHECKING:
-    from maxent_arrow.store.store import RolloutStore
-
-__all__ = ["verify", "compact", "remove_replaced", "StoreProblem", "VerifyReport"]
+__all__ = ["RepairReport", "StoreProblem", "VerifyReport", "compact", "repair", "verify"]
 
 
 @dataclass(frozen=True)
 class StoreProblem:
-    path: Path
+    path: Any
     problem: str
 
     def __str__(self) -> str:
@@ -65,209 +71,300 @@ class VerifyReport:
         return "\n".join(lines)
 
 
-def verify(store: RolloutStore) -> VerifyReport:
+# ---------------------------------------------------------------------------- verify
+def verify(catalog: Catalog) -> VerifyReport:
+    """Check every file: the manifest; each step file (seal, name, rows); each committed
+    group file (size, CRC-32 of the whole file and of every chunk, rows); each cache copy.
+    Leftovers (temp files, uncommitted or replaced files) are notes, not problems."""
     report = VerifyReport()
-
-    def problem(path: Path, text: str) -> None:
-        report.problems.append(StoreProblem(path, text))
-
-    manifest = store.root / "manifest.json"
+    backend = catalog.backend
     try:
-        data = json.loads(manifest.read_text())
-        S.check_version(data.get("schema_version"), where=str(manifest))
-    except (OSError, ValueError, StoreError) as exc:
-        problem(manifest, f"unreadable manifest ({exc})")
-    step_names = [
-        n for n in store._names(store._steps_dir) if UNIT_RE.match(n) or COMPACT_RE.match(n)
-    ]
-    replaced = store._replaced(step_names)
+        read_manifest(backend)
+    except StoreError as exc:
+        report.problems.append(StoreProblem(backend.path(MANIFEST), str(exc)))
+    names = catalog.step_names()
+    replaced = catalog.hidden(names, "skip")
     committed: set[str] = set()
-    for name in step_names:
+    for name in names:
+        path = backend.path(f"{STEPS}/{name}")
         if name in replaced:
             report.notes.append(
-                StoreProblem(store._steps_dir / name, "replaced by compact; to delete")
+                StoreProblem(path, "replaced by a compaction; `repair` moves it aside")
             )
             continue
-        path = store._steps_dir / name
         report.checked += 1
         try:
-            table, meta = store._step_table(name)
+            step = catalog.step_file(name)
         except StoreError as exc:
-            problem(path, str(exc).removeprefix(f"{path}: "))
+            report.problems.append(StoreProblem(path, str(exc).removeprefix(f"{path}: ")))
             continue
-        committed.add(meta["group_file"])
-        match = UNIT_RE.match(name)
-        rows = table.select(["step", "rank", "kind", "num_groups"]).to_pydict()
-        if match and (
-            table.num_rows != 1
-            or rows["step"][0] != int(match.group(1))
-            or rows["rank"][0] != int(match.group(2))
-            or rows["kind"][0] != match.group(3)
-        ):
-            problem(path, f"step row {rows} does not match the file name")
-        group_path = store._groups_dir / meta["group_file"]
-        report.checked += 1
-        try:
-            groups = _read_all(group_path, meta)
-        except StoreError as exc:
-            problem(group_path, str(exc).removeprefix(f"{group_path}: "))
-            continue
-        if groups.num_rows != sum(rows["num_groups"]):
-            problem(
-                group_path,
-                f"{groups.num_rows} group rows, the step rows say {sum(rows['num_groups'])}",
-            )
-        if match and groups.num_rows:
-            steps = set(groups.column("step").unique().to_pylist())
-            if steps != {int(match.group(1))}:
-                problem(group_path, f"holds steps {sorted(steps)}, expected {int(match.group(1))}")
-        cache = store._cache_dir / (name.removesuffix(".parquet") + ".arrow")
-        if match and cache.exists():
-            report.checked += 1
-            try:
-                cached = ipc.open_file(pa.memory_map(str(cache), "r")).read_all()
-                if not cached.equals(groups):
-                    problem(cache, "IPC cache differs from the Parquet archive")
-            except (pa.ArrowException, OSError) as exc:
-                problem(cache, f"unreadable IPC cache file ({exc})")
-    for name in store._names(store._groups_dir):
-        if (
-            (UNIT_RE.match(name) or COMPACT_RE.match(name))
-            and name not in committed
-            and name not in replaced
-        ):
-            report.notes.append(
-                StoreProblem(
-                    store._groups_dir / name, "uncommitted (an append that did not finish)"
-                )
-            )
-    for directory in (store._groups_dir, store._steps_dir, store._cache_dir):
-        with contextlib.suppress(OSError):
-            for path in directory.iterdir():
-                if path.name.startswith(TEMP_PREFIX):
-                    report.notes.append(StoreProblem(path, "temp file of an unfinished write"))
+        committed.add(step.group_file)
+        _verify_step(report, backend, step)
+    _leftovers(report, backend, committed, replaced)
     return report
 
 
-def _read_all(path: Path, meta: dict) -> pa.Table:
-    from maxent_arrow.store.read import read_checked
+def _verify_step(report: VerifyReport, backend: Backend, step: StepFile) -> None:
+    path = backend.path(f"{STEPS}/{step.name}")
+    parsed = parse_name(step.name)
+    rows = step.table.select(["step", "rank", "kind", "num_groups"]).to_pydict()
+    if not parsed.compacted and (
+        step.table.num_rows != 1
+        or rows["step"][0] != parsed.first_step
+        or rows["rank"][0] != parsed.first_rank
+        or rows["kind"][0] != parsed.kind
+    ):
+        report.problems.append(StoreProblem(path, f"step row {rows} does not match the file name"))
+    rel = f"{GROUPS}/{step.group_file}"
+    group_path = backend.path(rel)
+    report.checked += 1
+    try:
+        groups = read_group_file(backend, step, None, crc=True)
+        if step.meta.get("chunks") is not None:
+            check_chunks(
+                str(group_path), step.meta["chunks"], lambda r: backend.read_ranges(rel, r), None
+            )
+    except StoreError as exc:
+        report.problems.append(StoreProblem(group_path, str(exc).removeprefix(f"{group_path}: ")))
+        return
+    if groups.num_rows != sum(rows["num_groups"]):
+        report.problems.append(
+            StoreProblem(
+                group_path,
+                f"{groups.num_rows} group rows, the step rows say {sum(rows['num_groups'])}",
+            )
+        )
+    if not parsed.compacted and groups.num_rows:
+        steps = set(groups.column("step").unique().to_pylist())
+        if steps != {parsed.first_step}:
+            report.problems.append(
+                StoreProblem(
+                    group_path, f"holds steps {sorted(steps)}, expected {parsed.first_step}"
+                )
+            )
+    if parsed.compacted or not backend.local:
+        return
+    cache = f"{CACHE}/{step.name.removesuffix('.parquet')}.arrow"
+    if backend.stat(cache) is None:
+        return
+    report.checked += 1
+    try:
+        data = backend.read(cache).to_pybytes()
+        if check_seal(data) is False:
+            raise StoreError("IPC cache CRC-32 differs from the one sealed in it (corrupt)")
+        cached = ipc.open_file(pa.BufferReader(data)).read_all()
+        if not cached.equals(groups.select(cached.column_names)):
+            raise StoreError("IPC cache differs from the Parquet archive")
+    except (StoreError, pa.ArrowException, OSError) as exc:
+        report.problems.append(StoreProblem(backend.path(cache), str(exc)))
 
-    return read_checked(path, meta, None, crc=True)
+
+def _leftovers(
+    report: VerifyReport, backend: Backend, committed: set[str], replaced: set[str]
+) -> None:
+    for name in backend.list(GROUPS):
+        path = backend.path(f"{GROUPS}/{name}")
+        if is_temp_name(name):
+            report.notes.append(StoreProblem(path, "temp file of an unfinished write"))
+        elif name in replaced:
+            report.notes.append(
+                StoreProblem(path, "replaced by a compaction; `repair` moves it aside")
+            )
+        elif parse_name(name) is not None and name not in committed:
+            report.notes.append(StoreProblem(path, "uncommitted (an append that did not finish)"))
+    for directory in (STEPS, CACHE):
+        for name in backend.list(directory):
+            if is_temp_name(name):
+                report.notes.append(
+                    StoreProblem(
+                        backend.path(f"{directory}/{name}"), "temp file of an unfinished write"
+                    )
+                )
 
 
-def compact(store: RolloutStore, *, kind: str | None, steps, max_steps: int | None) -> list[Path]:
-    from maxent_arrow.store.files import parquet_bytes
-    from maxent_arrow.store.read import conform
-    from maxent_arrow.store.store import STORE_META_KEY
+# ---------------------------------------------------------------------------- compact
+def _local_only(backend: Backend, what: str) -> None:
+    if not backend.local:
+        raise StoreError(
+            f"{backend.uri}: {what} needs a local store (atomic renames and a lock); on object "
+            "storage each rank is the only writer of its own files"
+        )
 
+
+def compact(
+    catalog: Catalog,
+    schemas: UnifiedSchemas,
+    *,
+    kind: str | None,
+    steps: Iterable[int] | None,
+    ranks: Iterable[int] | None,
+    max_steps: int | None,
+    compression: str,
+    compression_level: int | None,
+) -> list[Any]:
+    """Merge committed files (per kind; ``max_steps`` distinct steps per segment) into
+    segments, each committed atomically: readers see the inputs or the segment, never both
+    and never neither, also after a crash at any point. Returns the new step files."""
+    backend = catalog.backend
+    _local_only(backend, "compact")
     if max_steps is not None and max_steps < 1:
         raise StoreError(f"compact: max_steps must be >= 1, got {max_steps}")
-    made: list[Path] = []
-    plain = [u for u in store._units(kind=kind, steps=steps) if UNIT_RE.match(u.step_file)]
-    by_kind: dict[str, list] = {}
-    for unit in plain:
+    units = catalog.units(kind=kind, steps=steps, ranks=ranks)
+    by_kind: dict[str, list[Unit]] = {}
+    for unit in units:
         by_kind.setdefault(unit.kind, []).append(unit)
-    for knd, units in sorted(by_kind.items()):
-        distinct = sorted({u.step for u in units})
+    made = []
+    for knd, members in sorted(by_kind.items()):
+        distinct = sorted({u.step for u in members})
         size = max_steps or len(distinct)
         for at in range(0, len(distinct), size):
             chosen = set(distinct[at : at + size])
-            chunk = [u for u in units if u.step in chosen]
-            if len(chunk) < 2:
+            chunk = [u for u in members if u.step in chosen]
+            files = sorted({u.step_file for u in chunk})
+            # Whole files only: a segment that holds steps outside this chunk stays as it is.
+            whole = [f for f in files if {u.step for u in units if u.step_file == f} <= chosen]
+            chunk = [u for u in chunk if u.step_file in whole]
+            if len(whole) < 2:
                 continue  # one file is already as compact as it gets
-            made.append(_compact_chunk(store, knd, chunk, STORE_META_KEY, parquet_bytes, conform))
+            made.append(
+                _compact_files(catalog, schemas, knd, chunk, compression, compression_level)
+            )
     return made
 
 
-def _compact_chunk(store, kind, units, store_meta_key, parquet_bytes, conform) -> Path:
-    group_schema = store.schema("groups")
-    step_schema = store.schema("steps")
-    groups, steps, starts, at = [], [], [], 0
+def _compact_files(
+    catalog: Catalog,
+    schemas: UnifiedSchemas,
+    kind: str,
+    units: list[Unit],
+    compression: str,
+    compression_level: int | None,
+) -> Any:
+    backend = catalog.backend
+    group_schema = schemas.get(GROUPS, "raise")
+    step_schema = schemas.get(STEPS, "raise")
+    inputs = sorted({u.step_file for u in units})
+    steps = {name: catalog.step_file(name) for name in inputs}
+    groups, rows, starts, at = [], [], [], 0
+    tables = {name: read_group_file(backend, step, None, crc=True) for name, step in steps.items()}
     for unit in units:
-        batch = store._load_unit(unit)
-        groups.append(conform(pa.Table.from_batches([batch.groups]), group_schema))
-        steps.append(conform(pa.Table.from_batches([batch.step_row]), step_schema))
+        table = tables[unit.step_file].slice(unit.start, unit.num_groups)
+        groups.append(conform(table, group_schema))
+        rows.append(conform(steps[unit.step_file].table.slice(unit.row, 1), step_schema))
         starts.append(at)
         at += unit.num_groups
-    name = compact_name(units[0].step, units[-1].step, kind)
+    replaces = sorted({*inputs, *(r for step in steps.values() for r in step.replaces)})
+    name = compact_name(
+        kind,
+        (min(u.step for u in units), max(u.step for u in units)),
+        (min(u.rank for u in units), max(u.rank for u in units)),
+        [(n, steps[n].meta.get("group_crc32")) for n in inputs],
+    )
     group_table = pa.concat_tables(groups)
-    group_bytes = parquet_bytes(
-        group_table,
-        {S.METADATA_KEY: S.SCHEMA_VERSION.encode()},
-        statistics=["step", "rank", "group_index"],
-        dictionary=["prompt", "answer"],
+    meta_schema = {S.METADATA_KEY: S.SCHEMA_VERSION.encode()}
+    group = backend.write_temp(
+        f"{GROUPS}/{name}",
+        produce=lambda sink: write_parquet(
+            sink,
+            group_table,
+            meta_schema,
+            **group_file_settings(group_table.schema),
+            compression=compression,
+            compression_level=compression_level,
+        ),
     )
-    meta = {
-        "group_file": name,
-        "group_size": group_bytes.size,
-        "group_crc32": crc32_of(group_bytes),
-        "group_rows": starts,
-        "replaces": [u.step_file for u in units],
-    }
-    step_table = pa.concat_tables(steps)
-    step_bytes = parquet_bytes(
-        step_table,
-        {store_meta_key: json.dumps(meta).encode(), S.METADATA_KEY: S.SCHEMA_VERSION.encode()},
-        statistics=["step", "rank"],
-        sealed=True,
+    crash_point("compact:group-written")
+    reward_names = sorted(
+        {n for step in steps.values() for n in step.meta.get("reward_names") or []}
     )
-    step_path = store._path(store._steps_dir, name)
-    with store_lock(store.root):
-        write_atomic(store._path(store._groups_dir, name), group_bytes, overwrite=True)
-        write_atomic(step_path, step_bytes, overwrite=False)
-    # Committed: the originals are now hidden by `replaces`; deleting them is only cleanup.
-    for unit in units:
-        for directory in (store._steps_dir, store._groups_dir):
-            with contextlib.suppress(OSError):
-                (directory / unit.step_file).unlink()
+    try:
+        meta = group_file_meta(
+            backend, group, group_rows=starts, replaces=replaces, reward_names=reward_names
+        )
+        step = backend.write_temp(f"{STEPS}/{name}", step_file_bytes(pa.concat_tables(rows), meta))
+    except BaseException:
+        backend.discard(group)
+        raise
+    crash_point("compact:step-written")
+    try:
+        with backend.lock():
+            current = set(catalog.committed())
+            gone = [n for n in inputs if n not in current]
+            if gone:
+                raise StoreError(f"compact: {gone[0]} was compacted by another writer meanwhile")
+            backend.publish(group, exclusive=False)
+            crash_point("compact:group-published")
+            try:
+                backend.publish(step, exclusive=True)
+            except BaseException:
+                with contextlib.suppress(OSError, StoreError):
+                    backend.remove(f"{GROUPS}/{name}")
+                raise
+    finally:
+        backend.discard(group)
+        backend.discard(step)
+    crash_point("compact:committed")
+    # Committed: the inputs are hidden by `replaces`; removing them is only tidying.
+    for replaced in inputs:
+        backend.remove(f"{GROUPS}/{replaced}")
+        crash_point("compact:cleaning")
+        backend.remove(f"{STEPS}/{replaced}")
     with contextlib.suppress(OSError):
-        fsync_dir(store._steps_dir)
-        fsync_dir(store._groups_dir)
-    return step_path
+        backend.sync(GROUPS)
+        backend.sync(STEPS)
+    return backend.path(f"{STEPS}/{name}")
 
 
-_ = pq
+# ---------------------------------------------------------------------------- repair
+@dataclass
+class RepairReport:
+    """What :meth:`RolloutStore.repair` did: each file moved to ``quarantine/`` and why,
+    and what it left alone (temp files of writers still running)."""
+
+    moved: list[StoreProblem] = field(default_factory=list)
+    kept: list[StoreProblem] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        lines = [f"{len(self.moved)} files moved to quarantine/"]
+        lines += [f"  moved {p}" for p in self.moved]
+        lines += [f"  kept {p}" for p in self.kept]
+        return "\n".join(lines)
 
 
-# A group file is renamed into place just before its step file, both under the store lock; one
-# without its step file is a commit that died in between. Writers that take no lock (an
-# ObjectStore pointed at a local file system) finish their two writes within milliseconds, so
-# only leftovers older than this are removed.
-ORPHAN_AGE_SECONDS = 60.0
+def repair(catalog: Catalog) -> RepairReport:
+    """Move leftovers of crashed writes into ``quarantine/`` (never delete): temp files of
+    writers that are gone, group files no step file commits, and files a committed compaction
+    replaced. Runs under the store lock, so no commit is in flight."""
+    backend = catalog.backend
+    _local_only(backend, "repair")
+    report = RepairReport()
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    with backend.lock():
+        names = catalog.step_names()
+        replaced = catalog.hidden(names, "skip")
+        committed = {n for n in names if n not in replaced}
 
+        def move(directory: str, name: str, why: str) -> None:
+            dest = f"{QUARANTINE}/{stamp}/{directory}/{name.lstrip('.')}"
+            backend.move(f"{directory}/{name}", dest)
+            report.moved.append(StoreProblem(backend.path(f"{directory}/{name}"), why))
 
-def remove_orphans(store: RolloutStore) -> list[Path]:
-    """Delete group files whose step file (the commit marker) does not exist: leftovers of a
-    crash between the two renames of a commit. This library never reads them, but plain-file
-    readers (DuckDB, Polars, HF ``datasets`` over ``groups/*.parquet``) would."""
-    removed: list[Path] = []
-    now = time.time()
-    with store_lock(store.root):
-        committed = set(store._names(store._steps_dir))
-        for name in store._names(store._groups_dir):
-            if not name.endswith(".parquet") or name in committed:
-                continue
-            path = store._groups_dir / name
+        for directory in (GROUPS, STEPS, CACHE):
+            for name, info in backend.list(directory).items():
+                if is_temp_name(name):
+                    if writer_alive(name, info.mtime_ns):
+                        report.kept.append(
+                            StoreProblem(
+                                backend.path(f"{directory}/{name}"), "temp file of a running writer"
+                            )
+                        )
+                    else:
+                        move(directory, name, "temp file of a writer that is gone")
+                elif name in replaced and directory != CACHE:
+                    move(directory, name, "replaced by a committed compaction")
+                elif directory == GROUPS and parse_name(name) is not None and name not in committed:
+                    move(directory, name, "group file no step file commits (a crashed append)")
+        for directory in (GROUPS, STEPS):
             with contextlib.suppress(OSError):
-                if now - path.stat().st_mtime > ORPHAN_AGE_SECONDS:
-                    path.unlink()
-                    removed.append(path)
-    if removed:
-        with contextlib.suppress(OSError):
-            fsync_dir(store._groups_dir)
-    return removed
-
-
-def remove_replaced(store: RolloutStore) -> None:
-    """Delete per-append files that a committed compacted pair replaces (cleanup after a
-    compaction that stopped before deleting them; readers already ignore them)."""
-    names = store._names(store._steps_dir)
-    replaced = store._replaced(names)
-    for name in sorted(replaced):
-        for directory in (store._steps_dir, store._groups_dir):
-            with contextlib.suppress(OSError):
-                (directory / name).unlink()
-    if replaced:
-        with contextlib.suppress(OSError):
-            fsync_dir(store._steps_dir)
-            fsync_dir(store._groups_dir)
+                backend.sync(directory)
+    return report

@@ -1,5 +1,4 @@
-"""Replay of a rollout store: a resumable, shardable stream of :class:`RolloutBatch`, and a torch
-``IterableDataset`` over it for ``DataLoader`` workers and ``accelerate`` processes.
+"""Replay of a rollout store: a resumable, shardable stream of :class:`RolloutBatch`.
 
 The plan (which batches, in which order) is computed from the step files alone, before any
 group data is read, so resuming from a cursor skips batches without reading them, and every
@@ -12,22 +11,75 @@ import hashlib
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
 
+from maxent_arrow.arrow.lists import list_offsets
 from maxent_arrow.errors import StoreError
-from maxent_arrow.rollout.batch import RolloutBatch
+from maxent_arrow.rollout import RolloutBatch
+from maxent_arrow.store.cache import read_cache
+from maxent_arrow.store.catalog import Catalog, OnError, Unit, check_on_error, fail
+from maxent_arrow.store.reader import read_group_file
 
-if TYPE_CHECKING:
-    from maxent_arrow.store.store import OnError, RolloutStore, _Unit
+__all__ = ["ReplayOptions", "replay"]
 
-__all__ = [
-    "replay",
-    "write_cache",
-]
+
+@dataclass(frozen=True, kw_only=True)
+class ReplayOptions:
+    """What :meth:`RolloutStore.replay` streams, and how.
+
+    Parameters
+    ----------
+    steps, kind:
+        Which steps (default: all ``"train"`` steps; ``kind=None`` for every kind), in
+        ascending (step, kind, rank) order.
+    batch_groups:
+        Split each step into batches of at most this many groups (never mixing steps).
+    shuffle, seed:
+        Shuffle the order of the batches and the groups inside them, reproducibly.
+    start:
+        A cursor (``batch.cursor`` of a batch yielded earlier by the same replay) to resume
+        after that batch; the plan (store contents and arguments) must be the same.
+    rank, world_size:
+        Keep only this rank's share of the batches (round robin), disjoint across ranks.
+    columns:
+        Group columns to read (default all).
+    source:
+        ``"cache"`` memory-maps the IPC copies (zero-copy); ``"parquet"`` decodes the
+        archive; ``"auto"`` uses the cache where a copy of the committed file exists.
+    on_error:
+        ``"raise"`` on a damaged file (naming it) or ``"skip"`` it with a warning; default
+        the store's.
+    """
+
+    steps: Iterable[int] | int | None = None
+    batch_groups: int | None = None
+    shuffle: bool = False
+    seed: int = 0
+    start: Any = None
+    rank: int | None = None
+    world_size: int | None = None
+    kind: str | None = "train"
+    columns: list[str] | None = None
+    source: Literal["auto", "cache", "parquet"] = "auto"
+    on_error: OnError | None = None
+
+    def __post_init__(self) -> None:
+        b = self.batch_groups
+        if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < 1):
+            raise StoreError(f"replay: batch_groups must be a positive int, got {b!r}")
+        if (self.rank is None) != (self.world_size is None):
+            raise StoreError("replay: give both rank and world_size, or neither")
+        if self.world_size is not None and not 0 <= self.rank < self.world_size:
+            raise StoreError(f"replay: rank must be in [0, {self.world_size}), got {self.rank}")
+        if self.source not in ("auto", "cache", "parquet"):
+            raise StoreError(
+                f"replay: source must be 'auto', 'cache' or 'parquet', got {self.source!r}"
+            )
+        if self.on_error is not None:
+            check_on_error(self.on_error)
 
 
 @dataclass(frozen=True)
@@ -38,7 +90,7 @@ class _Item:
     order: np.ndarray | None = None  # group indices (shuffled), else lo:hi
 
 
-def _plan(units: list[_Unit], batch_groups: int | None, shuffle: bool, seed: int) -> list[_Item]:
+def _plan(units: list[Unit], batch_groups: int | None, shuffle: bool, seed: int) -> list[_Item]:
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(units)) if shuffle else np.arange(len(units))
     items: list[_Item] = []
@@ -52,7 +104,7 @@ def _plan(units: list[_Unit], batch_groups: int | None, shuffle: bool, seed: int
     return items
 
 
-def _fingerprint(units: list[_Unit], **params: Any) -> str:
+def _fingerprint(units: list[Unit], **params: Any) -> str:
     text = json.dumps({"units": [u.name for u in units], **params}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -76,76 +128,46 @@ def _position(start: Any, fingerprint: str) -> int:
 
 
 def replay(
-    store: RolloutStore,
-    *,
-    steps: Iterable[int] | None,
-    batch_groups: int | None,
-    shuffle: bool,
-    seed: int,
-    start: Any,
-    rank: int | None,
-    world_size: int | None,
-    kind: str | None,
-    columns: list[str] | None,
-    source: str,
-    on_error: OnError,
+    catalog: Catalog, options: ReplayOptions, *, on_error: OnError, crc: bool
 ) -> Iterator[RolloutBatch]:
-    if batch_groups is not None and (
-        isinstance(batch_groups, bool) or not isinstance(batch_groups, int) or batch_groups < 1
-    ):
-        raise StoreError(f"replay: batch_groups must be a positive int, got {batch_groups!r}")
-    if (rank is None) != (world_size is None):
-        raise StoreError("replay: give both rank and world_size, or neither")
-    if world_size is not None and not 0 <= rank < world_size:
-        raise StoreError(f"replay: rank must be in [0, {world_size}), got {rank}")
-    if source not in ("auto", "cache", "parquet"):
-        raise StoreError(f"replay: source must be 'auto', 'cache' or 'parquet', got {source!r}")
-    units = store._units(kind=kind, steps=steps, on_error=on_error)
-    items = _plan(units, batch_groups, shuffle, seed)
+    """The batches of ``options``' plan, from its cursor on (see :class:`ReplayOptions`)."""
+    o = options
+    units = catalog.units(kind=o.kind, steps=o.steps, on_error=on_error)
+    items = _plan(units, o.batch_groups, o.shuffle, o.seed)
     fingerprint = _fingerprint(
-        units, batch_groups=batch_groups, shuffle=shuffle, seed=seed, rank=rank, world=world_size
+        units,
+        batch_groups=o.batch_groups,
+        shuffle=o.shuffle,
+        seed=o.seed,
+        rank=o.rank,
+        world=o.world_size,
     )
-    if world_size is not None:
-        items = items[rank::world_size]
-    position = _position(start, fingerprint)
-    return _iterate(store, units, items, position, fingerprint, columns, source, on_error)
-
-
-def _load_cache(store: RolloutStore, unit: _Unit) -> pa.RecordBatch | None:
-    import pyarrow.ipc as ipc
-
-    path = store._cache_dir / (unit.name.removesuffix(".parquet") + ".arrow")
-    if not path.exists():
-        return None
-    path = store._path(store._cache_dir, path.name)
-    try:
-        # Memory-mapped and zero-copy: nothing is read until a column is touched.
-        reader = ipc.open_file(pa.memory_map(str(path), "r"))
-        return reader.get_batch(0)
-    except (pa.ArrowException, OSError) as exc:
-        raise StoreError(f"{path}: unreadable IPC cache file ({exc})") from None
+    if o.world_size is not None:
+        items = items[o.rank :: o.world_size]
+    position = _position(o.start, fingerprint)
+    return _iterate(catalog, units, items, position, fingerprint, o, on_error, crc)
 
 
 def _iterate(
-    store: RolloutStore,
-    units: list[_Unit],
+    catalog: Catalog,
+    units: list[Unit],
     items: list[_Item],
     position: int,
     fingerprint: str,
-    columns: list[str] | None,
-    source: str,
+    options: ReplayOptions,
     on_error: OnError,
+    crc: bool,
 ) -> Iterator[RolloutBatch]:
-    loaded: tuple[int, pa.RecordBatch | pa.Table, pa.RecordBatch] | None = None
+    loaded: tuple[int, pa.RecordBatch, pa.RecordBatch] | None = None
     for index in range(position, len(items)):
         item = items[index]
         unit = units[item.unit]
         try:
             if loaded is None or loaded[0] != item.unit:
                 loaded = None  # drop the previous step before reading the next
-                loaded = (item.unit, *_load(store, unit, columns, source))
+                loaded = (item.unit, *_load(catalog, unit, options, crc))
         except StoreError as exc:
-            store._fail(on_error, exc)
+            fail(on_error, exc)
             continue
         _, groups, step_row = loaded
         if item.order is not None:
@@ -163,62 +185,42 @@ def _iterate(
         del batch, part, groups
 
 
-def _load(store: RolloutStore, unit: _Unit, columns: list[str] | None, source: str):
-    step_table, meta = store._step_table(unit.step_file)
-    step_row = step_table.slice(unit.row, 1).combine_chunks().to_batches()[0]
+def _as_batch(table: pa.Table) -> pa.RecordBatch:
+    if table.num_rows == 0:
+        return pa.RecordBatch.from_pylist([], schema=table.schema)
+    return table.combine_chunks().to_batches()[0]
+
+
+def _load(
+    catalog: Catalog, unit: Unit, options: ReplayOptions, crc: bool
+) -> tuple[pa.RecordBatch, pa.RecordBatch]:
+    step = catalog.step_file(unit.step_file)
+    step_row = step.table.slice(unit.row, 1).combine_chunks().to_batches()[0]
     groups = None
-    if source in ("auto", "cache"):
+    if options.source in ("auto", "cache"):
         try:
-            groups = _load_cache(store, unit)
+            groups = read_cache(catalog.backend, step, unit.name, check=crc)
         except StoreError:
-            if source == "cache":
+            if options.source == "cache":
                 raise
             groups = None
-        if groups is None and source == "cache":
-            raise StoreError(f"{store.root}: no IPC cache copy of {unit.name}")
-        if groups is not None and columns is not None:
-            groups = groups.select([c for c in columns if c in groups.schema.names])
+        if groups is None and options.source == "cache":
+            raise StoreError(f"{catalog.backend.uri}: no IPC cache copy of {unit.name}")
+        if groups is not None and options.columns is not None:
+            groups = groups.select([c for c in options.columns if c in groups.schema.names])
     if groups is None:
-        table = store._read_group_file(unit.group_file, meta, columns)
+        table = read_group_file(catalog.backend, step, options.columns, crc=crc)
         if unit.start or unit.num_groups != table.num_rows:
             table = table.slice(unit.start, unit.num_groups)
-        batches = table.combine_chunks().to_batches()
-        groups = batches[0] if len(batches) == 1 else pa.Table.from_batches(batches)
-        if isinstance(groups, pa.Table):
-            groups = groups.combine_chunks().to_batches()[0]
-        if table.num_rows == 0:
-            groups = pa.RecordBatch.from_pylist([], schema=table.schema)
+        groups = _as_batch(table)
     return groups, step_row
 
 
 def _partial_step_row(step_row: pa.RecordBatch, part: pa.RecordBatch) -> pa.RecordBatch:
     """The step row of a part of a step: same scalars, its own group and sample counts."""
-    completions = part.column("completions")
-    offsets = completions.offsets.to_numpy()
-    samples = int(offsets[-1] - offsets[0]) if len(offsets) else 0
-    if part.num_rows and completions.offset:
-        samples = int(np.diff(offsets[: part.num_rows + 1]).sum())
+    samples = int(list_offsets(part.column("completions"))[-1]) if part.num_rows else 0
     names = step_row.schema.names
     arrays = list(step_row.columns)
     arrays[names.index("num_groups")] = pa.array([part.num_rows], pa.int32())
     arrays[names.index("num_samples")] = pa.array([samples], pa.int32())
     return pa.RecordBatch.from_arrays(arrays, schema=step_row.schema)
-
-
-def write_cache(store: RolloutStore, batch: RolloutBatch, name: str) -> Path:
-    """Write the IPC cache copy of a committed step (uncompressed: memory-mappable)."""
-    import pyarrow.ipc as ipc
-
-    from maxent_arrow.rollout.batch import STEP_META_KEY, step_row_to_json
-    from maxent_arrow.store.files import write_atomic
-
-    path = store._path(store._cache_dir, name.removesuffix(".parquet") + ".arrow")
-    store._cache_dir.mkdir(exist_ok=True)
-    meta = dict(batch.groups.schema.metadata or {})
-    meta[STEP_META_KEY] = step_row_to_json(batch.step_row).encode()
-    groups = batch.groups.replace_schema_metadata(meta)
-    sink = pa.BufferOutputStream()
-    with ipc.new_file(sink, groups.schema) as writer:
-        writer.write_batch(groups)
-    write_atomic(path, sink.getvalue(), overwrite=True)
-    return path

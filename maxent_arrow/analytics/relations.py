@@ -1,0 +1,205 @@
+"""The per-completion relations the ready-made queries run on.
+
+:class:`RunRelations` wraps a store's SQL views (:class:`~maxent_arrow.store.SqlViews`) and
+knows which per-completion scalars a run has (``total_util``, ``advantage``, ``q``,
+``weight``, one ``reward_<name>`` per reward function, ``length``, ``truncated``...), as list
+expressions over a group row. :meth:`RunRelations.flat` gives them one row per completion:
+from the in-memory ``sample_scalars`` table after :meth:`materialize`, else one ``UNNEST``
+per needed list column, in lockstep, straight from the Parquet scan (never a token or text
+column).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from maxent_arrow.arrow import schema as S
+from maxent_arrow.errors import LayoutError
+from maxent_arrow.store import SqlViews
+from maxent_arrow.store.sql import quote, sql_string
+
+__all__ = ["GROUP_KEY", "RunRelations", "flat_columns"]
+
+GROUP_KEY = "step, rank, kind, group_index"
+# User-facing score names (group-table column names) -> flat aliases.
+SCORE_ALIASES = {
+    "total_utils": "total_util",
+    "advantages": "advantage",
+    "q": "q",
+    "weights": "weight",
+    "policy_entropy_sum": "policy_entropy_sum",
+}
+# What `materialize` keeps in memory: the scalars the ready-made queries use.
+_MATERIALIZED = ("total_util", "advantage", "q", "weight", "length")
+
+
+def flat_columns(columns: set[str], reward_names: Sequence[str]) -> dict[str, str]:
+    """The per-completion scalars of a run, as ``alias -> list expression over a group row``.
+
+    Only scalars: token and text columns are never part of it. ``length`` is T_i
+    (``ref_tok_counts``, else the generator's token count).
+    """
+    out: dict[str, str] = {}
+    simple = {
+        "total_util": "total_utils",
+        "advantage": "advantages",
+        "q": "q",
+        "weight": "weights",
+        "ref_logp_sum_raw": "ref_logp_sum_raw",
+        "behavior_logp_sum": "behavior_logp_sum",
+        "policy_entropy_sum": "policy_entropy_sum",
+    }
+    for alias, column in simple.items():
+        if column in columns:
+            out[alias] = quote(column)
+    if "reward_values" in columns:
+        for name in reward_names:
+            at = f"list_position(reward_names, {sql_string(name)})"
+            out[f"reward_{name}"] = f"list_transform(reward_values, lambda x: x[{at}])"
+    info = "completion_info" in columns
+    if "ref_tok_counts" in columns:
+        out["length"] = "ref_tok_counts"
+    elif info:
+        out["length"] = "list_transform(completion_info, lambda x: x.token_count)"
+    if info:
+        out["truncated"] = (
+            "list_transform(completion_info, "
+            "lambda x: coalesce(x.truncated, x.finish_reason = 'length'))"
+        )
+    return out
+
+
+def _flatten_groups(rows: pa.Table, aliases: list[str]) -> pa.Table:
+    """One row per completion from group rows (``step, rank, group_index, _k`` and aligned
+    list columns): the lists flattened (zero-copy), the keys repeated K times.
+
+    Flattening Arrow lists and scanning the result in place (a registered Arrow table) is
+    cheaper than ``CREATE TABLE ... AS SELECT unnest(...)``, which copies every value into
+    DuckDB's own storage (``benchmarks/bench_analytics.py``).
+    """
+    sizes = pc.fill_null(rows.column("_k"), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    owner = pa.array(np.repeat(np.arange(sizes.size), sizes))
+    starts = np.cumsum(sizes) - sizes
+    columns: dict[str, Any] = {
+        "step": rows.column("step").take(owner),
+        "rank": rows.column("rank").take(owner),
+        "group_index": rows.column("group_index").take(owner),
+        "sample_index": pa.array(np.arange(len(owner)) - starts[owner.to_numpy()]),
+    }
+    for alias in aliases:
+        chunks = [chunk.flatten() for chunk in rows.column(alias).chunks]
+        columns[alias] = pa.chunked_array(chunks, type=rows.schema.field(alias).type.value_type)
+    return pa.table(columns)
+
+
+class RunRelations:
+    """SQL relations of one completion per row over a store's views."""
+
+    def __init__(self, views: SqlViews):
+        self.views = views
+        self.materialized = False
+        self._materialized: set[str] = set()
+        self.rebuild()
+
+    def rebuild(self) -> None:
+        """Re-read the views' schema and reward names (after :meth:`SqlViews.refresh`)."""
+        self.group_columns = set(self.views.group_schema.names)
+        self.reward_names: list[str] = list(self.views.reward_names)
+        self.flat_exprs = flat_columns(self.group_columns, self.reward_names)
+        if self.materialized:
+            self.materialized = False
+            self.materialize()
+
+    def sql(self, query: str, params: Any = None) -> pa.Table:
+        """Run one of this library's own queries (checked like any query, not sandboxed)."""
+        return self.views.query(query, params, trusted=True)
+
+    def where(self, *, kind: str | None, steps: int | Iterable[int] | None = None) -> str:
+        """A ``WHERE`` clause for ``kind`` and ``steps`` (both checked before inlining)."""
+        parts = []
+        if kind is not None:
+            try:
+                S.check_kind(kind, where="kind")
+            except Exception:
+                raise LayoutError(
+                    f"kind: expected None or a name matching {S.KIND_PATTERN} (such as 'train' "
+                    f"or 'eval'), got {kind!r}"
+                ) from None
+            parts.append(f"kind = '{kind}'")
+        if steps is not None:
+            wanted = [steps] if isinstance(steps, int | np.integer) else list(steps)
+            try:
+                ints = [int(s) for s in wanted]
+            except (TypeError, ValueError):
+                raise LayoutError(f"steps: expected integers, got {wanted!r}") from None
+            parts.append(f"step IN ({', '.join(map(str, ints))})" if ints else "FALSE")
+        return ("WHERE " + " AND ".join(parts)) if parts else ""
+
+    def alias(self, name: str, *, what: str) -> str:
+        """The flat alias of a per-completion score: a group column or a reward function."""
+        alias = SCORE_ALIASES.get(name, name)
+        if alias in self.flat_exprs:
+            return alias
+        if f"reward_{name}" in self.flat_exprs:
+            return f"reward_{name}"
+        known = [c for c, a in SCORE_ALIASES.items() if a in self.flat_exprs] + self.reward_names
+        raise LayoutError(f"{what}: unknown score {name!r}; expected one of {known}")
+
+    def flat(
+        self, aliases: Sequence[str], *, kind: str | None, steps: int | Iterable[int] | None = None
+    ) -> str:
+        """A relation with ``step, rank, kind, group_index`` and the given per-completion
+        scalars, one row per completion."""
+        where = self.where(kind=kind, steps=steps)
+        if self.materialized and set(aliases) <= self._materialized:
+            cols = ", ".join(quote(a) for a in aliases)
+            return f"(SELECT {GROUP_KEY}, {cols} FROM sample_scalars {where})"
+        cols = ", ".join(f"unnest({self.flat_exprs[a]}) AS {quote(a)}" for a in aliases)
+        return f"(SELECT {GROUP_KEY}, {cols} FROM groups {where})"
+
+    def materialize(self) -> None:
+        """Build the in-memory ``sample_scalars`` table (one scan of the scalar list columns)
+        and answer :meth:`flat` from it from now on."""
+        if self.materialized:
+            return
+        exprs = [
+            (a, e)
+            for a, e in self.flat_exprs.items()
+            if a in _MATERIALIZED or a.startswith("reward_")
+        ]
+        # A list missing from an older file is padded with K nulls so all stay aligned.
+        lists = "".join(
+            f", coalesce({e}, list_resize([], num_completions)) AS {quote(a)}" for a, e in exprs
+        )
+        kinds = self.sql("SELECT DISTINCT kind FROM steps ORDER BY kind").column("kind").to_pylist()
+        parts = []
+        for i, kind in enumerate(kinds):
+            rows = self.sql(
+                f"SELECT step, rank, group_index, num_completions AS _k{lists} FROM groups "
+                f"WHERE kind = {sql_string(kind)}"
+            )
+            table = _flatten_groups(rows, [a for a, _ in exprs])
+            # One Arrow table per kind, combined by a view with `kind` as a constant: a filter
+            # on kind then drops whole tables instead of comparing a string per completion.
+            self.views.con.register(f"_sample_scalars_{i}", table)
+            rest = ", ".join(quote(c) for c in table.column_names if c not in ("step", "rank"))
+            parts.append(
+                f"SELECT step, rank, {sql_string(kind)} AS kind, {rest} FROM _sample_scalars_{i}"
+            )
+        if not parts:
+            cols = ", ".join(f"NULL::DOUBLE AS {quote(a)}" for a, _ in exprs)
+            parts.append(
+                "SELECT NULL::BIGINT AS step, NULL::INTEGER AS rank, NULL::VARCHAR AS kind, "
+                "NULL::INTEGER AS group_index, NULL::BIGINT AS sample_index"
+                f"{', ' + cols if cols else ''} WHERE FALSE"
+            )
+        self.views.con.execute(
+            f"CREATE OR REPLACE VIEW sample_scalars AS {' UNION ALL '.join(parts)}"
+        )
+        self.materialized = True
+        self._materialized = {a for a, _ in exprs}

@@ -1,0 +1,646 @@
+"""The file-system seam of the store: list, stat, read, atomic put, lock.
+
+Two implementations, chosen by :func:`open_backend` from the store's root:
+
+- :class:`LocalBackend` (a path, or ``file://``): a file becomes visible in one ``rename`` (or
+  ``link``, which refuses an existing name) of a fully written, fsynced temp file in the same
+  directory, then the directory is fsynced; ``flock`` on ``root/.lock`` serialises commits
+  and is released by the kernel when its holder dies. A crash leaves the old state or the new
+  file, never part of one.
+- :class:`ArrowFsBackend` (any ``pyarrow.fs`` file system: ``s3://`` and S3-compatible
+  servers, GCS, HDFS): a PUT is atomic (an object is visible whole or not at all), but there
+  is neither a conditional create nor a lock. Its commit protocol is **one writer per rank**:
+  only rank r writes the files named ``….rank-r….``, so "append each (step, rank, kind) once"
+  is checked by a listing before the write, and nothing else needs a lock. Operations that
+  rewrite other writers' files (``compact``, ``repair``) and the memory-mapped IPC cache exist
+  only on local stores (``docs/commit-protocol.md``).
+
+Paths given to a backend are relative to the store root, ``/``-separated (``groups/x``).
+Temp files are hidden names that never end in ``.parquet`` (``.{name}.tmp-{host}.{pid}.{id}``),
+so plain ``*.parquet`` globs never see a write in flight.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import errno
+import fcntl
+import os
+import queue
+import re
+import socket
+import stat
+import threading
+import time
+import uuid
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+from urllib.parse import urlparse
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from maxent_arrow.errors import StoreError
+
+__all__ = [
+    "ArrowFsBackend",
+    "Backend",
+    "FileInfo",
+    "LocalBackend",
+    "Pending",
+    "TEMP_MARK",
+    "crash_point",
+    "is_temp_name",
+    "open_backend",
+    "writer_alive",
+]
+
+# A temp file's name: ".{final}.tmp-{host}.{pid}.{random}" (hidden, and not "*.parquet").
+TEMP_MARK = ".tmp-"
+_TEMP_RE = re.compile(r"^\.(?P<final>.+)\.tmp-(?P<host>[^.]+)\.(?P<pid>\d+)\.[0-9a-f]+$")
+_HOST = re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname())[:64] or "host"
+# Test-only: MAXENT_ARROW_CRASH_AT=<point> kills the process with SIGKILL at that point of a
+# write (see crash_point), so the reliability tests crash at every step of a commit.
+_CRASH_ENV = "MAXENT_ARROW_CRASH_AT"
+
+
+def crash_point(name: str) -> None:
+    """Die right here (SIGKILL, no cleanup) if ``MAXENT_ARROW_CRASH_AT`` names this point.
+
+    Points are ``"append:<stage>"`` and ``"compact:<stage>"``; the reliability tests run a
+    writer in a subprocess with each one and check that nothing committed is lost and nothing
+    half-written is served.
+    """
+    if os.environ.get(_CRASH_ENV) == name:
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def is_temp_name(name: str) -> bool:
+    """Whether ``name`` is a temp file of an unfinished write."""
+    return name.startswith(".") and TEMP_MARK in name
+
+
+# A temp file whose writer cannot be asked (on another host) counts as abandoned after a day.
+STALE_SECONDS = 24 * 3600
+
+
+def writer_alive(name: str, mtime_ns: int) -> bool:
+    """Whether the writer of temp file ``name`` may still be running: its process on this
+    host exists, or (another host's, or not ours) the file is younger than a day."""
+    match = _TEMP_RE.match(name)
+    if match is None or match["host"] != _HOST:
+        return time.time() - mtime_ns / 1e9 < STALE_SECONDS
+    try:
+        os.kill(int(match["pid"]), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    """A plain file's name (in its directory), size and modification time."""
+
+    name: str
+    size: int
+    mtime_ns: int
+
+
+@dataclass
+class Pending:
+    """A written, durable file not yet visible under its final name (see
+    :meth:`Backend.write_temp`): its size, CRC-32, and the running CRC-32 at every write
+    boundary (``(offset, crc of bytes[0:offset])``), from which :mod:`.checksums` derives the
+    CRC of any byte range between two boundaries without reading the bytes again."""
+
+    final: str
+    size: int
+    crc: int
+    boundaries: list[tuple[int, int]] = field(default_factory=list)
+    temp: str | None = None  # local: the temp file's relative path
+    data: Any = None  # object stores: the bytes to PUT
+
+
+class _ThreadedSink:
+    """A write-only file for the Parquet writer: chunks go to a thread that writes them to
+    ``fd`` (or keeps them) and folds them into a running CRC-32, so encoding and the kernel's
+    copy overlap."""
+
+    def __init__(self, fd: int | None):
+        self._fd = fd
+        self._queue: queue.Queue[bytes | None] = queue.Queue(maxsize=16)
+        self.kept: list[bytes] = []
+        self.size = 0
+        self.crc = 0
+        self.boundaries: list[tuple[int, int]] = [(0, 0)]
+        self.error: OSError | None = None
+        self.closed = False
+        self._thread = threading.Thread(target=self._run, name="maxent-arrow-writer", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        offset = 0
+        while (chunk := self._queue.get()) is not None:
+            if self.error is not None:
+                continue  # drain after a failure; the writer sees the error on its next write
+            try:
+                if self._fd is None:
+                    self.kept.append(chunk)
+                else:
+                    view = memoryview(chunk)
+                    written = 0
+                    while written < len(view):
+                        written += os.write(self._fd, view[written:])
+                self.crc = zlib.crc32(chunk, self.crc)
+                offset += len(chunk)
+                self.boundaries.append((offset, self.crc & 0xFFFFFFFF))
+            except OSError as exc:
+                self.error = exc
+
+    def write(self, data) -> int:
+        if self.error is not None:
+            raise self.error
+        chunk = bytes(data)  # the caller may reuse its buffer once we return
+        self._queue.put(chunk)
+        self.size += len(chunk)
+        return len(chunk)
+
+    def tell(self) -> int:
+        return self.size
+
+    def flush(self) -> None:
+        pass
+
+    def writable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        self.closed = True
+
+    def finish(self) -> None:
+        """Wait for the writes; raise the first write error."""
+        self._queue.put(None)
+        self._thread.join()
+        if self.error is not None:
+            raise self.error
+
+
+def _stream(produce: Callable[[Any], None], fd: int | None) -> _ThreadedSink:
+    sink = _ThreadedSink(fd)
+    try:
+        produce(sink)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            sink.finish()
+        if sink.error is not None:
+            raise sink.error from None
+        raise
+    sink.finish()
+    return sink
+
+
+def os_error(action: str, path: Any, exc: OSError) -> StoreError:
+    """A StoreError that says what failed, where, and why in words a user can act on."""
+    reason = {
+        errno.ENOSPC: "the disk is full",
+        errno.EFBIG: "the file size limit was reached (disk quota or RLIMIT_FSIZE)",
+        errno.EDQUOT: "the disk quota is exhausted",
+        errno.EACCES: "permission denied (read-only directory?)",
+        errno.EPERM: "operation not permitted (read-only directory?)",
+        errno.EROFS: "the file system is read-only",
+        errno.ENOENT: "no such file or directory",
+    }.get(exc.errno or -1, exc.strerror or str(exc))
+    error = StoreError(exc.errno or 0, f"{action} {path}: {reason}")
+    error.filename = str(path)
+    return error
+
+
+class Backend(abc.ABC):
+    """What the store needs of a file system. Paths are relative to the root."""
+
+    #: Local stores can rename atomically, create exclusively and lock; object stores cannot.
+    local: bool = False
+    root: Any  # Path (local) or PurePosixPath (object store), for display and for pyarrow
+    uri: str
+
+    def path(self, rel: str) -> Any:
+        """The full path of ``rel`` (a ``Path`` locally, a ``PurePosixPath`` on ``fs``)."""
+        return self.root / rel
+
+    @property
+    @abc.abstractmethod
+    def filesystem(self) -> pafs.FileSystem:
+        """The ``pyarrow.fs`` file system the store's paths live on."""
+
+    def fs_path(self, rel: str) -> str:
+        """``rel`` as a path on :attr:`filesystem` (for pyarrow readers)."""
+        return str(self.path(rel))
+
+    # -- reading ------------------------------------------------------------------------
+    @abc.abstractmethod
+    def list(self, directory: str) -> dict[str, FileInfo]:
+        """The plain files directly in ``directory`` (none if it does not exist)."""
+
+    @abc.abstractmethod
+    def stat(self, rel: str) -> FileInfo | None:
+        """``rel``'s size and mtime, or ``None`` if it is not a file."""
+
+    @abc.abstractmethod
+    def is_dir(self, rel: str) -> bool:
+        """Whether ``rel`` is a directory."""
+
+    @abc.abstractmethod
+    def read(self, rel: str) -> pa.Buffer:
+        """All bytes of ``rel``."""
+
+    def read_ranges(self, rel: str, ranges: list[tuple[int, int]]) -> list[bytes]:
+        """The bytes of each ``(offset, length)`` range of ``rel``."""
+        with self.open(rel) as f:
+            out = []
+            for offset, length in ranges:
+                f.seek(offset)
+                out.append(f.read(length))
+            return out
+
+    @abc.abstractmethod
+    def open(self, rel: str) -> Any:
+        """A random-access file for pyarrow (``pq.ParquetFile``, IPC)."""
+
+    # -- writing ------------------------------------------------------------------------
+    @abc.abstractmethod
+    def write_temp(self, final: str, data: Any = None, *, produce=None) -> Pending:
+        """Write ``data`` (or what ``produce(sink)`` writes) durably, not yet visible as
+        ``final``; :meth:`publish` makes it visible, :meth:`discard` drops it."""
+
+    @abc.abstractmethod
+    def publish(self, pending: Pending, *, exclusive: bool) -> None:
+        """Make ``pending`` visible under its final name, atomically. ``exclusive`` refuses
+        (:class:`StoreError`) a name that exists."""
+
+    @abc.abstractmethod
+    def discard(self, pending: Pending) -> None:
+        """Drop a pending write (a no-op once published)."""
+
+    @abc.abstractmethod
+    def open_pending(self, pending: Pending) -> Any:
+        """A random-access reader of a pending write's bytes (to read its Parquet footer)."""
+
+    def write_file(self, final: str, data: Any, *, exclusive: bool = False) -> None:
+        """:meth:`write_temp` + :meth:`publish` of ``data``."""
+        pending = self.write_temp(final, data)
+        try:
+            self.publish(pending, exclusive=exclusive)
+        finally:
+            self.discard(pending)
+
+    @abc.abstractmethod
+    def remove(self, rel: str) -> None:
+        """Delete ``rel`` (no error if it is gone)."""
+
+    @abc.abstractmethod
+    def move(self, rel: str, dest: str) -> None:
+        """Move ``rel`` to ``dest`` (quarantine)."""
+
+    @abc.abstractmethod
+    def makedirs(self, rel: str) -> None:
+        """Create directory ``rel`` and its parents."""
+
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """Serialise commits across processes (none on object stores: one writer per rank)."""
+        yield
+
+    def sync(self, directory: str) -> None:
+        """Make renames and removals in ``directory`` durable (object stores: each PUT or
+        DELETE is durable when it returns)."""
+        return None
+
+
+class LocalBackend(Backend):
+    """A store directory on a local (POSIX) file system."""
+
+    local = True
+
+    def __init__(self, root: str | os.PathLike[str]):
+        text = os.fspath(root)
+        if not text or "\x00" in text:
+            raise StoreError(f"invalid store root {text!r}")
+        path = Path(os.path.abspath(text.removeprefix("file://")))
+        if path == Path(path.anchor):
+            raise StoreError(f"{path}: refusing a file system root as a store")
+        self.root = path
+        self.uri = str(path)
+        self._fs: pafs.FileSystem | None = None
+
+    def __reduce__(self):
+        return (LocalBackend, (str(self.root),))
+
+    @property
+    def filesystem(self) -> pafs.FileSystem:
+        if self._fs is None:
+            self._fs = pafs.LocalFileSystem()
+        return self._fs
+
+    def path(self, rel: str) -> Path:
+        path = self.root / rel
+        # A name that resolves outside the store (a symlink out) is never read or written.
+        resolved = path.resolve()
+        if not resolved.is_relative_to(self.root.resolve()):
+            raise StoreError(f"{path}: resolves to {resolved}, outside the store {self.root}")
+        return path
+
+    def list(self, directory: str) -> dict[str, FileInfo]:
+        try:
+            entries = list(os.scandir(self.root / directory))
+        except FileNotFoundError:
+            return {}
+        except OSError as exc:
+            raise os_error("cannot list", self.root / directory, exc) from exc
+        out = {}
+        for entry in entries:
+            try:
+                if entry.is_file(follow_symlinks=False):
+                    st = entry.stat(follow_symlinks=False)
+                    out[entry.name] = FileInfo(entry.name, st.st_size, st.st_mtime_ns)
+            except OSError:
+                continue  # removed while listing
+        return out
+
+    def stat(self, rel: str) -> FileInfo | None:
+        path = self.path(rel)
+        try:
+            st = path.stat()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as exc:
+            raise os_error("cannot stat", path, exc) from exc
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        return FileInfo(path.name, st.st_size, st.st_mtime_ns)
+
+    def is_dir(self, rel: str) -> bool:
+        return (self.root / rel).is_dir()
+
+    def read(self, rel: str) -> pa.Buffer:
+        path = self.path(rel)
+        try:
+            return pa.py_buffer(path.read_bytes())
+        except OSError as exc:
+            raise os_error("cannot read", path, exc) from exc
+
+    def read_ranges(self, rel: str, ranges: list[tuple[int, int]]) -> list[bytes]:
+        path = self.path(rel)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError as exc:
+            raise os_error("cannot read", path, exc) from exc
+        try:
+            return [os.pread(fd, length, offset) for offset, length in ranges]
+        finally:
+            os.close(fd)
+
+    def open(self, rel: str) -> Any:
+        path = self.path(rel)
+        try:
+            return pa.OSFile(str(path), "rb")
+        except (OSError, pa.ArrowException) as exc:
+            if isinstance(exc, FileNotFoundError):
+                raise os_error("cannot read", path, exc) from exc
+            raise StoreError(f"cannot read {path}: {exc}") from None
+
+    def _temp_name(self, final: str) -> str:
+        directory, _, name = final.rpartition("/")
+        temp = f".{name}{TEMP_MARK}{_HOST}.{os.getpid()}.{uuid.uuid4().hex[:12]}"
+        return f"{directory}/{temp}" if directory else temp
+
+    def write_temp(self, final: str, data: Any = None, *, produce=None) -> Pending:
+        temp = self._temp_name(final)
+        path = self.root / temp
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except OSError as exc:
+            raise os_error("cannot create a file in", path.parent, exc) from exc
+        try:
+            if produce is None:
+                view = memoryview(data).cast("B")
+                written = 0
+                while written < len(view):
+                    written += os.write(fd, view[written : written + (64 << 20)])
+                size, crc = len(view), zlib.crc32(view) & 0xFFFFFFFF
+                boundaries = [(0, 0), (size, crc)]
+            else:
+                sink = _stream(produce, fd)
+                size, crc, boundaries = sink.size, sink.crc & 0xFFFFFFFF, sink.boundaries
+            os.fsync(fd)
+        except BaseException as exc:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            if isinstance(exc, OSError) and not isinstance(exc, StoreError):
+                raise os_error("cannot write", self.root / final, exc) from exc
+            raise
+        os.close(fd)
+        return Pending(final, size, crc, boundaries, temp=temp)
+
+    def publish(self, pending: Pending, *, exclusive: bool) -> None:
+        temp, final = self.root / pending.temp, self.path(pending.final)
+        try:
+            if exclusive:
+                try:
+                    os.link(temp, final)
+                except FileExistsError:
+                    raise StoreError(errno.EEXIST, f"{final} already exists") from None
+                os.unlink(temp)
+            else:
+                os.replace(temp, final)
+            self.sync(final.parent.relative_to(self.root).as_posix())
+        except OSError as exc:
+            if isinstance(exc, StoreError):
+                raise
+            raise os_error("cannot write", final, exc) from exc
+
+    def open_pending(self, pending: Pending) -> Any:
+        return pa.OSFile(str(self.root / pending.temp), "rb")
+
+    def discard(self, pending: Pending) -> None:
+        if pending.temp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self.root / pending.temp)
+
+    def remove(self, rel: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path(rel))
+
+    def move(self, rel: str, dest: str) -> None:
+        target = self.root / dest
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(self.path(rel), target)
+
+    def makedirs(self, rel: str) -> None:
+        path = self.root / rel
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise os_error("cannot create", path, exc) from exc
+
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """An exclusive ``flock`` on ``root/.lock`` around a commit (released by the kernel
+        if the holder dies, SIGKILL included)."""
+        path = self.root / ".lock"
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise os_error("cannot open the lock file", path, exc) from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+    def sync(self, directory: str) -> None:
+        fd = os.open(self.root / directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+class ArrowFsBackend(Backend):
+    """A store on a ``pyarrow.fs`` file system (object storage): one writer per rank."""
+
+    local = False
+
+    def __init__(self, filesystem: pafs.FileSystem, root: str, uri: str):
+        root = root.rstrip("/")
+        if not root.strip("/"):
+            raise StoreError(f"{uri}: refusing a bucket or file system root as a store")
+        self._fs = filesystem
+        self.root = PurePosixPath(root)
+        self.uri = uri
+
+    def __reduce__(self):
+        return (ArrowFsBackend, (self._fs, str(self.root), self.uri))
+
+    @property
+    def filesystem(self) -> pafs.FileSystem:
+        return self._fs
+
+    def list(self, directory: str) -> dict[str, FileInfo]:
+        selector = pafs.FileSelector(str(self.root / directory), allow_not_found=True)
+        try:
+            infos = self._fs.get_file_info(selector)
+        except (pa.ArrowException, OSError) as exc:
+            raise StoreError(f"cannot list {self.root / directory}: {exc}") from None
+        return {
+            i.base_name: FileInfo(i.base_name, i.size, i.mtime_ns or 0)
+            for i in infos
+            if i.type == pafs.FileType.File
+        }
+
+    def _info(self, rel: str) -> pafs.FileInfo:
+        try:
+            return self._fs.get_file_info(str(self.root / rel))
+        except (pa.ArrowException, OSError) as exc:
+            raise StoreError(f"{self.root / rel}: cannot stat ({exc})") from None
+
+    def stat(self, rel: str) -> FileInfo | None:
+        info = self._info(rel)
+        if info.type != pafs.FileType.File:
+            return None
+        return FileInfo(info.base_name, info.size, info.mtime_ns or 0)
+
+    def is_dir(self, rel: str) -> bool:
+        return self._info(rel).type == pafs.FileType.Directory
+
+    def read(self, rel: str) -> pa.Buffer:
+        try:
+            with self._fs.open_input_stream(str(self.root / rel)) as stream:
+                return stream.read_buffer()
+        except FileNotFoundError:
+            raise StoreError(f"{self.root / rel}: missing") from None
+        except (pa.ArrowException, OSError) as exc:
+            raise StoreError(f"{self.root / rel}: cannot read ({exc})") from None
+
+    def open(self, rel: str) -> Any:
+        try:
+            return self._fs.open_input_file(str(self.root / rel))
+        except (pa.ArrowException, OSError) as exc:
+            raise StoreError(f"{self.root / rel}: cannot read ({exc})") from None
+
+    def write_temp(self, final: str, data: Any = None, *, produce=None) -> Pending:
+        # An object store has no rename: the bytes wait in memory and one PUT publishes them.
+        if produce is None:
+            buffer = pa.py_buffer(data) if not isinstance(data, pa.Buffer) else data
+            crc = zlib.crc32(memoryview(buffer)) & 0xFFFFFFFF
+            return Pending(final, buffer.size, crc, [(0, 0), (buffer.size, crc)], data=buffer)
+        sink = _stream(produce, None)
+        return Pending(
+            final, sink.size, sink.crc & 0xFFFFFFFF, sink.boundaries, data=b"".join(sink.kept)
+        )
+
+    def publish(self, pending: Pending, *, exclusive: bool) -> None:
+        path = str(self.root / pending.final)
+        if exclusive and self.stat(pending.final) is not None:
+            raise StoreError(errno.EEXIST, f"{path} already exists")
+        try:
+            with self._fs.open_output_stream(path) as out:
+                out.write(pending.data)
+        except (pa.ArrowException, OSError) as exc:
+            raise StoreError(f"cannot write {path}: {exc}") from None
+
+    def open_pending(self, pending: Pending) -> Any:
+        return pa.BufferReader(pending.data)
+
+    def discard(self, pending: Pending) -> None:
+        pending.data = None
+
+    def remove(self, rel: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self._fs.delete_file(str(self.root / rel))
+
+    def move(self, rel: str, dest: str) -> None:
+        self._fs.move(str(self.root / rel), str(self.root / dest))
+
+    def makedirs(self, rel: str) -> None:
+        # Real directories on file systems that have them; a no-op marker on object stores.
+        try:
+            self._fs.create_dir(str(self.root / rel), recursive=True)
+        except (pa.ArrowException, OSError) as exc:
+            raise StoreError(f"cannot create {self.root / rel}: {exc}") from None
+
+
+def open_backend(
+    root: str | os.PathLike[str] | Backend, filesystem: pafs.FileSystem | None = None
+) -> Backend:
+    """The backend of ``root``: a :class:`LocalBackend` for a path or ``file://`` URI, an
+    :class:`ArrowFsBackend` for any other URI pyarrow understands (``s3://bucket/prefix`` with
+    options such as ``?endpoint_override=host:port&scheme=http`` in the query) or for a path
+    on an explicit ``filesystem``."""
+    if isinstance(root, Backend):
+        return root
+    text = os.fspath(root)
+    if not text or "\x00" in text:
+        raise StoreError(f"invalid store root {text!r}")
+    if filesystem is not None:
+        if isinstance(filesystem, pafs.LocalFileSystem):
+            return LocalBackend(text)
+        parsed = urlparse(text)
+        path = parsed.netloc + parsed.path if parsed.scheme and len(parsed.scheme) > 1 else text
+        return ArrowFsBackend(filesystem, path, text)
+    if "://" not in text or text.startswith("file://"):
+        return LocalBackend(text)
+    try:
+        fs, path = pafs.FileSystem.from_uri(text)
+    except (pa.ArrowException, ValueError, OSError) as exc:
+        raise StoreError(f"{text}: no pyarrow file system for this URI ({exc})") from None
+    return ArrowFsBackend(fs, path, text)

@@ -1,0 +1,73 @@
+"""The IPC cache: an uncompressed Arrow IPC copy of a committed unit, memory-mapped for
+zero-copy replay (local stores only).
+
+A cache file is derived data: it is written after the commit, never counts as one, and is
+served only if it is the copy of the committed group file it claims to be (the group file's
+CRC-32 is recorded in it) and, when checked, if its own bytes match the CRC-32 sealed into it.
+``verify`` checks every cache file in full.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from maxent_arrow.errors import StoreError
+from maxent_arrow.rollout import STEP_META_KEY, RolloutBatch, step_row_to_json
+from maxent_arrow.store.backend import Backend
+from maxent_arrow.store.catalog import StepFile
+from maxent_arrow.store.checksums import SEAL_KEY, SEAL_PLACEHOLDER, check_seal, seal
+from maxent_arrow.store.layout import CACHE, cache_name
+
+__all__ = ["CACHE_META_KEY", "read_cache", "write_cache"]
+
+# JSON in a cache file's schema metadata: the unit and the CRC of the group file it copies.
+CACHE_META_KEY = b"maxent_arrow.cache"
+
+
+def write_cache(
+    backend: Backend, batch: RolloutBatch, unit: str, group_crc32: int | None = None
+) -> None:
+    """Write the IPC cache copy of a committed unit (uncompressed: memory-mappable)."""
+    meta = dict(batch.groups.schema.metadata or {})
+    meta[STEP_META_KEY] = step_row_to_json(batch.step_row).encode()
+    meta[CACHE_META_KEY] = json.dumps({"unit": unit, "group_crc32": group_crc32}).encode()
+    meta[SEAL_KEY] = SEAL_PLACEHOLDER
+    groups = batch.groups.replace_schema_metadata(meta)
+    sink = pa.BufferOutputStream()
+    with ipc.new_file(sink, groups.schema) as writer:
+        writer.write_batch(groups)
+    backend.makedirs(CACHE)
+    backend.write_file(f"{CACHE}/{cache_name(unit)}", seal(sink.getvalue().to_pybytes()))
+
+
+def read_cache(
+    backend: Backend, step: StepFile, unit: str, *, check: bool
+) -> pa.RecordBatch | None:
+    """The cached group rows of ``unit`` (memory-mapped, zero-copy), or ``None`` when there
+    is no cache copy of the committed file. ``check`` verifies the copy's own CRC-32 (one pass
+    over its bytes); a damaged copy is a :class:`StoreError`."""
+    rel = f"{CACHE}/{cache_name(unit)}"
+    if not backend.local or backend.stat(rel) is None:
+        return None
+    path = backend.path(rel)
+    try:
+        source = pa.memory_map(str(path), "r")
+        if check and check_seal(source.read_buffer().to_pybytes()) is False:
+            raise StoreError(
+                f"{path}: IPC cache CRC-32 differs from the one sealed in it (corrupt)"
+            )
+        source.seek(0)
+        reader = ipc.open_file(source)
+        batch = reader.get_batch(0)
+    except StoreError:
+        raise
+    except (pa.ArrowException, OSError) as exc:
+        raise StoreError(f"{path}: unreadable IPC cache file ({exc})") from None
+    recorded = json.loads((batch.schema.metadata or {}).get(CACHE_META_KEY, b"{}"))
+    expected = step.meta.get("group_crc32")
+    if recorded.get("group_crc32") is not None and recorded["group_crc32"] != expected:
+        return None  # a copy of another commit of this unit (e.g. before a compaction)
+    return batch

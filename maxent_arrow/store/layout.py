@@ -1,0 +1,120 @@
+"""Where things are in a store: directory and file names, metadata keys, and the commit rule.
+
+::
+
+    root/manifest.json                 format, schema version, creation time, run config
+    root/groups/{unit}.parquet         group rows of one append (or a compacted segment)
+    root/steps/{unit}.parquet          its step rows: the commit record (written last)
+    root/cache/{unit}.arrow            optional IPC copy of a unit for memory-mapped replay
+    root/quarantine/...                what ``repair`` moved aside (never read)
+
+    unit of an append:     step-{step:010d}.rank-{rank:05d}.{kind}.parquet
+    unit of a compaction:  compact-{first:010d}-{last:010d}.{kind}.r{lo:05d}-{hi:05d}.{digest}
+                           .parquet (one name, wrapped here)
+
+**The commit rule** (the one definition, used by every reader): a group file is committed when
+a step file of the same name exists and no committed step file lists it in ``replaces``
+(a compaction's record of the files it merged, transitively). Everything else in ``groups/``
+— leftovers of crashed writes, files a compaction replaced, a user's own files — is invisible
+to this library's readers (``docs/commit-protocol.md``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+
+from maxent_arrow.arrow import schema as S
+from maxent_arrow.errors import StoreError
+
+__all__ = [
+    "CACHE",
+    "CONFIG_META_KEY",
+    "FORMAT_NAME",
+    "GROUPS",
+    "MANIFEST",
+    "MAX_RANK",
+    "MAX_STEP",
+    "QUARANTINE",
+    "STEPS",
+    "STORE_META_KEY",
+    "UnitName",
+    "cache_name",
+    "compact_name",
+    "parse_name",
+    "unit_name",
+]
+
+FORMAT_NAME = "maxent-arrow-rollouts"
+MANIFEST = "manifest.json"
+GROUPS, STEPS, CACHE, QUARANTINE = "groups", "steps", "cache", "quarantine"
+# JSON in a step file's metadata: its group file's name, size and checksums, and for a
+# compacted segment the row ranges of its units and the files it replaces.
+STORE_META_KEY = b"maxent_arrow.store"
+# The run config (JSON) in a group file's metadata, so a lone group file is self-describing.
+CONFIG_META_KEY = b"maxent_arrow.config"
+
+MAX_STEP = 10**10 - 1
+MAX_RANK = 10**5 - 1
+
+_KIND = S.KIND_PATTERN
+_UNIT_RE = re.compile(rf"^step-(\d{{10}})\.rank-(\d{{5}})\.({_KIND})\.parquet$")
+_COMPACT_RE = re.compile(
+    rf"^compact-(\d{{10}})-(\d{{10}})\.({_KIND})\.r(\d{{5}})-(\d{{5}})\.([0-9a-f]{{12}})\.parquet$"
+)
+# Compacted files of schema 1.x stores: compact-{first}-{last}.{kind}.parquet
+_COMPACT_V1_RE = re.compile(rf"^compact-(\d{{10}})-(\d{{10}})\.({_KIND})\.parquet$")
+
+
+@dataclass(frozen=True)
+class UnitName:
+    """What a store file name says: its kind, its step range and rank range, and whether it
+    is one append or a compacted segment."""
+
+    kind: str
+    first_step: int
+    last_step: int
+    first_rank: int
+    last_rank: int
+    compacted: bool
+
+
+def unit_name(step: int, rank: int, kind: str) -> str:
+    """``step-{step:010d}.rank-{rank:05d}.{kind}.parquet``; out-of-range values are refused."""
+    if not 0 <= step <= MAX_STEP:
+        raise StoreError(f"step {step} out of range [0, {MAX_STEP}] for the store's file names")
+    if not 0 <= rank <= MAX_RANK:
+        raise StoreError(f"rank {rank} out of range [0, {MAX_RANK}] for the store's file names")
+    S.check_kind(kind, where="store file name")
+    return f"step-{step:010d}.rank-{rank:05d}.{kind}.parquet"
+
+
+def compact_name(kind: str, steps: tuple[int, int], ranks: tuple[int, int], inputs: list) -> str:
+    """The name of a compacted segment: its kind, step range, rank range and a digest of its
+    inputs' records (their names and CRCs), so two compactions never share a name."""
+    digest = hashlib.sha256(repr(sorted(inputs)).encode()).hexdigest()[:12]
+    return (
+        f"compact-{steps[0]:010d}-{steps[1]:010d}.{kind}."
+        f"r{ranks[0]:05d}-{ranks[1]:05d}.{digest}.parquet"
+    )
+
+
+def parse_name(name: str) -> UnitName | None:
+    """What ``name`` says, or ``None`` if it is not a store file name."""
+    match = _UNIT_RE.match(name)
+    if match:
+        step, rank = int(match[1]), int(match[2])
+        return UnitName(match[3], step, step, rank, rank, False)
+    match = _COMPACT_RE.match(name)
+    if match:
+        return UnitName(match[3], int(match[1]), int(match[2]), int(match[4]), int(match[5]), True)
+    match = _COMPACT_V1_RE.match(name)
+    if match:
+        return UnitName(match[3], int(match[1]), int(match[2]), 0, MAX_RANK, True)
+    return None
+
+
+def cache_name(unit: str) -> str:
+    """The IPC cache file of a unit: ``{unit without .parquet}.arrow``."""
+    return unit.removesuffix(".parquet") + ".arrow"

@@ -1,0 +1,107 @@
+"""How the store writes Parquet: one row group per file, the settings of each column kind, and
+sealed step files.
+
+Group files: zstd level 1 by default (token ids and log-probs compress little more at higher
+levels, which cost several times the time); dictionary encoding only on the repeated strings
+(``prompt``, ``answer``, ``kind``, ``group_id``, reward names) — on token and log-prob columns
+it makes writes ~4x slower for little gain; byte-stream split on the per-token floats (they
+compress better at no extra cost); statistics on ``step``, ``rank``, ``kind`` and
+``group_index`` only (what readers filter on); page checksums; the schema version in the file
+metadata (``docs/arrow-layout.md``, "Parquet settings").
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from maxent_arrow.arrow import schema as S
+from maxent_arrow.errors import StoreError
+from maxent_arrow.store.checksums import SEAL_KEY, SEAL_PLACEHOLDER, seal
+
+__all__ = [
+    "COMPRESSIONS",
+    "check_compression",
+    "group_file_settings",
+    "parquet_bytes",
+    "write_parquet",
+]
+
+COMPRESSIONS = ("zstd", "lz4", "snappy", "gzip", "brotli", "none")
+_DICTIONARY = ("prompt", "answer", "kind", "group_id", "reward_names")
+_STATISTICS = ("step", "rank", "kind", "group_index")
+
+
+def check_compression(compression: str, level: int | None) -> tuple[str, int | None]:
+    """The Parquet codec of group files and its level (kept only for codecs that have one)."""
+    if compression not in COMPRESSIONS:
+        raise StoreError(
+            f"compression: expected one of {', '.join(COMPRESSIONS)}, got {compression!r}"
+        )
+    return compression, level if compression in ("zstd", "gzip", "brotli") else None
+
+
+def _split_columns(schema: pa.Schema) -> list[str]:
+    """Parquet paths of the per-token float columns (``name.list.element.list.element``)."""
+    paths = []
+    for name in S.PER_TOKEN_COLUMNS:
+        if name in schema.names:
+            kind = schema.field(name).type
+            while pa.types.is_list(kind) or pa.types.is_large_list(kind):
+                kind = kind.value_type
+            if pa.types.is_floating(kind):
+                paths.append(f"{name}.list.element.list.element")
+    return paths
+
+
+def group_file_settings(schema: pa.Schema) -> dict[str, Any]:
+    """The writer options of a group file with this schema."""
+    names = schema.names
+    return {
+        "dictionary": [n for n in _DICTIONARY if n in names],
+        "statistics": [n for n in _STATISTICS if n in names],
+    }
+
+
+def write_parquet(
+    sink,
+    table: pa.Table,
+    metadata: dict[bytes, bytes],
+    *,
+    statistics: list[str],
+    dictionary: list[str] | bool = False,
+    sealed: bool = False,
+    compression: str = "zstd",
+    compression_level: int | None = 1,
+) -> None:
+    """Write ``table`` as one Parquet file (one row group) to ``sink``."""
+    table = table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
+    if compression in ("none", "uncompressed", None):
+        compression, compression_level = "none", None
+    with pq.ParquetWriter(
+        sink,
+        table.schema,
+        compression=compression,
+        compression_level=compression_level,
+        use_dictionary=dictionary,
+        write_statistics=statistics,
+        write_page_checksum=True,
+        store_schema=True,
+        use_byte_stream_split=_split_columns(table.schema),
+    ) as writer:
+        # One row group per file: a step is read whole, and one chunk per column means readers
+        # get contiguous arrays without a concatenating copy.
+        writer.write_table(table, row_group_size=max(table.num_rows, 1))
+        if sealed:
+            writer.add_key_value_metadata({SEAL_KEY: SEAL_PLACEHOLDER})
+
+
+def parquet_bytes(table: pa.Table, metadata: dict[bytes, bytes], **options) -> pa.Buffer | bytes:
+    """Parquet bytes in memory; sealed files come back with their own CRC patched in."""
+    sink = pa.BufferOutputStream()
+    write_parquet(sink, table, metadata, **options)
+    if options.get("sealed"):
+        return seal(sink.getvalue().to_pybytes())
+    return sink.getvalue()

@@ -1,0 +1,189 @@
+"""Reading group files, checked against what their step file recorded, and the unified table.
+
+One checked reader for every path that decodes group rows (``read``, ``replay``, ``verify``,
+the Ray reader, ``compact``): the file's size first; then either the CRC-32 of the whole file
+(reading everything) or, when only some columns are read and the step file recorded chunk
+CRCs, the CRCs of those columns' chunks and of the footer. Damage is a :class:`StoreError`
+naming the file (and the column). Schema-1.x files come back in the current layout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from maxent_arrow.arrow import schema as S
+from maxent_arrow.arrow.upgrade import needs_upgrade, upgrade_groups
+from maxent_arrow.errors import SchemaError, StoreError
+from maxent_arrow.store.backend import Backend
+from maxent_arrow.store.catalog import Catalog, OnError, StepFile, fail
+from maxent_arrow.store.checksums import check_chunks, crc32_of
+from maxent_arrow.store.layout import GROUPS, parse_name
+
+__all__ = ["GroupFileRead", "conform", "read_group_file", "read_table"]
+
+
+def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``table`` with exactly ``schema``'s columns: cast where types widened, nulls where a
+    column is missing (a file written before the column existed)."""
+    arrays = []
+    for f in schema:
+        if f.name in table.column_names:
+            column = table.column(f.name)
+            arrays.append(column if column.type == f.type else column.cast(f.type))
+        else:
+            arrays.append(pa.nulls(table.num_rows, f.type))
+    fields = [pa.field(f.name, f.type, nullable=True) for f in schema]
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields, metadata=schema.metadata))
+
+
+def _kind_of(step: StepFile) -> str:
+    parsed = parse_name(step.name)
+    if parsed is not None:
+        return parsed.kind
+    kinds = step.table.column("kind").unique().to_pylist()
+    return kinds[0] if kinds else "train"
+
+
+def read_group_file(
+    backend: Backend,
+    step: StepFile,
+    columns: Iterable[str] | None,
+    *,
+    crc: bool = True,
+) -> pa.Table:
+    """The group rows of ``step``'s group file (``columns`` of them, or all), checked."""
+    rel = f"{GROUPS}/{step.group_file}"
+    path = backend.path(rel)
+    info = backend.stat(rel)
+    if info is None:
+        raise StoreError(f"{path}: group file missing (its step file is committed)")
+    expected = step.meta.get("group_size")
+    if expected is not None and info.size != expected:
+        raise StoreError(
+            f"{path}: size {info.size} bytes, expected {expected} (truncated or changed)"
+        )
+    upgrade = needs_upgrade(step.version)
+    wanted = None if columns is None else list(dict.fromkeys(columns))
+    try:
+        source: Any
+        chunks = step.meta.get("chunks")
+        if crc and wanted is not None and chunks is not None and not upgrade:
+            # Only the columns read, and the footer: no pass over the rest of the file.
+            check_chunks(str(path), chunks, lambda r: backend.read_ranges(rel, r), wanted)
+            source = backend.open(rel)
+        elif crc and step.meta.get("group_crc32") is not None:
+            data = backend.read(rel)
+            got = crc32_of(data)
+            if got != step.meta["group_crc32"]:
+                raise StoreError(
+                    f"{path}: CRC-32 {got:08x}, expected {step.meta['group_crc32']:08x} (corrupt)"
+                )
+            source = pa.BufferReader(data)
+        else:
+            source = backend.open(rel)
+        reader = pq.ParquetFile(source, page_checksum_verification=True)
+        present = reader.schema_arrow.names
+        if wanted is not None:
+            # A 1.x file has `rewards`, not reward_names/reward_values; read what upgrades.
+            if upgrade and {"reward_names", "reward_values"} & set(wanted):
+                wanted = [*wanted, "rewards", "completions", "total_utils"]
+            if upgrade:
+                wanted = [*wanted, "step", "rank", "group_index", "completions", "total_utils"]
+            wanted = [c for c in dict.fromkeys(wanted) if c in present]
+        table = reader.read(columns=wanted)
+    except StoreError:
+        raise
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise StoreError(f"{path}: unreadable group file ({exc})") from None
+    S.check_version((table.schema.metadata or {}).get(S.METADATA_KEY), where=str(path))
+    if upgrade:
+        table = upgrade_groups(table, kind=_kind_of(step))
+        if columns is not None:
+            table = table.select([c for c in dict.fromkeys(columns) if c in table.column_names])
+    return table
+
+
+class GroupFileRead:
+    """One group file to read and the row ranges (one per unit) to take from it: what a
+    reader in another process (a Ray task) needs, picklable."""
+
+    def __init__(self, backend: Backend, step: StepFile, units: list[tuple[str, int, int]]):
+        self.backend = backend
+        self.step = step
+        self.units = units  # (unit name, first row, rows)
+
+    @property
+    def path(self) -> str:
+        return self.backend.fs_path(f"{GROUPS}/{self.step.group_file}")
+
+    @property
+    def size(self) -> int | None:
+        return self.step.meta.get("group_size")
+
+    @property
+    def num_rows(self) -> int:
+        return sum(count for _, _, count in self.units)
+
+    def read(self, columns: Iterable[str] | None, *, crc: bool = True) -> pa.Table:
+        return read_group_file(self.backend, self.step, columns, crc=crc)
+
+
+def flat_columns(schema: pa.Schema) -> list[str]:
+    """The columns a row filter may use: every column that is not a list or a struct."""
+    return [f.name for f in schema if not (pa.types.is_list(f.type) or pa.types.is_struct(f.type))]
+
+
+def read_table(
+    catalog: Catalog,
+    unified: pa.Schema,
+    table: str,
+    *,
+    steps,
+    columns: list[str] | None,
+    filter: pc.Expression | None,
+    kind: str | None,
+    ranks,
+    on_error: OnError,
+    crc: bool,
+) -> pa.Table:
+    """Rows of ``table`` (``"groups"`` or ``"steps"``) of the committed units, as one table
+    over ``unified``, the store's unified schema of that table."""
+    if columns is not None:
+        unknown = [c for c in columns if c not in unified.names]
+        if unknown:
+            raise SchemaError(
+                f"RolloutStore.read: unknown column(s) {unknown} in {table}; the store has "
+                f"{unified.names}"
+            )
+    wanted = unified.names if columns is None else list(columns)
+    # A filter may use the flat columns, so read them too (token columns only when asked).
+    needed = wanted if filter is None else list(dict.fromkeys(wanted + flat_columns(unified)))
+    target = pa.schema([unified.field(n) for n in needed], metadata=unified.metadata)
+    units = catalog.units(kind=kind, steps=steps, ranks=ranks, on_error=on_error)
+    by_file: dict[str, list] = {}
+    for unit in units:
+        by_file.setdefault(unit.step_file, []).append(unit)
+    parts: list[pa.Table] = []
+    for step_name, members in by_file.items():
+        try:
+            step = catalog.step_file(step_name)
+            if table == "steps":
+                data = step.table.take(pa.array([u.row for u in members]))
+            else:
+                data = read_group_file(catalog.backend, step, needed, crc=crc)
+                keep = [i for u in members for i in range(u.start, u.start + u.num_groups)]
+                if len(keep) != data.num_rows:
+                    data = data.take(pa.array(keep))
+        except StoreError as exc:
+            fail(on_error, exc)
+            continue
+        parts.append(conform(data, target))
+    result = pa.concat_tables(parts) if parts else target.empty_table()
+    if filter is not None:
+        result = result.filter(filter).select(wanted)
+    return result.replace_schema_metadata(unified.metadata)

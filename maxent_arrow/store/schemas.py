@@ -1,0 +1,89 @@
+"""One schema over a store's files, unified by column name, kept up to date incrementally.
+
+Committed files never change, so the unified schema of ``n`` files is the unification of the
+schema of ``n - 1`` files with the new one: an append costs one footer read, not one per file
+in the store. After a compaction removed files, it starts over. Schema-1.x files contribute
+the schema they are read as (the current layout).
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from maxent_arrow.arrow import schema as S
+from maxent_arrow.arrow.upgrade import needs_upgrade, upgrade_groups, upgrade_steps
+from maxent_arrow.errors import StoreError
+from maxent_arrow.store.catalog import Catalog, OnError, fail
+from maxent_arrow.store.layout import GROUPS, STEPS
+
+__all__ = ["UnifiedSchemas", "file_schema"]
+
+
+def file_schema(catalog: Catalog, rel: str) -> pa.Schema:
+    """The schema of one committed file as this library reads it (footer only)."""
+    backend = catalog.backend
+    try:
+        with backend.open(rel) as source:
+            schema = pq.read_schema(source)
+    except (pa.ArrowException, OSError) as exc:
+        raise StoreError(f"{backend.path(rel)}: unreadable Parquet footer ({exc})") from None
+    version = S.check_version(
+        (schema.metadata or {}).get(S.METADATA_KEY), where=str(backend.path(rel))
+    )
+    if needs_upgrade(version):
+        table, name = rel.split("/", 1)
+        step = catalog.step_file(name)
+        empty = schema.empty_table()
+        if table == GROUPS:
+            kind = step.table.column("kind")[0].as_py() if step.table.num_rows else "train"
+            schema = upgrade_groups(empty, kind=kind).schema
+        else:
+            schema = upgrade_steps(empty).schema
+    return schema
+
+
+class UnifiedSchemas:
+    """The unified schema of the committed group files and of the step files."""
+
+    def __init__(self, catalog: Catalog):
+        self.catalog = catalog
+        self._files: dict[str, tuple[tuple[int, int], pa.Schema]] = {}
+        self._unified: dict[str, tuple[frozenset[str], pa.Schema]] = {}
+
+    def _schema(self, rel: str) -> pa.Schema:
+        info = self.catalog.backend.stat(rel)
+        if info is None:
+            raise StoreError(f"{self.catalog.backend.path(rel)}: missing")
+        key = (info.size, info.mtime_ns)
+        hit = self._files.get(rel)
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        schema = file_schema(self.catalog, rel)
+        self._files[rel] = (key, schema)
+        return schema
+
+    def get(self, table: str, on_error: OnError) -> pa.Schema:
+        """The unified schema of ``table`` (``"groups"`` or ``"steps"``); with no files yet,
+        the current layout's."""
+        files = self.catalog.committed_files(table, on_error)
+        names = set(files)
+        cached = self._unified.get(table)
+        done: set[str] = set()
+        schemas: list[pa.Schema] = []
+        if cached is not None and cached[0] <= names:
+            done, schemas = set(cached[0]), [cached[1]]
+        for rel in files:
+            if rel in done:
+                continue
+            try:
+                schemas.append(self._schema(rel))
+                done.add(rel)
+            except StoreError as exc:
+                fail(on_error, exc)
+        if not schemas:
+            return S.group_schema() if table == GROUPS else S.step_schema()
+        root = self.catalog.backend.path(table if table in (GROUPS, STEPS) else "")
+        unified = S.unify_schemas(schemas, where=str(root))
+        self._unified[table] = (frozenset(done), unified)
+        return unified
