@@ -60,7 +60,7 @@ def _lists(offsets: np.ndarray, values: pa.Array) -> pa.Array:
 def generate(root: Path, *, steps: int, prompts: int, k: int, seed: int = 0) -> RolloutStore:
     """A store written through ``RolloutStore.append`` (vectorised per step)."""
     rng = np.random.default_rng(seed)
-    store = RolloutStore(root, config={"tau": 0.5, "beta": 0.04})
+    store = RolloutStore.create(root, config={"tau": 0.5, "beta": 0.04})
     schema = S.group_schema()
     n = prompts * k
     goff = np.arange(0, n + 1, k)

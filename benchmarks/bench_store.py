@@ -230,7 +230,7 @@ def run(args, work: Path) -> dict:
 
     # --- append vs baselines
     steps = iter(range(10**6))
-    store = RolloutStore(work / "store")
+    store = RolloutStore.create(work / "store")
 
     def append():
         b = make_step_like(batch, next(steps))
@@ -246,7 +246,7 @@ def run(args, work: Path) -> dict:
 
     append()  # warm up both writers (first-touch page faults, file system metadata)
     save()
-    fast = RolloutStore(work / "store-uncompressed", compression="none")
+    fast = RolloutStore.create(work / "store-uncompressed", compression="none")
 
     def append_fast():
         fast.append(make_step_like(batch, next(steps)))
@@ -334,7 +334,7 @@ def run(args, work: Path) -> dict:
 
     t_parquet = _time(lambda: replay("parquet"), args.repeat)
     t_cache = _time(lambda: replay("cache"), max(args.repeat, 3))
-    small_store = RolloutStore(work / "small", cache=True)
+    small_store = RolloutStore.create(work / "small", cache=True)
     small_store.append(make_step(0, max(p // 8, 1), k, m))
     t_cache_small = _time(lambda: replay("cache", small_store, 0), max(args.repeat, 3))
     t_load = _time(lambda: torch.load(work / "step-0.pt"), args.repeat)
@@ -352,7 +352,7 @@ def run(args, work: Path) -> dict:
     line("floor: memcpy of ragged bytes", t_memcpy * ms, "ms", "the cache path copies nothing")
 
     # --- peak RSS replaying a store 10x one step
-    big = RolloutStore(work / "ten", cache=True)
+    big = RolloutStore.create(work / "ten", cache=True)
     for step in range(10):
         big.append(make_step_like(batch, step))
     results = {}

@@ -85,7 +85,7 @@ def write_store(
     """
     rng = np.random.default_rng(seed)
     root = Path(root)
-    store = RolloutStore(root, config={"max_completion_len": max_len, "tau": 0.5})
+    store = RolloutStore.create(root, config={"max_completion_len": max_len, "tau": 0.5})
     out = Written(root)
     jobs = [(s, "train") for s in steps] + [(s, "eval") for s in eval_steps]
     for step, kind in jobs:

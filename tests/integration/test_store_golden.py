@@ -26,7 +26,7 @@ def _digest(values: list) -> str:
 def golden(tmp_path):
     # A copy: opening a store may clean up, and the shipped files must stay as they are.
     shutil.copytree(DATA / "golden_v1", tmp_path / "golden_v1")
-    return RolloutStore(tmp_path / "golden_v1")
+    return RolloutStore.create(tmp_path / "golden_v1")
 
 
 def test_golden_store_verifies(golden):

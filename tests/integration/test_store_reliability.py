@@ -31,7 +31,7 @@ WRITER = textwrap.dedent(
     from maxent_arrow import RolloutStore
     root, rank, last, ahead = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     groups = int(sys.argv[5])
-    store = RolloutStore(root, cache=True)
+    store = RolloutStore.create(root, cache=True)
     done = set(store.steps(rank=rank))
     todo = [s for s in range(last) if s not in done][:ahead]
     batches = [make_batch(s, rank=rank, groups=groups, k=(4, 8), max_tokens=128) for s in todo]
@@ -147,7 +147,7 @@ RACE = textwrap.dedent(
     import sys
     from store_fixtures import make_batch
     from maxent_arrow import RolloutStore, StoreError
-    store = RolloutStore(sys.argv[1])
+    store = RolloutStore.create(sys.argv[1])
     batch = make_batch(7, seed=int(sys.argv[2]), groups=40, max_tokens=64)
     print("READY", flush=True)
     sys.stdin.readline()
@@ -194,7 +194,7 @@ def test_two_writers_of_the_same_step_one_wins(tmp_path):
 # ---------------------------------------------------------------------------- damage
 @pytest.fixture
 def damaged(tmp_path):
-    store = RolloutStore(tmp_path / "store", cache=True)
+    store = RolloutStore.create(tmp_path / "store", cache=True)
     for step in range(4):
         store.append(make_batch(step))
     return store
@@ -276,7 +276,7 @@ FULL_DISK = textwrap.dedent(
     import resource, signal, sys
     from store_fixtures import make_batch
     from maxent_arrow import RolloutStore, StoreError
-    store = RolloutStore(sys.argv[1])
+    store = RolloutStore.create(sys.argv[1])
     batch = make_batch(5, groups=64, max_tokens=512)
     # Writes past the limit fail with EFBIG (the signal would kill us instead).
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
@@ -298,7 +298,7 @@ def _snapshot(root: Path) -> dict[str, bytes]:
 
 @pytest.mark.slow
 def test_full_disk_is_a_clear_error_and_the_store_is_unchanged(tmp_path):
-    store = RolloutStore(tmp_path / "store")
+    store = RolloutStore.create(tmp_path / "store")
     store.append(make_batch(0))
     before = _snapshot(store.root)
     done = subprocess.run(
@@ -327,7 +327,7 @@ READ_ONLY = textwrap.dedent(
         # live under /root here).
         os.setgid(65534)
         os.setuid(65534)
-    store = RolloutStore(sys.argv[1])
+    store = RolloutStore.create(sys.argv[1])
     print("STEPS", store.steps())
     try:
         store.append(batch)

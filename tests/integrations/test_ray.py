@@ -48,7 +48,7 @@ def _fill(store: RolloutStore) -> None:
 @pytest.fixture(scope="module")
 def store_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("run") / "store"
-    _fill(RolloutStore(root, config=CONFIG))
+    _fill(RolloutStore.create(root, config=CONFIG))
     return root
 
 
@@ -365,7 +365,7 @@ def test_read_store_over_s3(ray_cluster, tmp_path: Path, monkeypatch) -> None:
         )  # fmt: skip
         fs.create_dir("runs")
         remote = ObjectStore("s3://runs/exp", filesystem=fs, config=CONFIG)
-        local = RolloutStore(tmp_path / "local", config=CONFIG)
+        local = RolloutStore.create(tmp_path / "local", config=CONFIG)
         for step in range(2):
             for rank in range(2):
                 remote.append(make_batch(step, rank=rank))

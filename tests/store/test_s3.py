@@ -80,7 +80,7 @@ def test_object_store_files_are_rollout_store_files(tmp_path: Path) -> None:
 def test_object_store_keeps_the_state_rolloutstore_methods_use(tmp_path: Path) -> None:
     """ObjectStore runs RolloutStore's own methods: it must carry every attribute they read
     (a guard for when RolloutStore grows one)."""
-    local = RolloutStore(tmp_path / "a")
+    local = RolloutStore.create(tmp_path / "a")
     remote = ObjectStore(str(tmp_path / "b"), filesystem=pafs.LocalFileSystem())
     missing = set(vars(local)) - set(vars(remote)) - {"_cache_dir"}  # no IPC cache remotely
     assert not missing, f"ObjectStore lacks RolloutStore state {sorted(missing)}"
@@ -95,7 +95,7 @@ def pair(s3, tmp_path_factory: pytest.TempPathFactory) -> tuple[ObjectStore, Rol
     """The same appends to an S3 store (opened by URI) and to a local store."""
     endpoint, _ = s3
     remote = ObjectStore(_uri(endpoint, "run-1"), config=CONFIG)
-    local = RolloutStore(tmp_path_factory.mktemp("local") / "store", config=CONFIG)
+    local = RolloutStore.create(tmp_path_factory.mktemp("local") / "store", config=CONFIG)
     batches = [make_batch(step, rank=rank) for step in range(3) for rank in range(2)]
     batches.append(make_batch(1, rank=1, kind="eval", groups=2))
     for batch in batches:
@@ -178,7 +178,7 @@ def test_files_are_interchangeable_with_a_local_store(pair, s3, tmp_path: Path) 
         "runs/run-1", str(tmp_path / "down"), source_filesystem=fs,
         destination_filesystem=pafs.LocalFileSystem(),
     )  # fmt: skip
-    down = RolloutStore(tmp_path / "down")
+    down = RolloutStore.create(tmp_path / "down")
     assert down.read().equals(local.read())
     assert down.verify().ok
     # Upload the local store: ObjectStore reads it.

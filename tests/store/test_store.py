@@ -21,7 +21,7 @@ from maxent_arrow.arrow.schema import NO_DICTIONARY_COLUMNS
 
 @pytest.fixture
 def store(tmp_path):
-    s = RolloutStore(tmp_path / "store", config={"run": "test"})
+    s = RolloutStore.create(tmp_path / "store", config={"run": "test"})
     for step in range(3):
         s.append(make_batch(step))
     s.append(make_batch(1, rank=1))
@@ -119,7 +119,7 @@ def test_replay_shards_are_disjoint_and_complete(store):
 
 
 def test_ipc_cache_replay_is_zero_copy(tmp_path):
-    store = RolloutStore(tmp_path / "s", cache=True)
+    store = RolloutStore.create(tmp_path / "s", cache=True)
     big = make_batch(0, groups=64, k=(8, 8), max_tokens=256)
     store.append(big)
     assert (store.root / "cache" / "step-0000000000.rank-00000.train.arrow").exists()
@@ -169,7 +169,7 @@ def test_sql_views(store):
 
 
 def test_empty_store(tmp_path):
-    store = RolloutStore(tmp_path / "empty")
+    store = RolloutStore.create(tmp_path / "empty")
     assert store.steps() == [] and store.committed_files() == []
     assert store.read().num_rows == 0
     assert list(store.replay()) == []
@@ -178,7 +178,7 @@ def test_empty_store(tmp_path):
 
 
 def test_reward_added_mid_run_reads_as_nulls(tmp_path):
-    store = RolloutStore(tmp_path / "s")
+    store = RolloutStore.create(tmp_path / "s")
     store.append(make_batch(0, reward_names=("accuracy",)))
     store.append(make_batch(1, reward_names=("accuracy", "format")))
     schema = store.schema()
@@ -193,7 +193,7 @@ def test_reward_added_mid_run_reads_as_nulls(tmp_path):
 
 
 def test_conflicting_column_type_is_refused_and_store_unchanged(tmp_path):
-    store = RolloutStore(tmp_path / "s")
+    store = RolloutStore.create(tmp_path / "s")
     store.append(make_batch(0))
     before = sorted(p.name for p in store.root.rglob("*"))
     b = make_batch(1)
@@ -219,7 +219,7 @@ def test_duplicate_append_is_refused(store):
 
 
 def test_newer_schema_major_is_refused(tmp_path):
-    store = RolloutStore(tmp_path / "s")
+    store = RolloutStore.create(tmp_path / "s")
     store.append(make_batch(0))
     manifest = store.root / "manifest.json"
     data = json.loads(manifest.read_text())
@@ -246,10 +246,10 @@ def test_paths_that_escape_the_store_are_refused(tmp_path):
     (tmp_path / "junk").mkdir()
     (tmp_path / "junk" / "file.txt").write_text("x")
     with pytest.raises(StoreError, match="not a rollout store"):
-        RolloutStore(tmp_path / "junk")
+        RolloutStore.create(tmp_path / "junk")
     with pytest.raises(StoreError, match="file system root"):
         RolloutStore("/")
-    store = RolloutStore(tmp_path / "s")
+    store = RolloutStore.create(tmp_path / "s")
     store.append(make_batch(0))
     # A committed group file swapped for a symlink out of the store is refused by name.
     path = store.committed_files()[0]
@@ -263,7 +263,7 @@ def test_paths_that_escape_the_store_are_refused(tmp_path):
 
 
 def test_compact_merges_atomically(tmp_path):
-    store = RolloutStore(tmp_path / "s")
+    store = RolloutStore.create(tmp_path / "s")
     for step in range(5):
         store.append(make_batch(step))
     store.append(make_batch(0, kind="eval"))
@@ -284,7 +284,7 @@ def test_compact_merges_atomically(tmp_path):
 
 
 def test_compact_crash_before_cleanup_shows_no_duplicates(tmp_path):
-    store = RolloutStore(tmp_path / "s")
+    store = RolloutStore.create(tmp_path / "s")
     for step in range(3):
         store.append(make_batch(step))
     before = store.read()
@@ -347,7 +347,7 @@ def test_other_tools_read_the_store_without_maxent_arrow(store, tmp_path):
 
 
 def test_temp_files_are_ignored_and_cleaned(tmp_path):
-    store = RolloutStore(tmp_path / "s")
+    store = RolloutStore.create(tmp_path / "s")
     store.append(make_batch(0))
     dead = store.root / "steps" / ".tmp-nohost.999999.abc.step-0000000001.rank-00000.train.parquet"
     dead.write_bytes(b"partial")
@@ -360,7 +360,7 @@ def test_temp_files_are_ignored_and_cleaned(tmp_path):
 
 
 def test_append_refuses_non_batches(tmp_path):
-    store = RolloutStore(tmp_path / "s")
+    store = RolloutStore.create(tmp_path / "s")
     with pytest.raises(SchemaError, match="RolloutBatch"):
         store.append({"step": 1})  # type: ignore[arg-type]
 
@@ -389,20 +389,20 @@ def test_benchmark_quick_runs(tmp_path):
 
 
 def test_compression_option(tmp_path):
-    fast = RolloutStore(tmp_path / "fast", compression="none")
+    fast = RolloutStore.create(tmp_path / "fast", compression="none")
     fast.append(make_batch(0))
     meta = pq.ParquetFile(fast.committed_files()[0]).metadata
     assert meta.row_group(0).column(0).compression == "UNCOMPRESSED"
-    default = RolloutStore(tmp_path / "zstd")
+    default = RolloutStore.create(tmp_path / "zstd")
     default.append(make_batch(0))
     assert fast.read().equals(default.read())
     assert fast.committed_files()[0].stat().st_size > default.committed_files()[0].stat().st_size
     with pytest.raises(StoreError, match="compression"):
-        RolloutStore(tmp_path / "bad", compression="zip")
+        RolloutStore.create(tmp_path / "bad", compression="zip")
 
 
 def test_schema_is_unified_incrementally(tmp_path):
-    store = RolloutStore(tmp_path / "s")
+    store = RolloutStore.create(tmp_path / "s")
     store.append(make_batch(0, reward_names=("accuracy",)))
     assert [f.name for f in store.schema().field("rewards").type] == ["accuracy"]
     store.append(make_batch(1, reward_names=("accuracy", "format")))

@@ -26,7 +26,7 @@ ENV = {**os.environ, "PYTHONPATH": f"{TESTS.parent}{os.pathsep}{TESTS}"}
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    s = RolloutStore(tmp_path_factory.mktemp("torch") / "store", cache=True)
+    s = RolloutStore.create(tmp_path_factory.mktemp("torch") / "store", cache=True)
     for step in range(4):
         for rank in range(2):
             s.append(make_batch(step, rank=rank, groups=5))

@@ -37,7 +37,7 @@ def test_should_evaluate_every_n_steps(tmp_path):
 
 
 def test_evaluate_scores_greedy_completions_and_stores_an_eval_step(tmp_path):
-    store = RolloutStore(tmp_path / "run")
+    store = RolloutStore.create(tmp_path / "run")
     logged = {}
     model = tiny_model(1)
     gen = greedy_generator(model, ByT5Tokenizer(), max_new_tokens=5, max_prompt_len=32)
@@ -61,7 +61,7 @@ def test_evaluate_scores_greedy_completions_and_stores_an_eval_step(tmp_path):
 
 
 def test_a_generator_that_drops_prompts_is_refused(tmp_path):
-    store = RolloutStore(tmp_path / "run")
+    store = RolloutStore.create(tmp_path / "run")
     ctx = _ctx(store, lambda prompts, n: ([], []))
     with pytest.raises(LayoutError, match="returned 0 groups for 2 prompts"):
         evaluate(ctx, step=0)
