@@ -61,7 +61,7 @@ def check_kind(kind: object, *, where: str) -> str:
     return kind
 
 
-# The length buckets of BatchDiagnostics (semantics §2.14): label -> inclusive upper bound.
+# The length buckets of BatchDiagnostics (docs/formulas.md §2.14): label -> inclusive upper bound.
 KL_LENGTH_BUCKETS: dict[str, int | None] = {
     "0-32": 32,
     "33-64": 64,
@@ -138,7 +138,7 @@ PER_COMPLETION_COLUMNS = (
 
 PER_TOKEN_COLUMNS = ("completion_ids", "ref_token_logp", "behavior_token_logp")
 
-# Dictionary encoding makes token-id writes ~4x slower for little gain (DESIGN §5).
+# Dictionary encoding makes token-id writes ~4x slower for little gain.
 NO_DICTIONARY_COLUMNS = (
     "prompt_ids",
     "completion_ids",

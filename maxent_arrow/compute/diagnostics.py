@@ -1,10 +1,10 @@
-"""``BatchDiagnostics``: KL and policy-vs-reference clip-region fractions (``semantics.md`` §3.10).
+"""``BatchDiagnostics``: KL and policy-vs-reference clip-region fractions.
 
 As in the original, the ``clip_ratio*`` fields measure how far the *policy* drifted from the
 *reference* (``log π_θ - log π_ref`` outside ``[ln(1 - ε_low), ln(1 + ε_high)]``), not PPO
 clipping against the behaviour policy, and they are computed even when the clip objective is
 off. The KL is also reported per completion-length bucket (token-weighted), with the buckets of
-:data:`maxent_arrow.schema.KL_LENGTH_BUCKETS`.
+:data:`maxent_arrow.arrow.schema.KL_LENGTH_BUCKETS`.
 
 Two cases, chosen by the inputs:
 
@@ -15,7 +15,8 @@ Two cases, chosen by the inputs:
   S_i/T_i``, ``kl_value`` is the *unweighted* mean of ``k3(δ_i)`` (unlike the token-weighted
   loss KL), the buckets use ``k3(δ_i)`` and ``T_i``, the fractions count sequences.
 
-Without reference statistics every field is 0 and the bucket dicts are empty.
+Without reference statistics every field is 0 and the bucket dicts are empty. The formulas are
+``docs/formulas.md`` §3.10.
 """
 
 from __future__ import annotations

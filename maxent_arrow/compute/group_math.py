@@ -7,16 +7,15 @@ on the same device, unless noted. There is no Python loop over groups or samples
 code runs on CPU and CUDA. Float64 inputs are computed in float64; anything narrower in float32,
 never below.
 
-Where the time goes, and what keeps it low (1M float64 samples, 1 thread, CPU): the group
-structure is checked and derived once per offsets tensor (:meth:`Segments.of` caches it on
-the tensor), uniform K runs dense ``[P, K]`` kernels, the finiteness checks double as the
-bounds that let a softmax skip its per-group max, softmaxes exponentiate in base 2 (``exp2``
-is twice as fast as ``exp`` in float64), normalisations multiply by per-group reciprocals, and
-each function allocates one ``[N]`` result and works in place on it. What remains is mostly
-the three transcendental passes (``exp2``, ``log2``, ``exp2``: ~4 ms of ~13 ms at K=16) and,
-for ragged K, ``segment_reduce`` / ``index_select`` (~1.4 / 0.6 ms per pass).
+What keeps the passes few: the group structure is checked and derived once per offsets
+tensor (:meth:`Segments.of` caches it), uniform K runs dense ``[P, K]`` kernels, the
+finiteness checks double as the bounds that let a softmax skip its per-group max, softmaxes
+exponentiate in base 2 (``exp2`` is cheaper than ``exp`` in float64), normalisations multiply
+by per-group reciprocals, and each function allocates one ``[N]`` result and works in place on
+it. Where the time goes is measured by ``benchmarks/bench_compute.py``.
 
-The formulas are those of ``reference/semantics.md`` §3 (section numbers in the docstrings).
+The formulas are those of ``docs/formulas.md``; the section numbers in the docstrings (§3.2)
+are its sections.
 Bad input raises :class:`~maxent_arrow.errors.ComputeError` (or ``LayoutError`` for broken
 offsets) naming the function, the argument and the group.
 """
@@ -66,9 +65,9 @@ __all__ = [
 
 Denominator = Literal["tau", "tau+beta"]
 
-# Floors from the original (semantics §3.4, §3.6): the q temperature is floored at 1e-8 and q
-# at 1e-12 before the log; epsilon is clamped to 1/K - 1e-8 when K * epsilon >= 1 (the [F]
-# TRL listwise guard; the custom loop had none and produced negative q).
+# Floors (docs/formulas.md §3.4, §3.6): the q temperature is floored at 1e-8 and q at 1e-12
+# before the log; epsilon is clamped to 1/K - 1e-8 when K * epsilon >= 1 (the original's
+# custom loop had no clamp and produced negative q: docs/seed-bugs.md §12).
 _MIN_TEMPERATURE = 1e-8
 _MIN_Q = 1e-12
 _EPS_MARGIN = 1e-8

@@ -1,4 +1,4 @@
-"""MaxEnt and GRPO losses -> ``LossOutputs`` (``semantics.md`` §3.9), on ragged inputs.
+"""MaxEnt and GRPO losses -> ``LossOutputs`` (``docs/formulas.md`` §3.9), on ragged inputs.
 
 - :func:`maxent_loss`: the weighted, length-normalised sequence NLL
   ``(1/G) Σ_i -w_i S_i / T_i``, plus the optional sequence-level clip objective and ``β·KL``
@@ -15,8 +15,9 @@ token values (the per-sample denominators are expanded to the tokens first), so 
 loop and the returned ``loss`` carries gradients to the policy log-probs.
 
 The clip objective uses the standard PPO ``min`` for both signs of the advantage. The
-original's custom loop took ``max`` for negative advantages (swapping the clip regions, §6.9);
-that variant exists only behind ``ClipSettings(sign_dependent=True)``.
+original's custom loop took ``max`` for negative advantages, swapping the clip regions
+(``docs/seed-bugs.md`` §9); that variant exists only behind
+``ClipSettings(sign_dependent=True)``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""SEED-GRPO semantic-entropy scaling of advantages (``semantics.md`` §3.3).
+"""SEED-GRPO semantic-entropy scaling of advantages (``docs/formulas.md`` §3.3).
 
 Per prompt group: extract each completion's final answer, cluster the completions by exact
 answer string (no answer: a singleton cluster), weigh each cluster by the softmax mass of the

@@ -1,10 +1,10 @@
 """Sampling K completions per prompt with a ``transformers`` causal LM, into a ``GenerationBatch``.
 
-``sample_groups`` runs ``model.generate`` once for all prompts (left-padded, ``num_return_sequences
-= K``), cuts each completion after its first EOS (inclusive), and keeps what a replayable step
-needs (semantics §4.2): the exact generated token ids, finish reason, token count, and the
-behaviour policy's per-token log-probs under the sampling temperature, as a ``Ragged`` (one row per
-completion, prompt-major).
+``sample_groups`` runs ``model.generate`` once for all prompts (left-padded,
+``num_return_sequences = K``), cuts each completion after its first EOS (inclusive), and keeps
+what a replayable step needs (``docs/formulas.md`` §4.2): the exact generated token ids, finish
+reason, token count, and the behaviour policy's per-token log-probs under the sampling
+temperature, as a ``Ragged`` (one row per completion, prompt-major).
 """
 
 from __future__ import annotations

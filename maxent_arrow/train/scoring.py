@@ -1,21 +1,22 @@
 """Teacher-forced scoring of a :class:`~maxent_arrow.ScoreBatch` with a ``transformers`` causal
 LM: :func:`reference_logprobs` (no grad) and :func:`sequence_scores` (with grad).
 
-What differs from the original pipeline (semantics §3.7-3.8, §6 items 4-7):
+What differs from the original pipeline (``docs/formulas.md`` §3.7-3.8, ``docs/seed-bugs.md``
+§4-7):
 
 - every sample is scored exactly as it would be alone: sequences are assembled ragged
   (:mod:`maxent_arrow.ingest.packing`), padded slices carry real ``position_ids`` (GPT-2's absolute
   position embeddings included), and only completion tokens are scored, whatever the prompt
-  lengths sharing a slice (the seed scored pad/prompt tokens there, §6 item 5);
+  lengths sharing a slice (the seed scored pad/prompt tokens there, seed-bugs §5);
 - packed, padding-free forwards when the model supports them (``packing="auto"``);
 - the logits never exist for a whole batch: the base model returns hidden states, and the
   output head, log-softmax and entropy run on chunks of ``token_chunk`` predicted positions
   (recomputed in backward under gradient checkpointing, so memory stays one chunk wide);
-- per-token values are float32 and per-sequence sums accumulate in float64 (§6 item 6);
+- per-token values are float32 and per-sequence sums accumulate in float64 (seed-bugs §6);
 - one ``temperature`` argument divides the logits the same way for policy and reference
-  (the seed divided only the reference's, §6 item 7);
+  (the seed divided only the reference's, seed-bugs §7);
 - per-token outputs are left-aligned on the scored completion tokens, and stored behaviour
-  per-token log-probs are aligned the same way (the seed right-aligned them, §6 item 4).
+  per-token log-probs are aligned the same way (the seed right-aligned them, seed-bugs §4).
 """
 
 from __future__ import annotations
@@ -198,7 +199,7 @@ def score_tokens(
         Predicted positions per output-head chunk: the logits held at once are at most
         ``token_chunk x V``.
     layout:
-        A precomputed :func:`~maxent_arrow.packing.sequence_layout` (to share between the
+        A precomputed :func:`~maxent_arrow.ingest.sequence_layout` (to share between the
         policy and reference passes).
     """
     if not temperature > 0:
@@ -311,7 +312,8 @@ def reference_logprobs(
     padding_side: Literal["right", "left"] = "right",
     token_chunk: int = 1024,
 ) -> ReferenceLogprobs:
-    """Frozen-reference log-probs, with the seed's field meanings (semantics §2.10).
+    """Frozen-reference log-probs, with the seed's field meanings (``docs/formulas.md`` §2.10,
+    §3.7).
 
     ``ref_logp_sum_raw`` is the sum R_i over scored completion tokens; ``ref_tok_counts`` the
     count T_i clamped to >= 1 (float32); ``ref_logp_sum`` is **a per-token mean** R_i / T_i
@@ -370,7 +372,8 @@ def sequence_scores(
     padding_side: Literal["right", "left"] = "right",
     token_chunk: int = 1024,
 ) -> SequenceScores:
-    """Policy scores with gradients, combined with ``reference`` as the seed does (§3.8).
+    """Policy scores with gradients, combined with ``reference`` as the seed does
+    (``docs/formulas.md`` §3.8).
 
     Parameters
     ----------

@@ -1,7 +1,7 @@
 """A small, complete MaxEnt-GRPO training loop through the rollout store (what the demo runs).
 
-One step (semantics §4.1): sample K completions per prompt with ``model.generate``; score them
-with the reward functions (:func:`~maxent_arrow.reward_step.compute_rewards`: utilities,
+One step (``docs/formulas.md`` §4.1): sample K completions per prompt with ``model.generate``;
+score them with the reward functions (:func:`~maxent_arrow.compute.compute_rewards`: utilities,
 advantages, q); build the ``ScoreBatch`` from the exact generated token ids; reference log-probs
 from a frozen copy of the initial model; MaxEnt weights from q and the reference; policy scores
 with gradients; the MaxEnt loss and diagnostics; one optimizer step through ``accelerate``; and

@@ -23,7 +23,7 @@ from maxent_arrow import (
 )
 from maxent_arrow.arrow import schema as S
 
-# DESIGN §4, in order.
+# The v1 group table (docs/arrow-layout.md), in column order.
 GROUP_COLUMNS = [
     "step",
     "rank",
