@@ -33,7 +33,7 @@ from torch.utils.checkpoint import checkpoint
 
 from maxent_arrow.arrow import Ragged, arrow_to_torch
 from maxent_arrow.errors import ComputeError, LayoutError, SchemaError
-from maxent_arrow.ingest.packing import SequenceLayout, iter_chunks, sequence_layout
+from maxent_arrow.ingest.packing import ModelChunk, SequenceLayout, iter_chunks, sequence_layout
 from maxent_arrow.types.rewards import ReferenceLogprobs, ScoreBatch, SequenceScores
 
 __all__ = [
@@ -210,12 +210,7 @@ def score_tokens(
     if layout is None:
         layout = sequence_layout(score_batch, device=device)
     packed = _resolve_packing(model, packing)
-    base = getattr(model, "base_model", None)
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    use_hidden = base is not None and base is not model and head is not None
-    transform = _logit_transform(getattr(model, "config", None))
-    grad = torch.is_grad_enabled()
-
+    scorer = _ChunkScorer.of(model, temperature, return_entropy, token_chunk)
     targets_all = layout.tokens.values
     scored_all = layout.scored
     offsets = layout.tokens.offsets.tolist()
@@ -235,39 +230,97 @@ def score_tokens(
             continue
         targets = targets_all[lo:hi][scored]
         source = chunk.slots[scored] - 1  # the logits at t score the token at t + 1
+        pieces.extend(scorer.score(chunk, source, targets))
+    return _assemble(layout, pieces, return_entropy, packed, device)
+
+
+@dataclass(frozen=True)
+class _ChunkScorer:
+    """One forward per chunk, then the per-token statistics of its scored positions, computed
+    ``token_chunk`` positions at a time (:func:`_token_stats`)."""
+
+    model: Any
+    base: Any  # the base model returning hidden states, or None: no separable output head
+    head: Any
+    transform: Callable[[torch.Tensor], torch.Tensor]
+    temperature: float
+    with_entropy: bool
+    token_chunk: int
+
+    @classmethod
+    def of(
+        cls, model: Any, temperature: float, with_entropy: bool, token_chunk: int
+    ) -> _ChunkScorer:
+        base = getattr(model, "base_model", None)
+        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        separable = base is not None and base is not model and head is not None
+        return cls(
+            model,
+            base if separable else None,
+            head if separable else None,
+            _logit_transform(getattr(model, "config", None)),
+            temperature,
+            with_entropy,
+            token_chunk,
+        )
+
+    def score(
+        self, chunk: ModelChunk, source: torch.Tensor, targets: torch.Tensor
+    ) -> list[torch.Tensor]:
+        """Statistics of the positions ``source`` (predicting ``targets``) of ``chunk``."""
         kwargs = {"position_ids": chunk.position_ids, "use_cache": False}
         if chunk.attention_mask is not None:
             kwargs["attention_mask"] = chunk.attention_mask
-        if use_hidden:
-            hidden = base(input_ids=chunk.input_ids, **kwargs)[0]
-            hidden = hidden.reshape(-1, hidden.shape[-1])[source]
-            for a in range(0, hidden.shape[0], token_chunk):
-                args = (head, transform, hidden[a : a + token_chunk], targets[a : a + token_chunk])
-                if grad:
-                    # Recompute this chunk's logits in backward instead of keeping them.
-                    out = checkpoint(
-                        _token_stats, *args, temperature, return_entropy, use_reentrant=False
-                    )
-                else:
-                    out = _token_stats(*args, temperature, return_entropy)
-                pieces.append(out)
-        else:
-            # No separable output head: the slice's logits are materialised (one slice only).
-            logits = model(input_ids=chunk.input_ids, **kwargs).logits
-            logits = logits.reshape(-1, logits.shape[-1])[source]
-            identity = _Identity()
-            for a in range(0, logits.shape[0], token_chunk):
-                pieces.append(
-                    _token_stats(
-                        identity,
-                        lambda x: x,
-                        logits[a : a + token_chunk],
-                        targets[a : a + token_chunk],
-                        temperature,
-                        return_entropy,
-                    )
+        if self.base is not None:
+            return self._from_hidden(chunk, kwargs, source, targets)
+        return self._from_logits(chunk, kwargs, source, targets)
+
+    def _from_hidden(
+        self,
+        chunk: ModelChunk,
+        kwargs: dict[str, Any],
+        source: torch.Tensor,
+        targets: torch.Tensor,
+    ) -> list[torch.Tensor]:
+        hidden = self.base(input_ids=chunk.input_ids, **kwargs)[0]
+        hidden = hidden.reshape(-1, hidden.shape[-1])[source]
+        grad = torch.is_grad_enabled()
+        pieces = []
+        for a in range(0, hidden.shape[0], self.token_chunk):
+            b = a + self.token_chunk
+            args = (self.head, self.transform, hidden[a:b], targets[a:b])
+            if grad:
+                # Recompute this chunk's logits in backward instead of keeping them.
+                out = checkpoint(
+                    _token_stats, *args, self.temperature, self.with_entropy, use_reentrant=False
                 )
-    return _assemble(layout, pieces, return_entropy, packed, device)
+            else:
+                out = _token_stats(*args, self.temperature, self.with_entropy)
+            pieces.append(out)
+        return pieces
+
+    def _from_logits(
+        self,
+        chunk: ModelChunk,
+        kwargs: dict[str, Any],
+        source: torch.Tensor,
+        targets: torch.Tensor,
+    ) -> list[torch.Tensor]:
+        # No separable output head: the slice's logits are materialised (one slice only).
+        logits = self.model(input_ids=chunk.input_ids, **kwargs).logits
+        logits = logits.reshape(-1, logits.shape[-1])[source]
+        identity = _Identity()
+        return [
+            _token_stats(
+                identity,
+                lambda x: x,
+                logits[a : a + self.token_chunk],
+                targets[a : a + self.token_chunk],
+                self.temperature,
+                self.with_entropy,
+            )
+            for a in range(0, logits.shape[0], self.token_chunk)
+        ]
 
 
 class _Identity(torch.nn.Module):
@@ -412,20 +465,12 @@ def sequence_scores(
     )
     device = scores.logp_sum.device
     cur = scores.logp_sum
-    detached = cur.detach()
-    behavior = detached
-    if behavior_logp_sum is not None:
-        stored = _flat_vector("behavior_logp_sum", behavior_logp_sum, n).to(device)
-        behavior = torch.where(torch.isnan(stored), detached, stored)
+    behavior = _behavior_sums(behavior_logp_sum, cur.detach(), n)
     ref_raw = reference.ref_logp_sum_raw.to(device=device, dtype=torch.float32)
     denom = reference.ref_tok_counts.to(device=device, dtype=torch.float32).clamp(min=1)
     token_logp = token_mask = old = None
     if need_tokens:
-        width = int(score_batch.completion_ids.shape[1])
-        token_logp, token_mask = scores.token_matrix(width)
-        old = token_logp.detach()
-        if behavior_token_logp is not None:
-            old = _aligned_behavior(behavior_token_logp, score_batch, scores, width, device)
+        token_logp, token_mask, old = _token_outputs(scores, score_batch, behavior_token_logp)
         if not return_token_logp:
             # old_token_logp keeps its mask: without it the per-token rows have no lengths.
             token_logp = None
@@ -439,6 +484,30 @@ def sequence_scores(
         token_mask=token_mask,
         old_token_logp=old,
     )
+
+
+def _behavior_sums(stored: Any, detached: torch.Tensor, n: int) -> torch.Tensor:
+    """Stored behaviour sums, NaN entries (and no stored sums at all) replaced by the detached
+    policy sums: a missing behaviour value means "the policy that is being scored"."""
+    if stored is None:
+        return detached
+    values = _flat_vector("behavior_logp_sum", stored, n).to(detached.device)
+    return torch.where(torch.isnan(values), detached, values)
+
+
+def _token_outputs(
+    scores: TokenScores, score_batch: ScoreBatch, behavior_token_logp: Any
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(token_logp, token_mask, old_token_logp)`` ``[N, L_c]``, left-aligned on the scored
+    tokens; ``old_token_logp`` is the stored behaviour rows aligned the same way, or the
+    detached policy values."""
+    width = int(score_batch.completion_ids.shape[1])
+    token_logp, token_mask = scores.token_matrix(width)
+    if behavior_token_logp is None:
+        return token_logp, token_mask, token_logp.detach()
+    device = scores.logp_sum.device
+    old = _aligned_behavior(behavior_token_logp, score_batch, scores, width, device)
+    return token_logp, token_mask, old
 
 
 def _flat_vector(field: str, value: Any, n: int) -> torch.Tensor:
