@@ -21,8 +21,9 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/maxent-arrow demo
 
+# The import contracts (docs/architecture.md; [tool.importlinter] in pyproject.toml) first.
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(VENV)/bin/lint-imports && $(PY) -m pytest -q
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"

@@ -15,6 +15,10 @@
 
 Targets: (b) >= 30x faster than the baseline and <= 3x the floor, for both shapes.
 
+Measured while building (b): on CPU, scattering the values through the mask with numpy index
+assignment is 2-3x faster than ``Tensor.masked_scatter_`` (which makes a prefix-sum pass over
+the mask first), so ``Ragged.to_padded`` scatters in numpy on CPU.
+
 Every figure is the best of several interleaved repeats (the machine may be shared), and all
 ratios come from the same run. Run ``python benchmarks/bench_ragged.py [--quick]``; the exit
 status is 1 when a target is missed.

@@ -1,7 +1,7 @@
 """Lazy exports for the packages' ``__init__`` modules.
 
 A package's ``__init__`` is its contract: the names it exports. Most of them live in modules
-that import torch (1.5-2 s), which a command that makes no tensor (``maxent-arrow query``,
+that import torch (seconds), which a command that makes no tensor (``maxent-arrow query``,
 ``--help``) must not pay for. So an ``__init__`` declares where each name lives and the module
 is imported on first access of one of its names (PEP 562), then the name is cached on the
 package.

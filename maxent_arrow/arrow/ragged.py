@@ -109,7 +109,8 @@ class Ragged:
             raise LayoutError(
                 f"Ragged.from_arrow: expected no null rows, got a null at row {first_null(array)}"
             )
-        # `.values` would ignore the slice offset; `.flatten()` respects it (DESIGN §5).
+        # `.values` would ignore the slice offset; `.flatten()` respects it (docs/arrow-layout.md,
+        # "Traps").
         flat = array.flatten()
         if flat.null_count:
             raise LayoutError(
@@ -259,9 +260,9 @@ class Ragged:
         One vectorised pass, never a loop over rows: the mask is built run-length from the
         lengths, the output is filled with ``pad_value`` and the values are scattered through
         the mask (converted to ``dtype`` on the way). ``mask`` is ``torch.bool``, True on real
-        entries. On CPU the scatter runs in numpy (measured 2-3x faster than
-        ``Tensor.masked_scatter_``, which makes a prefix-sum pass first); on other devices, for
-        bfloat16, and for values that require grad, it runs in torch on the values' device.
+        entries. On CPU the scatter runs in numpy (``Tensor.masked_scatter_`` makes a prefix-sum
+        pass first); on other devices, for bfloat16, and for values that require grad, it runs
+        in torch on the values' device.
 
         Parameters
         ----------

@@ -65,7 +65,7 @@ def check_kind(kind: object, *, where: str) -> str:
     return kind
 
 
-# The length buckets of BatchDiagnostics (semantics §2.14): label -> inclusive upper bound.
+# The length buckets of BatchDiagnostics (docs/formulas.md §2.14): label -> inclusive upper bound.
 KL_LENGTH_BUCKETS: dict[str, int | None] = {
     "0-32": 32,
     "33-64": 64,

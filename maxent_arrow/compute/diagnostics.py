@@ -1,10 +1,10 @@
-"""``BatchDiagnostics``: KL and policy-vs-reference clip-region fractions (``semantics.md`` §3.10).
+"""``BatchDiagnostics``: KL and policy-vs-reference clip-region fractions.
 
 As in the original, the ``clip_ratio*`` fields measure how far the *policy* drifted from the
 *reference* (``log π_θ - log π_ref`` outside ``[ln(1 - ε_low), ln(1 + ε_high)]``), not PPO
 clipping against the behaviour policy, and they are computed even when the clip objective is
 off. The KL is also reported per completion-length bucket (token-weighted), with the buckets of
-:data:`maxent_arrow.schema.KL_LENGTH_BUCKETS`.
+:data:`maxent_arrow.arrow.schema.KL_LENGTH_BUCKETS`.
 
 Two cases, chosen by the inputs:
 
@@ -15,16 +15,19 @@ Two cases, chosen by the inputs:
   S_i/T_i``, ``kl_value`` is the *unweighted* mean of ``k3(δ_i)`` (unlike the token-weighted
   loss KL), the buckets use ``k3(δ_i)`` and ``T_i``, the fractions count sequences.
 
-Without reference statistics every field is 0 and the bucket dicts are empty.
+Without reference statistics every field is 0 and the bucket dicts are empty. The formulas are
+``docs/formulas.md`` §3.10.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from maxent_arrow.arrow import Ragged
 from maxent_arrow.arrow.schema import KL_LENGTH_BUCKETS
 from maxent_arrow.compute.kl import LossType, check_same_rows, k3, token_kl, token_rows
 from maxent_arrow.compute.segments import Segments, as_sample_vector, work_dtype
@@ -83,6 +86,16 @@ def _region(log_ratio: torch.Tensor, eps_low: float, eps_high: float) -> list[to
     return [low.mean(), low.min(), high.mean(), high.max(), (low + high).mean()]
 
 
+@dataclass(frozen=True)
+class _Drift:
+    """What the diagnostics of one batch are computed from, in either case (§3.10)."""
+
+    kl_value: torch.Tensor  # the batch's KL, scalar
+    kl_per_sample: torch.Tensor  # kl_i [N]
+    lengths: torch.Tensor  # t_i [N], the token support of kl_i
+    log_ratio: torch.Tensor  # log π_θ - log π_ref, per token or per sequence
+
+
 @torch.no_grad()
 def batch_diagnostics(
     *,
@@ -112,40 +125,9 @@ def batch_diagnostics(
     if token_logp is not None and ref_token_logp is not None:
         rows = token_rows(token_logp, token_mask, where=f"{where}: token_logp")
         ref = token_rows(ref_token_logp, ref_token_mask, where=f"{where}: ref_token_logp")
-        check_same_rows(rows, ref, f"{where}: ref_token_logp")
-        if len(rows) == 0:
-            raise ComputeError(f"{where}: token_logp: expected at least one sample, got 0")
-        seg = Segments.of(rows, where=f"{where}: token_logp", allow_empty=True)
-        dtype = work_dtype(rows.values.dtype)
-        logp, ref_values = rows.values.to(dtype), ref.values.to(dtype)
-        kl_value = token_kl(
-            rows.with_values(logp),
-            ref.with_values(ref_values),
-            loss_type=loss_type,
-            max_completion_len=max_completion_len,
-        )
-        lengths = seg.lengths.to(dtype)
-        kl_i = seg.sum(k3(ref_values - logp)) / lengths.clamp(min=1.0)
-        log_ratio = logp - ref_values
+        drift = _token_drift(rows, ref, loss_type, max_completion_len, where)
     elif ref_logp_mean is not None:
-        if cur_logp_sum is None or token_counts is None:
-            raise ComputeError(
-                f"{where}: the sequence case needs cur_logp_sum, token_counts and ref_logp_mean"
-            )
-        s = cur_logp_sum.detach()
-        n, device = int(s.shape[0]), s.device
-        if n == 0:
-            raise ComputeError(f"{where}: cur_logp_sum: expected at least one sample, got 0")
-        dtype = work_dtype(s.dtype)
-        s = s.to(dtype)
-        lengths = as_sample_vector(
-            token_counts, n=n, where=f"{where}: token_counts", device=device
-        ).to(dtype)
-        rho = as_sample_vector(ref_logp_mean, n=n, where=f"{where}: ref_logp_mean", device=device)
-        delta = rho.to(dtype) - s / lengths.clamp(min=1.0)
-        kl_i = k3(delta)
-        kl_value = kl_i.mean()
-        log_ratio = -delta
+        drift = _sequence_drift(cur_logp_sum, token_counts, ref_logp_mean, where)
     else:
         return BatchDiagnostics(
             kl_value=0.0,
@@ -158,10 +140,65 @@ def batch_diagnostics(
             kl_per_token_by_len_bucket={},
             kl_token_count_by_len_bucket={},
         )
-    fractions = _region(log_ratio, eps_low, eps_high)
-    buckets = _bucket_sums(kl_i, lengths)
-    # One host sync for every number of the record.
-    flat = torch.cat([torch.stack([kl_value.to(dtype), *fractions]), buckets.reshape(-1)])
+    return _diagnostics(drift, eps_low, eps_high)
+
+
+def _token_drift(
+    rows: Ragged,
+    ref: Ragged,
+    loss_type: LossType,
+    max_completion_len: int | None,
+    where: str,
+) -> _Drift:
+    """Per-token case: the KL aggregated like the loss, ``kl_i = Σ_t k3 / max(L_i, 1)`` with
+    ``t_i = L_i`` tokens, and one log-ratio per token."""
+    check_same_rows(rows, ref, f"{where}: ref_token_logp")
+    if len(rows) == 0:
+        raise ComputeError(f"{where}: token_logp: expected at least one sample, got 0")
+    seg = Segments.of(rows, where=f"{where}: token_logp", allow_empty=True)
+    dtype = work_dtype(rows.values.dtype)
+    logp, ref_values = rows.values.to(dtype), ref.values.to(dtype)
+    kl_value = token_kl(
+        rows.with_values(logp),
+        ref.with_values(ref_values),
+        loss_type=loss_type,
+        max_completion_len=max_completion_len,
+    )
+    lengths = seg.lengths.to(dtype)
+    kl_i = seg.sum(k3(ref_values - logp)) / lengths.clamp(min=1.0)
+    return _Drift(kl_value.to(dtype), kl_i, lengths, logp - ref_values)
+
+
+def _sequence_drift(
+    cur_logp_sum: torch.Tensor | None, token_counts: Any, ref_logp_mean: Any, where: str
+) -> _Drift:
+    """Per-sequence case: ``δ_i = ρ̄_i - S_i / max(T_i, 1)``, ``kl_i = k3(δ_i)``, the
+    *unweighted* mean as the batch KL, ``t_i = T_i``, one log-ratio ``-δ_i`` per sequence."""
+    if cur_logp_sum is None or token_counts is None:
+        raise ComputeError(
+            f"{where}: the sequence case needs cur_logp_sum, token_counts and ref_logp_mean"
+        )
+    s = cur_logp_sum.detach()
+    n, device = int(s.shape[0]), s.device
+    if n == 0:
+        raise ComputeError(f"{where}: cur_logp_sum: expected at least one sample, got 0")
+    dtype = work_dtype(s.dtype)
+    s = s.to(dtype)
+    lengths = as_sample_vector(token_counts, n=n, where=f"{where}: token_counts", device=device).to(
+        dtype
+    )
+    rho = as_sample_vector(ref_logp_mean, n=n, where=f"{where}: ref_logp_mean", device=device)
+    delta = rho.to(dtype) - s / lengths.clamp(min=1.0)
+    kl_i = k3(delta)
+    return _Drift(kl_i.mean(), kl_i, lengths, -delta)
+
+
+def _diagnostics(drift: _Drift, eps_low: float, eps_high: float) -> BatchDiagnostics:
+    """The record, with one host sync for every number in it."""
+    fractions = _region(drift.log_ratio, eps_low, eps_high)
+    buckets = _bucket_sums(drift.kl_per_sample, drift.lengths)
+    dtype = drift.kl_per_sample.dtype
+    flat = torch.cat([torch.stack([drift.kl_value.to(dtype), *fractions]), buckets.reshape(-1)])
     values = flat.tolist()
     kl, low_mean, low_min, high_mean, high_max, region = values[:6]
     width = len(_LABELS)

@@ -7,16 +7,15 @@ on the same device, unless noted. There is no Python loop over groups or samples
 code runs on CPU and CUDA. Float64 inputs are computed in float64; anything narrower in float32,
 never below.
 
-Where the time goes, and what keeps it low (1M float64 samples, 1 thread, CPU): the group
-structure is checked and derived once per offsets tensor (:meth:`Segments.of` caches it on
-the tensor), uniform K runs dense ``[P, K]`` kernels, the finiteness checks double as the
-bounds that let a softmax skip its per-group max, softmaxes exponentiate in base 2 (``exp2``
-is twice as fast as ``exp`` in float64), normalisations multiply by per-group reciprocals, and
-each function allocates one ``[N]`` result and works in place on it. What remains is mostly
-the three transcendental passes (``exp2``, ``log2``, ``exp2``: ~4 ms of ~13 ms at K=16) and,
-for ragged K, ``segment_reduce`` / ``index_select`` (~1.4 / 0.6 ms per pass).
+What keeps the passes few: the group structure is checked and derived once per offsets
+tensor (:meth:`Segments.of` caches it), uniform K runs dense ``[P, K]`` kernels, the
+finiteness checks double as the bounds that let a softmax skip its per-group max, softmaxes
+exponentiate in base 2 (``exp2`` is cheaper than ``exp`` in float64), normalisations multiply
+by per-group reciprocals, and each function allocates one ``[N]`` result and works in place on
+it. Where the time goes is measured by ``benchmarks/bench_compute.py``.
 
-The formulas are those of ``reference/semantics.md`` §3 (section numbers in the docstrings).
+The formulas are those of ``docs/formulas.md``; the section numbers in the docstrings (§3.2)
+are its sections.
 Bad input raises :class:`~maxent_arrow.errors.ComputeError` (or ``LayoutError`` for broken
 offsets) naming the function, the argument and the group.
 """
@@ -66,9 +65,9 @@ __all__ = [
 
 Denominator = Literal["tau", "tau+beta"]
 
-# Floors from the original (semantics §3.4, §3.6): the q temperature is floored at 1e-8 and q
-# at 1e-12 before the log; epsilon is clamped to 1/K - 1e-8 when K * epsilon >= 1 (the [F]
-# TRL listwise guard; the custom loop had none and produced negative q).
+# Floors (docs/formulas.md §3.4, §3.6): the q temperature is floored at 1e-8 and q at 1e-12
+# before the log; epsilon is clamped to 1/K - 1e-8 when K * epsilon >= 1 (the original's
+# custom loop had no clamp and produced negative q: docs/seed-bugs.md §12).
 _MIN_TEMPERATURE = 1e-8
 _MIN_Q = 1e-12
 _EPS_MARGIN = 1e-8
@@ -104,6 +103,40 @@ def total_utils(
     infinite term stays infinite, and the group math after refuses it, naming the group.
     """
     where = "total_utils"
+    names, columns = _reward_columns(per_reward_values, where)
+    lam = _reward_weights(weights, names, where)
+    if offsets is None:
+        # The first grouped column gives the groups; the others are checked against them.
+        offsets = next((c.offsets for c in columns if isinstance(c, Ragged)), None)
+    probe = flat_values(columns[0], f"{where}: per_reward_values[{names[0]!r}]")
+    device, n = probe.device, int(probe.shape[0])
+    segments = None
+    if offsets is not None:
+        segments = Segments.cached(offsets, num_values=n, device=device, where=f"{where}: offsets")
+    tensors = [
+        as_sample_vector(
+            c,
+            n=n,
+            where=f"{where}: per_reward_values[{name!r}]",
+            device=device,
+            segments=segments,
+        )
+        for name, c in zip(names, columns)
+    ]
+    utils = _weighted_nansum(tensors, lam)
+    if truncated is not None:
+        mask = as_sample_vector(
+            truncated, n=n, where=f"{where}: truncated", device=device, segments=segments
+        )
+        utils.masked_fill_(mask.bool(), 0.0)
+    if segments is None:
+        return utils
+    return Ragged(utils, segments.offsets, validate=False)
+
+
+def _reward_columns(per_reward_values: Any, where: str) -> tuple[list[str], list[Any]]:
+    """Names and columns of the raw rewards: a dict's items, or an ``[N, R]`` tensor's columns
+    named ``reward_0``, ``reward_1``, ... (the seed's positional names)."""
     if isinstance(per_reward_values, torch.Tensor):
         if per_reward_values.dim() != 2:
             raise ComputeError(
@@ -122,31 +155,17 @@ def total_utils(
         )
     if not columns:
         raise ComputeError(f"{where}: per_reward_values: expected at least one reward column")
-    lam = _reward_weights(weights, names, where)
-    for column in columns:
-        if isinstance(column, Ragged) and offsets is None:
-            offsets = column.offsets
-    probe = flat_values(columns[0], f"{where}: per_reward_values[{names[0]!r}]")
-    device, n = probe.device, int(probe.shape[0])
-    segments = None
-    if offsets is not None:
-        segments = Segments.cached(offsets, num_values=n, device=device, where=f"{where}: offsets")
-    tensors = [
-        as_sample_vector(
-            c,
-            n=n,
-            where=f"{where}: per_reward_values[{name!r}]",
-            device=device,
-            segments=segments,
-        )
-        for name, c in zip(names, columns)
-    ]
-    dtype = work_dtype(functools.reduce(torch.promote_types, (t.dtype for t in tensors)))
+    return names, columns
+
+
+def _weighted_nansum(columns: list[torch.Tensor], lam: list[float]) -> torch.Tensor:
+    """``Σ_j λ_j r_j`` per sample in the working dtype, NaN terms counted as 0 (a fresh tensor)."""
+    dtype = work_dtype(functools.reduce(torch.promote_types, (t.dtype for t in columns)))
     # One read pass per column and one host sync: a column whose sum is finite has no NaN and
     # no inf, so its terms need no NaN handling and accumulate in one fused pass each.
-    sums = torch.stack([t.sum(dtype=torch.float64) for t in tensors]).tolist()
+    sums = torch.stack([t.sum(dtype=torch.float64) for t in columns]).tolist()
     utils: torch.Tensor | None = None
-    for lam_j, column, total in zip(lam, tensors, sums):
+    for lam_j, column, total in zip(lam, columns, sums):
         column = column.to(dtype)
         if total - total == 0.0:
             if utils is None:
@@ -157,15 +176,8 @@ def total_utils(
         # nansum semantics: a NaN term (NaN reward, or 0 * inf) counts as 0; inf stays inf.
         term = torch.mul(column, lam_j).nan_to_num_(nan=0.0, posinf=math.inf, neginf=-math.inf)
         utils = term if utils is None else utils.add_(term)
-    assert utils is not None
-    if truncated is not None:
-        mask = as_sample_vector(
-            truncated, n=n, where=f"{where}: truncated", device=device, segments=segments
-        )
-        utils.masked_fill_(mask.bool(), 0.0)
-    if segments is None:
-        return utils
-    return Ragged(utils, segments.offsets, validate=False)
+    assert utils is not None  # there is at least one column (_reward_columns)
+    return utils
 
 
 def _reward_weights(weights: Any, names: list[str], where: str) -> list[float]:
@@ -333,23 +345,16 @@ def maxent_weights(
     beta = check_scalar(beta, f"{where}: beta", low=0.0, strict=False)
     if denominator not in ("tau", "tau+beta"):
         raise ComputeError(f"{where}: denominator must be 'tau' or 'tau+beta', got {denominator!r}")
-    n, device = seg.num_values, qv.device
-    rho = as_sample_vector(
-        ref_logp, n=n, where=f"{where}: ref_logp", device=device, segments=seg
-    ).to(qv.dtype)
-    given = [("q", qv), ("ref_logp", rho)]
-    counts = None
-    if length_normalize or length_reweight:
-        if token_counts is None:
-            raise ComputeError(f"{where}: token_counts: required by length_normalize/reweight")
-        raw_counts = as_sample_vector(
-            token_counts, n=n, where=f"{where}: token_counts", device=device, segments=seg
-        )
-        given.append(("token_counts", raw_counts))
-        counts = raw_counts.to(qv.dtype).clamp(min=1.0)
-        if length_normalize:
-            rho = rho / counts
-    out = check_out(out, like=qv, n=n, where=where, inputs=given)
+    rho, counts, given = _reference_term(
+        ref_logp,
+        token_counts,
+        seg,
+        qv,
+        use_counts=length_normalize or length_reweight,
+        length_normalize=length_normalize,
+        where=where,
+    )
+    out = check_out(out, like=qv, n=seg.num_values, where=where, inputs=[("q", qv), *given])
     q_low, q_high = finite_range(qv, seg, f"{where}: q")
     r_low, r_high = finite_range(rho, seg, f"{where}: ref_logp")
     d = tau + beta if denominator == "tau+beta" else tau
@@ -368,6 +373,38 @@ def maxent_weights(
         e.mul_(counts)
     w = seg.apply(torch.mul, e, seg.sum(e).reciprocal_(), out=e)
     return Ragged(w, ragged.offsets, validate=False)
+
+
+def _reference_term(
+    ref_logp: Any,
+    token_counts: Any,
+    seg: Segments,
+    q: torch.Tensor,
+    *,
+    use_counts: bool,
+    length_normalize: bool,
+    where: str,
+) -> tuple[torch.Tensor, torch.Tensor | None, list[tuple[str, torch.Tensor]]]:
+    """``ρ`` in ``q``'s dtype (divided by ``max(T, 1)`` with ``length_normalize``), the clamped
+    counts ``max(T, 1)`` when ``use_counts`` (else None), and the inputs as given (named, for
+    the ``out`` aliasing check)."""
+    n, device = seg.num_values, q.device
+    rho = as_sample_vector(
+        ref_logp, n=n, where=f"{where}: ref_logp", device=device, segments=seg
+    ).to(q.dtype)
+    given = [("ref_logp", rho)]
+    if not use_counts:
+        return rho, None, given
+    if token_counts is None:
+        raise ComputeError(f"{where}: token_counts: required by length_normalize/reweight")
+    raw_counts = as_sample_vector(
+        token_counts, n=n, where=f"{where}: token_counts", device=device, segments=seg
+    )
+    given.append(("token_counts", raw_counts))
+    counts = raw_counts.to(q.dtype).clamp(min=1.0)
+    if length_normalize:
+        rho = rho / counts
+    return rho, counts, given
 
 
 def group_entropy(dist: Any) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""MaxEnt and GRPO losses -> ``LossOutputs`` (``semantics.md`` §3.9), on ragged inputs.
+"""MaxEnt and GRPO losses -> ``LossOutputs`` (``docs/formulas.md`` §3.9), on ragged inputs.
 
 - :func:`maxent_loss`: the weighted, length-normalised sequence NLL
   ``(1/G) Σ_i -w_i S_i / T_i``, plus the optional sequence-level clip objective and ``β·KL``
@@ -15,8 +15,9 @@ token values (the per-sample denominators are expanded to the tokens first), so 
 loop and the returned ``loss`` carries gradients to the policy log-probs.
 
 The clip objective uses the standard PPO ``min`` for both signs of the advantage. The
-original's custom loop took ``max`` for negative advantages (swapping the clip regions, §6.9);
-that variant exists only behind ``ClipSettings(sign_dependent=True)``.
+original's custom loop took ``max`` for negative advantages, swapping the clip regions
+(``docs/seed-bugs.md`` §9); that variant exists only behind
+``ClipSettings(sign_dependent=True)``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any, Literal
 
 import torch
 
+from maxent_arrow.arrow import Ragged
 from maxent_arrow.compute.diagnostics import batch_diagnostics
 from maxent_arrow.compute.kl import (
     LOG_RATIO_CLAMP,
@@ -150,6 +152,25 @@ def _clipped_objective(ratio: torch.Tensor, adv: torch.Tensor, clip: ClipSetting
     return torch.minimum(raw, cut)
 
 
+def _reference_means(
+    ref_logp_mean: Any, *, n: int, where: str, device: Any, dtype: torch.dtype
+) -> torch.Tensor | None:
+    """The reference per-token means ``ρ̄`` ``[N]`` in ``dtype``, or None without them."""
+    if ref_logp_mean is None:
+        return None
+    rho = as_sample_vector(ref_logp_mean, n=n, where=f"{where}: ref_logp_mean", device=device)
+    return rho.to(dtype)
+
+
+def _sequence_kl_or_zero(
+    rho: torch.Tensor | None, s: torch.Tensor, t: torch.Tensor
+) -> torch.Tensor:
+    """The sequence-level k3 KL of ``S`` against ``ρ̄``; 0 without reference means."""
+    if rho is None:
+        return torch.zeros((), dtype=s.dtype, device=s.device)
+    return sequence_kl(rho, s, t)
+
+
 # ---------------------------------------------------------------------------- MaxEnt
 def maxent_loss(
     weights: Any,
@@ -196,32 +217,103 @@ def maxent_loss(
     w = w_rows.values.to(device=device, dtype=dtype).detach()
     t = as_sample_vector(token_counts, n=n, where=f"{where}: token_counts", device=device)
     t = t.to(dtype).clamp(min=1.0)
-    groups = float(len(seg))
-    policy = -(w * s / t).sum() / groups
+    policy = -(w * s / t).sum() / float(len(seg))
     clip_value = None
     if clip is not None:
-        ratio = _sequence_ratio(s, behavior_logp_sum, n=n, where=where, device=device)
-        if clip.adv_baseline is not None:
-            baseline = torch.full_like(w, float(clip.adv_baseline))
-        else:
-            baseline = seg.expand(1.0 / seg.lengths.to(dtype))
-        clip_value = -_clipped_objective(ratio, w - baseline, clip).sum() / groups
+        clip_value = _maxent_clip(s, w, seg, behavior_logp_sum, clip, where)
         policy = policy + clip.coef * clip_value
-    if ref_logp_mean is not None:
-        rho = as_sample_vector(ref_logp_mean, n=n, where=f"{where}: ref_logp_mean", device=device)
-        kl = sequence_kl(rho.to(dtype), s, t)
-    else:
-        kl = torch.zeros((), dtype=dtype, device=device)
-    loss = policy + beta * kl
+    rho = _reference_means(ref_logp_mean, n=n, where=where, device=device, dtype=dtype)
+    kl = _sequence_kl_or_zero(rho, s, t)
     if log_ratio_train is None:
-        if ref_logp_mean is not None:
-            log_ratio_train = (s - rho.to(dtype) * t).detach()
-        else:
-            log_ratio_train = torch.zeros_like(s)
-    return _outputs(loss, policy, clip_value, kl, beta, log_ratio_train, t)
+        log_ratio_train = (s - rho * t).detach() if rho is not None else torch.zeros_like(s)
+    return _outputs(policy + beta * kl, policy, clip_value, kl, beta, log_ratio_train, t)
+
+
+def _maxent_clip(
+    s: torch.Tensor,
+    w: torch.Tensor,
+    seg: Segments,
+    behavior_logp_sum: Any,
+    clip: ClipSettings,
+    where: str,
+) -> torch.Tensor:
+    """``L_clip = -(1/G) Σ_i o(r_i, Â_i)``, ``r = exp(S - S^beh)``, ``Â = w - b_g`` (§3.9)."""
+    ratio = _sequence_ratio(s, behavior_logp_sum, n=seg.num_values, where=where, device=s.device)
+    if clip.adv_baseline is not None:
+        baseline = torch.full_like(w, float(clip.adv_baseline))
+    else:
+        baseline = seg.expand(1.0 / seg.lengths.to(s.dtype))
+    return -_clipped_objective(ratio, w - baseline, clip).sum() / float(len(seg))
 
 
 # ---------------------------------------------------------------------------- GRPO
+@dataclass(frozen=True)
+class _PolicyTokens:
+    """The policy's per-token log-probs of a GRPO batch, one row per sample, with the
+    per-token coefficients ``c_{i,t}`` of its ``loss_type`` aggregation (§3.9)."""
+
+    rows: Ragged
+    seg: Segments
+    coef: torch.Tensor
+    logp: torch.Tensor  # the rows' values in the working dtype (with gradient)
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        """Tokens per sample ``[N]``, in the working dtype."""
+        return self.seg.lengths.to(self.coef.dtype)
+
+    def aggregate(self, per_token: torch.Tensor) -> torch.Tensor:
+        """``Σ_{i,t} x_{i,t} c_{i,t}``: the loss's aggregation of a per-token quantity."""
+        return (per_token * self.coef).sum()
+
+
+def _policy_tokens(
+    token_logp: Any,
+    token_mask: torch.Tensor | None,
+    loss_type: LossType,
+    max_completion_len: int | None,
+    where: str,
+) -> _PolicyTokens:
+    rows = token_rows(token_logp, token_mask, where=f"{where}: token_logp")
+    if len(rows) == 0:
+        raise ComputeError(f"{where}: token_logp: expected at least one sample, got 0")
+    seg = Segments.of(rows, where=f"{where}: token_logp", allow_empty=True)
+    coef = token_weights(rows, seg, loss_type, max_completion_len, where)
+    return _PolicyTokens(rows, seg, coef, rows.values.to(coef.dtype))
+
+
+def _old_token_logp(
+    tokens: _PolicyTokens, old_token_logp: Any, token_mask: torch.Tensor | None, where: str
+) -> torch.Tensor:
+    """``log π_old`` per token, row for row like the policy's; the detached policy without
+    stored behaviour values (ratio 1)."""
+    if old_token_logp is None:
+        return tokens.logp.detach()
+    old_rows = token_rows(old_token_logp, token_mask, where=f"{where}: old_token_logp")
+    check_same_rows(tokens.rows, old_rows, f"{where}: old_token_logp")
+    return old_rows.values.to(tokens.logp.dtype)
+
+
+def _grpo_kl(
+    tokens: _PolicyTokens,
+    ref_token_logp: Any,
+    ref_token_mask: torch.Tensor | None,
+    ref_logp_mean: Any,
+    where: str,
+) -> torch.Tensor:
+    """The per-token k3 KL aggregated like the loss; without reference per-token values the
+    sequence form over the rows' sums and lengths; 0 without any reference (§3.9)."""
+    logp = tokens.logp
+    if ref_token_logp is not None:
+        ref = token_rows(ref_token_logp, ref_token_mask, where=f"{where}: ref_token_logp")
+        check_same_rows(tokens.rows, ref, f"{where}: ref_token_logp")
+        return tokens.aggregate(k3(ref.values.to(logp.dtype) - logp))
+    rho = _reference_means(
+        ref_logp_mean, n=len(tokens.rows), where=where, device=logp.device, dtype=logp.dtype
+    )
+    return _sequence_kl_or_zero(rho, tokens.seg.sum(logp), tokens.lengths)
+
+
 def grpo_loss(
     advantages: Any,
     token_logp: Any = None,
@@ -267,51 +359,26 @@ def grpo_loss(
             clip=clip,
             log_ratio_train=log_ratio_train,
         )
-    rows = token_rows(token_logp, token_mask, where=f"{where}: token_logp")
-    n = len(rows)
-    if n == 0:
-        raise ComputeError(f"{where}: token_logp: expected at least one sample, got 0")
-    device = rows.values.device
-    seg = Segments.of(rows, where=f"{where}: token_logp", allow_empty=True)
-    adv = as_sample_vector(advantages, n=n, where=f"{where}: advantages", device=device)
-    c = token_weights(rows, seg, loss_type, max_completion_len, where)
-    dtype = c.dtype
-    logp = rows.values.to(dtype)
-    if old_token_logp is None:
-        old = logp.detach()
-    else:
-        old_rows = token_rows(old_token_logp, token_mask, where=f"{where}: old_token_logp")
-        check_same_rows(rows, old_rows, f"{where}: old_token_logp")
-        old = old_rows.values.to(dtype)
+    tokens = _policy_tokens(token_logp, token_mask, loss_type, max_completion_len, where)
+    n, logp = len(tokens.rows), tokens.logp
+    adv = as_sample_vector(advantages, n=n, where=f"{where}: advantages", device=logp.device)
+    old = _old_token_logp(tokens, old_token_logp, token_mask, where)
     ratio = torch.exp((logp - old).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
-    a_tok = seg.expand(adv.to(dtype).detach())
-    if clip is not None:
-        per_token = -_clipped_objective(ratio, a_tok, clip)
-    else:
-        per_token = -ratio * a_tok
-    ppo = (per_token * c).sum()
+    a_tok = tokens.seg.expand(adv.to(logp.dtype).detach())
+    per_token = -_clipped_objective(ratio, a_tok, clip) if clip is not None else -ratio * a_tok
+    ppo = tokens.aggregate(per_token)
     policy = ppo * clip.coef if clip is not None else ppo
-    lengths = seg.lengths.to(dtype)
-    if ref_token_logp is not None:
-        ref = token_rows(ref_token_logp, ref_token_mask, where=f"{where}: ref_token_logp")
-        check_same_rows(rows, ref, f"{where}: ref_token_logp")
-        kl = (k3(ref.values.to(dtype) - logp) * c).sum()
-    elif ref_logp_mean is not None:
-        rho = as_sample_vector(ref_logp_mean, n=n, where=f"{where}: ref_logp_mean", device=device)
-        kl = sequence_kl(rho.to(dtype), seg.sum(logp), lengths)
-    else:
-        kl = torch.zeros((), dtype=dtype, device=device)
-    loss = policy + beta * kl
+    kl = _grpo_kl(tokens, ref_token_logp, ref_token_mask, ref_logp_mean, where)
     if log_ratio_train is None:
-        log_ratio_train = torch.zeros(n, dtype=dtype, device=device)
+        log_ratio_train = torch.zeros(n, dtype=logp.dtype, device=logp.device)
     return _outputs(
-        loss,
+        policy + beta * kl,
         policy,
         ppo if clip is not None else None,
         kl,
         beta,
         log_ratio_train,
-        lengths.clamp(min=1.0),
+        tokens.lengths.clamp(min=1.0),
     )
 
 
@@ -344,11 +411,8 @@ def _grpo_sequence(
     if token_counts is not None:
         t = as_sample_vector(token_counts, n=n, where=f"{where}: token_counts", device=device)
         t = t.to(dtype).clamp(min=1.0)
-    if ref_logp_mean is not None:
-        rho = as_sample_vector(ref_logp_mean, n=n, where=f"{where}: ref_logp_mean", device=device)
-        kl = sequence_kl(rho.to(dtype), s, t)
-    else:
-        kl = torch.zeros((), dtype=dtype, device=device)
+    rho = _reference_means(ref_logp_mean, n=n, where=where, device=device, dtype=dtype)
+    kl = _sequence_kl_or_zero(rho, s, t)
     if log_ratio_train is None:
         log_ratio_train = torch.zeros_like(s)
     return _outputs(
@@ -385,29 +449,10 @@ def evaluate_losses(
     GRPO mode the per-token path is taken when ``scores.token_logp`` exists, with the
     per-token KL when ``reference.ref_token_logp`` exists too.
     """
-    rho = None
-    if reference is not None:
-        if len_norm_ref:
-            rho = reference.ref_logp_sum
-        else:
-            counts = reference.ref_tok_counts.to(reference.ref_logp_sum_raw.dtype)
-            rho = reference.ref_logp_sum_raw / counts.clamp(min=1.0)
-    tokens = None
-    ref_tokens = None
+    rho = _reference_token_means(reference, len_norm_ref)
+    tokens = old = ref_tokens = None
     if mode == "grpo" and scores.token_logp is not None:
-        if scores.token_mask is None:
-            raise ComputeError("evaluate_losses: scores.token_logp needs scores.token_mask")
-        tokens = token_rows(scores.token_logp, scores.token_mask, where="scores.token_logp")
-        if reference is not None and reference.ref_token_logp is not None:
-            if reference.ref_token_mask is None:
-                raise ComputeError(
-                    "evaluate_losses: reference.ref_token_logp needs reference.ref_token_mask"
-                )
-            ref_tokens = token_rows(
-                reference.ref_token_logp,
-                reference.ref_token_mask,
-                where="reference.ref_token_logp",
-            )
+        tokens, old, ref_tokens = _record_token_rows(scores, reference)
     if mode == "maxent":
         outputs = maxent_loss(
             weights,
@@ -420,9 +465,6 @@ def evaluate_losses(
             log_ratio_train=scores.log_ratio_train,
         )
     elif mode == "grpo":
-        old = None
-        if tokens is not None and scores.old_token_logp is not None:
-            old = token_rows(scores.old_token_logp, scores.token_mask, where="old_token_logp")
         outputs = grpo_loss(
             weights,
             tokens,
@@ -455,3 +497,41 @@ def evaluate_losses(
         eps_high=diagnostic_eps_high,
     )
     return outputs, diagnostics
+
+
+def _reference_token_means(
+    reference: ReferenceLogprobs | None, len_norm_ref: bool
+) -> torch.Tensor | None:
+    """``ρ̄``: the record's ``ref_logp_sum`` (already R / max(T, 1)) with ``len_norm_ref``,
+    else the per-token mean recomputed from the raw sums and counts."""
+    if reference is None:
+        return None
+    if len_norm_ref:
+        return reference.ref_logp_sum
+    counts = reference.ref_tok_counts.to(reference.ref_logp_sum_raw.dtype)
+    return reference.ref_logp_sum_raw / counts.clamp(min=1.0)
+
+
+def _record_token_rows(
+    scores: SequenceScores, reference: ReferenceLogprobs | None
+) -> tuple[Ragged, Ragged | None, Ragged | None]:
+    """The records' padded per-token tensors as rows: the policy's, the behaviour's (when
+    stored) and the reference's (when it has them); each needs its mask."""
+    if scores.token_mask is None:
+        raise ComputeError("evaluate_losses: scores.token_logp needs scores.token_mask")
+    tokens = token_rows(scores.token_logp, scores.token_mask, where="scores.token_logp")
+    old = None
+    if scores.old_token_logp is not None:
+        old = token_rows(scores.old_token_logp, scores.token_mask, where="old_token_logp")
+    ref_tokens = None
+    if reference is not None and reference.ref_token_logp is not None:
+        if reference.ref_token_mask is None:
+            raise ComputeError(
+                "evaluate_losses: reference.ref_token_logp needs reference.ref_token_mask"
+            )
+        ref_tokens = token_rows(
+            reference.ref_token_logp,
+            reference.ref_token_mask,
+            where="reference.ref_token_logp",
+        )
+    return tokens, old, ref_tokens

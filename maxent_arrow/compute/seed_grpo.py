@@ -1,4 +1,4 @@
-"""SEED-GRPO semantic-entropy scaling of advantages (``semantics.md`` §3.3).
+"""SEED-GRPO semantic-entropy scaling of advantages (``docs/formulas.md`` §3.3).
 
 Per prompt group: extract each completion's final answer, cluster the completions by exact
 answer string (no answer: a singleton cluster), weigh each cluster by the softmax mass of the
@@ -162,8 +162,42 @@ def seed_grpo_statistics(
             f"{where}: completions: expected {seg.num_values} texts (one per log-prob), got "
             f"{len(texts)}"
         )
-    ell = lp.to(work_dtype(lp.dtype))
-    if settings.length_normalize:
+    ell = _log_likelihoods(lp, token_count, seg, settings.length_normalize, where)
+    cluster, cluster_group = answer_clusters(extract_answers(texts), seg)
+    entropy = _cluster_entropy(ell, cluster, cluster_group, seg)
+    k = seg.lengths.to(ell.dtype)
+    if settings.normalize_by_max_entropy:
+        alpha_g = torch.where(k > 1, alpha / torch.log(k).clamp(min=1e-12), alpha)
+    else:
+        alpha_g = torch.full_like(k, alpha)
+    # The record's batch scalars are those of the largest group (each group uses its own α_g).
+    k_max = int(seg.lengths.max())
+    max_entropy = math.log(k_max) if k_max > 1 else 0.0
+    use_norm = settings.normalize_by_max_entropy and k_max > 1
+    # Cluster ids within each group: a group's clusters are numbered contiguously.
+    starts = torch.searchsorted(cluster_group, torch.arange(len(seg), device=ell.device))
+    local = cluster - starts.index_select(0, seg.row_ids)
+    return SeedGrpoStats(
+        semantic_entropy=entropy,
+        scales=1.0 / (1.0 + alpha_g * entropy),
+        alpha_per_group=alpha_g,
+        alpha_effective=alpha / max_entropy if use_norm else alpha,
+        max_possible_entropy=max_entropy,
+        clusters=Ragged(local, seg.offsets, validate=False),
+    )
+
+
+def _log_likelihoods(
+    logprob_sum: torch.Tensor,
+    token_count: torch.Tensor | None,
+    seg: Segments,
+    length_normalize: bool,
+    where: str,
+) -> torch.Tensor:
+    """``ℓ_i``: the sums, divided by ``max(token_count, 1)`` when ``length_normalize``; a
+    missing (non-finite) one is refused, naming the group and sample."""
+    ell = logprob_sum.to(work_dtype(logprob_sum.dtype))
+    if length_normalize:
         if token_count is None:
             raise ComputeError(f"{where}: token_count: required when length_normalize is on")
         counts = torch.as_tensor(token_count, device=ell.device).to(ell.dtype)
@@ -181,8 +215,14 @@ def seed_grpo_statistics(
             f"({float(ell[i])}) at group {g}, sample {k}; SEED-GRPO needs the generation "
             "metadata of every completion"
         )
-    cluster, cluster_group = answer_clusters(extract_answers(texts), seg)
-    # Cluster mass p_c = Σ_{i∈c} e^{ℓ_i} / Σ_{j∈g} e^{ℓ_j}, max-subtracted per group.
+    return ell
+
+
+def _cluster_entropy(
+    ell: torch.Tensor, cluster: torch.Tensor, cluster_group: torch.Tensor, seg: Segments
+) -> torch.Tensor:
+    """``H_g = -Σ_c p_c ln p_c`` per group ``[P]``, with the cluster mass
+    ``p_c = Σ_{i∈c} e^{ℓ_i} / Σ_{j∈g} e^{ℓ_j}`` (max-subtracted per group)."""
     e = torch.exp(ell - seg.expand(seg.max(ell)))
     z = seg.sum(e)
     mass = torch.zeros(cluster_group.numel(), dtype=ell.dtype, device=ell.device)
@@ -190,24 +230,4 @@ def seed_grpo_statistics(
     p = mass / z.index_select(0, cluster_group)
     entropy = torch.zeros(len(seg), dtype=ell.dtype, device=ell.device)
     entropy.index_add_(0, cluster_group, -torch.special.xlogy(p, p))
-    k = seg.lengths.to(ell.dtype)
-    log_k = torch.log(k)
-    if settings.normalize_by_max_entropy:
-        alpha_g = torch.where(k > 1, alpha / log_k.clamp(min=1e-12), alpha)
-    else:
-        alpha_g = torch.full_like(k, alpha)
-    scales = 1.0 / (1.0 + alpha_g * entropy)
-    k_max = int(seg.lengths.max())
-    max_entropy = math.log(k_max) if k_max > 1 else 0.0
-    use_norm = settings.normalize_by_max_entropy and k_max > 1
-    alpha_eff = alpha / max_entropy if use_norm else alpha
-    starts = torch.searchsorted(cluster_group, torch.arange(len(seg), device=ell.device))
-    local = cluster - starts.index_select(0, seg.row_ids)
-    return SeedGrpoStats(
-        semantic_entropy=entropy,
-        scales=scales,
-        alpha_per_group=alpha_g,
-        alpha_effective=alpha_eff,
-        max_possible_entropy=max_entropy,
-        clusters=Ragged(local, seg.offsets, validate=False),
-    )
+    return entropy

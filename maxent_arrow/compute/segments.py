@@ -2,7 +2,7 @@
 
 Every per-group quantity (means, maxima, softmax denominators, entropies) is a reduction over
 contiguous segments of one flat tensor, described by int64 offsets. :class:`Segments` wraps the
-offsets of a :class:`~maxent_arrow.ragged.Ragged`, validates them once (naming the first bad
+offsets of a :class:`~maxent_arrow.arrow.Ragged`, validates them once (naming the first bad
 group) and keeps what is derived from them (lengths, row ids, the uniform width), so a pipeline
 of group functions over the same offsets computes these once: :meth:`Segments.of` reuses the
 ``Segments`` of an offsets tensor it has already checked (until that tensor is modified).
@@ -18,10 +18,9 @@ Two paths, chosen once from the offsets, with the same results (up to summation 
 The module also holds the input boundary of the group math (:func:`as_ragged`,
 :func:`as_sample_vector`, argument checks) and the softmax shift rule (:func:`shift_mode`).
 
-No Python loop over groups or samples. Measured (1 thread, 1M float64, K=16 / ragged 1..31):
-``view(P, K).sum(1)`` 0.25 ms and ``.amax(1)`` 0.4 ms against ``segment_reduce`` 1.1-1.8 ms;
-``torch.std_mean(dim=1)`` (12 ms) and ``torch.softmax(dim=1)`` (9.5 ms) are far slower for
-K=16, their inner loops running along the short K axis.
+No Python loop over groups or samples. The dense path uses plain ``sum`` / ``amax`` along
+``dim=1`` rather than ``torch.std_mean(dim=1)`` or ``torch.softmax(dim=1)``, whose inner loops
+run along the short K axis (``benchmarks/bench_compute.py`` has the figures).
 """
 
 from __future__ import annotations
@@ -75,7 +74,7 @@ def work_dtype(dtype: torch.dtype) -> torch.dtype:
 
     Integer and boolean inputs (0/1 rewards) become float64 so no precision is lost; half
     precision becomes float32 because sums must never accumulate below float32 (the original
-    accumulated log-prob sums in bf16, semantics §6.6).
+    accumulated log-prob sums in bf16, ``docs/seed-bugs.md`` §6).
     """
     if dtype == torch.float64:
         return torch.float64
@@ -456,7 +455,7 @@ def shift_(z: torch.Tensor, seg: Segments, mode: str, top: float) -> None:
 def as_ragged(value: Any, where: str) -> Ragged:
     """Normalise grouped input to a ``Ragged`` of 1-D values (views, no copies).
 
-    Accepts a ``Ragged``, a :class:`~maxent_arrow.views.GroupedSequence` (the ``grouped``
+    Accepts a ``Ragged``, a :class:`~maxent_arrow.arrow.GroupedSequence` (the ``grouped``
     field of the seed classes) or an Arrow list array.
     """
     if isinstance(value, Ragged):

@@ -8,7 +8,8 @@ completion ids and mask, the group offsets, and the per-completion and per-token
 (zero-copy views of the Arrow buffers where the batch is one chunk).
 
 Ray's default collate refuses ragged columns ("Numpy array of object dtype cannot be converted
-to a Torch Tensor", landscape §2.6); the usual user-written workaround converts each row to
+to a Torch Tensor", ``ray/air/_internal/torch_utils.py``); the usual user-written workaround
+converts each row to
 Python lists and calls ``pad_sequence``, a Python loop over samples that this replaces.
 """
 

@@ -4,7 +4,8 @@ score independent of its neighbours.
 
 The original pipeline left-padded prompts to the slice's widest prompt, right-padded
 completions, and masked labels on the first ``L_p(i)`` columns only, so in a slice mixing
-prompt lengths pad and prompt tokens were scored as completion tokens (semantics §6 item 5).
+prompt lengths pad and prompt tokens were scored as completion tokens (``docs/seed-bugs.md``
+§5).
 Here the sequences stay ragged: :func:`sequence_layout` concatenates each sample's prompt
 (head-truncated to ``max_prompt_len``) and completion (its attention mask, EOS-aware) in one
 vectorised pass, cuts the ``score_tail_tokens`` window per sample, and marks the tokens to score

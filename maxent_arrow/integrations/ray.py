@@ -14,7 +14,7 @@ into training tensors (``pip install 'maxent-arrow[ray]'``).
   ``map_batches(batch_format="pyarrow")``; :func:`write_store` groups the rows back into one
   append per (step, rank, kind) and commits them to a new store; :func:`recompute_store` chains
   the three.
-- :func:`ray_collate_fn` wraps :class:`~maxent_arrow.collate.GroupCollator` as Ray's
+- :func:`ray_collate_fn` wraps :class:`~maxent_arrow.ingest.GroupCollator` as Ray's
   ``ArrowBatchCollateFn`` for ``iter_torch_batches(collate_fn=...)``.
 
 Why a datasource and not ``ray.data.read_parquet``: the commit rule, the checksums, the
@@ -269,7 +269,8 @@ def recompute_group_math(
     untouched: Arrow in, Arrow out, the function ``map_batches(batch_format="pyarrow")`` runs.
 
     The math is :func:`maxent_arrow.rollout.recompute`, the single-process recomputation of a
-    replayed step (stored utilities, SEED-GRPO scales and reference sums; semantics §3.2-3.6),
+    replayed step (stored utilities, SEED-GRPO scales and reference sums; ``docs/formulas.md``
+    §3.2-3.6),
     run on these rows with ``config`` (a run config snapshot: ``tau``, ``beta``,
     ``q_temperature``, ... as a dict or its JSON) and ``overrides`` (e.g. ``tau=0.3``).
     Batches may cut anywhere between rows, since a row is a whole group. ``weights`` is left
@@ -490,7 +491,7 @@ def recompute_store(
 
 # ---------------------------------------------------------------------------- collate
 def ray_collate_fn(**options: Any) -> Any:
-    """A :class:`~maxent_arrow.collate.GroupCollator` (``options`` are its fields) as Ray's
+    """A :class:`~maxent_arrow.ingest.GroupCollator` (``options`` are its fields) as Ray's
     ``ArrowBatchCollateFn``, so ``iter_torch_batches`` hands it Arrow tables, not numpy
     object arrays."""
     _ray()

@@ -16,7 +16,7 @@ from maxent_arrow.compute.reward_step import compute_rewards
 from maxent_arrow.errors import LayoutError
 from maxent_arrow.rollout.batch import RolloutBatch
 from maxent_arrow.train.generation import sample_groups
-from maxent_arrow.types.rewards import GenerationBatch, ValidationContext
+from maxent_arrow.types.rewards import GenerationBatch, RewardComputation, ValidationContext
 
 __all__ = ["evaluate", "should_evaluate", "greedy_generator"]
 
@@ -60,7 +60,40 @@ def evaluate(ctx: ValidationContext, *, step: int) -> RolloutBatch | None:
         return None
     prompts = [row["prompt"] for row in settings.rows]
     answers = [row["answer"] for row in settings.rows]
-    size = max(int(settings.batch_size or len(prompts)), 1)
+    generation, infos = _generate(ctx, prompts, answers)
+    spec = ctx.eval_reward or ctx.reward
+    names = spec.reward_names or [
+        getattr(f, "__name__", f"reward_{j}") for j, f in enumerate(spec.reward_funcs)
+    ]
+    rewards = compute_rewards(
+        generation, spec.reward_funcs, weights=spec.reward_weights, reward_names=names
+    )
+    counts = [info.get("token_count", 0) for group in infos for info in group]
+    max_len = ctx.generation.max_completion_len if ctx.generation is not None else max(counts)
+    lengths = length_stats(counts, max_completion_len=max(int(max_len), 1))
+    batch = RolloutBatch.from_parts(
+        step,
+        generation=generation,
+        rewards=rewards,
+        length_stats=lengths,
+        kind="eval",
+        config={"reward_names": names, "reward_weights": list(spec.reward_weights)},
+    )
+    store = getattr(ctx.logging, "store", None)
+    if store is not None:
+        store.append(batch)
+    if ctx.logging.log_metrics is not None:
+        ctx.logging.log_metrics(_metrics(rewards), step)
+    return batch
+
+
+def _generate(
+    ctx: ValidationContext, prompts: list[str], answers: list[str]
+) -> tuple[GenerationBatch, list[list[dict]]]:
+    """One completion per prompt from ``ctx.generator``, in batches of
+    ``ctx.evaluation.batch_size``, with the model in eval mode (restored afterwards); the
+    batch and the generator's per-completion metadata."""
+    size = max(int(ctx.evaluation.batch_size or len(prompts)), 1)
     was_training = getattr(ctx.model, "training", False)
     ctx.model.eval()
     texts: list[list[str]] = []
@@ -84,31 +117,13 @@ def evaluate(ctx: ValidationContext, *, step: int) -> RolloutBatch | None:
         grouped_ref_meta=None,
         grouped_completion_info=infos,
     )
-    spec = ctx.eval_reward or ctx.reward
-    names = spec.reward_names or [
-        getattr(f, "__name__", f"reward_{j}") for j, f in enumerate(spec.reward_funcs)
-    ]
-    rewards = compute_rewards(
-        generation, spec.reward_funcs, weights=spec.reward_weights, reward_names=names
-    )
-    counts = [info.get("token_count", 0) for group in infos for info in group]
-    max_len = ctx.generation.max_completion_len if ctx.generation is not None else max(counts)
-    lengths = length_stats(counts, max_completion_len=max(int(max_len), 1))
-    batch = RolloutBatch.from_parts(
-        step,
-        generation=generation,
-        rewards=rewards,
-        length_stats=lengths,
-        kind="eval",
-        config={"reward_names": names, "reward_weights": list(spec.reward_weights)},
-    )
-    store = getattr(ctx.logging, "store", None)
-    if store is not None:
-        store.append(batch)
-    if ctx.logging.log_metrics is not None:
-        metrics = {"eval/reward_mean": rewards.moments.mean, "eval/reward_std": rewards.moments.std}
-        for name, values in rewards.per_reward_values.items():
-            column = values.to_torch()
-            metrics[f"eval/{name}"] = float(column.mean()) if len(column) else 0.0
-        ctx.logging.log_metrics(metrics, step)
-    return batch
+    return generation, infos
+
+
+def _metrics(rewards: RewardComputation) -> dict[str, float]:
+    """``eval/reward_mean``, ``eval/reward_std`` and the mean of each reward function."""
+    metrics = {"eval/reward_mean": rewards.moments.mean, "eval/reward_std": rewards.moments.std}
+    for name, values in rewards.per_reward_values.items():
+        column = values.to_torch()
+        metrics[f"eval/{name}"] = float(column.mean()) if len(column) else 0.0
+    return metrics

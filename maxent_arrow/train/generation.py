@@ -1,10 +1,10 @@
 """Sampling K completions per prompt with a ``transformers`` causal LM, into a ``GenerationBatch``.
 
-``sample_groups`` runs ``model.generate`` once for all prompts (left-padded, ``num_return_sequences
-= K``), cuts each completion after its first EOS (inclusive), and keeps what a replayable step
-needs (semantics §4.2): the exact generated token ids, finish reason, token count, and the
-behaviour policy's per-token log-probs under the sampling temperature, as a ``Ragged`` (one row per
-completion, prompt-major).
+``sample_groups`` runs ``model.generate`` once for all prompts (left-padded,
+``num_return_sequences = K``), cuts each completion after its first EOS (inclusive), and keeps
+what a replayable step needs (``docs/formulas.md`` §4.2): the exact generated token ids, finish
+reason, token count, and the behaviour policy's per-token log-probs under the sampling
+temperature, as a ``Ragged`` (one row per completion, prompt-major).
 """
 
 from __future__ import annotations
@@ -74,10 +74,7 @@ def sample_groups(
     temperature)`` at each sampled token: the distribution the tokens were drawn from.
     """
     device = next(model.parameters()).device
-    encoded = [
-        tokenizer(p, add_special_tokens=False)["input_ids"][:max_prompt_len] for p in prompts
-    ]
-    prompt_rows = Ragged.from_lists(encoded, dtype=torch.int64)
+    prompt_rows = _encode_prompts(tokenizer, prompts, max_prompt_len)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     input_ids, mask = prompt_rows.to_padded(pad_id, side="left")
     if generator_seed is not None:
@@ -98,18 +95,48 @@ def sample_groups(
         output_logits=True,
     )
     completion = output.sequences[:, input_ids.shape[1] :].cpu()
-    logits = torch.stack(output.logits, dim=1).float().cpu()  # [N, T, V], raw logits
-    scale = 1.0 if greedy else float(temperature)
-    token_logp = torch.log_softmax(logits / scale, dim=-1).gather(-1, completion[..., None])[..., 0]
+    token_logp = _sampled_logp(output.logits, completion, 1.0 if greedy else float(temperature))
     lengths, found_eos = _eos_cut_lengths(completion, tokenizer.eos_token_id)
     keep = torch.arange(completion.shape[1]) < lengths[:, None]
     completion_rows = Ragged.from_lengths(completion[keep].to(torch.int32), lengths)
     behavior = Ragged.from_lengths(token_logp[keep], lengths)
-
     texts = tokenizer.batch_decode(completion_rows.tolist(), skip_special_tokens=True)
+    generation = _generation_batch(
+        prompts, answers, texts, completion_rows, found_eos.tolist(), k=k
+    )
+    return Rollouts(generation, prompt_rows, completion_rows, behavior)
+
+
+def _encode_prompts(tokenizer: Any, prompts: list[str], max_prompt_len: int) -> Ragged:
+    """Prompt token rows, without special tokens, each cut to its first ``max_prompt_len``."""
+    encoded = [
+        tokenizer(p, add_special_tokens=False)["input_ids"][:max_prompt_len] for p in prompts
+    ]
+    return Ragged.from_lists(encoded, dtype=torch.int64)
+
+
+def _sampled_logp(
+    logits: tuple[torch.Tensor, ...], completion: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    """``log_softmax(logits / temperature)`` at each generated token ``[N, T]``, float32: the
+    distribution the sampler drew from (``generate`` returns the raw logits per step)."""
+    stacked = torch.stack(logits, dim=1).float().cpu()  # [N, T, V]
+    logp = torch.log_softmax(stacked / temperature, dim=-1)
+    return logp.gather(-1, completion[..., None])[..., 0]
+
+
+def _generation_batch(
+    prompts: list[str],
+    answers: list[str],
+    texts: list[str],
+    completion_rows: Ragged,
+    found_eos: list[bool],
+    *,
+    k: int,
+) -> GenerationBatch:
+    """The seed's ``GenerationBatch``: texts grouped by prompt, with each completion's info
+    (exact token ids, count, finish reason; no EOS within the cap means "length")."""
     ids = completion_rows.tolist()
-    counts = lengths.tolist()
-    eos = found_eos.tolist()
     grouped_texts, grouped_info = [], []
     for g in range(len(prompts)):
         rows = range(g * k, (g + 1) * k)
@@ -118,18 +145,17 @@ def sample_groups(
             [
                 {
                     "token_ids": ids[i],
-                    "token_count": counts[i],
-                    "finish_reason": "stop" if eos[i] else "length",
-                    "truncated": not eos[i],
+                    "token_count": len(ids[i]),
+                    "finish_reason": "stop" if found_eos[i] else "length",
+                    "truncated": not found_eos[i],
                 }
                 for i in rows
             ]
         )
-    generation = GenerationBatch(
+    return GenerationBatch(
         prompts=list(prompts),
         answers=list(answers),
         grouped_completions=grouped_texts,
         grouped_ref_meta=None,
         grouped_completion_info=grouped_info,
     )
-    return Rollouts(generation, prompt_rows, completion_rows, behavior)

@@ -1,21 +1,22 @@
 """Teacher-forced scoring of a :class:`~maxent_arrow.ScoreBatch` with a ``transformers`` causal
 LM: :func:`reference_logprobs` (no grad) and :func:`sequence_scores` (with grad).
 
-What differs from the original pipeline (semantics §3.7-3.8, §6 items 4-7):
+What differs from the original pipeline (``docs/formulas.md`` §3.7-3.8, ``docs/seed-bugs.md``
+§4-7):
 
 - every sample is scored exactly as it would be alone: sequences are assembled ragged
   (:mod:`maxent_arrow.ingest.packing`), padded slices carry real ``position_ids`` (GPT-2's absolute
   position embeddings included), and only completion tokens are scored, whatever the prompt
-  lengths sharing a slice (the seed scored pad/prompt tokens there, §6 item 5);
+  lengths sharing a slice (the seed scored pad/prompt tokens there, seed-bugs §5);
 - packed, padding-free forwards when the model supports them (``packing="auto"``);
 - the logits never exist for a whole batch: the base model returns hidden states, and the
   output head, log-softmax and entropy run on chunks of ``token_chunk`` predicted positions
   (recomputed in backward under gradient checkpointing, so memory stays one chunk wide);
-- per-token values are float32 and per-sequence sums accumulate in float64 (§6 item 6);
+- per-token values are float32 and per-sequence sums accumulate in float64 (seed-bugs §6);
 - one ``temperature`` argument divides the logits the same way for policy and reference
-  (the seed divided only the reference's, §6 item 7);
+  (the seed divided only the reference's, seed-bugs §7);
 - per-token outputs are left-aligned on the scored completion tokens, and stored behaviour
-  per-token log-probs are aligned the same way (the seed right-aligned them, §6 item 4).
+  per-token log-probs are aligned the same way (the seed right-aligned them, seed-bugs §4).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from torch.utils.checkpoint import checkpoint
 
 from maxent_arrow.arrow import Ragged, arrow_to_torch
 from maxent_arrow.errors import ComputeError, LayoutError, SchemaError
-from maxent_arrow.ingest.packing import SequenceLayout, iter_chunks, sequence_layout
+from maxent_arrow.ingest.packing import ModelChunk, SequenceLayout, iter_chunks, sequence_layout
 from maxent_arrow.types.rewards import ReferenceLogprobs, ScoreBatch, SequenceScores
 
 __all__ = [
@@ -198,7 +199,7 @@ def score_tokens(
         Predicted positions per output-head chunk: the logits held at once are at most
         ``token_chunk x V``.
     layout:
-        A precomputed :func:`~maxent_arrow.packing.sequence_layout` (to share between the
+        A precomputed :func:`~maxent_arrow.ingest.sequence_layout` (to share between the
         policy and reference passes).
     """
     if not temperature > 0:
@@ -209,12 +210,7 @@ def score_tokens(
     if layout is None:
         layout = sequence_layout(score_batch, device=device)
     packed = _resolve_packing(model, packing)
-    base = getattr(model, "base_model", None)
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    use_hidden = base is not None and base is not model and head is not None
-    transform = _logit_transform(getattr(model, "config", None))
-    grad = torch.is_grad_enabled()
-
+    scorer = _ChunkScorer.of(model, temperature, return_entropy, token_chunk)
     targets_all = layout.tokens.values
     scored_all = layout.scored
     offsets = layout.tokens.offsets.tolist()
@@ -234,39 +230,97 @@ def score_tokens(
             continue
         targets = targets_all[lo:hi][scored]
         source = chunk.slots[scored] - 1  # the logits at t score the token at t + 1
+        pieces.extend(scorer.score(chunk, source, targets))
+    return _assemble(layout, pieces, return_entropy, packed, device)
+
+
+@dataclass(frozen=True)
+class _ChunkScorer:
+    """One forward per chunk, then the per-token statistics of its scored positions, computed
+    ``token_chunk`` positions at a time (:func:`_token_stats`)."""
+
+    model: Any
+    base: Any  # the base model returning hidden states, or None: no separable output head
+    head: Any
+    transform: Callable[[torch.Tensor], torch.Tensor]
+    temperature: float
+    with_entropy: bool
+    token_chunk: int
+
+    @classmethod
+    def of(
+        cls, model: Any, temperature: float, with_entropy: bool, token_chunk: int
+    ) -> _ChunkScorer:
+        base = getattr(model, "base_model", None)
+        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        separable = base is not None and base is not model and head is not None
+        return cls(
+            model,
+            base if separable else None,
+            head if separable else None,
+            _logit_transform(getattr(model, "config", None)),
+            temperature,
+            with_entropy,
+            token_chunk,
+        )
+
+    def score(
+        self, chunk: ModelChunk, source: torch.Tensor, targets: torch.Tensor
+    ) -> list[torch.Tensor]:
+        """Statistics of the positions ``source`` (predicting ``targets``) of ``chunk``."""
         kwargs = {"position_ids": chunk.position_ids, "use_cache": False}
         if chunk.attention_mask is not None:
             kwargs["attention_mask"] = chunk.attention_mask
-        if use_hidden:
-            hidden = base(input_ids=chunk.input_ids, **kwargs)[0]
-            hidden = hidden.reshape(-1, hidden.shape[-1])[source]
-            for a in range(0, hidden.shape[0], token_chunk):
-                args = (head, transform, hidden[a : a + token_chunk], targets[a : a + token_chunk])
-                if grad:
-                    # Recompute this chunk's logits in backward instead of keeping them.
-                    out = checkpoint(
-                        _token_stats, *args, temperature, return_entropy, use_reentrant=False
-                    )
-                else:
-                    out = _token_stats(*args, temperature, return_entropy)
-                pieces.append(out)
-        else:
-            # No separable output head: the slice's logits are materialised (one slice only).
-            logits = model(input_ids=chunk.input_ids, **kwargs).logits
-            logits = logits.reshape(-1, logits.shape[-1])[source]
-            identity = _Identity()
-            for a in range(0, logits.shape[0], token_chunk):
-                pieces.append(
-                    _token_stats(
-                        identity,
-                        lambda x: x,
-                        logits[a : a + token_chunk],
-                        targets[a : a + token_chunk],
-                        temperature,
-                        return_entropy,
-                    )
+        if self.base is not None:
+            return self._from_hidden(chunk, kwargs, source, targets)
+        return self._from_logits(chunk, kwargs, source, targets)
+
+    def _from_hidden(
+        self,
+        chunk: ModelChunk,
+        kwargs: dict[str, Any],
+        source: torch.Tensor,
+        targets: torch.Tensor,
+    ) -> list[torch.Tensor]:
+        hidden = self.base(input_ids=chunk.input_ids, **kwargs)[0]
+        hidden = hidden.reshape(-1, hidden.shape[-1])[source]
+        grad = torch.is_grad_enabled()
+        pieces = []
+        for a in range(0, hidden.shape[0], self.token_chunk):
+            b = a + self.token_chunk
+            args = (self.head, self.transform, hidden[a:b], targets[a:b])
+            if grad:
+                # Recompute this chunk's logits in backward instead of keeping them.
+                out = checkpoint(
+                    _token_stats, *args, self.temperature, self.with_entropy, use_reentrant=False
                 )
-    return _assemble(layout, pieces, return_entropy, packed, device)
+            else:
+                out = _token_stats(*args, self.temperature, self.with_entropy)
+            pieces.append(out)
+        return pieces
+
+    def _from_logits(
+        self,
+        chunk: ModelChunk,
+        kwargs: dict[str, Any],
+        source: torch.Tensor,
+        targets: torch.Tensor,
+    ) -> list[torch.Tensor]:
+        # No separable output head: the slice's logits are materialised (one slice only).
+        logits = self.model(input_ids=chunk.input_ids, **kwargs).logits
+        logits = logits.reshape(-1, logits.shape[-1])[source]
+        identity = _Identity()
+        return [
+            _token_stats(
+                identity,
+                lambda x: x,
+                logits[a : a + self.token_chunk],
+                targets[a : a + self.token_chunk],
+                self.temperature,
+                self.with_entropy,
+            )
+            for a in range(0, logits.shape[0], self.token_chunk)
+        ]
 
 
 class _Identity(torch.nn.Module):
@@ -311,7 +365,8 @@ def reference_logprobs(
     padding_side: Literal["right", "left"] = "right",
     token_chunk: int = 1024,
 ) -> ReferenceLogprobs:
-    """Frozen-reference log-probs, with the seed's field meanings (semantics §2.10).
+    """Frozen-reference log-probs, with the seed's field meanings (``docs/formulas.md`` §2.10,
+    §3.7).
 
     ``ref_logp_sum_raw`` is the sum R_i over scored completion tokens; ``ref_tok_counts`` the
     count T_i clamped to >= 1 (float32); ``ref_logp_sum`` is **a per-token mean** R_i / T_i
@@ -370,7 +425,8 @@ def sequence_scores(
     padding_side: Literal["right", "left"] = "right",
     token_chunk: int = 1024,
 ) -> SequenceScores:
-    """Policy scores with gradients, combined with ``reference`` as the seed does (§3.8).
+    """Policy scores with gradients, combined with ``reference`` as the seed does
+    (``docs/formulas.md`` §3.8).
 
     Parameters
     ----------
@@ -409,20 +465,12 @@ def sequence_scores(
     )
     device = scores.logp_sum.device
     cur = scores.logp_sum
-    detached = cur.detach()
-    behavior = detached
-    if behavior_logp_sum is not None:
-        stored = _flat_vector("behavior_logp_sum", behavior_logp_sum, n).to(device)
-        behavior = torch.where(torch.isnan(stored), detached, stored)
+    behavior = _behavior_sums(behavior_logp_sum, cur.detach(), n)
     ref_raw = reference.ref_logp_sum_raw.to(device=device, dtype=torch.float32)
     denom = reference.ref_tok_counts.to(device=device, dtype=torch.float32).clamp(min=1)
     token_logp = token_mask = old = None
     if need_tokens:
-        width = int(score_batch.completion_ids.shape[1])
-        token_logp, token_mask = scores.token_matrix(width)
-        old = token_logp.detach()
-        if behavior_token_logp is not None:
-            old = _aligned_behavior(behavior_token_logp, score_batch, scores, width, device)
+        token_logp, token_mask, old = _token_outputs(scores, score_batch, behavior_token_logp)
         if not return_token_logp:
             # old_token_logp keeps its mask: without it the per-token rows have no lengths.
             token_logp = None
@@ -436,6 +484,30 @@ def sequence_scores(
         token_mask=token_mask,
         old_token_logp=old,
     )
+
+
+def _behavior_sums(stored: Any, detached: torch.Tensor, n: int) -> torch.Tensor:
+    """Stored behaviour sums, NaN entries (and no stored sums at all) replaced by the detached
+    policy sums: a missing behaviour value means "the policy that is being scored"."""
+    if stored is None:
+        return detached
+    values = _flat_vector("behavior_logp_sum", stored, n).to(detached.device)
+    return torch.where(torch.isnan(values), detached, values)
+
+
+def _token_outputs(
+    scores: TokenScores, score_batch: ScoreBatch, behavior_token_logp: Any
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(token_logp, token_mask, old_token_logp)`` ``[N, L_c]``, left-aligned on the scored
+    tokens; ``old_token_logp`` is the stored behaviour rows aligned the same way, or the
+    detached policy values."""
+    width = int(score_batch.completion_ids.shape[1])
+    token_logp, token_mask = scores.token_matrix(width)
+    if behavior_token_logp is None:
+        return token_logp, token_mask, token_logp.detach()
+    device = scores.logp_sum.device
+    old = _aligned_behavior(behavior_token_logp, score_batch, scores, width, device)
+    return token_logp, token_mask, old
 
 
 def _flat_vector(field: str, value: Any, n: int) -> torch.Tensor:

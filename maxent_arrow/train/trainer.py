@@ -1,7 +1,7 @@
 """A small, complete MaxEnt-GRPO training loop through the rollout store (what the demo runs).
 
-One step (semantics §4.1): sample K completions per prompt with ``model.generate``; score them
-with the reward functions (:func:`~maxent_arrow.reward_step.compute_rewards`: utilities,
+One step (``docs/formulas.md`` §4.1): sample K completions per prompt with ``model.generate``;
+score them with the reward functions (:func:`~maxent_arrow.compute.compute_rewards`: utilities,
 advantages, q); build the ``ScoreBatch`` from the exact generated token ids; reference log-probs
 from a frozen copy of the initial model; MaxEnt weights from q and the reference; policy scores
 with gradients; the MaxEnt loss and diagnostics; one optimizer step through ``accelerate``; and
@@ -32,9 +32,17 @@ from maxent_arrow.compute import (
 from maxent_arrow.ingest import build_score_batch, tokenizer_identity
 from maxent_arrow.rollout import RolloutBatch, RunConfig
 from maxent_arrow.store import RolloutStore
-from maxent_arrow.train.generation import sample_groups
+from maxent_arrow.train.generation import Rollouts, sample_groups
 from maxent_arrow.train.scoring import reference_logprobs, sequence_scores
 from maxent_arrow.train.snapshots import snapshot_path
+from maxent_arrow.types import (
+    BatchDiagnostics,
+    GenerationBatch,
+    LossOutputs,
+    ReferenceLogprobs,
+    RewardComputation,
+    SequenceScores,
+)
 
 __all__ = ["MaxEntTrainer"]
 
@@ -111,32 +119,14 @@ class MaxEntTrainer:
         return path
 
     def step(self, step: int, rows: Sequence[dict[str, str]]) -> RolloutBatch:
-        """Run one training step on ``rows`` (``{"prompt", "answer"}``) and append it."""
+        """Run one training step on ``rows`` (``{"prompt", "answer"}``) and append it.
+
+        The stages of ``docs/formulas.md`` §4.1: generate, rewards, score batch, reference,
+        snapshot, policy scores, weights, loss and update, append.
+        """
         cfg = self.config
-        policy = self.policy
-        policy.eval()
-        rollouts = sample_groups(
-            policy,
-            self.tokenizer,
-            [r["prompt"] for r in rows],
-            [r["answer"] for r in rows],
-            k=cfg.num_generations,
-            max_new_tokens=cfg.max_completion_len,
-            max_prompt_len=cfg.max_prompt_len,
-            temperature=cfg.gen_temperature,
-            top_p=cfg.top_p,
-            generator_seed=cfg.seed * 1_000_003 + step,
-        )
-        rewards = compute_rewards(
-            rollouts.generation,
-            self.reward_funcs,
-            weights=list(cfg.reward_weights),
-            reward_names=list(cfg.reward_names),
-            scale_rewards=cfg.scale_rewards == "group",
-            q_temperature=cfg.q_temperature,
-            q_epsilon=cfg.q_epsilon,
-            max_completion_len=cfg.max_completion_len,
-        )
+        rollouts = self.generate(step, rows)
+        rewards = self.rewards(rollouts.generation)
         score_batch = build_score_batch(
             rollouts.generation,
             pad_token_id=self.tokenizer.pad_token_id,
@@ -149,6 +139,7 @@ class MaxEntTrainer:
         reference = reference_logprobs(
             self.reference, score_batch, temperature=cfg.gen_temperature, return_token_logp=True
         )
+        # The weights this step's loss is computed with, saved before they change.
         self.save_snapshot(step)
         scores = sequence_scores(
             self.model,
@@ -159,6 +150,65 @@ class MaxEntTrainer:
             temperature=cfg.gen_temperature,
         )
         weights = self.weights(rewards, reference)
+        loss, diagnostics = self.update(scores, reference, weights)
+        batch = RolloutBatch.from_parts(
+            step,
+            generation=rollouts.generation,
+            rewards=rewards,
+            score_batch=score_batch,
+            reference=reference,
+            scores=scores,
+            length_stats=length_stats(
+                reference.ref_tok_counts, max_completion_len=cfg.max_completion_len
+            ),
+            loss=loss,
+            diagnostics=diagnostics,
+            weights=weights,
+            config=self.run_config().to_dict(),
+            policy_version=step,
+            behavior_token_logp=rollouts.behavior_token_logp,
+        )
+        self.store.append(batch)
+        return batch
+
+    def generate(self, step: int, rows: Sequence[dict[str, str]]) -> Rollouts:
+        """K sampled completions per prompt from the policy (in eval mode: no dropout), seeded
+        per step so a run is reproducible."""
+        cfg = self.config
+        policy = self.policy
+        policy.eval()
+        return sample_groups(
+            policy,
+            self.tokenizer,
+            [r["prompt"] for r in rows],
+            [r["answer"] for r in rows],
+            k=cfg.num_generations,
+            max_new_tokens=cfg.max_completion_len,
+            max_prompt_len=cfg.max_prompt_len,
+            temperature=cfg.gen_temperature,
+            top_p=cfg.top_p,
+            generator_seed=cfg.seed * 1_000_003 + step,
+        )
+
+    def rewards(self, generation: GenerationBatch) -> RewardComputation:
+        """Utilities, moments, advantages and q of the sampled completions (§3.1-3.4)."""
+        cfg = self.config
+        return compute_rewards(
+            generation,
+            self.reward_funcs,
+            weights=list(cfg.reward_weights),
+            reward_names=list(cfg.reward_names),
+            scale_rewards=cfg.scale_rewards == "group",
+            q_temperature=cfg.q_temperature,
+            q_epsilon=cfg.q_epsilon,
+            max_completion_len=cfg.max_completion_len,
+        )
+
+    def update(
+        self, scores: SequenceScores, reference: ReferenceLogprobs, weights: Ragged
+    ) -> tuple[LossOutputs, BatchDiagnostics]:
+        """The MaxEnt loss and diagnostics (§3.9-3.10), then one optimizer step."""
+        cfg = self.config
         loss, diagnostics = evaluate_losses(
             scores,
             reference,
@@ -172,26 +222,9 @@ class MaxEntTrainer:
         self.accelerator.backward(loss.loss)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        lengths = length_stats(reference.ref_tok_counts, max_completion_len=cfg.max_completion_len)
-        batch = RolloutBatch.from_parts(
-            step,
-            generation=rollouts.generation,
-            rewards=rewards,
-            score_batch=score_batch,
-            reference=reference,
-            scores=scores,
-            length_stats=lengths,
-            loss=loss,
-            diagnostics=diagnostics,
-            weights=weights,
-            config=self.run_config().to_dict(),
-            policy_version=step,
-            behavior_token_logp=rollouts.behavior_token_logp,
-        )
-        self.store.append(batch)
-        return batch
+        return loss, diagnostics
 
-    def weights(self, rewards, reference) -> Ragged:
+    def weights(self, rewards: RewardComputation, reference: ReferenceLogprobs) -> Ragged:
         """MaxEnt weights from the step's q and the reference term (§3.6).
 
         The reference term is computed from the stored facts (raw sums and token counts, in

@@ -1,6 +1,6 @@
 """Group math against float64 reference implementations written as plain per-group loops.
 
-The references below follow ``semantics.md`` §3 formula by formula, in Python floats, one group
+The references below follow ``docs/formulas.md`` §3 formula by formula, in Python floats, one group
 at a time (the way the original code did it); the library must agree with them on random
 ragged groups, K = 1, constant groups, NaN rewards and extreme temperatures.
 """

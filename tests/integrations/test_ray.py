@@ -286,7 +286,7 @@ def test_cluster_recomputation_equals_single_process(ray_cluster, store_root: Pa
         # Equal to float64 rounding: a batch whose groups all have one size takes the dense
         # [P, K] reduction path (maxent_arrow.compute.segments), which may round differently.
         np.testing.assert_allclose(_flat(cluster, name), local, rtol=1e-12, atol=1e-15)
-        # ... and the fixture's independent numpy formulas (semantics §3) agree.
+        # ... and the fixture's independent numpy formulas (docs/formulas.md §3) agree.
         np.testing.assert_allclose(local, _flat(stored, name), rtol=1e-6, atol=1e-9)
     # One config for every row (the manifest's) gets step 2 wrong: per-step configs matter.
     flat = _collect(ray_cluster, recompute_dataset(read_store(store_root), config=store.config))
