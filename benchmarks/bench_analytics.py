@@ -36,6 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from maxent_arrow.analytics.run import RunAnalytics  # noqa: E402
 from maxent_arrow.arrow import schema as S  # noqa: E402
+from maxent_arrow.rollout import RolloutBatch  # noqa: E402
+from maxent_arrow.store import RolloutStore  # noqa: E402
 
 TARGET = 10.0
 MAX_LEN = 64
@@ -57,25 +59,21 @@ def _lists(offsets: np.ndarray, values: pa.Array) -> pa.Array:
 def generate(
     root: Path, *, steps: int, prompts: int, k: int, per_file: int = 1, seed: int = 0
 ) -> Path:
-    """Write the store once (vectorised per step); reuse it when its marker exists.
-
-    ``per_file`` > 1 writes ``compact-{first}-{last}.train.parquet`` pairs of that many steps,
-    the layout ``RolloutStore.compact`` leaves behind."""
-    done = root / ".complete"
+    """Write the store once through ``RolloutStore.append`` (group rows built vectorised per
+    step); reuse it when its marker exists. ``per_file`` > 1 then compacts it into segments of
+    that many steps, as ``RolloutStore.compact`` does."""
+    done = root.with_name(root.name + ".complete")
     if done.exists():
         return root
     if root.exists():
         shutil.rmtree(root)
-    (root / "groups").mkdir(parents=True)
-    (root / "steps").mkdir()
+    store = RolloutStore.create(root, config={"max_completion_len": MAX_LEN})
     rng = np.random.default_rng(seed)
-    schema = S.group_schema(["accuracy"])
+    schema = S.group_schema()
     pool = pa.array([f"completion text number {i} " * 3 for i in range(257)])
     n = prompts * k
     goff = np.arange(0, n + 1, k)
     t0 = time.perf_counter()
-    pending: list[pa.Table] = []
-    pending_rows: list[dict] = []
     for step in range(steps):
         lens = rng.integers(1, MAX_LEN + 1, n).astype(np.int32)
         toff = np.concatenate([[0], np.cumsum(lens)])
@@ -99,7 +97,11 @@ def generate(
         cols = {
             "step": pa.array(np.full(prompts, step, np.int64)),
             "rank": pa.array(np.zeros(prompts, np.int32)),
+            "kind": pa.array(["train"] * prompts),
             "group_index": pa.array(np.arange(prompts, dtype=np.int32)),
+            "group_id": pa.array([f"{step}.0.{i}" for i in range(prompts)]),
+            "group_size": pa.array(np.full(prompts, k, np.int32)),
+            "num_completions": pa.array(np.full(prompts, k, np.int32)),
             "prompt": pa.array([f"prompt {i}" for i in range(prompts)]),
             "answer": pa.array(["42"] * prompts),
             "prompt_ids": _lists(
@@ -107,12 +109,14 @@ def generate(
                 pa.array(rng.integers(0, 384, 8 * prompts, dtype=np.int32)),
             ),
             "completions": _lists(goff, pool.take(pa.array(lens))),
+            "completion_index": _lists(
+                goff, pa.array(np.tile(np.arange(k, dtype=np.int32), prompts))
+            ),
             "completion_ids": _lists(goff, token_ids),
             "completion_info": _lists(goff, info),
             "total_utils": _lists(goff, pa.array(utils)),
-            "rewards": pa.StructArray.from_arrays(
-                [_lists(goff, pa.array(acc))], fields=list(schema.field("rewards").type)
-            ),
+            "reward_names": _lists(np.arange(prompts + 1), pa.array(["accuracy"] * prompts)),
+            "reward_values": _lists(goff, _lists(np.arange(n + 1), pa.array(acc))),
             "advantages": _lists(goff, pa.array(adv)),
             "q": _lists(goff, pa.array(q)),
             "weights": _lists(goff, pa.array(q)),
@@ -123,7 +127,6 @@ def generate(
         table = pa.Table.from_arrays(
             list(cols.values()), schema=pa.schema(fields, metadata=schema.metadata)
         )
-        pending.append(table)
         row = {f.name: None for f in S.step_schema()}
         row.update(
             step=step,
@@ -133,23 +136,10 @@ def generate(
             num_samples=n,
             config=f'{{"max_completion_len": {MAX_LEN}}}',
         )
-        pending_rows.append(row)
-        if len(pending) == per_file or step == steps - 1:
-            first = step - len(pending) + 1
-            name = (
-                f"step-{step:010d}.rank-00000.train.parquet"
-                if per_file == 1
-                else f"compact-{first:010d}-{step:010d}.train.parquet"
-            )
-            pq.write_table(
-                pa.concat_tables(pending),
-                root / "groups" / name,
-                compression="zstd",
-                use_dictionary=["prompt", "answer", "completions"],
-            )
-            step_table = pa.Table.from_pylist(pending_rows, schema=S.step_schema())
-            pq.write_table(step_table, root / "steps" / name)
-            pending, pending_rows = [], []
+        step_row = pa.Table.from_pylist([row], schema=S.step_schema())
+        store.append(RolloutBatch(table, step_row))
+    if per_file > 1:
+        store.compact(max_steps=per_file)
     done.write_text("ok")
     print(f"generated {root} in {time.perf_counter() - t0:.1f} s")
     return root
@@ -161,8 +151,8 @@ def generate(
 def pandas_reward_curve(root: Path):
     import pandas as pd
 
-    df = pd.read_parquet(root / "groups", columns=["step", "total_utils", "rewards"])
-    df["accuracy"] = df["rewards"].map(lambda r: r["accuracy"])
+    df = pd.read_parquet(root / "groups", columns=["step", "total_utils", "reward_values"])
+    df["accuracy"] = df["reward_values"].map(lambda r: [v[0] for v in r])
     out = []
     for col in ("total_utils", "accuracy"):
         long = df[["step", col]].explode(col)
@@ -234,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         args.steps, args.repeat = 50, 1
     shape = f"{args.steps}x{args.prompts}x{args.completions}"
     root = generate(
-        _cache_dir() / f"analytics-{shape}-per{args.steps_per_file}-v1",
+        _cache_dir() / f"analytics-{shape}-per{args.steps_per_file}-v2",
         per_file=args.steps_per_file,
         steps=args.steps,
         prompts=args.prompts,
@@ -280,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
             run.reward_curve,
             warm.reward_curve,
             pandas_reward_curve,
-            ["step", "total_utils", "rewards"],
+            ["step", "total_utils", "reward_values"],
         ),
         (
             "length stats",

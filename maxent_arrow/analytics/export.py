@@ -54,7 +54,9 @@ def export_ipc(
     store = root if isinstance(root, RolloutStore) else RolloutStore(root)
     out = Path(out)
     _check_out(out)
-    schema = store.schema("groups").remove_metadata()
+    # Every column nullable, as conform makes them (an older file may lack one).
+    schema = conform(store.schema("groups").empty_table(), store.schema("groups")).schema
+    schema = schema.remove_metadata()
     written: list[Path] = []
     kinds = sorted({u.kind for u in store.units()})
     for kind in kinds:

@@ -293,7 +293,10 @@ class ReadyMadeQueries:
             f"SELECT step, bucket, min({order}) AS bucket_order, "
             "CASE WHEN sum(c) > 0 THEN sum(v * c) / sum(c) ELSE avg(v) END AS kl_per_token, "
             "sum(c) AS tokens FROM (SELECT step, unnest(kl_length_buckets) AS bucket, "
-            "unnest(kl_per_token_by_len_bucket) AS v, unnest(kl_token_count_by_len_bucket) AS c "
+            "unnest(kl_per_token_by_len_bucket) AS v, "
+            # A rank that stored no counts: NULL counts, so its values average plainly.
+            "unnest(coalesce(kl_token_count_by_len_bucket, "
+            "list_transform(kl_length_buckets, lambda b: NULL::DOUBLE))) AS c "
             f"FROM steps {self.rel.where(kind=kind)}) "
             "GROUP BY step, bucket ORDER BY step, bucket_order, bucket"
         )

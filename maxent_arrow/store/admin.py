@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from maxent_arrow.arrow import schema as S
+from maxent_arrow.arrow.upgrade import needs_upgrade, upgrade_groups
 from maxent_arrow.errors import StoreError
 from maxent_arrow.store.backend import Backend, crash_point, is_temp_name, writer_alive
 from maxent_arrow.store.catalog import Catalog, StepFile, Unit
@@ -153,6 +154,8 @@ def _verify_step(report: VerifyReport, backend: Backend, step: StepFile) -> None
         if check_seal(data) is False:
             raise StoreError("IPC cache CRC-32 differs from the one sealed in it (corrupt)")
         cached = ipc.open_file(pa.BufferReader(data)).read_all()
+        if needs_upgrade((cached.schema.metadata or {}).get(S.METADATA_KEY)):
+            cached = upgrade_groups(cached, kind=parsed.kind)
         if not cached.equals(groups.select(cached.column_names)):
             raise StoreError("IPC cache differs from the Parquet archive")
     except (StoreError, pa.ArrowException, OSError) as exc:

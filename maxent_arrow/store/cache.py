@@ -14,6 +14,8 @@ import json
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
+from maxent_arrow.arrow import schema as S
+from maxent_arrow.arrow.upgrade import needs_upgrade, upgrade_groups
 from maxent_arrow.errors import StoreError
 from maxent_arrow.rollout import STEP_META_KEY, RolloutBatch, step_row_to_json
 from maxent_arrow.store.backend import Backend
@@ -70,4 +72,8 @@ def read_cache(
     expected = step.meta.get("group_crc32")
     if recorded.get("group_crc32") is not None and recorded["group_crc32"] != expected:
         return None  # a copy of another commit of this unit (e.g. before a compaction)
+    version = (batch.schema.metadata or {}).get(S.METADATA_KEY)
+    if needs_upgrade(version):
+        table = upgrade_groups(pa.Table.from_batches([batch]), kind=unit.split(".")[2])
+        batch = table.combine_chunks().to_batches()[0]
     return batch

@@ -72,7 +72,9 @@ def read_group_file(
     try:
         source: Any
         chunks = step.meta.get("chunks")
-        if crc and wanted is not None and chunks is not None and not upgrade:
+        stored = {path.split(".")[0] for rg in (chunks or {}).get("row_groups", []) for path in rg}
+        partial = wanted is not None and not stored <= set(wanted)
+        if crc and partial and chunks is not None and not upgrade:
             # Only the columns read, and the footer: no pass over the rest of the file.
             check_chunks(str(path), chunks, lambda r: backend.read_ranges(rel, r), wanted)
             source = backend.open(rel)

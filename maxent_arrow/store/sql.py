@@ -37,6 +37,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
 from maxent_arrow.arrow import schema as S
@@ -272,7 +273,8 @@ class SqlViews:
                 names.setdefault(name)
         for table in legacy:
             if "reward_names" in table.column_names:
-                for name in table.column("reward_names").flatten().unique().to_pylist():
+                flat = pc.list_flatten(table.column("reward_names"))
+                for name in pc.unique(flat).to_pylist():
                     names.setdefault(name)
         return list(names)
 

@@ -9,174 +9,18 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from analytics_fixtures import BUCKETS, Written, _name, write_store
 
-from maxent_arrow.analytics.run import RunAnalytics, committed_files
+from maxent_arrow.analytics.run import RunAnalytics
 from maxent_arrow.arrow import schema as S
-from maxent_arrow.errors import LayoutError, SchemaError, StoreError
-from maxent_arrow.rollout.batch import RolloutBatch
+from maxent_arrow.errors import LayoutError, StoreError
 from maxent_arrow.store.store import RolloutStore
-
-BUCKETS = list(S.KL_LENGTH_BUCKETS)
-
-
-@dataclass
-class Group:
-    step: int
-    rank: int
-    kind: str
-    index: int
-    prompt: str
-    utils: np.ndarray
-    rewards: dict[str, np.ndarray]
-    adv: np.ndarray
-    q: np.ndarray
-    w: np.ndarray
-    lens: np.ndarray
-    truncated: np.ndarray
-    completions: list[str]
-
-
-@dataclass
-class Written:
-    root: Path
-    groups: list[Group] = field(default_factory=list)
-    step_rows: list[dict] = field(default_factory=list)
-
-    def train(self) -> list[Group]:
-        return [g for g in self.groups if g.kind == "train"]
-
-    def by_step(self, kind: str = "train") -> dict[int, list[Group]]:
-        out: dict[int, list[Group]] = {}
-        for g in self.groups:
-            if g.kind == kind:
-                out.setdefault(g.step, []).append(g)
-        return dict(sorted(out.items()))
-
-
-def _name(step: int, rank: int, kind: str) -> str:
-    return f"step-{step:010d}.rank-{rank:05d}.{kind}.parquet"
-
-
-def write_store(
-    root: Path,
-    *,
-    steps: range = range(4),
-    ranks: int = 2,
-    prompts: int = 3,
-    rewards_at=lambda step: ["accuracy"],
-    drop_at=lambda step: (),
-    eval_steps: tuple[int, ...] = (),
-    max_len: int = 24,
-    cap_in_config: bool = True,
-    seed: int = 0,
-) -> Written:
-    """Write a store in the agreed layout with pyarrow; return what was written.
-
-    Group sizes vary by group (K in 1..6); rewards are 0/1 or continuous; lengths hit the cap
-    sometimes. ``rewards_at(step)`` gives the reward functions of a step (schema evolution);
-    ``drop_at(step)`` names columns that step's files lack (an older writer).
-    """
-    rng = np.random.default_rng(seed)
-    root = Path(root)
-    store = RolloutStore.create(root, config={"max_completion_len": max_len, "tau": 0.5})
-    out = Written(root)
-    jobs = [(s, "train") for s in steps] + [(s, "eval") for s in eval_steps]
-    for step, kind in jobs:
-        names = rewards_at(step)
-        for rank in range(ranks):
-            rows: dict[str, list] = {f.name: [] for f in S.group_schema(names)}
-            all_lens, all_utils = [], []
-            for gi in range(prompts):
-                k = int(rng.integers(1, 7))
-                rw = {
-                    n: rng.integers(0, 2, k).astype(float) if j == 0 else rng.random(k)
-                    for j, n in enumerate(names)
-                }
-                utils = sum(rw.values()) + (rng.normal(size=k) * 0.01 if gi % 2 else 0.0)
-                if gi == 1:
-                    utils = np.full(k, 0.5)  # a zero-variance group
-                utils = np.asarray(utils, dtype=float)
-                adv = (utils - utils.mean()) / (utils.std(ddof=1) + 1e-4) if k > 1 else utils * 0
-                q = np.exp(utils - utils.max())
-                q /= q.sum()
-                w = rng.dirichlet(np.ones(k))
-                lens = rng.integers(1, max_len + 6, k).clip(max=max_len)
-                trunc = lens >= max_len
-                comps = [f"s{step}r{rank}g{gi}c{i} " + "x" * int(lens[i]) for i in range(k)]
-                ids = [list(rng.integers(0, 300, int(n))) for n in lens]
-                g = Group(
-                    step, rank, kind, gi, f"prompt {gi}", utils, rw, adv, q, w, lens, trunc, comps
-                )
-                out.groups.append(g)
-                all_lens.append(lens)
-                all_utils.append(utils)
-                rows["step"].append(step)
-                rows["rank"].append(rank)
-                rows["group_index"].append(gi)
-                rows["prompt"].append(g.prompt)
-                rows["answer"].append("42")
-                rows["prompt_ids"].append([1, 2, 3])
-                rows["completions"].append(comps)
-                rows["completion_ids"].append(ids)
-                rows["completion_info"].append(
-                    [
-                        {
-                            "finish_reason": "length" if t else "stop",
-                            "stop_reason": None,
-                            "truncated": bool(t),
-                            "token_count": int(n),
-                            "extra": "{}",
-                        }
-                        for n, t in zip(lens, trunc)
-                    ]
-                )
-                rows["ref_meta"].append(["{}"] * k)
-                rows["total_utils"].append(utils.tolist())
-                if "rewards" in rows:
-                    rows["rewards"].append({n: v.tolist() for n, v in rw.items()})
-                rows["advantages"].append(adv.tolist())
-                rows["q"].append(q.tolist())
-                rows["weights"].append(w.tolist())
-                rows["ref_logp_sum_raw"].append((-lens * 0.7).tolist())
-                rows["ref_tok_counts"].append(lens.tolist())
-                rows["ref_token_logp"].append([[-0.5] * int(n) for n in lens])
-                rows["behavior_logp_sum"].append((-lens * 0.6).tolist())
-                rows["behavior_token_logp"].append([[-0.4] * int(n) for n in lens])
-                rows["policy_entropy_sum"].append((lens * 0.1).tolist())
-                rows["seed_semantic_entropy"].append(None)
-                rows["seed_advantage_scale"].append(None)
-            table = pa.Table.from_pydict(rows, schema=S.group_schema(names))
-            table = table.drop_columns([c for c in drop_at(step) if c in table.column_names])
-            lens_all, utils_all = np.concatenate(all_lens), np.concatenate(all_utils)
-            kl = {b: float(rng.random()) for b in BUCKETS if rng.random() < 0.8}
-            counts = {b: float(rng.integers(1, 500)) for b in kl}
-            if step == 1 and rank == 1:
-                counts = {}  # a rank that stored values without token counts
-            step_row = {f.name: None for f in S.step_schema()}
-            step_row.update(
-                step=step,
-                rank=rank,
-                kind=kind,
-                num_groups=prompts,
-                num_samples=int(lens_all.size),
-                reward_mean=float(utils_all.mean()),
-                reward_std=float(utils_all.std()),
-                mean_length=float(lens_all.mean()),
-                kl_per_token_by_len_bucket=list(kl.items()),
-                kl_token_count_by_len_bucket=list(counts.items()),
-                config=json.dumps({"max_completion_len": max_len} if cap_in_config else {}),
-            )
-            out.step_rows.append(step_row)
-            step_table = pa.Table.from_pylist([step_row], schema=S.step_schema())
-            store.append(RolloutBatch(table, step_table))
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -202,9 +46,11 @@ def test_uncommitted_and_temporary_files_are_invisible(tmp_path):
     # An in-flight write and a group file whose commit marker (step file) is missing.
     src = tmp_path / "s" / "groups" / _name(0, 0, "train")
     (tmp_path / "s" / "groups" / ".tmp-abc.parquet").write_bytes(src.read_bytes())
+    temp = f".{_name(2, 0, 'train')}.tmp-host.1.abc"
+    (tmp_path / "s" / "groups" / temp).write_bytes(src.read_bytes())
     (tmp_path / "s" / "groups" / _name(7, 0, "train")).write_bytes(src.read_bytes())
     (tmp_path / "s" / "steps" / ".tmp-x.parquet").write_bytes(b"garbage")
-    files = committed_files(w.root, "groups")
+    files = RolloutStore(w.root).committed_files("groups")
     assert [f.name for f in files] == [_name(0, 0, "train"), _name(1, 0, "train")]
     with RunAnalytics(w.root) as run:
         got = run.sql("SELECT count(*) AS n FROM groups").column("n")[0].as_py()
@@ -214,8 +60,8 @@ def test_uncommitted_and_temporary_files_are_invisible(tmp_path):
 def test_samples_view_one_row_per_completion_aligned(run, store):
     t = run.sql(
         "SELECT step, rank, kind, group_index, sample_index, completion, total_util, advantage, "
-        "weight, ref_tok_count, token_count, truncated, completion_ids, rewards.accuracy AS acc, "
-        "reward_accuracy "
+        "weight, ref_tok_count, token_count, truncated, completion_ids, "
+        "reward_values[list_position(reward_names, 'accuracy')] AS acc, reward_accuracy "
         "FROM samples ORDER BY kind, step, rank, group_index, sample_index"
     ).to_pylist()
     expected = sorted(store.groups, key=lambda g: (g.kind, g.step, g.rank, g.index))
@@ -255,13 +101,13 @@ def test_scalar_queries_never_read_token_columns(run):
 
 def test_ready_made_queries_read_only_their_columns(run, monkeypatch):
     seen = []
-    original = run.sql
+    original = run.rel.sql
 
     def spy(query, params=None):
         seen.append(run.explain(query))
         return original(query, params)
 
-    monkeypatch.setattr(run, "sql", spy)
+    monkeypatch.setattr(run.rel, "sql", spy)
     run.reward_curve()
     run.length_stats()
     run.success_rate(k=(1, 2))
@@ -388,10 +234,9 @@ def test_kl_by_length_bucket(run, store):
         for b in BUCKETS:
             pairs = []
             for r in rows:
-                kl, cnt = (
-                    dict(r["kl_per_token_by_len_bucket"]),
-                    dict(r["kl_token_count_by_len_bucket"]),
-                )
+                labels = r["kl_length_buckets"]
+                kl = dict(zip(labels, r["kl_per_token_by_len_bucket"]))
+                cnt = dict(zip(labels, r["kl_token_count_by_len_bucket"] or []))
                 if b in kl:
                     pairs.append((kl[b], cnt.get(b)))
             if not pairs:
@@ -489,7 +334,7 @@ def test_two_schema_versions_queried_as_one(tmp_path, materialize):
         assert ent[0]["weight_entropy_mean"] is None and ent[3]["weight_entropy_mean"] > 0
         assert ent[0]["q_entropy_mean"] > 0
         s = run.sql(
-            "SELECT step, count(*) AS n, count(weight) AS w, count(rewards.format) AS f "
+            "SELECT step, count(*) AS n, count(weight) AS w, count(reward_format) AS f "
             "FROM samples GROUP BY step ORDER BY step"
         ).to_pylist()
         for row in s:
@@ -499,7 +344,7 @@ def test_two_schema_versions_queried_as_one(tmp_path, materialize):
             assert row["f"] == (0 if row["step"] < 2 else n)
 
 
-def test_changed_column_type_is_refused(tmp_path):
+def test_a_file_changed_after_its_commit_is_refused_by_name(tmp_path):
     w = write_store(tmp_path / "s", steps=range(2), ranks=1)
     path = w.root / "groups" / _name(1, 0, "train")
     t = pq.read_table(path)
@@ -509,12 +354,12 @@ def test_changed_column_type_is_refused(tmp_path):
         t.column("group_index").cast(pa.string()),
     )
     pq.write_table(t, path)
-    with pytest.raises(SchemaError, match="group_index"):
+    with pytest.raises(StoreError, match=_name(1, 0, "train")):
         RunAnalytics(w.root)
 
 
 def test_empty_store_has_typed_views(tmp_path):
-    (tmp_path / "e").mkdir()
+    RolloutStore.create(tmp_path / "e")
     with RunAnalytics(tmp_path / "e") as run:
         assert run.reward_curve().num_rows == 0
         assert run.length_stats().num_rows == 0
@@ -544,7 +389,9 @@ def test_materialized_answers_equal_parquet_answers(store):
         # The materialized path is really taken (the plan scans the table, not Parquet).
         assert (
             "READ_PARQUET"
-            not in warm.explain(f"SELECT * FROM {warm.flat(['total_util'], kind='train')}").upper()
+            not in warm.explain(
+                f"SELECT * FROM {warm.rel.flat(['total_util'], kind='train')}"
+            ).upper()
         )
         for name, kwargs in [
             ("reward_curve", {}),
@@ -568,20 +415,21 @@ def test_materialized_answers_equal_parquet_answers(store):
                 ), (name, col)
 
 
-def test_bare_layout_without_a_manifest(tmp_path, store):
-    # The same files copied without manifest.json: the layout rule alone decides visibility.
+def test_a_directory_without_a_manifest_is_not_a_store(tmp_path, store):
+    # The same files copied without manifest.json are refused, not read as some store, and the
+    # error points at the store one level down when there is one.
     import shutil
 
     bare = tmp_path / "bare"
     shutil.copytree(store.root / "groups", bare / "groups")
     shutil.copytree(store.root / "steps", bare / "steps")
-    (bare / "steps" / _name(3, 1, "train")).unlink()  # one append without its commit marker
-    (bare / "groups" / (".tmp-x." + _name(9, 0, "train"))).write_bytes(b"partial")
-    with RunAnalytics(bare) as run:
-        assert not (bare / "manifest.json").exists()
-        got = run.sql("SELECT count(*) AS n FROM groups").column("n")[0].as_py()
-        assert got == len([g for g in store.groups if (g.step, g.rank, g.kind) != (3, 1, "train")])
-        assert run.describe()["schema_version"] is None
+    with pytest.raises(StoreError, match="not a rollout store"):
+        RunAnalytics(bare)
+    with pytest.raises(StoreError, match="did you mean"):
+        RunAnalytics(store.root.parent)
+    with pytest.raises(StoreError, match="no such store"):
+        RunAnalytics(tmp_path / "missing")
+    assert sorted(p.name for p in bare.iterdir()) == ["groups", "steps"]  # nothing created
 
 
 @pytest.mark.slow
@@ -604,41 +452,6 @@ def test_benchmark_quick_runs(tmp_path):
         assert label in done.stdout
 
 
-def test_nested_schema_change_falls_back_to_duckdb_union(tmp_path):
-    # An older writer whose completion_info lacked two fields: a change inside list<struct>
-    # that the hand-written projection does not map, so DuckDB unifies that set by name.
-    import shutil
-
-    w = write_store(tmp_path / "store", steps=range(3), ranks=1)
-    bare = tmp_path / "bare"
-    shutil.copytree(w.root / "groups", bare / "groups")
-    shutil.copytree(w.root / "steps", bare / "steps")
-    path = bare / "groups" / _name(0, 0, "train")
-    t = pq.read_table(path)
-    info = t.column("completion_info").combine_chunks()
-    inner = info.flatten()
-    old = pa.StructArray.from_arrays(
-        [inner.field("finish_reason"), inner.field("truncated"), inner.field("token_count")],
-        names=["finish_reason", "truncated", "token_count"],
-    )
-    t = t.set_column(
-        t.column_names.index("completion_info"),
-        "completion_info",
-        pa.ListArray.from_arrays(info.offsets, old),
-    )
-    pq.write_table(t, path)
-    with RunAnalytics(bare) as run:
-        rows = run.sql(
-            "SELECT step, count(*) AS n, count(extra) AS extra, "
-            "count(*) FILTER (WHERE truncated) AS clipped FROM samples GROUP BY step ORDER BY step"
-        ).to_pylist()
-        for row, (step, groups) in zip(rows, w.by_step().items(), strict=True):
-            assert row["step"] == step
-            assert row["n"] == sum(len(g.utils) for g in groups)
-            assert row["extra"] == (0 if step == 0 else row["n"])
-            assert row["clipped"] == sum(int(g.truncated.sum()) for g in groups)
-
-
 def test_reward_names_that_need_quoting(tmp_path):
     names = ['acc "strict"', "format ok"]
     w = write_store(tmp_path / "s", steps=range(2), ranks=1, rewards_at=lambda s: names)
@@ -654,7 +467,7 @@ def test_reward_names_that_need_quoting(tmp_path):
             assert row["step"] == step
             values = np.concatenate([g.rewards['acc "strict"'] for g in groups])
             assert row["success_rate"] == pytest.approx((values > 0.5).mean())
-        got = run.sql('SELECT count(rewards."format ok") AS n FROM samples').column("n")
+        got = run.sql('SELECT count("reward_format ok") AS n FROM samples').column("n")
         assert got[0].as_py() == sum(len(g.utils) for g in w.groups)
 
 
@@ -726,7 +539,8 @@ def test_golden_v1_store_reads_as_recorded(tmp_path):
         assert n == expected["samples"]
         nulls = (
             run.sql(  # group rows written before the `format` reward existed
-                'SELECT count(*) AS n FROM groups WHERE rewards."format" IS NULL AND step < 2'
+                "SELECT count(*) AS n FROM groups "
+                "WHERE NOT list_contains(reward_names, 'format') AND step < 2"
             )
             .column("n")[0]
             .as_py()
@@ -739,7 +553,7 @@ def test_reward_curve_in_memory_histogram_path_matches_numpy(tmp_path):
     # Discrete rewards (0/1) and a discrete U take the histogram path once materialized.
     w = write_store(tmp_path / "s", steps=range(5), ranks=2, prompts=6, seed=9)
     with RunAnalytics(w.root, materialize=True) as run:
-        flat = run.flat(["total_util", "reward_accuracy"], kind="train")
+        flat = run.rel.flat(["total_util", "reward_accuracy"], kind="train")
         assert "reward_accuracy" in run._discrete_sources(["reward_accuracy"], flat)
         curve = {(r["step"], r["reward"]): r for r in run.reward_curve().to_pylist()}
     for step, groups in w.by_step().items():
@@ -762,10 +576,10 @@ def test_reward_curve_in_memory_histogram_path_matches_numpy(tmp_path):
                 assert r[col] == pytest.approx(np.quantile(values, q), rel=1e-12, abs=1e-12)
 
 
-def test_step_rows_are_read_only_when_a_query_needs_them(store):
+def test_step_rows_come_from_the_checked_step_files(store):
     with RunAnalytics(store.root) as run:
-        run.reward_curve()
-        run.sql("SELECT count(*) FROM samples")
-        assert not run._steps_loaded  # opening and group queries leave the step files alone
+        # The steps view is the step files the store already read and checked (their sealed
+        # CRCs): DuckDB reads no step file.
+        assert "READ_PARQUET" not in run.explain("SELECT * FROM steps").upper()
         rows = run.sql("SELECT count(*) AS n FROM steps").column("n")[0].as_py()
-        assert run._steps_loaded and rows == len(store.step_rows)
+        assert rows == len(store.step_rows)

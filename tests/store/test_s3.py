@@ -1,8 +1,8 @@
-"""A rollout store on object storage (maxent_arrow.store.objects), against a real S3-compatible
-server: moto in server mode on 127.0.0.1, started by these tests on a free port, spoken to over
-HTTP by pyarrow's S3 file system (the same client code as for AWS). Every remote result is
-compared with a local RolloutStore holding the same batches. The first tests use pyarrow's
-local file system and need no ``s3`` extra.
+"""One RolloutStore on object storage, against a real S3-compatible server: moto in server mode
+on 127.0.0.1, started by these tests on a free port, spoken to over HTTP by pyarrow's S3 file
+system (the same client code as for AWS). Every remote result is compared with a local store
+holding the same batches. The first tests use the object-store backend on pyarrow's local file
+system and need no ``s3`` extra.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ sys.path.insert(0, str(Path(__file__).parents[1]))
 
 from store_fixtures import CONFIG, make_batch  # noqa: E402
 
+from maxent_arrow import RolloutStore  # noqa: E402
 from maxent_arrow.errors import StoreError  # noqa: E402
-from maxent_arrow.store.objects import ObjectStore, open_store  # noqa: E402
-from maxent_arrow.store.store import RolloutStore  # noqa: E402
+from maxent_arrow.store.backend import ArrowFsBackend, LocalBackend  # noqa: E402
 
 _CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "testing",
@@ -62,28 +62,24 @@ def s3():
                 os.environ[key] = value
 
 
-def test_object_store_files_are_rollout_store_files(tmp_path: Path) -> None:
-    """ObjectStore on pyarrow's local file system writes what RolloutStore reads and checks."""
+def test_object_store_backend_files_are_local_store_files(tmp_path: Path) -> None:
+    """The object-store backend (one PUT per file) on pyarrow's local file system writes what
+    the local backend (temp files, renames, fsync) reads and checks, and the reverse."""
     root = tmp_path / "store"
-    remote = ObjectStore(str(root), filesystem=pafs.LocalFileSystem(), config=CONFIG)
+    remote = RolloutStore.create(
+        ArrowFsBackend(pafs.LocalFileSystem(), str(root), str(root)), config=CONFIG
+    )
+    assert not remote.backend.local
     batches = [make_batch(step, rank=rank) for step in range(2) for rank in range(2)]
     for batch in batches:
         remote.append(batch)
     local = RolloutStore(root)
-    assert local.verify().ok  # sealed step files, group sizes and CRC-32 as recorded
+    assert isinstance(local.backend, LocalBackend)
+    assert local.verify().ok  # sealed step files, sizes, CRC-32s as recorded
     assert local.read().equals(remote.read())
     local.append(make_batch(2))
     assert remote.steps() == [0, 1, 2]
     assert remote.read(steps=[2]).equals(local.read(steps=[2]))
-
-
-def test_object_store_keeps_the_state_rolloutstore_methods_use(tmp_path: Path) -> None:
-    """ObjectStore runs RolloutStore's own methods: it must carry every attribute they read
-    (a guard for when RolloutStore grows one)."""
-    local = RolloutStore.create(tmp_path / "a")
-    remote = ObjectStore(str(tmp_path / "b"), filesystem=pafs.LocalFileSystem())
-    missing = set(vars(local)) - set(vars(remote)) - {"_cache_dir"}  # no IPC cache remotely
-    assert not missing, f"ObjectStore lacks RolloutStore state {sorted(missing)}"
 
 
 def _uri(endpoint: str, prefix: str) -> str:
@@ -91,10 +87,10 @@ def _uri(endpoint: str, prefix: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def pair(s3, tmp_path_factory: pytest.TempPathFactory) -> tuple[ObjectStore, RolloutStore]:
-    """The same appends to an S3 store (opened by URI) and to a local store."""
+def pair(s3, tmp_path_factory: pytest.TempPathFactory) -> tuple[RolloutStore, RolloutStore]:
+    """The same appends to an S3 store (created by URI) and to a local store."""
     endpoint, _ = s3
-    remote = ObjectStore(_uri(endpoint, "run-1"), config=CONFIG)
+    remote = RolloutStore.create(_uri(endpoint, "run-1"), config=CONFIG)
     local = RolloutStore.create(tmp_path_factory.mktemp("local") / "store", config=CONFIG)
     batches = [make_batch(step, rank=rank) for step in range(3) for rank in range(2)]
     batches.append(make_batch(1, rank=1, kind="eval", groups=2))
@@ -143,7 +139,7 @@ def test_replay_sharded_by_rank_reads_each_group_once(pair) -> None:
         for a, b in zip(ours, theirs):
             assert a.groups.equals(b.groups) and a.step_row.equals(b.step_row)
     with pytest.raises(StoreError, match="no IPC cache"):
-        remote.replay(source="cache")
+        list(remote.replay(source="cache"))
 
 
 def test_duckdb_queries_equal_local(pair) -> None:
@@ -166,7 +162,7 @@ def test_duckdb_queries_equal_local(pair) -> None:
                 if pa.types.is_floating(got.schema.field(name).type)
                 else b
             )
-    with pytest.raises(StoreError, match="ObjectStore.sql"):
+    with pytest.raises(StoreError, match="query failed.*nope"):
         remote.sql("SELECT nope FROM groups")
 
 
@@ -178,21 +174,21 @@ def test_files_are_interchangeable_with_a_local_store(pair, s3, tmp_path: Path) 
         "runs/run-1", str(tmp_path / "down"), source_filesystem=fs,
         destination_filesystem=pafs.LocalFileSystem(),
     )  # fmt: skip
-    down = RolloutStore.create(tmp_path / "down")
+    down = RolloutStore(tmp_path / "down")
     assert down.read().equals(local.read())
     assert down.verify().ok
-    # Upload the local store: ObjectStore reads it.
+    # Upload the local store: the same class reads it from S3.
     pafs.copy_files(
         str(local.root), "runs/uploaded", source_filesystem=pafs.LocalFileSystem(),
         destination_filesystem=fs,
     )  # fmt: skip
-    up = ObjectStore("s3://runs/uploaded", filesystem=fs)
+    up = RolloutStore("s3://runs/uploaded", filesystem=fs)
     assert up.read().equals(local.read())
 
 
 def test_commit_rule_refusals_and_damage(s3) -> None:
     endpoint, fs = s3
-    store = ObjectStore("runs/run-2", filesystem=fs, config=CONFIG)
+    store = RolloutStore.create("runs/run-2", filesystem=fs, config=CONFIG)
     first = make_batch(0)
     store.append(first)
     # A crashed append: its group object exists, its step object (the commit marker) not.
@@ -214,7 +210,7 @@ def test_commit_rule_refusals_and_damage(s3) -> None:
         f.write(bytes(data))
     with pytest.raises(StoreError, match=r"step-0000000000.rank-00000.train.parquet: CRC-32"):
         store.read()
-    assert ObjectStore("runs/run-2", filesystem=fs, check_crc=False).steps() == [0]
+    assert RolloutStore("runs/run-2", filesystem=fs, check_crc=False).steps() == [0]
     # Step objects carry a sealed CRC-32 (the same format RolloutStore writes).
     step = "runs/run-2/steps/step-0000000000.rank-00000.train.parquet"
     with fs.open_input_stream(step) as f:
@@ -223,20 +219,27 @@ def test_commit_rule_refusals_and_damage(s3) -> None:
     with fs.open_output_stream(step) as f:
         f.write(bytes(data))
     with pytest.raises(StoreError, match="sealed in the file"):
-        ObjectStore("runs/run-2", filesystem=fs).steps()
+        RolloutStore("runs/run-2", filesystem=fs).steps()
     # A prefix holding other data is not taken for a store.
     with fs.open_output_stream("runs/other/data.csv") as f:
         f.write(b"a,b\n")
     with pytest.raises(StoreError, match="not a rollout store"):
-        ObjectStore(_uri(endpoint, "other"))
+        RolloutStore(_uri(endpoint, "other"))
+    with pytest.raises(StoreError, match="not a rollout store"):
+        RolloutStore.create(_uri(endpoint, "other"))
     with pytest.raises(StoreError, match="bucket or file system root"):
-        ObjectStore("s3://", filesystem=fs)
+        RolloutStore("s3://", filesystem=fs)
+    # Compaction and repair rewrite other writers' files: local stores only.
+    with pytest.raises(StoreError, match="needs a local store"):
+        store.compact()
+    with pytest.raises(StoreError, match="needs a local store"):
+        store.repair()
 
 
-def test_open_store_dispatches_on_the_uri(s3, tmp_path: Path) -> None:
+def test_one_class_dispatches_on_the_uri(s3, tmp_path: Path) -> None:
     endpoint, _ = s3
-    assert isinstance(open_store(tmp_path / "a"), RolloutStore)
-    assert isinstance(open_store(f"file://{tmp_path / 'b'}"), RolloutStore)
-    remote = open_store(_uri(endpoint, "run-3"))
-    assert isinstance(remote, ObjectStore)
-    assert open_store(remote) is remote
+    assert isinstance(RolloutStore.create(tmp_path / "a").backend, LocalBackend)
+    assert isinstance(RolloutStore.create(f"file://{tmp_path / 'b'}").backend, LocalBackend)
+    remote = RolloutStore.create(_uri(endpoint, "run-3"))
+    assert isinstance(remote.backend, ArrowFsBackend) and type(remote) is RolloutStore
+    assert RolloutStore(remote.backend).steps() == []

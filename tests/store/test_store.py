@@ -32,7 +32,7 @@ def test_layout_on_disk(store):
     root = store.root
     manifest = json.loads((root / "manifest.json").read_text())
     assert manifest["format"] == "maxent-arrow-rollouts"
-    assert manifest["schema_version"] == "1.0" and manifest["config"] == {"run": "test"}
+    assert manifest["schema_version"] == "2.0" and manifest["config"] == {"run": "test"}
     names = sorted(p.name for p in (root / "groups").iterdir())
     assert names == [
         "step-0000000000.rank-00000.train.parquet",
@@ -53,11 +53,11 @@ def test_parquet_file_properties(store):
         col = rg.column(i)
         top = col.path_in_schema.split(".")[0]
         assert col.compression == "ZSTD"
-        assert col.is_stats_set == (top in ("step", "rank", "group_index")), col.path_in_schema
+        assert col.is_stats_set == (top in ("step", "rank", "kind", "group_index")), top
         if top in NO_DICTIONARY_COLUMNS:
             assert "RLE_DICTIONARY" not in col.encodings and "PLAIN_DICTIONARY" not in col.encodings
     kv = meta.metadata
-    assert kv[b"maxent_arrow.schema_version"] == b"1.0"
+    assert kv[b"maxent_arrow.schema_version"] == b"2.0"
     assert json.loads(kv[b"maxent_arrow.config"])["tau"] == 0.5
 
 
@@ -154,10 +154,8 @@ def test_sql_views(store):
     mine = samples.filter(pc.field("step") == 2)
     assert mine.column("completion").to_pylist() == b.column("completions").flatten().to_pylist()
     assert mine.column("advantage").to_pylist() == b.column("advantages").flatten().to_pylist()
-    assert (
-        mine.column("reward_accuracy").to_pylist()
-        == b.column("rewards").field("accuracy").flatten().to_pylist()
-    )
+    accuracy = list(b.reward_computation.per_reward_values["accuracy"])
+    assert mine.column("reward_accuracy").to_pylist() == accuracy
     assert store.sql("SELECT count(*) AS n FROM samples").column("n")[0].as_py() == sum(
         make_batch(s, rank=r).num_samples for s, r in [(0, 0), (1, 0), (1, 1), (2, 0)]
     )
@@ -177,15 +175,18 @@ def test_empty_store(tmp_path):
     assert store.verify().ok
 
 
-def test_reward_added_mid_run_reads_as_nulls(tmp_path):
+def test_reward_added_mid_run_changes_no_schema_and_reads_as_nulls(tmp_path):
     store = RolloutStore.create(tmp_path / "s")
     store.append(make_batch(0, reward_names=("accuracy",)))
-    store.append(make_batch(1, reward_names=("accuracy", "format")))
     schema = store.schema()
-    assert [f.name for f in schema.field("rewards").type] == ["accuracy", "format"]
-    table = store.read(columns=["step", "rewards"])
-    first = table.filter(pc.field("step") == 0).column("rewards").to_pylist()
-    assert all(r["format"] is None and r["accuracy"] for r in first)
+    store.append(make_batch(1, reward_names=("accuracy", "format")))
+    assert store.schema().equals(schema)
+    assert pq.read_schema(store.committed_files()[0]).equals(
+        pq.read_schema(store.committed_files()[1]), check_metadata=False
+    )
+    table = store.read(columns=["step", "reward_names"])
+    names = table.filter(pc.field("step") == 0).column("reward_names").to_pylist()
+    assert all(n == ["accuracy"] for n in names)
     got = store.sql(
         "SELECT step, count(reward_format) AS n FROM samples GROUP BY step ORDER BY step"
     )
@@ -223,14 +224,14 @@ def test_newer_schema_major_is_refused(tmp_path):
     store.append(make_batch(0))
     manifest = store.root / "manifest.json"
     data = json.loads(manifest.read_text())
-    manifest.write_text(json.dumps({**data, "schema_version": "2.0"}))
-    with pytest.raises(SchemaVersionError, match="2.0"):
+    manifest.write_text(json.dumps({**data, "schema_version": "3.0"}))
+    with pytest.raises(SchemaVersionError, match="3.0"):
         RolloutStore(store.root)
     manifest.write_text(json.dumps(data))
     # A file written by a newer major: readers refuse it by name.
     path = store.committed_files()[0]
     table = pq.read_table(path)
-    meta = {**table.schema.metadata, b"maxent_arrow.schema_version": b"2.1"}
+    meta = {**table.schema.metadata, b"maxent_arrow.schema_version": b"3.1"}
     newer = tmp_path / "newer.parquet"
     pq.write_table(table.replace_schema_metadata(meta), newer)
     os.replace(newer, path)
@@ -269,10 +270,10 @@ def test_compact_merges_atomically(tmp_path):
     store.append(make_batch(0, kind="eval"))
     before = store.read()
     made = store.compact(kind="train", max_steps=3)
-    assert [p.name for p in made] == [
-        "compact-0000000000-0000000002.train.parquet",
-        "compact-0000000003-0000000004.train.parquet",
-    ]
+    names = [p.name for p in made]
+    assert len(names) == 2
+    assert names[0].startswith("compact-0000000000-0000000002.train.r00000-00000.")
+    assert names[1].startswith("compact-0000000003-0000000004.train.r00000-00000.")
     assert store.read().equals(before)
     assert [b.step for b in store.replay()] == [0, 1, 2, 3, 4]
     assert len(store.committed_files()) == 3
@@ -293,8 +294,13 @@ def test_compact_crash_before_cleanup_shows_no_duplicates(tmp_path):
     for path, data in originals.items():  # as if the process died before deleting them
         path.write_bytes(data)
     assert store.read().equals(before)  # hidden by the compacted file's `replaces`
-    RolloutStore(store.root)
+    RolloutStore(store.root)  # opening only reads: the leftovers stay until repair
+    assert all(p.exists() for p in originals)
+    report = store.repair()
+    assert len(report.moved) == len(originals)
     assert not any(p.exists() for p in originals)
+    assert store.read().equals(before) and store.verify().ok
+    assert len(list((store.root / "quarantine").rglob("*.parquet"))) == len(originals)
 
 
 READER_SCRIPT = textwrap.dedent(
@@ -346,17 +352,22 @@ def test_other_tools_read_the_store_without_maxent_arrow(store, tmp_path):
     assert out["maxent_loaded"] is False
 
 
-def test_temp_files_are_ignored_and_cleaned(tmp_path):
+def test_temp_files_are_ignored_and_only_repair_moves_them(tmp_path):
     store = RolloutStore.create(tmp_path / "s")
     store.append(make_batch(0))
-    dead = store.root / "steps" / ".tmp-nohost.999999.abc.step-0000000001.rank-00000.train.parquet"
+    # A temp file of a writer that died (this host, a pid that does not exist).
+    dead = store.root / "steps" / ".step-0000000001.rank-00000.train.parquet.tmp-x.999999.abc"
     dead.write_bytes(b"partial")
+    assert not dead.name.endswith(".parquet")  # invisible to plain *.parquet globs
     assert store.steps() == [0]
     assert any("temp file" in str(n) for n in store.verify().notes)
+    RolloutStore(store.root)
+    assert dead.exists()  # opening removes nothing
     old = os.stat(dead).st_mtime - 2 * 86400
     os.utime(dead, (old, old))
-    RolloutStore(store.root)
-    assert not dead.exists()
+    report = store.repair()
+    assert not dead.exists() and [p.path for p in report.moved] == [dead]
+    assert store.steps() == [0]
 
 
 def test_append_refuses_non_batches(tmp_path):
@@ -366,7 +377,7 @@ def test_append_refuses_non_batches(tmp_path):
 
 
 def test_store_root_path_types(tmp_path):
-    a = RolloutStore(str(tmp_path / "s"))
+    a = RolloutStore.create(str(tmp_path / "s"))
     a.append(make_batch(0))
     b = RolloutStore(Path(tmp_path / "s"))
     assert b.steps() == [0]
@@ -404,8 +415,9 @@ def test_compression_option(tmp_path):
 def test_schema_is_unified_incrementally(tmp_path):
     store = RolloutStore.create(tmp_path / "s")
     store.append(make_batch(0, reward_names=("accuracy",)))
-    assert [f.name for f in store.schema().field("rewards").type] == ["accuracy"]
-    store.append(make_batch(1, reward_names=("accuracy", "format")))
-    assert [f.name for f in store.schema().field("rewards").type] == ["accuracy", "format"]
+    first = store.schema()
+    b = make_batch(1, reward_names=("accuracy", "format"))
+    store.append(RolloutBatch(b.groups.append_column("extra", pa.array([1] * b.num_groups)), b.step_row))
+    assert store.schema().names == [*first.names, "extra"]
     store.compact()
     assert store.schema().equals(RolloutStore(store.root).schema())

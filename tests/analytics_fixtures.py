@@ -1,0 +1,183 @@
+"""A written run for the analytics and CLI tests: stores built in the test with known values
+(group sizes 1-6, 0/1 and continuous rewards, lengths that hit the cap, eval steps, reward
+functions added mid-run, columns an older writer lacked), so every query can be checked
+against numpy on the data that was generated.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from maxent_arrow.arrow import schema as S
+from maxent_arrow.rollout import RolloutBatch
+from maxent_arrow.store import RolloutStore
+
+BUCKETS = list(S.KL_LENGTH_BUCKETS)
+
+
+@dataclass
+class Group:
+    step: int
+    rank: int
+    kind: str
+    index: int
+    prompt: str
+    utils: np.ndarray
+    rewards: dict[str, np.ndarray]
+    adv: np.ndarray
+    q: np.ndarray
+    w: np.ndarray
+    lens: np.ndarray
+    truncated: np.ndarray
+    completions: list[str]
+
+
+@dataclass
+class Written:
+    root: Path
+    groups: list[Group] = field(default_factory=list)
+    step_rows: list[dict] = field(default_factory=list)
+
+    def train(self) -> list[Group]:
+        return [g for g in self.groups if g.kind == "train"]
+
+    def by_step(self, kind: str = "train") -> dict[int, list[Group]]:
+        out: dict[int, list[Group]] = {}
+        for g in self.groups:
+            if g.kind == kind:
+                out.setdefault(g.step, []).append(g)
+        return dict(sorted(out.items()))
+
+
+def _name(step: int, rank: int, kind: str) -> str:
+    return f"step-{step:010d}.rank-{rank:05d}.{kind}.parquet"
+
+
+def write_store(
+    root: Path,
+    *,
+    steps: range = range(4),
+    ranks: int = 2,
+    prompts: int = 3,
+    rewards_at=lambda step: ["accuracy"],
+    drop_at=lambda step: (),
+    eval_steps: tuple[int, ...] = (),
+    max_len: int = 24,
+    cap_in_config: bool = True,
+    seed: int = 0,
+) -> Written:
+    """Write a store in the agreed layout with pyarrow; return what was written.
+
+    Group sizes vary by group (K in 1..6); rewards are 0/1 or continuous; lengths hit the cap
+    sometimes. ``rewards_at(step)`` gives the reward functions of a step (schema evolution);
+    ``drop_at(step)`` names columns that step's files lack (an older writer).
+    """
+    rng = np.random.default_rng(seed)
+    root = Path(root)
+    store = RolloutStore.create(root, config={"max_completion_len": max_len, "tau": 0.5})
+    out = Written(root)
+    jobs = [(s, "train") for s in steps] + [(s, "eval") for s in eval_steps]
+    for step, kind in jobs:
+        names = rewards_at(step)
+        for rank in range(ranks):
+            rows: dict[str, list] = {f.name: [] for f in S.group_schema()}
+            all_lens, all_utils = [], []
+            for gi in range(prompts):
+                k = int(rng.integers(1, 7))
+                rw = {
+                    n: rng.integers(0, 2, k).astype(float) if j == 0 else rng.random(k)
+                    for j, n in enumerate(names)
+                }
+                utils = sum(rw.values()) + (rng.normal(size=k) * 0.01 if gi % 2 else 0.0)
+                if gi == 1:
+                    utils = np.full(k, 0.5)  # a zero-variance group
+                utils = np.asarray(utils, dtype=float)
+                adv = (utils - utils.mean()) / (utils.std(ddof=1) + 1e-4) if k > 1 else utils * 0
+                q = np.exp(utils - utils.max())
+                q /= q.sum()
+                w = rng.dirichlet(np.ones(k))
+                lens = rng.integers(1, max_len + 6, k).clip(max=max_len)
+                trunc = lens >= max_len
+                comps = [f"s{step}r{rank}g{gi}c{i} " + "x" * int(lens[i]) for i in range(k)]
+                ids = [list(rng.integers(0, 300, int(n))) for n in lens]
+                g = Group(
+                    step, rank, kind, gi, f"prompt {gi}", utils, rw, adv, q, w, lens, trunc, comps
+                )
+                out.groups.append(g)
+                all_lens.append(lens)
+                all_utils.append(utils)
+                rows["step"].append(step)
+                rows["rank"].append(rank)
+                rows["kind"].append(kind)
+                rows["group_index"].append(gi)
+                rows["group_id"].append(S.default_group_id(step, rank, gi))
+                rows["group_size"].append(k)
+                rows["num_completions"].append(k)
+                rows["prompt"].append(g.prompt)
+                rows["prompt_messages"].append(None)
+                rows["answer"].append("42")
+                rows["prompt_ids"].append([1, 2, 3])
+                rows["completions"].append(comps)
+                rows["completion_messages"].append(None)
+                rows["completion_index"].append(list(range(k)))
+                rows["completion_ids"].append(ids)
+                rows["completion_info"].append(
+                    [
+                        {
+                            "finish_reason": "length" if t else "stop",
+                            "stop_reason": None,
+                            "truncated": bool(t),
+                            "token_count": int(n),
+                            "extra": "{}",
+                        }
+                        for n, t in zip(lens, trunc)
+                    ]
+                )
+                rows["ref_meta"].append(["{}"] * k)
+                rows["total_utils"].append(utils.tolist())
+                rows["reward_names"].append(list(names))
+                rows["reward_values"].append([[float(rw[n][i]) for n in names] for i in range(k)])
+                rows["advantages"].append(adv.tolist())
+                rows["q"].append(q.tolist())
+                rows["weights"].append(w.tolist())
+                rows["ref_logp_sum_raw"].append((-lens * 0.7).tolist())
+                rows["ref_tok_counts"].append(lens.tolist())
+                rows["ref_token_logp"].append([[-0.5] * int(n) for n in lens])
+                rows["behavior_logp_sum"].append((-lens * 0.6).tolist())
+                rows["behavior_token_logp"].append([[-0.4] * int(n) for n in lens])
+                rows["policy_entropy_sum"].append((lens * 0.1).tolist())
+                rows["seed_semantic_entropy"].append(None)
+                rows["seed_advantage_scale"].append(None)
+            table = pa.Table.from_pydict(rows, schema=S.group_schema())
+            table = table.drop_columns([c for c in drop_at(step) if c in table.column_names])
+            lens_all, utils_all = np.concatenate(all_lens), np.concatenate(all_utils)
+            kl = {b: float(rng.random()) for b in BUCKETS if rng.random() < 0.8}
+            counts = {b: float(rng.integers(1, 500)) for b in kl}
+            if step == 1 and rank == 1:
+                counts = {}  # a rank that stored values without token counts
+            step_row = {f.name: None for f in S.step_schema()}
+            step_row.update(
+                step=step,
+                rank=rank,
+                kind=kind,
+                num_groups=prompts,
+                num_samples=int(lens_all.size),
+                reward_mean=float(utils_all.mean()),
+                reward_std=float(utils_all.std()),
+                mean_length=float(lens_all.mean()),
+                kl_length_buckets=list(kl),
+                kl_per_token_by_len_bucket=list(kl.values()),
+                kl_token_count_by_len_bucket=list(counts.values()) if counts else None,
+                config=json.dumps({"max_completion_len": max_len} if cap_in_config else {}),
+            )
+            out.step_rows.append(step_row)
+            step_table = pa.Table.from_pylist([step_row], schema=S.step_schema())
+            store.append(RolloutBatch(table, step_table))
+    return out
+
+
