@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from maxent_arrow.analytics.run import RunAnalytics  # noqa: E402
 from maxent_arrow.arrow import schema as S  # noqa: E402
+from maxent_arrow.arrow.identity import identity_columns  # noqa: E402
 from maxent_arrow.rollout import RolloutBatch  # noqa: E402
 from maxent_arrow.store import RolloutStore  # noqa: E402
 
@@ -97,11 +98,7 @@ def generate(
         cols = {
             "step": pa.array(np.full(prompts, step, np.int64)),
             "rank": pa.array(np.zeros(prompts, np.int32)),
-            "kind": pa.array(["train"] * prompts),
-            "group_index": pa.array(np.arange(prompts, dtype=np.int32)),
-            "group_id": pa.array([f"{step}.0.{i}" for i in range(prompts)]),
-            "group_size": pa.array(np.full(prompts, k, np.int32)),
-            "num_completions": pa.array(np.full(prompts, k, np.int32)),
+            **identity_columns(step, 0, "train", np.full(prompts, k)),
             "prompt": pa.array([f"prompt {i}" for i in range(prompts)]),
             "answer": pa.array(["42"] * prompts),
             "prompt_ids": _lists(
@@ -109,9 +106,6 @@ def generate(
                 pa.array(rng.integers(0, 384, 8 * prompts, dtype=np.int32)),
             ),
             "completions": _lists(goff, pool.take(pa.array(lens))),
-            "completion_index": _lists(
-                goff, pa.array(np.tile(np.arange(k, dtype=np.int32), prompts))
-            ),
             "completion_ids": _lists(goff, token_ids),
             "completion_info": _lists(goff, info),
             "total_utils": _lists(goff, pa.array(utils)),

@@ -37,6 +37,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from maxent_arrow.arrow import schema as S  # noqa: E402
+from maxent_arrow.arrow.identity import identity_columns  # noqa: E402
 from maxent_arrow.rollout.batch import RolloutBatch  # noqa: E402
 from maxent_arrow.store.store import RolloutStore  # noqa: E402
 
@@ -76,7 +77,7 @@ def generate(root: Path, *, steps: int, prompts: int, k: int, seed: int = 0) -> 
         cols = {
             "step": pa.array(np.full(prompts, step, np.int64)),
             "rank": pa.array(np.zeros(prompts, np.int32)),
-            "group_index": pa.array(np.arange(prompts, dtype=np.int32)),
+            **identity_columns(step, 0, "train", np.full(prompts, k)),
             "prompt": pa.array([f"prompt {step}-{i}" for i in range(prompts)]),
             "prompt_ids": _lists(poff, pa.array(rng.integers(3, 384, poff[-1], dtype=np.int32))),
             "completions": _lists(goff, pa.array(["text"] * n)),

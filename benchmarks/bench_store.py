@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from maxent_arrow import RolloutBatch, RolloutStore  # noqa: E402
 from maxent_arrow.arrow import schema as S  # noqa: E402
+from maxent_arrow.arrow.identity import identity_columns  # noqa: E402
 
 TARGETS = {"vs_torch_save": 2.0, "vs_jsonl": 10.0, "size_vs_torch_save": 2.0, "rss": 3.0}
 
@@ -73,18 +74,13 @@ def make_step(step: int, prompts: int, k: int, max_len: int, seed: int = 0) -> R
     columns = {
         "step": pa.array(np.full(prompts, step, np.int64)),
         "rank": pa.array(np.zeros(prompts, np.int32)),
-        "kind": pa.array(["train"] * prompts),
-        "group_index": pa.array(np.arange(prompts, dtype=np.int32)),
-        "group_id": pa.array([S.default_group_id(step, 0, g) for g in range(prompts)]),
-        "group_size": pa.array(np.full(prompts, k, np.int32)),
-        "num_completions": pa.array(np.full(prompts, k, np.int32)),
+        **identity_columns(step, 0, "train", np.full(prompts, k)),
         "prompt": pa.array([f"What is {i} + {i}?" for i in range(prompts)]),
         "answer": pa.array([str(2 * i) for i in range(prompts)]),
         "prompt_ids": _lists(
             p_off, pa.array(rng.integers(0, 150_000, int(p_off[-1]), dtype=np.int32))
         ),
         "completions": _lists(grp_off, pa.array([f"completion {i}" for i in range(n)])),
-        "completion_index": per_sample(np.tile(np.arange(k, dtype=np.int32), prompts)),
         "completion_ids": per_token(ids),
         "total_utils": per_sample(utils),
         "advantages": per_sample(utils - 0.5),

@@ -115,7 +115,7 @@ def write_store(
                 rows["rank"].append(rank)
                 rows["kind"].append(kind)
                 rows["group_index"].append(gi)
-                rows["group_id"].append(S.default_group_id(step, rank, gi))
+                rows["group_id"].append(f"{step}.{rank}.{gi}")
                 rows["group_size"].append(k)
                 rows["num_completions"].append(k)
                 rows["prompt"].append(g.prompt)
@@ -179,5 +179,3 @@ def write_store(
             step_table = pa.Table.from_pylist([step_row], schema=S.step_schema())
             store.append(RolloutBatch(table, step_table))
     return out
-
-

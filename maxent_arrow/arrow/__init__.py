@@ -16,6 +16,7 @@ __all__, __getattr__, __dir__ = lazy.exports(
     __name__,
     {
         ".lists": ["first_null", "list_offsets", "regroup", "single_array"],
+        ".identity": ["completion_index", "default_group_ids", "identity_columns"],
         ".ragged": ["Ragged", "arrow_to_torch", "torch_to_arrow"],
         ".sequences": [
             "INFO_FIELDS",

@@ -28,7 +28,6 @@ __all__ = [
     "COMPLETION_INFO_TYPE",
     "MESSAGE_TYPE",
     "MESSAGES_TYPE",
-    "default_group_id",
     "GROUP_FIELDS",
     "STEP_FIELDS",
     "GROUP_REQUIRED",
@@ -258,12 +257,6 @@ def group_schema(*, metadata: dict[bytes, bytes] | None = None) -> pa.Schema:
 def step_schema(*, metadata: dict[bytes, bytes] | None = None) -> pa.Schema:
     """The step table of :data:`SCHEMA_VERSION`."""
     return pa.schema(STEP_FIELDS, metadata=_metadata(metadata))
-
-
-def default_group_id(step: int, rank: int, group_index: int) -> str:
-    """The group id of a group written whole by one rank: ``"{step}.{rank}.{group_index}"``
-    (unique within a step; a trainer with its own prompt ids passes those instead)."""
-    return f"{step}.{rank}.{group_index}"
 
 
 def check_version(version: str | bytes | None, *, where: str) -> str:

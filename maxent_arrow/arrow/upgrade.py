@@ -14,9 +14,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from maxent_arrow.arrow import schema as S
+from maxent_arrow.arrow.identity import completion_index
 from maxent_arrow.arrow.lists import list_offsets, regroup, single_array
 
-__all__ = ["completion_index", "needs_upgrade", "reward_lists", "upgrade_groups", "upgrade_steps"]
+__all__ = ["needs_upgrade", "reward_lists", "upgrade_groups", "upgrade_steps"]
 
 
 def needs_upgrade(version: str | bytes | None) -> bool:
@@ -24,15 +25,6 @@ def needs_upgrade(version: str | bytes | None) -> bool:
     if isinstance(version, bytes):
         version = version.decode()
     return version is not None and int(str(version).split(".")[0]) < S.SCHEMA_MAJOR
-
-
-def completion_index(sizes: np.ndarray) -> pa.Array:
-    """``list<int32>`` of ``0..K_i-1`` for rows of ``sizes`` completions."""
-    sizes = np.asarray(sizes, dtype=np.int64)
-    offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
-    np.cumsum(sizes, out=offsets[1:])
-    flat = np.arange(int(offsets[-1]), dtype=np.int64) - np.repeat(offsets[:-1], sizes)
-    return regroup(pa.array(flat.astype(np.int32)), offsets)
 
 
 def reward_lists(

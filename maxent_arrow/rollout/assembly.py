@@ -25,8 +25,9 @@ import pyarrow as pa
 from maxent_arrow import arrow as A
 from maxent_arrow import types as T
 from maxent_arrow.arrow import schema as S
+from maxent_arrow.arrow.identity import identity_columns
 from maxent_arrow.arrow.lists import list_offsets, regroup
-from maxent_arrow.arrow.upgrade import completion_index, reward_lists
+from maxent_arrow.arrow.upgrade import reward_lists
 from maxent_arrow.errors import LayoutError, SchemaError
 from maxent_arrow.rollout.layout import BATCH_META_KEY, config_json, int_arg
 
@@ -88,23 +89,15 @@ class GroupColumns:
         self.num_samples = int(self.offsets[-1]) if len(self.offsets) else 0
         self.meta: dict[str, Any] = {"dtypes": {}, "widths": {}}
         p = self.num_groups
-        sizes = np.diff(self.offsets).astype(np.int32)
         self.columns: dict[str, pa.Array | None] = {
             "step": pa.array(np.full(p, step, dtype=np.int64)),
             "rank": pa.array(np.full(p, rank, dtype=np.int32)),
-            "kind": pa.array([kind] * p, pa.string()),
-            "group_index": pa.array(np.arange(p, dtype=np.int32)),
-            "group_id": pa.array(
-                [S.default_group_id(step, rank, g) for g in range(p)], pa.string()
-            ),
-            "group_size": pa.array(sizes),
-            "num_completions": pa.array(sizes),
+            **identity_columns(step, rank, kind, np.diff(self.offsets)),
             "prompt": gen.column("prompt"),
             "prompt_messages": _column(gen, "prompt_messages"),
             "answer": gen.column("answer"),
             "completions": completions,
             "completion_messages": _column(gen, "completion_messages"),
-            "completion_index": completion_index(sizes),
             "ref_meta": _column(gen, "ref_meta"),
         }
         info, self._info_ids = _split_info(_column(gen, "completion_info"), self.offsets)

@@ -10,8 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from maxent_arrow.arrow import schema as S
+from maxent_arrow.arrow.identity import completion_index
 from maxent_arrow.arrow.upgrade import (
-    completion_index,
     needs_upgrade,
     reward_lists,
     upgrade_groups,

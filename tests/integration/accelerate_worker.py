@@ -3,7 +3,7 @@
 Each process appends its own (step, rank) units to one shared store, concurrently with the
 other process (no barrier between appends), then replays the store sharded by its process
 index and records which groups it read. With an S3 endpoint it does the same on an
-``ObjectStore``. Results go to ``OUT/rank-{process_index}.json``.
+an S3 URI. Results go to ``OUT/rank-{process_index}.json``.
 
 Usage: accelerate launch ... accelerate_worker.py ROOT OUT STEPS [S3_URI]
 """
@@ -23,8 +23,11 @@ sys.path.insert(0, str(Path(__file__).parents[1]))
 
 from store_fixtures import CONFIG, make_batch  # noqa: E402
 
-from maxent_arrow.store import ReplayDataset, process_shard  # noqa: E402
-from maxent_arrow.store.objects import open_store  # noqa: E402
+from maxent_arrow.store import (  # noqa: E402
+    ReplayDataset,
+    RolloutStore,  # noqa: E402
+    process_shard,
+)
 
 
 def group_counts(step: int, rank: int) -> int:
@@ -34,7 +37,7 @@ def group_counts(step: int, rank: int) -> int:
 
 def run(uri: str, accelerator: Accelerator, steps: int) -> dict:
     # Every process opens (and, the first time, creates) the store at once.
-    store = open_store(uri, config=CONFIG)
+    store = RolloutStore.create(uri, config=CONFIG)
     rank = accelerator.process_index
     for step in range(steps):
         store.append(make_batch(step, rank=rank, groups=group_counts(step, rank)))

@@ -22,8 +22,7 @@ sys.path.insert(0, str(Path(__file__).parents[1]))
 from accelerate_worker import group_counts  # noqa: E402
 from store_fixtures import make_batch  # noqa: E402
 
-from maxent_arrow.store.files import unit_name  # noqa: E402
-from maxent_arrow.store.objects import open_store  # noqa: E402
+from maxent_arrow.store import RolloutStore, unit_name  # noqa: E402
 
 STEPS = 4
 WORKER = Path(__file__).parent / "accelerate_worker.py"
@@ -110,7 +109,7 @@ def test_accelerate_processes_append_and_replay_sharded(tmp_path: Path, monkeypa
         assert [r["process_index"] for r in results] == [0, 1]
         assert all(r["num_processes"] == 2 and r["backend"] == "gloo" for r in results)
         assert [r["shard"] for r in results] == [[0, 2], [1, 2]]
-        _check_run(open_store(root), results, "local")
+        _check_run(RolloutStore(root), results, "local")
         # ReplayDataset in a DataLoader takes its shard from accelerate too.
         loaded = [{tuple(k) for k in r["dataset"]} for r in results]
         assert not loaded[0] & loaded[1]
@@ -118,7 +117,7 @@ def test_accelerate_processes_append_and_replay_sharded(tmp_path: Path, monkeypa
             group_counts(s, r) for s in range(STEPS) for r in range(2)
         )
         if server is not None:
-            _check_run(open_store(s3_uri), results, "s3")
+            _check_run(RolloutStore(s3_uri), results, "s3")
     finally:
         if server is not None:
             server.stop()

@@ -25,6 +25,7 @@ from maxent_arrow.errors import ComputeError, LayoutError, SchemaError  # noqa: 
 from maxent_arrow.ingest.collate import GroupCollator  # noqa: E402
 from maxent_arrow.ingest.packing import iter_chunks, sequence_layout  # noqa: E402
 from maxent_arrow.ingest.score_batch import build_score_batch  # noqa: E402
+from maxent_arrow.rollout.layout import rewards_by_name  # noqa: E402
 from maxent_arrow.store.store import RolloutStore  # noqa: E402
 
 MATH = ("advantages", "q", "weights")
@@ -178,9 +179,9 @@ def test_read_store_equals_store_read(ray_cluster, store_root: Path) -> None:
     assert everything.num_rows == expected.num_rows == 3 * 2 * 3 + 2 + 4
     assert everything.schema.equals(expected.schema)
     assert everything.equals(expected)
-    # The reward added at step 3 reads as nulls in the older files.
-    lengths = pc.struct_field(everything.column("rewards"), "length")
-    assert lengths.null_count == expected.num_rows - 4
+    # The reward added at step 3 is absent from the older rows.
+    names = everything.column("reward_names").to_pylist()
+    assert sum("length" not in n for n in names) == expected.num_rows - 4
     subset = read_store(store_root, steps=[1, 3], columns=["step", "rank", "q"], kind="train")
     assert _collect(ray_cluster, subset).equals(
         store.read(steps=[1, 3], columns=["step", "rank", "q"], kind="train")
@@ -305,7 +306,7 @@ def test_reward_weights_recompute_utilities() -> None:
 
     rows = make_batch(0, groups=4).groups
     new = recompute_group_math(rows, config=CONFIG, reward_weights={"accuracy": 2.0, "format": 0})
-    accuracy = np.asarray(pc.struct_field(rows.column("rewards"), "accuracy").flatten())
+    accuracy = rewards_by_name(rows)["accuracy"]
     np.testing.assert_allclose(_flat(pa.table(new), "total_utils"), 2.0 * accuracy)
     assert new.schema.field("total_utils").type == rows.schema.field("total_utils").type
     with pytest.raises(ComputeError, match="no reward 'speed'"):
@@ -345,7 +346,6 @@ def test_read_store_over_s3(ray_cluster, tmp_path: Path, monkeypatch) -> None:
     from moto.server import ThreadedMotoServer
 
     from maxent_arrow.integrations.ray import ray_collate_fn, read_store
-    from maxent_arrow.store.objects import ObjectStore
 
     for key, value in {
         "AWS_ACCESS_KEY_ID": "testing",
@@ -364,7 +364,7 @@ def test_read_store_over_s3(ray_cluster, tmp_path: Path, monkeypatch) -> None:
             endpoint_override=f"{host}:{port}", scheme="http", allow_bucket_creation=True,
         )  # fmt: skip
         fs.create_dir("runs")
-        remote = ObjectStore("s3://runs/exp", filesystem=fs, config=CONFIG)
+        remote = RolloutStore.create("s3://runs/exp", filesystem=fs, config=CONFIG)
         local = RolloutStore.create(tmp_path / "local", config=CONFIG)
         for step in range(2):
             for rank in range(2):
@@ -380,7 +380,7 @@ def test_read_store_over_s3(ray_cluster, tmp_path: Path, monkeypatch) -> None:
         from maxent_arrow.integrations.ray import recompute_store
 
         target = recompute_store(remote, "s3://runs/recomputed", target_filesystem=fs, tau=0.3)
-        assert isinstance(target, ObjectStore)
+        assert isinstance(target, RolloutStore) and not target.backend.local
         assert target.steps() == [0, 1] and target.config["tau"] == 0.3
         here = recompute_store(local, tmp_path / "recomputed", tau=0.3)
         for name in MATH:

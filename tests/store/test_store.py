@@ -417,7 +417,9 @@ def test_schema_is_unified_incrementally(tmp_path):
     store.append(make_batch(0, reward_names=("accuracy",)))
     first = store.schema()
     b = make_batch(1, reward_names=("accuracy", "format"))
-    store.append(RolloutBatch(b.groups.append_column("extra", pa.array([1] * b.num_groups)), b.step_row))
+    store.append(
+        RolloutBatch(b.groups.append_column("extra", pa.array([1] * b.num_groups)), b.step_row)
+    )
     assert store.schema().names == [*first.names, "extra"]
     store.compact()
     assert store.schema().equals(RolloutStore(store.root).schema())
