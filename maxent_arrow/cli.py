@@ -37,6 +37,7 @@ import os
 import sys
 import threading
 import traceback
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -109,7 +110,7 @@ def _store(args: argparse.Namespace) -> Any:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    with analytics.RunAnalytics(_store(args), on_error=args.on_error) as run:
+    with analytics.RunAnalytics(_store(args)) as run:
         info = run.describe()
     if args.json:
         _print_json(info)
@@ -173,9 +174,8 @@ def _readable(table: Any, max_rows: int) -> str:
 
 
 def _cmd_query(args: argparse.Namespace) -> int:
-    with analytics.RunAnalytics(
-        args.run, progress=_progress(args), materialize=args.materialize
-    ) as run:
+    store.check_query(args.sql)  # a usage error, before the store is opened
+    with analytics.RunAnalytics(_store(args), materialize=args.materialize) as run:
         table = run.sql(args.sql)
     if args.json:
         _print_json(_jsonable_rows(table))
@@ -367,6 +367,15 @@ def _error(command: str | None, message: str) -> None:
         traceback.print_exc()
 
 
+def _warn(command: str, caught: list[warnings.WarningMessage]) -> None:
+    """Our warnings (a damaged file skipped under ``--on-error skip``) as one line each on
+    stderr; other libraries' warnings are left to their own filters."""
+    for item in caught:
+        if issubclass(item.category, UserWarning) and "maxent_arrow" in item.filename:
+            text = " ".join(str(item.message).split())
+            sys.stderr.write(f"maxent-arrow {command}: warning: {text}\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command line with ``argv``; returns the exit code.
 
@@ -401,7 +410,12 @@ def _run(argv: list[str]) -> int:
     except SystemExit as exc:  # argparse: --help (0) or a usage error (2), already printed
         return int(exc.code or 0) if isinstance(exc.code, int | None) else EXIT_USAGE
     try:
-        return args.func(args)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                return args.func(args)
+            finally:
+                _warn(args.command, caught)
     except (_UsageError, QueryError) as exc:
         _error(args.command, str(exc))
         return EXIT_USAGE

@@ -5,16 +5,20 @@
   varies) and derandomised, so a failure reproduces on every run.
 - ``parquet_roundtrip`` / ``ipc_roundtrip`` write a batch to a real file under ``tmp_path``
   and read it back.
+- ``s3``: a real S3-compatible server (moto in server mode) on 127.0.0.1, started once per
+  session on a free port, with a bucket ``runs``; yields ``(endpoint, pyarrow file system)``.
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 import pytest
@@ -68,3 +72,42 @@ def ipc_roundtrip(tmp_path: Path) -> Callable[[pa.RecordBatch | pa.Table], pa.Ta
         return ipc.open_file(pa.memory_map(str(path))).read_all()
 
     return roundtrip
+
+
+_CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+
+
+@pytest.fixture(scope="session")
+def s3():
+    """A moto S3 server on 127.0.0.1 and a bucket; yields (endpoint, pyarrow file system)."""
+    pytest.importorskip("moto")
+    boto3 = pytest.importorskip("boto3")
+    from moto.server import ThreadedMotoServer
+
+    saved = {k: os.environ.get(k) for k in _CREDENTIALS}
+    os.environ.update(_CREDENTIALS)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        endpoint = f"{host}:{port}"
+        boto3.client("s3", endpoint_url=f"http://{endpoint}").create_bucket(Bucket="runs")
+        fs = pafs.S3FileSystem(
+            access_key="testing",
+            secret_key="testing",
+            region="us-east-1",
+            endpoint_override=endpoint,
+            scheme="http",
+        )
+        yield endpoint, fs
+    finally:
+        server.stop()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

@@ -47,8 +47,8 @@ class RunAnalytics(ReadyMadeQueries):
         The store (a directory or URI, or an open :class:`~maxent_arrow.RolloutStore`).
         Nothing is written to it.
     on_error
-        ``"raise"`` (default): a damaged or missing committed file is a :class:`StoreError`
-        naming it; ``"skip"``: it is left out with a warning.
+        ``"raise"``: a damaged or missing committed file is a :class:`StoreError` naming it;
+        ``"skip"``: it is left out with a warning. Default: the store's (``"raise"``).
     threads
         DuckDB worker threads; ``None`` keeps DuckDB's default (all cores).
     materialize
@@ -66,7 +66,7 @@ class RunAnalytics(ReadyMadeQueries):
         self,
         root: str | os.PathLike[str] | RolloutStore,
         *,
-        on_error: OnError = "raise",
+        on_error: OnError | None = None,
         threads: int | None = None,
         materialize: bool = False,
         progress: bool = False,

@@ -235,6 +235,18 @@ def compact(
     return made
 
 
+def _keep_nullability(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``table`` with the non-null flags of ``schema`` (``conform`` makes every column
+    nullable), so that a segment's rows read back equal to the appended ones."""
+    fields = [
+        pa.field(
+            f.name, f.type, nullable=schema.field(f.name).nullable or table.column(i).null_count > 0
+        )
+        for i, f in enumerate(table.schema)
+    ]
+    return table.cast(pa.schema(fields, metadata=table.schema.metadata))
+
+
 def _compact_files(
     catalog: Catalog,
     schemas: UnifiedSchemas,
@@ -263,7 +275,7 @@ def _compact_files(
         (min(u.rank for u in units), max(u.rank for u in units)),
         [(n, steps[n].meta.get("group_crc32")) for n in inputs],
     )
-    group_table = pa.concat_tables(groups)
+    group_table = _keep_nullability(pa.concat_tables(groups), group_schema)
     meta_schema = {S.METADATA_KEY: S.SCHEMA_VERSION.encode()}
     group = backend.write_temp(
         f"{GROUPS}/{name}",
@@ -284,7 +296,8 @@ def _compact_files(
         meta = group_file_meta(
             backend, group, group_rows=starts, replaces=replaces, reward_names=reward_names
         )
-        step = backend.write_temp(f"{STEPS}/{name}", step_file_bytes(pa.concat_tables(rows), meta))
+        step_rows = _keep_nullability(pa.concat_tables(rows), step_schema)
+        step = backend.write_temp(f"{STEPS}/{name}", step_file_bytes(step_rows, meta))
     except BaseException:
         backend.discard(group)
         raise

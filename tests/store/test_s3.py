@@ -7,7 +7,6 @@ system and need no ``s3`` extra.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -22,44 +21,6 @@ from store_fixtures import CONFIG, make_batch  # noqa: E402
 from maxent_arrow import RolloutStore  # noqa: E402
 from maxent_arrow.errors import StoreError  # noqa: E402
 from maxent_arrow.store.backend import ArrowFsBackend, LocalBackend  # noqa: E402
-
-_CREDENTIALS = {
-    "AWS_ACCESS_KEY_ID": "testing",
-    "AWS_SECRET_ACCESS_KEY": "testing",
-    "AWS_DEFAULT_REGION": "us-east-1",
-}
-
-
-@pytest.fixture(scope="module")
-def s3():
-    """A moto S3 server on 127.0.0.1 and a bucket; yields (endpoint, pyarrow file system)."""
-    pytest.importorskip("moto")
-    boto3 = pytest.importorskip("boto3")
-    from moto.server import ThreadedMotoServer
-
-    saved = {k: os.environ.get(k) for k in _CREDENTIALS}
-    os.environ.update(_CREDENTIALS)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
-        endpoint = f"{host}:{port}"
-        boto3.client("s3", endpoint_url=f"http://{endpoint}").create_bucket(Bucket="runs")
-        fs = pafs.S3FileSystem(
-            access_key="testing",
-            secret_key="testing",
-            region="us-east-1",
-            endpoint_override=endpoint,
-            scheme="http",
-        )
-        yield endpoint, fs
-    finally:
-        server.stop()
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def test_object_store_backend_files_are_local_store_files(tmp_path: Path) -> None:
