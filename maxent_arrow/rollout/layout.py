@@ -275,15 +275,23 @@ def rewards_by_name(groups: pa.RecordBatch) -> dict[str, np.ndarray]:
     return out
 
 
+# Per-completion columns that are null in the rows that do not use them: completion_messages
+# in a group whose completions are plain strings.
+_NULL_ROWS_ALLOWED = ("completion_messages",)
+
+
 def _check_grouped(name: str, column: pa.Array, sizes: np.ndarray) -> None:
     if column.null_count == len(column):
         return  # an optional column absent for the whole batch
+    valid = np.ones(len(column), dtype=bool)
     if column.null_count:
-        bad = int(np.flatnonzero(~column.is_valid().to_numpy(zero_copy_only=False))[0])
-        raise LayoutError(f"RolloutBatch column {name!r}: group {bad} is null")
+        valid = np.asarray(column.is_valid().to_numpy(zero_copy_only=False))
+        if name not in _NULL_ROWS_ALLOWED:
+            bad = int(np.flatnonzero(~valid)[0])
+            raise LayoutError(f"RolloutBatch column {name!r}: group {bad} is null")
     got = np.diff(list_offsets(column))
-    if not np.array_equal(got, sizes):
-        g = int(np.flatnonzero(got != sizes)[0])
+    if not np.array_equal(got[valid], sizes[valid]):
+        g = int(np.flatnonzero(valid & (got != sizes))[0])
         raise LayoutError(
             f"RolloutBatch column {name!r}: expected {sizes[g]} values at group {g} (as "
             f"completions), got {got[g]}"

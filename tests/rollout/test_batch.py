@@ -19,6 +19,7 @@ from store_fixtures import CONFIG, make_parts
 from maxent_arrow import (
     GenerationBatch,
     LayoutError,
+    RewardComputation,
     RolloutBatch,
     SchemaError,
 )
@@ -87,10 +88,12 @@ def test_behaviour_logprobs_and_weights_regrouped(batch, parts):
 
 def test_flat_columns_are_regrouped_without_copy(parts):
     weights = parts["weights"]  # float64 tensor: Arrow views it, regrouping adds offsets only
-    batch = RolloutBatch.from_parts(0, **parts)
+    # An Arrow-born RewardComputation (what compute_rewards returns): its buffers are reused.
+    rewards = RewardComputation.from_arrow(parts["rewards"].to_arrow())
+    batch = RolloutBatch.from_parts(0, **{**parts, "rewards": rewards})
     values = batch.column("weights").flatten()
     assert values.buffers()[1].address == weights.data_ptr()
-    advantages = parts["rewards"].advantage.grouped.arrow.flatten()
+    advantages = rewards.advantage.column("grouped").flatten()
     assert batch.column("advantages").flatten().buffers()[1].address == (
         advantages.buffers()[1].address + advantages.offset * 8
     )
