@@ -3,11 +3,12 @@
 A record is a dataclass whose fields hold exactly what they were given (real ``list`` and
 ``dict`` objects, tensors, placeholders), as the seed's dataclasses do: construction stores and
 checks nothing. An object built by ``from_arrow`` keeps its record batch (its *source*) and
-fills a field from it on first attribute access. Each field is a non-data descriptor
-(:class:`LazyField`): it decodes the whole field, stores the result in the instance
-``__dict__`` and steps aside, so every later read and every write is a plain attribute
-operation (a lazily filled ``list`` subclass would not do: ``json``, ``pickle``, ``list()`` and
-``+`` read the C array).
+fills a field from it on first attribute access: :meth:`Record.__getattr__`, which Python calls
+only for attributes the instance lacks, decodes the whole field and stores it in the instance
+``__dict__``, so every later read and every write is a plain attribute operation (a lazily
+filled ``list`` subclass would not do: ``json``, ``pickle``, ``list()`` and ``+`` read the C
+array). The classes keep no attribute named like a field, so construction runs at the speed of
+a plain dataclass's.
 
 A field that is still in the source (never read into Python) is *untouched*; ``to_arrow()``
 takes its columns as they are, so an untouched object gives back its own record batch (O(1))
@@ -44,7 +45,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SOURCE",
-    "LazyField",
     "Layout",
     "Record",
     "Source",
@@ -93,32 +93,8 @@ class _Deferred:
 
 
 def _from_replace() -> bool:
-    # Frame 0 is LazyField.__get__; `getattr` is a builtin (no frame), so frame 1 is the caller.
+    # Frame 1 is Record.__getattr__, called by `getattr` (a builtin, no frame) in frame 2.
     return sys._getframe(2).f_code in _REPLACE_CODES
-
-
-class LazyField:
-    """A field of an Arrow-born record, decoded from its source on first access."""
-
-    __slots__ = ("name",)
-
-    def __init__(self, name: str):
-        self.name = name
-
-    def __get__(self, obj: Any, owner: type | None = None) -> Any:
-        if obj is None:
-            return self
-        state = obj.__dict__
-        source = state.get(SOURCE)
-        if source is None:
-            raise AttributeError(f"{type(obj).__name__!r} object has no attribute {self.name!r}")
-        layout = type(obj)._layout
-        if self.name not in layout.shared_on_replace and _from_replace():
-            _PENDING[0] += 1
-            return _Deferred(source, self.name)
-        value = layout.field(obj, source, self.name)
-        state[self.name] = value
-        return value
 
 
 def _adopt(obj: Any) -> None:
@@ -176,6 +152,7 @@ class Layout:
     in ``columns`` the fields behind each column, for :meth:`Record.column`.
     """
 
+    field_names: frozenset[str] = frozenset()  # set by `record`
     columns: ClassVar[dict[str, tuple[str, ...]]] = {}
     # Fields decoded even under ``dataclasses.replace`` (cheap nested records), so that the new
     # object shares them with the old one, as the seed's ``replace`` shares every field.
@@ -273,6 +250,23 @@ class Record:
         """A flat numeric column or field as a zero-copy torch view of its Arrow buffer."""
         return arrow_to_torch(self.column(name), field=f"{type(self).__name__}.{name}")
 
+    # ------------------------------------------------------------------ lazy fields
+    def __getattr__(self, name: str) -> Any:
+        # Python calls this only for an attribute missing from the instance and the class: a
+        # field of an Arrow-born record not read yet (the class keeps no field defaults), or
+        # a genuinely missing attribute. Filled fields and every write never come here.
+        state = self.__dict__
+        source = state.get(SOURCE)
+        layout = type(self)._layout
+        if source is None or name not in layout.field_names:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        if name not in layout.shared_on_replace and _from_replace():
+            _PENDING[0] += 1
+            return _Deferred(source, name)
+        value = layout.field(self, source, name)
+        state[name] = value
+        return value
+
     # ------------------------------------------------------------------ Python protocols
     def __eq__(self, other: object) -> bool:
         # Field by field, NaN equal to NaN, tensors by value: a NaN that went through Arrow is
@@ -329,7 +323,8 @@ def _rebuild(cls: type, ipc: bytes | None, state: dict[str, Any]):
 # ---------------------------------------------------------------------------- the decorator
 def record(layout: Layout):
     """Class decorator (under ``@dataclass(init=False, eq=False, repr=False)``): attach the
-    layout, give every field a :class:`LazyField` and write the ``__init__``.
+    layout, drop the class-level field defaults (``fields()`` keeps them) and write the
+    ``__init__``.
 
     The ``__init__`` stores each argument as given, like the one ``dataclass`` writes, plus one
     cheap test that adopts fields ``dataclasses.replace`` passed on without reading.
@@ -359,8 +354,12 @@ def record(layout: Layout):
         init.__module__ = cls.__module__
         init.__doc__ = f"Store the fields of {cls.__name__} as given (no checks, no copies)."
         cls.__init__ = init
+        layout.field_names = frozenset(f.name for f in fields)
         for f in fields:
-            setattr(cls, f.name, LazyField(f.name))
+            # No class attribute may shadow a field: a missing field must reach __getattr__
+            # (and a class attribute of the same name would slow every instance store).
+            if f.name in cls.__dict__:
+                delattr(cls, f.name)
         return cls
 
     return decorate

@@ -334,6 +334,7 @@ def _payload(item: Any) -> Any:
 
 
 _ENCODER = json.JSONEncoder(allow_nan=True, default=_payload)
+_C_ENCODER = getattr(json.encoder, "c_make_encoder", None)
 
 
 def _json_text(field: str, item: Any, where: str) -> str:
@@ -346,14 +347,32 @@ def _json_text(field: str, item: Any, where: str) -> str:
         ) from None
 
 
+_encode_many = None
+if _C_ENCODER is not None:
+    # One C encoder made once: `JSONEncoder.encode` builds a new one per call, most of its
+    # cost on small dicts (there is one per completion). It skips the circular-reference
+    # check (a cycle ends in RecursionError), so any failure is redone by `_json_text`.
+    _make = _C_ENCODER(
+        None, _payload, json.encoder.encode_basestring_ascii, None, ": ", ", ", False, False,
+        True,
+    )  # fmt: skip
+
+    def _encode_many(items: Sequence) -> list[str]:
+        return ["".join(_make(item, 0)) for item in items]
+
+
 def json_array(field: str, value: Any, *, where: Where = _FLAT) -> pa.Array:
     """One JSON text per item (``None`` is the text ``null``)."""
     value = _plain(field, value, "a list")
     if isinstance(value, pa.Array):
         return str_array(field, value, nullable=True, where=where)
-    try:
-        texts = list(map(_ENCODER.encode, value))
-    except (TypeError, ValueError):
+    texts = None
+    if _encode_many is not None:
+        try:
+            texts = _encode_many(value)
+        except (TypeError, ValueError, RecursionError):
+            texts = None  # redone item by item, to name the one that fails
+    if texts is None:
         texts = [_json_text(field, item, where(i)) for i, item in enumerate(value)]
     return pa.array(texts, pa.string())
 
