@@ -54,6 +54,7 @@ __all__ = [
     "peek",
     "record",
     "source_of",
+    "untouched_from",
     "values_equal",
 ]
 
@@ -71,11 +72,13 @@ _PENDING = [0]
 class Source:
     """The Arrow side of an Arrow-born record: its record batch and parsed scalar metadata."""
 
-    __slots__ = ("batch", "meta")
+    __slots__ = ("batch", "meta", "origin")
 
-    def __init__(self, batch: pa.RecordBatch, meta: dict[str, Any]):
+    def __init__(self, batch: pa.RecordBatch, meta: dict[str, Any], origin: Source | None = None):
         self.batch = batch
         self.meta = meta
+        # The source a nested record was decoded from (its columns are views of that one's).
+        self.origin = origin
 
     def column(self, name: str) -> pa.Array | None:
         index = self.batch.schema.get_field_index(name)
@@ -117,6 +120,17 @@ def born(cls: type, source: Source, **fields: Any) -> Any:
 def layout_of(record: Any) -> Layout:
     """The :class:`Layout` of a record class or instance."""
     return record._layout
+
+
+def untouched_from(value: Any, source: Source) -> bool:
+    """Whether ``value`` is a record decoded from ``source`` and never read since."""
+    state = getattr(value, "__dict__", None)
+    if not isinstance(value, Record) or state is None:
+        return False
+    own = state.get(SOURCE)
+    return (
+        own is not None and own.origin is source and not (state.keys() & value._layout.field_names)
+    )
 
 
 def source_of(obj: Any) -> Source | None:

@@ -33,7 +33,16 @@ import pyarrow as pa
 from maxent_arrow.arrow.lists import list_offsets
 from maxent_arrow.errors import LayoutError, SchemaError
 from maxent_arrow.types import fields as F
-from maxent_arrow.types.base import SOURCE, Layout, Source, born, layout_of, lazy, peek
+from maxent_arrow.types.base import (
+    SOURCE,
+    Layout,
+    Source,
+    born,
+    layout_of,
+    lazy,
+    peek,
+    untouched_from,
+)
 from maxent_arrow.types.columns import (
     is_float,
     is_int,
@@ -584,7 +593,7 @@ class RewardsLayout(BoundLayout):
             array = column("advantages" if name == "advantage" else "q")
             cls = self.nested[name]
             batch = make_batch(cls.__name__, {layout_of(cls).column: array}, {}, len(array))
-            return born(cls, Source(batch, {}))
+            return born(cls, Source(batch, {}, source))
         if name == "pairs":
             return self._pairs(source)
         if name == "moments":
@@ -620,7 +629,7 @@ class RewardsLayout(BoundLayout):
             array = source.column(own)
             columns[theirs] = None if array is None else array.flatten()
         n = len(columns["prompt"])
-        return born(cls, Source(make_batch(cls.__name__, columns, {}, n), {}))
+        return born(cls, Source(make_batch(cls.__name__, columns, {}, n), {}, source))
 
     # ------------------------------------------------------------------ encode
     def _nested(self, obj, name: str) -> Any:
@@ -722,6 +731,14 @@ class RewardsLayout(BoundLayout):
             "completion_metadata": None if shared else by_group(completion_meta),
             **seeds,
         }
+        if source is not None and np.array_equal(
+            offsets, list_offsets(source.column("advantages"))
+        ):
+            # Same groups as the source: the untouched fields' grouped columns as they are.
+            for column, fields in self.columns.items():
+                kept = all(f not in state or untouched_from(state[f], source) for f in fields)
+                if columns.get(column) is not None and kept:
+                    columns[column] = source.column(column)
         scalars = {
             "moments": self._moments(obj, source),
             "reward_keys": keys,
