@@ -100,6 +100,10 @@ def completion_info(batch: RolloutBatch) -> pa.Array | None:
     return regroup(struct, list_offsets(info))
 
 
+def _flat(column: pa.Array | None) -> pa.Array | None:
+    return None if column is None else column.flatten()
+
+
 def _record_batch(columns: dict[str, pa.Array | None]) -> pa.RecordBatch:
     present = {k: v for k, v in columns.items() if v is not None}
     return pa.RecordBatch.from_arrays(list(present.values()), names=list(present))
@@ -142,14 +146,14 @@ def reward_computation(batch: RolloutBatch):
     source = T.rewards_batch(
         advantages=advantages,
         q=q,
-        total_utils=batch.column("total_utils"),
+        total_utils=_flat(batch.column("total_utils")),
         rewards=rewards,
         prompts=pa.DictionaryArray.from_arrays(group_of, _raw(batch, "prompt")),
         prompt_messages=None if prompt_messages is None else prompt_messages.take(group_of),
-        completions=_raw(batch, "completions"),
+        completions=_raw(batch, "completions").flatten(),
         completion_messages=T.sample_messages(batch.column("completion_messages"), offsets),
-        pairs_metadata=info,
-        ref_meta=batch.column("ref_meta"),
+        pairs_metadata=_flat(info),
+        ref_meta=_flat(batch.column("ref_meta")),
         completion_metadata_is_pairs_metadata=info is not None,
         seed_semantic_entropy=batch.column("seed_semantic_entropy"),
         seed_advantage_scale=batch.column("seed_advantage_scale"),

@@ -833,18 +833,13 @@ def rewards_batch(
     results back lazily.
 
     ``advantages`` and ``q`` are ``list<double>`` by group; every per-sample argument is flat
-    ``[N]`` (or already grouped like ``advantages``) and is regrouped without copying.
+    ``[N]`` in group order (``rewards`` maps names to such arrays) and is regrouped by the
+    advantages' offsets without copying its values.
     """
     offsets = list_offsets(advantages)
 
     def by_group(array: pa.Array | None) -> pa.Array | None:
-        if array is None:
-            return None
-        if pa.types.is_list(array.type) or pa.types.is_large_list(array.type):
-            if len(array) == len(offsets) - 1 and np.array_equal(list_offsets(array), offsets):
-                return array
-            array = array.flatten()
-        return F.grouped(array, offsets)
+        return None if array is None else F.grouped(array, offsets)
 
     rewards = rewards or {}
     columns = {
