@@ -493,3 +493,15 @@ def test_validation_context_stays_a_plain_dataclass():
     fields = [f.name for f in dataclasses.fields(ValidationContext)]
     assert fields[:3] == ["evaluation", "accelerator", "model"]
     assert isinstance(pa.array([1]), pa.Array)  # (pyarrow is imported for the fixtures)
+
+
+def test_the_readme_import_swap_imports():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Drop-in use", 1)[1].split("\n## ", 1)[0]
+    ours = [line[1:] for line in section.splitlines() if line.startswith("+from maxent_arrow")]
+    assert len(ours) == 1
+    namespace: dict = {}
+    exec(ours[0], namespace)  # noqa: S102
+    assert namespace["RewardComputation"] is RewardComputation
