@@ -463,7 +463,9 @@ class ReferenceLayout(_TensorLayout):
         if values is None or not meta.get("has_mask"):
             return None
         how = _how(meta, name)
-        return give_back(mask_from_lengths(lengths, width, how["dtype"]), how)
+        # Without a stored width (older batches) the values are padded to the longest row.
+        width = values.shape[1] if width is None else width
+        return give_back(mask_from_lengths(lengths, width, how["dtype"] or "int64"), how)
 
     def encode(self, obj) -> pa.RecordBatch:
         source = self.untouched(obj)
