@@ -26,7 +26,8 @@ from maxent_arrow import compute as C
 from maxent_arrow.arrow import Ragged, arrow_to_torch, list_offsets, torch_to_arrow
 from maxent_arrow.compute.seed_grpo import SeedGrpoSettings, seed_grpo_statistics
 from maxent_arrow.errors import ComputeError, SchemaError
-from maxent_arrow.types.records import rewards_batch, sample_messages
+from maxent_arrow.types.computation import rewards_batch
+from maxent_arrow.types.records import sample_messages
 from maxent_arrow.types.rewards import (
     AdvantageStats,
     GenerationBatch,

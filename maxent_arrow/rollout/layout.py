@@ -179,6 +179,7 @@ def _check_groups(groups: pa.RecordBatch, step_row: pa.RecordBatch) -> None:
         )
     sizes = np.diff(offsets)
     _check_counts(groups, sizes)
+    _check_prompts(groups)
     for name in S.PER_COMPLETION_COLUMNS:
         if name == "completions" or name not in groups.schema.names:
             continue
@@ -193,6 +194,21 @@ def _check_groups(groups: pa.RecordBatch, step_row: pa.RecordBatch) -> None:
                 )
             if inner.flatten().null_count:
                 raise LayoutError(f"RolloutBatch column {name!r}: a null inside a token list")
+
+
+def _check_prompts(groups: pa.RecordBatch) -> None:
+    """A group's prompt is text or chat messages, not both (neither is allowed: a table of
+    token ids only, or rows merged from files that lack the prompt text)."""
+    if "prompt_messages" not in groups.schema.names or "prompt" not in groups.schema.names:
+        return
+    text = np.asarray(groups.column("prompt").is_valid().to_numpy(zero_copy_only=False))
+    chat = np.asarray(groups.column("prompt_messages").is_valid().to_numpy(zero_copy_only=False))
+    bad = np.flatnonzero(text & chat)
+    if bad.size:
+        raise LayoutError(
+            f"RolloutBatch columns 'prompt' and 'prompt_messages': group {int(bad[0])} has "
+            "both; a prompt is text or chat messages"
+        )
 
 
 def _check_counts(groups: pa.RecordBatch, sizes: np.ndarray) -> None:

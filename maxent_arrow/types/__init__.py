@@ -30,7 +30,8 @@ __all__, __getattr__, __dir__ = lazy.exports(
             "ValidationContext",
         ],
         ".columns": ["record_scalars"],
-        ".records": ["rewards_batch", "sample_messages"],
+        ".computation": ["rewards_batch"],
+        ".records": ["sample_messages"],
         ".tensors": ["reference_batch"],
         ".settings": [
             "EvaluationSettings",

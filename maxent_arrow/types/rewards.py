@@ -13,7 +13,8 @@ converts them (tensors through ``.detach().cpu()``), raising
 position for what Arrow cannot hold; ``validate()`` runs the same checks. ``from_arrow()``
 keeps the record batch and decodes each field into plain Python on first access, while
 ``column()``, ``ragged()`` and ``tensor()`` view the batch without copying. The layouts are
-in :mod:`maxent_arrow.types.records` and :mod:`maxent_arrow.types.tensors`.
+in :mod:`maxent_arrow.types.records`, :mod:`maxent_arrow.types.computation` and
+:mod:`maxent_arrow.types.tensors`.
 ``ValidationContext`` holds live handles and stays a plain dataclass.
 """
 
@@ -25,12 +26,12 @@ from typing import Any
 from torch import Tensor
 
 from maxent_arrow.types.base import Record, record
+from maxent_arrow.types.computation import RewardsLayout
 from maxent_arrow.types.records import (
     EntryLayout,
     GenerationLayout,
     GroupedPairLayout,
     PairsLayout,
-    RewardsLayout,
     ScalarLayout,
 )
 

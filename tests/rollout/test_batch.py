@@ -318,3 +318,15 @@ def test_chat_prompts_and_completions_in_the_message_columns(parts, tmp_path):
     assert back.generation_batch == gen
     assert back.reward_computation.pairs.prompts == ["plain prompt"] * 2 + [chat] * 2
     assert back.reward_computation.pairs.completions == rewards.pairs.completions
+
+
+def test_a_group_with_both_prompt_columns_is_refused():
+    chat = [{"role": "user", "content": "hi"}]
+    gen = GenerationBatch(["plain", chat], ["a", "b"], [["x"], ["y"]], None)
+    batch = RolloutBatch.from_parts(0, generation=gen)
+    groups = batch.groups
+    both = groups.set_column(
+        groups.schema.get_field_index("prompt"), "prompt", pa.array(["plain", "text too"])
+    )
+    with pytest.raises(LayoutError, match="group 1 has both; a prompt is text or chat"):
+        RolloutBatch(both, batch.step_row)
