@@ -95,9 +95,16 @@ class _Deferred:
         self.name = name
 
 
-def _from_replace() -> bool:
+def _from_replace(fields: frozenset[str]) -> bool:
+    """Whether ``dataclasses.replace`` is reading the field, for a call that will succeed."""
     # Frame 1 is Record.__getattr__, called by `getattr` (a builtin, no frame) in frame 2.
-    return sys._getframe(2).f_code in _REPLACE_CODES
+    frame = sys._getframe(2)
+    if frame.f_code not in _REPLACE_CODES:
+        return False
+    # A change naming no field makes the constructor call fail: then a deferred field would
+    # never be adopted (and every later __init__ would look for one), so it is read instead.
+    changes = frame.f_locals.get("changes", {})
+    return all(name in fields for name in changes)
 
 
 def _adopt(obj: Any) -> None:
@@ -274,7 +281,7 @@ class Record:
         layout = type(self)._layout
         if source is None or name not in layout.field_names:
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        if name not in layout.shared_on_replace and _from_replace():
+        if name not in layout.shared_on_replace and _from_replace(layout.field_names):
             _PENDING[0] += 1
             return _Deferred(source, name)
         value = layout.field(self, source, name)

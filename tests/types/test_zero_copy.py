@@ -239,3 +239,12 @@ def test_score_batch_prompt_ids_are_viewed_without_building_entries(ipc_roundtri
     assert back == record
     entry = back.prompt_entries[1]
     assert entry.input_ids == [3] and isinstance(entry.input_ids, list)
+
+
+def test_a_failing_replace_leaves_nothing_deferred():
+    back = RewardComputation.from_arrow(reward_computation().to_arrow())
+    with pytest.raises(TypeError):
+        dataclasses.replace(back, no_such_field=1)
+    fresh = AdvantageStats([[1.0]], [1.0])  # an __init__ after the failed call
+    assert vars(fresh) == {"grouped": [[1.0]], "samples": [1.0]}
+    assert back.total_utils == [1.0, 0.0, 0.5]  # the fields were read, not deferred
