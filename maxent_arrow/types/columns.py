@@ -81,12 +81,6 @@ def make_batch(
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
-def batch_meta(cls_name: str, scalars: dict) -> dict[bytes, bytes]:
-    """The schema metadata :func:`make_batch` writes, for a batch built elsewhere."""
-    meta = {"class": cls_name, "schema_version": RECORD_VERSION, "scalars": scalars}
-    return {META_KEY: json.dumps(meta, allow_nan=True).encode()}
-
-
 def read_batch(cls_name: str, data: Any) -> tuple[pa.RecordBatch, dict[str, Any]]:
     """One record batch (a table's chunks combined) and its scalars, checked for the class."""
     owner = f"{cls_name}.from_arrow"

@@ -35,10 +35,12 @@ from maxent_arrow.types.records import BoundLayout, same_groups
 __all__ = ["RewardsLayout", "rewards_batch"]
 
 _FLOAT_LIST = is_list_of(is_float)
-
-
 _PAIR_COLUMNS = ("prompts", "prompt_messages", "completions", "completion_messages")
 _SCALARS = ("entropy_bonus_scale", "seed_alpha_effective", "seed_max_possible_entropy")
+_SEED_COLUMNS = {
+    "seed_semantic_entropies": "seed_semantic_entropy",
+    "seed_advantage_scales": "seed_advantage_scale",
+}
 
 
 class RewardsLayout(BoundLayout):
@@ -120,8 +122,8 @@ class RewardsLayout(BoundLayout):
                 return peek(peek(obj, "pairs"), "metadata")
             info = column("completion_metadata")
             return None if info is None else F.decode_info(info.flatten())
-        if name in ("seed_semantic_entropies", "seed_advantage_scales"):
-            array = column(name.removesuffix("s").replace("entropie", "entropy"))
+        if name in _SEED_COLUMNS:
+            array = column(_SEED_COLUMNS[name])
             return None if array is None else array.to_pylist()
         return meta.get(name)
 
@@ -180,9 +182,7 @@ class RewardsLayout(BoundLayout):
             pairs["completions"] = own["completion"]
             pairs["completion_messages"] = own["completion_messages"]
             pairs_meta = own["metadata"]
-        flat["total_utils"] = self._flat_field(
-            obj, "total_utils", "total_utils", lambda f, v: F.float_array(f, v)
-        )
+        flat["total_utils"] = self._flat_field(obj, "total_utils", "total_utils", F.float_array)
         flat["ref_meta"] = self._flat_field(obj, "ref_logprob_meta", "ref_meta", F.json_array)
         shared, completion_meta = self._completion_meta(obj, source)
         rewards, keys = self._rewards(obj, source)
@@ -204,10 +204,7 @@ class RewardsLayout(BoundLayout):
         same_groups(name, "advantage.grouped", advantages, {"q_distribution.grouped": q})
         groups = len(advantages)
         seeds = {}
-        for field, column in (
-            ("seed_semantic_entropies", "seed_semantic_entropy"),
-            ("seed_advantage_scales", "seed_advantage_scale"),
-        ):
+        for field, column in _SEED_COLUMNS.items():
             if lazy(obj, field) is not None:
                 seeds[column] = source.column(column)
             else:

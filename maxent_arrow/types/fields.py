@@ -33,6 +33,9 @@ from maxent_arrow.errors import LayoutError, SchemaError
 __all__ = [
     "INFO_FIELDS",
     "INFO_TYPE",
+    "Where",
+    "arrow_groups",
+    "assistant_text",
     "float_array",
     "int_array",
     "str_array",
