@@ -350,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes, a smoke run")
     parser.add_argument("--repeats", type=int, default=None)
     args = parser.parse_args(argv)
-    repeats = args.repeats or (2 if args.quick else 7)
+    repeats = args.repeats or (2 if args.quick else 9)
     groups, k = (32, 4) if args.quick else (512, 16)
     sizes = [10**3, 10**4] if args.quick else [10**3, 10**4, 10**5, 10**6]
     print(f"pyarrow {pa.__version__}; {groups} prompts x {k} completions, {TOKENS} token ids each")
