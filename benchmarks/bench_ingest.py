@@ -102,8 +102,8 @@ def floor_fns(sb):
     the ratio, the reused-buffer copy is printed beside it.
     """
     ids, mask = sb.completion_ids, sb.completion_attention_mask
-    pids = np.asarray(sb.prompt_entries.ids.flatten().to_numpy(zero_copy_only=False))
-    pmask = np.asarray(sb.prompt_entries.masks.flatten().to_numpy(zero_copy_only=False))
+    pids = np.asarray(sb.column("prompt_ids").flatten().to_numpy(zero_copy_only=False))
+    pmask = np.asarray(sb.column("prompt_attention_mask").flatten().to_numpy(zero_copy_only=False))
     dst = [torch.empty_like(ids), torch.empty_like(mask), np.empty_like(pids), np.empty_like(pmask)]
 
     def reuse():
@@ -134,8 +134,8 @@ def output_bytes(sb) -> int:
     return (
         ids.numel() * ids.element_size()
         + mask.numel() * mask.element_size()
-        + sb.prompt_entries.ids.flatten().nbytes
-        + sb.prompt_entries.masks.flatten().nbytes
+        + sb.column("prompt_ids").flatten().nbytes
+        + sb.column("prompt_attention_mask").flatten().nbytes
     )
 
 

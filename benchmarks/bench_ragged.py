@@ -1,9 +1,10 @@
 """Benchmark: Arrow columns to torch, and Arrow token columns to padded ids + mask.
 
-(a) Column -> torch, N = 10^3 .. 10^7 float64 samples. Ours: the record field's view
-    (``ArrowSequence.to_torch()``, DLPack over the Arrow buffer). Baseline: what the seed does
-    with its Python lists, ``torch.tensor(python_list)``. Floor: a memcpy of the N * 8 bytes.
-    Ours must stay flat as N grows (it copies nothing); both are printed per N.
+(a) Column -> torch, N = 10^3 .. 10^7 float64 samples. Ours: a record's column as a tensor
+    (``record.tensor(name)``: ``arrow_to_torch``, DLPack over the Arrow buffer). Baseline:
+    what the seed does with its Python lists, ``torch.tensor(python_list)``. Floor: a memcpy
+    of the N * 8 bytes. Ours must stay flat as N grows (it copies nothing); both are printed
+    per N.
 
 (b) Arrow ``list<int32>`` token column -> right-padded int64 ids + bool mask, for
     4096 rows x 128..512 tokens and 256 rows x 750..3000 tokens (uniform lengths).
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import sys
 import time
 from collections.abc import Callable
@@ -41,7 +43,7 @@ from torch.nn.utils.rnn import pad_sequence
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from maxent_arrow import Ragged  # noqa: E402
-from maxent_arrow.arrow import ArrowSequence  # noqa: E402
+from maxent_arrow.arrow import arrow_to_torch  # noqa: E402
 
 TARGET_VS_BASELINE = 30.0
 TARGET_VS_FLOOR = 3.0
@@ -89,16 +91,16 @@ def column_to_torch(sizes: list[int], repeats: int) -> bool:
     ours_times = []
     for n in sizes:
         column = pa.array(rng.normal(size=n))
-        view = ArrowSequence(column)
+        view = functools.partial(arrow_to_torch, column)
         python_list = column.to_pylist()  # what the seed holds
-        tensor = view.to_torch()
+        tensor = view()
         assert tensor.data_ptr() == column.buffers()[1].address, "not zero-copy"
         assert torch.equal(tensor, torch.tensor(python_list, dtype=torch.float64))
         reps = repeats if n <= 10**6 else max(2, repeats // 4)
         # Ours is timed in its own loop: right after the baseline, which walks N Python
         # floats and evicts the caches, its first touches of torch's and pyarrow's code cost
         # ~60 us whatever N is, which would hide that the call itself does no O(N) work.
-        t = best_of({"ours": view.to_torch}, max(repeats, 20))
+        t = best_of({"ours": view}, max(repeats, 20))
         t |= best_of(
             {
                 "baseline": lambda lst=python_list: torch.tensor(lst, dtype=torch.float64),

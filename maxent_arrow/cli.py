@@ -416,21 +416,41 @@ def _run(argv: list[str]) -> int:
                 return args.func(args)
             finally:
                 _warn(args.command, caught)
-    except (_UsageError, QueryError) as exc:
-        _error(args.command, str(exc))
-        return EXIT_USAGE
-    except MissingExtraError as exc:
-        _error(args.command, str(exc))
-        return EXIT_MISSING_EXTRA
     except KeyboardInterrupt:
         _error(args.command, "interrupted")
         return EXIT_INTERRUPTED
-    except (MaxentArrowError, OSError, ValueError) as exc:
-        _error(args.command, str(exc))
+    except Exception as exc:
+        return _exit_code(args.command, exc)
+
+
+def _exit_code(command: str, exc: Exception) -> int:
+    """Report ``exc`` as one line; its exit code."""
+    if _interrupted(exc):  # Ctrl-C that a library turned into its own error (e.g. mid-import)
+        _error(command, "interrupted")
+        return EXIT_INTERRUPTED
+    try:
+        raise exc
+    except (_UsageError, QueryError):
+        _error(command, str(exc))
+        return EXIT_USAGE
+    except MissingExtraError:
+        _error(command, str(exc))
+        return EXIT_MISSING_EXTRA
+    except (MaxentArrowError, OSError, ValueError):
+        _error(command, str(exc))
         return EXIT_DATA
-    except Exception as exc:  # a bug: still one line (the traceback with MAXENT_ARROW_DEBUG=1)
-        _error(args.command, f"unexpected {type(exc).__name__}: {exc} (please report)")
+    except Exception:  # a bug: still one line (the traceback with MAXENT_ARROW_DEBUG=1)
+        _error(command, f"unexpected {type(exc).__name__}: {exc} (please report)")
         return EXIT_INTERNAL
+
+
+def _interrupted(exc: BaseException | None) -> bool:
+    seen = 0
+    while exc is not None and seen < 16:
+        if isinstance(exc, KeyboardInterrupt):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
 
 
 if __name__ == "__main__":  # pragma: no cover

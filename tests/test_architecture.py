@@ -188,11 +188,7 @@ def test_the_private_name_check_finds_each_form(tmp_path, monkeypatch):
 # types/ is being rewritten; their private imports are listed in the
 # xfail reasons so that the rewrite knows what to remove (and strict, so that it removes these
 # marks once it has).
-_PRIVATE_NAME_DEBT = {
-    "types": "types/rewards.py imports _ensure_prompt_entries, _float_vector, _GroupedPair, "
-    "_ids_matrix, _matrix, _opt, _opt_float, _Record, _TensorRecord, _typed, _vector from "
-    "types/base.py",
-}
+_PRIVATE_NAME_DEBT = {}
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,6 @@
 - :mod:`~maxent_arrow.arrow.lists`: offsets and regrouping of Arrow list arrays (no torch).
 - :mod:`~maxent_arrow.arrow.ragged`: :class:`Ragged`, values + int64 offsets in torch, viewed
   from Arrow without copying, padded or packed in one vectorised pass.
-- :mod:`~maxent_arrow.arrow.sequences`: read-only Python sequences over Arrow arrays.
 
 Names load on first use (:mod:`maxent_arrow.lazy`), so importing this package imports no torch.
 """
@@ -18,12 +17,5 @@ __all__, __getattr__, __dir__ = lazy.exports(
         ".lists": ["first_null", "list_offsets", "regroup", "single_array"],
         ".identity": ["completion_index", "default_group_ids", "identity_columns"],
         ".ragged": ["Ragged", "arrow_to_torch", "torch_to_arrow"],
-        ".sequences": [
-            "INFO_FIELDS",
-            "ArrowSequence",
-            "GroupedSequence",
-            "InfoSequence",
-            "JsonSequence",
-        ],
     },
 )

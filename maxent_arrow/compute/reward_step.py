@@ -23,20 +23,14 @@ import pyarrow.json as pj
 import torch
 
 from maxent_arrow import compute as C
-from maxent_arrow.arrow import (
-    GroupedSequence,
-    InfoSequence,
-    JsonSequence,
-    Ragged,
-    arrow_to_torch,
-    torch_to_arrow,
-)
+from maxent_arrow.arrow import Ragged, arrow_to_torch, list_offsets, torch_to_arrow
 from maxent_arrow.compute.seed_grpo import SeedGrpoSettings, seed_grpo_statistics
 from maxent_arrow.errors import ComputeError, SchemaError
+from maxent_arrow.types.computation import rewards_batch
+from maxent_arrow.types.records import sample_messages
 from maxent_arrow.types.rewards import (
     AdvantageStats,
     GenerationBatch,
-    PromptCompletionBatch,
     QDistribution,
     RewardComputation,
 )
@@ -49,8 +43,9 @@ _SUM_KEYS = ("logprob_sum", "cumulative_logprob", "logprob")
 _COUNT_KEYS = ("token_count", "num_tokens")
 
 
-def _offsets(grouped: GroupedSequence) -> torch.Tensor:
-    return torch.from_numpy(np.ascontiguousarray(grouped.offsets, dtype=np.int64))
+def _column(batch: pa.RecordBatch, name: str) -> pa.Array | None:
+    index = batch.schema.get_field_index(name)
+    return None if index < 0 else batch.column(index)
 
 
 def _grouped_arrow(ragged: Ragged) -> pa.Array:
@@ -92,11 +87,12 @@ def _call_reward(j: int, fn: Any, completions: list[str], answers: list[str]) ->
     return array
 
 
-def _truncated(info: GroupedSequence | None, max_completion_len: int | None) -> pa.Array | None:
-    """``truncated | finish_reason == "length" | token_count >= max_completion_len`` per sample."""
+def _truncated(info: pa.Array | None, max_completion_len: int | None) -> pa.Array | None:
+    """``truncated | finish_reason == "length" | token_count >= max_completion_len`` per sample
+    (``info``: the ``completion_info`` column, one list of structs per group)."""
     if info is None:
         return None
-    flat = info.arrow.flatten()
+    flat = info.flatten()
     if not isinstance(flat, pa.StructArray):
         return None
     # The info column may be a slice of a larger batch; struct_field honours its offset.
@@ -113,15 +109,21 @@ def _truncated(info: GroupedSequence | None, max_completion_len: int | None) -> 
 def behavior_logprobs_from_meta(meta: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """Behaviour (generation) log-prob sums and token counts from the JSON metadata.
 
-    One Arrow JSON parse of all entries (no per-sample ``json.loads``). The sum is the first
-    of ``logprob_sum``, ``cumulative_logprob``, ``logprob``, else the sum of
-    ``token_logprobs``; the count ``token_count``, ``num_tokens``, else the length of
-    ``token_logprobs``. Missing values are NaN. Returns float64 ``[N]`` tensors.
+    ``meta``: JSON texts, flat ``[N]`` or grouped (a ``list<string>`` array such as the
+    ``ref_meta`` column), or a ``GenerationBatch`` (its ``grouped_ref_meta``). One Arrow JSON
+    parse of all entries (no per-sample ``json.loads``). The sum is the first of
+    ``logprob_sum``, ``cumulative_logprob``, ``logprob``, else the sum of ``token_logprobs``;
+    the count ``token_count``, ``num_tokens``, else the length of ``token_logprobs``. Missing
+    values are NaN. Returns float64 ``[N]`` tensors.
     """
-    if isinstance(meta, GroupedSequence):
-        meta = meta.arrow.flatten()
-    elif isinstance(meta, JsonSequence):
-        meta = meta.arrow
+    if isinstance(meta, GenerationBatch):
+        meta = meta.column("ref_meta")
+    if isinstance(meta, pa.ChunkedArray):
+        meta = meta.combine_chunks()
+    if isinstance(meta, pa.Array) and (
+        pa.types.is_list(meta.type) or pa.types.is_large_list(meta.type)
+    ):
+        meta = meta.flatten()
     if not isinstance(meta, pa.Array) or not pa.types.is_string(meta.type):
         raise SchemaError("behavior_logprobs_from_meta: expected JSON metadata text")
     n = len(meta)
@@ -211,11 +213,13 @@ def compute_rewards(
         Where the group math runs (default CPU); the record's lists are Arrow on the host.
     """
     gb = generation_batch
-    grouped = gb.grouped_completions
+    gen = gb.to_arrow()  # checked here; the record's own batch when it came from Arrow
+    grouped = gen.column("completions")
     if len(grouped) == 0:
         raise ComputeError("compute_rewards: generation_batch: expected at least one group, got 0")
-    offsets = _offsets(grouped)
-    sizes = np.diff(grouped.offsets)
+    group_offsets = list_offsets(grouped)
+    offsets = torch.from_numpy(group_offsets)
+    sizes = np.diff(group_offsets)
     if (sizes == 0).any():
         g = int(np.flatnonzero(sizes == 0)[0])
         raise ComputeError(
@@ -237,17 +241,22 @@ def compute_rewards(
             f"{names!r}"
         )
     device = torch.device(device) if device is not None else torch.device("cpu")
-    completions_arrow = grouped.arrow.flatten()
-    group_of_sample = pa.array(np.repeat(np.arange(len(grouped), dtype=np.int64), sizes))
-    answers_arrow = gb.answers.arrow.take(group_of_sample)
-    completions, answers = completions_arrow.to_pylist(), answers_arrow.to_pylist()
+    completions_arrow = grouped.flatten()
+    group_of_sample = pa.array(np.repeat(np.arange(len(grouped), dtype=np.int32), sizes))
+    messages = sample_messages(_column(gen, "completion_messages"), group_offsets)
+    if messages is None:
+        completions = completions_arrow.to_pylist()
+    else:  # chat completions reach the reward functions as message lists, as in the seed
+        completions = [c for group in gb.grouped_completions for c in group]
+    answers = gen.column("answer").take(group_of_sample).to_pylist()
     raw = {
         name: torch.from_numpy(_call_reward(j, fn, completions, answers))
         for j, (name, fn) in enumerate(zip(names, reward_funcs))
     }
+    info = _column(gen, "completion_info")
     truncated = None
     if zero_truncated_completion_rewards:
-        flags = _truncated(gb.grouped_completion_info, max_completion_len)
+        flags = _truncated(info, max_completion_len)
         if flags is not None:
             truncated = torch.from_numpy(np.asarray(flags.to_numpy(zero_copy_only=False)))
     offsets_dev = offsets.to(device)
@@ -257,14 +266,15 @@ def compute_rewards(
         truncated=None if truncated is None else truncated.to(device),
         offsets=offsets_dev,
     )
+    ref_meta = _column(gen, "ref_meta")
     seed = None
     if seed_grpo is not None:
-        if gb.grouped_ref_meta is None:
+        if ref_meta is None:
             raise ComputeError(
                 "compute_rewards: seed_grpo needs generation_batch.grouped_ref_meta (log-prob "
                 "sums and token counts), got None"
             )
-        lp, count = behavior_logprobs_from_meta(gb.grouped_ref_meta)
+        lp, count = behavior_logprobs_from_meta(ref_meta)
         seed = seed_grpo_statistics(
             completions_arrow,
             lp.to(device),
@@ -272,74 +282,95 @@ def compute_rewards(
             offsets=offsets_dev,
             settings=seed_grpo,
         )
-    info = gb.grouped_completion_info
-    metadata = None if info is None else InfoSequence(info.arrow.flatten())
-    pairs = PromptCompletionBatch(
-        prompts=gb.prompts.arrow.take(group_of_sample),
-        completions=completions_arrow,
-        metadata=metadata,
-    )
+    prompt_messages = _column(gen, "prompt_messages")
+    pairs = {
+        # Each group's prompt for its samples: a dictionary over the group prompts (no copies).
+        "prompts": pa.DictionaryArray.from_arrays(group_of_sample, gen.column("prompt")),
+        "prompt_messages": None
+        if prompt_messages is None
+        else prompt_messages.take(group_of_sample),
+        "completions": completions_arrow,
+        "completion_messages": messages,
+        "pairs_metadata": None if info is None else info.flatten(),
+    }
     return _assemble(
         utils,
-        raw,
+        {k: torch_to_arrow(v) for k, v in raw.items()},
         pairs=pairs,
-        ref_meta=_flat_ref_meta(gb.grouped_ref_meta),
+        ref_meta=_flat_ref_meta(ref_meta),
         scale_rewards=scale_rewards,
         q_temperature=q_temperature,
         q_epsilon=q_epsilon,
         seed_scales=None if seed is None else seed.scales,
-        extra={
-            "seed_semantic_entropies": None if seed is None else seed.semantic_entropy.cpu(),
-            "seed_advantage_scales": None if seed is None else seed.scales.cpu(),
-            "seed_alpha_effective": None if seed is None else seed.alpha_effective,
-            "seed_max_possible_entropy": None if seed is None else seed.max_possible_entropy,
+        seed=None
+        if seed is None
+        else {
+            "seed_semantic_entropy": torch_to_arrow(seed.semantic_entropy.cpu()),
+            "seed_advantage_scale": torch_to_arrow(seed.scales.cpu()),
+            "seed_alpha_effective": seed.alpha_effective,
+            "seed_max_possible_entropy": seed.max_possible_entropy,
         },
     )
 
 
-def _flat_ref_meta(grouped: GroupedSequence | None) -> JsonSequence | None:
+def _flat_ref_meta(grouped: pa.Array | None) -> pa.Array | None:
     if grouped is None:
         return None
-    flat = grouped.arrow.flatten()
+    flat = grouped.flatten()
     # The seed sets ref_logprob_meta to None when no entry carries a payload.
     if flat.null_count == len(flat) or pc.all(pc.equal(flat, "null")).as_py():
         return None
-    return JsonSequence(flat)
+    return flat
 
 
-def _assemble(
+def _advantages_and_q(
     utils: Ragged,
-    per_reward: dict[str, Any],
     *,
-    pairs: PromptCompletionBatch,
-    ref_meta: JsonSequence | None,
     scale_rewards: bool,
     q_temperature: float,
     q_epsilon: float,
     seed_scales: torch.Tensor | None,
-    extra: dict[str, Any],
-) -> RewardComputation:
+):
     moments = C.reward_moments(utils)
     adv = C.group_advantages(utils, scale_rewards=scale_rewards)
     if seed_scales is not None:
         adv = C.apply_group_scales(adv, seed_scales)
     q = C.q_distribution(utils, temperature=q_temperature, epsilon=q_epsilon)
-    adv_arrow, q_arrow = _grouped_arrow(adv), _grouped_arrow(q)
-    return RewardComputation(
-        total_utils=torch_to_arrow(utils.values),
-        per_reward_values={k: _column(v) for k, v in per_reward.items()},
-        advantage=AdvantageStats(grouped=adv_arrow, samples=adv_arrow.flatten()),
-        pairs=pairs,
-        q_distribution=QDistribution(grouped=q_arrow, samples=q_arrow.flatten()),
-        moments=moments,
-        ref_logprob_meta=ref_meta,
-        completion_metadata=pairs.metadata,
-        **extra,
+    return moments, _grouped_arrow(adv), _grouped_arrow(q)
+
+
+def _assemble(
+    utils: Ragged,
+    per_reward: dict[str, pa.Array],
+    *,
+    pairs: dict[str, pa.Array | None],
+    ref_meta: pa.Array | None,
+    scale_rewards: bool,
+    q_temperature: float,
+    q_epsilon: float,
+    seed_scales: torch.Tensor | None,
+    seed: dict[str, Any] | None,
+) -> RewardComputation:
+    """The ``RewardComputation``, Arrow-born: its lists are made only when read."""
+    moments, adv_arrow, q_arrow = _advantages_and_q(
+        utils,
+        scale_rewards=scale_rewards,
+        q_temperature=q_temperature,
+        q_epsilon=q_epsilon,
+        seed_scales=seed_scales,
     )
-
-
-def _column(value: Any) -> pa.Array:
-    return torch_to_arrow(value) if isinstance(value, torch.Tensor) else value
+    batch = rewards_batch(
+        advantages=adv_arrow,
+        q=q_arrow,
+        total_utils=torch_to_arrow(utils.values),
+        rewards=per_reward,
+        ref_meta=ref_meta,
+        completion_metadata_is_pairs_metadata=pairs["pairs_metadata"] is not None,
+        moments=(moments.mean, moments.std),
+        **pairs,
+        **(seed or {}),
+    )
+    return RewardComputation.from_arrow(batch)
 
 
 def apply_entropy_bonus(
@@ -362,31 +393,34 @@ def apply_entropy_bonus(
     rc = reward_computation
     if coef == 0:
         return rc
-    grouped = rc.advantage.grouped
-    offsets = _offsets(grouped)
-    utils = Ragged(rc.total_utils.to_torch(), offsets, validate=False)
+    batch = rc.to_arrow()  # checked; the record's own batch while it is untouched
+    offsets = torch.from_numpy(list_offsets(batch.column("advantages")))
+    total = batch.column("total_utils").flatten()
+    utils = Ragged(arrow_to_torch(total).to(torch.float64), offsets, validate=False)
     bonus = C.entropy_bonus(
         utils, policy_entropy_sum, token_counts, coef=coef, reward_std=rc.moments.std
     )
-    per_reward = {k: v.arrow for k, v in rc.per_reward_values.items()}
-    per_reward["policy_entropy_group_zscore"] = bonus.zscore.values.cpu()
-    per_reward["policy_entropy_per_token"] = bonus.per_token.values.cpu()
-    per_reward["entropy_bonus"] = bonus.bonus.values.cpu()
-    scales = rc.seed_advantage_scales
-    out = _assemble(
-        Ragged(bonus.utils.values.cpu(), offsets, validate=False),
-        per_reward,
-        pairs=rc.pairs,
-        ref_meta=rc.ref_logprob_meta,
+    scales = _column(batch, "seed_advantage_scale")
+    new_utils = Ragged(bonus.utils.values.cpu(), offsets, validate=False)
+    moments, adv_arrow, q_arrow = _advantages_and_q(
+        new_utils,
         scale_rewards=scale_rewards,
         q_temperature=q_temperature,
         q_epsilon=q_epsilon,
-        seed_scales=None if scales is None else scales.to_torch(),
-        extra={
-            f.name: getattr(rc, f.name)
-            for f in dataclasses.fields(rc)
-            if f.name.startswith("seed_")
-        },
+        seed_scales=None if scales is None else arrow_to_torch(scales),
     )
-    out.entropy_bonus_scale = bonus.scale
-    return out
+    per_reward = dict(rc.per_reward_values)
+    per_reward["policy_entropy_group_zscore"] = bonus.zscore.values.cpu().tolist()
+    per_reward["policy_entropy_per_token"] = bonus.per_token.values.cpu().tolist()
+    per_reward["entropy_bonus"] = bonus.bonus.values.cpu().tolist()
+    # Pairs, metadata and the SEED fields are carried over as they are (still in Arrow when
+    # they were never read: `replace` does not read the fields it keeps).
+    return dataclasses.replace(
+        rc,
+        total_utils=new_utils.values.tolist(),
+        per_reward_values=per_reward,
+        advantage=AdvantageStats.from_arrow(pa.record_batch({"advantages": adv_arrow})),
+        q_distribution=QDistribution.from_arrow(pa.record_batch({"q": q_arrow})),
+        moments=moments,
+        entropy_bonus_scale=bonus.scale,
+    )

@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from maxent_arrow.arrow import ArrowSequence, GroupedSequence, Ragged
+from maxent_arrow.arrow import Ragged
 from maxent_arrow.compute.segments import Segments, work_dtype
 from maxent_arrow.errors import ComputeError, SchemaError
 
@@ -69,11 +69,7 @@ class SeedGrpoStats:
 
 
 def _strings(value: Any, where: str) -> pa.Array:
-    if isinstance(value, GroupedSequence):
-        value = value.arrow.flatten()
-    elif isinstance(value, ArrowSequence):
-        value = value.arrow
-    elif isinstance(value, pa.ChunkedArray):
+    if isinstance(value, pa.ChunkedArray):
         value = value.combine_chunks()
     elif isinstance(value, Sequence) and not isinstance(value, str | bytes):
         value = pa.array(value, type=pa.string())

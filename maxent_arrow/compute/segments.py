@@ -34,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from maxent_arrow.arrow import ArrowSequence, GroupedSequence, Ragged
+from maxent_arrow.arrow import Ragged, arrow_to_torch
 from maxent_arrow.errors import ComputeError, LayoutError, SchemaError
 
 __all__ = [
@@ -455,15 +455,15 @@ def shift_(z: torch.Tensor, seg: Segments, mode: str, top: float) -> None:
 def as_ragged(value: Any, where: str) -> Ragged:
     """Normalise grouped input to a ``Ragged`` of 1-D values (views, no copies).
 
-    Accepts a ``Ragged``, a :class:`~maxent_arrow.arrow.GroupedSequence` (the ``grouped``
-    field of the seed classes) or an Arrow list array.
+    Accepts a ``Ragged``, an Arrow list array (``record.column("grouped")``), or a list of
+    per-group lists (the ``grouped`` field of the seed classes; converted once).
     """
     if isinstance(value, Ragged):
         ragged = value
-    elif isinstance(value, GroupedSequence):
-        ragged = value.to_ragged()
     elif isinstance(value, pa.Array | pa.ChunkedArray):
         ragged = Ragged.from_arrow(value)
+    elif _is_nested_list(value):
+        ragged = Ragged.from_lists([list(group) for group in value], dtype=torch.float64)
     else:
         raise SchemaError(
             f"{where}: expected a Ragged (or an Arrow list array), got {type(value).__name__}"
@@ -473,6 +473,12 @@ def as_ragged(value: Any, where: str) -> Ragged:
     if not (ragged.values.is_floating_point() or _is_integer(ragged.values)):
         raise SchemaError(f"{where}: expected numeric values, got dtype {ragged.values.dtype}")
     return ragged
+
+
+def _is_nested_list(value: Any) -> bool:
+    return isinstance(value, list | tuple) and all(
+        isinstance(group, list | tuple | np.ndarray) for group in value
+    )
 
 
 def _is_integer(tensor: torch.Tensor) -> bool:
@@ -502,7 +508,7 @@ def as_sample_vector(
     A ``Ragged`` must have the same group sizes as ``segments`` (the first differing group is
     named); other inputs must have ``n`` values.
     """
-    if isinstance(value, GroupedSequence | pa.ListArray | pa.LargeListArray):
+    if isinstance(value, pa.ListArray | pa.LargeListArray):
         value = as_ragged(value, where)
     if isinstance(value, Ragged):
         if segments is not None:
@@ -510,8 +516,8 @@ def as_sample_vector(
             if other.shape != segments.offsets.shape or not torch.equal(other, segments.offsets):
                 _raise_group_mismatch(other, segments, where)
         value = value.values
-    elif isinstance(value, ArrowSequence):
-        value = value.to_torch()
+    elif isinstance(value, pa.Array | pa.ChunkedArray):
+        value = arrow_to_torch(value, field=where)
     elif isinstance(value, np.ndarray | list | tuple):
         value = torch.as_tensor(np.asarray(value, dtype=np.float64))
     elif not isinstance(value, torch.Tensor):
@@ -579,12 +585,12 @@ def check_out(
 def flat_values(value: Any, where: str) -> torch.Tensor:
     """Non-empty 1-D per-sample values in the working dtype, from any grouped or flat input
     (the group structure, if any, is dropped)."""
-    if isinstance(value, GroupedSequence | pa.ListArray | pa.LargeListArray):
+    if isinstance(value, pa.ListArray | pa.LargeListArray):
         value = as_ragged(value, where)
     if isinstance(value, Ragged):
         value = value.values
-    elif isinstance(value, ArrowSequence):
-        value = value.to_torch()
+    elif isinstance(value, pa.Array | pa.ChunkedArray):
+        value = arrow_to_torch(value, field=where)
     elif not isinstance(value, torch.Tensor):
         try:
             value = torch.as_tensor(np.asarray(value, dtype=np.float64))

@@ -166,7 +166,7 @@ class GroupCollator:
         """``[prompt | completion]`` model inputs in numpy index arithmetic, a handful of
         passes over the tokens (the loader's hot path; ``packing.sequence_layout`` gives the
         same tensors through a pad/unpad round trip that costs several times more)."""
-        prompts = score.prompt_entries.ids
+        prompts = score.column("prompt_ids")
         p_off = list_offsets(prompts)
         p_vals = np.asarray(prompts.flatten().to_numpy(zero_copy_only=False))
         c_off = list_offsets(samples)

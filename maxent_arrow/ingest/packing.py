@@ -133,10 +133,9 @@ def _completion_ragged(ids: torch.Tensor, mask: torch.Tensor) -> Ragged:
 
 
 def _prompt_ragged(score_batch, device: torch.device) -> Ragged:
-    entries = score_batch.prompt_entries
     limit = max(1, int(score_batch.max_prompt_len))  # the seed clamps to >= 1
-    ids = Ragged.from_arrow(entries.ids)
-    masks = Ragged.from_arrow(entries.masks)
+    ids = score_batch.ragged("prompt_ids")
+    masks = score_batch.ragged("prompt_attention_mask")
     keep = ids.positions() < limit  # head truncation: the first max_prompt_len tokens
     if masks.num_values == ids.num_values:
         keep &= masks.values != 0  # tokens the prompt's own mask drops do not exist

@@ -23,7 +23,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from maxent_arrow.arrow import ArrowSequence
 from maxent_arrow.errors import LayoutError, SchemaError, StoreError
 from maxent_arrow.types import PromptCacheEntry
 
@@ -106,10 +105,9 @@ class PromptCache:
         return self._table.column("input_ids").take(index).combine_chunks()
 
     def get(self, prompt: str):
-        """The seed's ``prompt_cache_get``: one prompt as a ``PromptCacheEntry``."""
-        ids = self.lookup([prompt])[0].values
-        ones = pa.array(np.ones(len(ids), dtype=np.int8))
-        return PromptCacheEntry(ArrowSequence(ids), ArrowSequence(ones))
+        """The seed's ``prompt_cache_get``: one prompt as a ``PromptCacheEntry`` (plain lists)."""
+        ids = self.lookup([prompt])[0].values.to_pylist()
+        return PromptCacheEntry(ids, [1] * len(ids))
 
     __call__ = get
 
@@ -246,8 +244,6 @@ def _as_strings(prompts: Any) -> pa.Array:
         if not (pa.types.is_string(prompts.type) or pa.types.is_large_string(prompts.type)):
             raise SchemaError(f"PromptCache: expected a string array, got {prompts.type}")
         return prompts.cast(pa.string())
-    if hasattr(prompts, "arrow"):  # ArrowSequence views of the seed classes
-        return _as_strings(prompts.arrow)
     if isinstance(prompts, str) or not isinstance(prompts, Sequence):
         raise SchemaError(f"PromptCache: expected a list of prompt strings, got {type(prompts)}")
     for i, text in enumerate(prompts):

@@ -30,7 +30,6 @@ import torch
 from maxent_arrow.arrow import Ragged, list_offsets
 from maxent_arrow.errors import LayoutError, SchemaError
 from maxent_arrow.ingest.prompt_cache import PromptCache
-from maxent_arrow.types.base import PromptEntries
 from maxent_arrow.types.rewards import GenerationBatch, ScoreBatch
 
 __all__ = ["build_score_batch", "resolve_pad_token_id", "resolve_device", "ragged_to_device"]
@@ -134,13 +133,14 @@ def _completion_lists(completion_ids: pa.Array) -> tuple[pa.Array, np.ndarray]:
 
 
 def _from_generation(gen: GenerationBatch, tokenizer: Any):
-    info = gen.grouped_completion_info
-    offsets = np.asarray(gen.grouped_completions.offsets, dtype=np.int64)
+    batch = gen.to_arrow()  # checked; the record's own batch when it came from Arrow
+    completions = batch.column("completions")
+    offsets = list_offsets(completions)
     n = int(offsets[-1])
-    texts = gen.grouped_completions.arrow.flatten()
+    texts = completions.flatten()
     ids = None
-    if info is not None:
-        structs = info.arrow.flatten()
+    if "completion_info" in batch.schema.names:
+        structs = batch.column("completion_info").flatten()
         ids = pc.struct_field(structs, "token_ids") if len(structs) else pa.nulls(0, _IDS)
         ids = ids.cast(_IDS)
     if ids is None:
@@ -162,7 +162,7 @@ def _from_generation(gen: GenerationBatch, tokenizer: Any):
         index = np.arange(n, dtype=np.int64)
         index[missing] = n + np.arange(len(missing))
         ids = pa.concat_arrays([ids, filled]).take(pa.array(index))
-    return gen.prompts.arrow, None, ids, offsets
+    return batch.column("prompt"), None, ids, offsets
 
 
 # ---------------------------------------------------------------------------- prompts
@@ -208,8 +208,9 @@ def _prompt_ids(
 
 def _sample_prompts(
     prompt_ids: pa.Array, group_offsets: np.ndarray, max_prompt_len: int
-) -> PromptEntries:
-    """Each group's prompt repeated for its samples, head-truncated: two list arrays."""
+) -> pa.RecordBatch:
+    """Each group's prompt repeated for its samples, head-truncated: the ``prompt_ids`` and
+    ``prompt_attention_mask`` columns of the ``ScoreBatch`` layout (its prompt entries)."""
     values = np.asarray(prompt_ids.flatten().cast(pa.int32()).to_numpy(zero_copy_only=False))
     offsets = list_offsets(prompt_ids)
     glen = np.minimum(np.diff(offsets), max_prompt_len)
@@ -224,11 +225,9 @@ def _sample_prompts(
     sample_values = values[gather]
     arrow_offsets = pa.array(soff.astype(np.int32 if total < 2**31 else np.int64))
     make = pa.ListArray if total < 2**31 else pa.LargeListArray
-    # Plain list types (nullable items), as PromptEntries built from seed objects have, so
-    # the two compare equal.
     ids = make.from_arrays(arrow_offsets, pa.array(sample_values, pa.int32()))
     masks = make.from_arrays(arrow_offsets, pa.array(np.ones(total, dtype=np.int8)))
-    return PromptEntries(ids, masks)
+    return pa.RecordBatch.from_arrays([ids, masks], names=["prompt_ids", "prompt_attention_mask"])
 
 
 # ---------------------------------------------------------------------------- completions
@@ -348,8 +347,9 @@ def build_score_batch(
     width = longest if max_completion_len is None else min(longest, int(max_completion_len))
     ids, _ = ragged.to_padded(pad_token_id, max_len=width, dtype=torch.int64)
     mask = _prefix_mask(lengths.clamp(max=width), width)
-    return ScoreBatch(
-        prompt_entries=entries,
+    # The prompt entries stay in Arrow (``score_batch.column("prompt_ids")``) until read.
+    return ScoreBatch.from_arrow(
+        entries,
         completion_ids=ids,
         completion_attention_mask=mask,
         pad_token_id=pad_token_id,

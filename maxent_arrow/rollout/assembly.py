@@ -13,7 +13,6 @@ packages, which are loaded by the time seed objects exist.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import json
 from collections.abc import Mapping
@@ -88,6 +87,8 @@ class GroupColumns:
         self.offsets = list_offsets(completions)
         self.num_samples = int(self.offsets[-1]) if len(self.offsets) else 0
         self.meta: dict[str, Any] = {"dtypes": {}, "widths": {}}
+        # Step-row scalars of the parts, as their checked Arrow forms hold them.
+        self.scalars: dict[str, Any] = {}
         p = self.num_groups
         self.columns: dict[str, pa.Array | None] = {
             "step": pa.array(np.full(p, step, dtype=np.int64)),
@@ -167,8 +168,8 @@ class GroupColumns:
         """Utilities, per-function raw rewards, advantages, q and the SEED-GRPO group
         columns."""
         offsets = self.offsets
-        _check_offsets("rewards.advantage.grouped", rewards.advantage.grouped.offsets, offsets)
-        rc = rewards.to_arrow()
+        rc = rewards.to_arrow()  # checked; the record's own batch when it came from Arrow
+        _check_offsets("rewards.advantage.grouped", list_offsets(rc.column("advantages")), offsets)
         _check_offsets("rewards.q_distribution.grouped", list_offsets(rc.column("q")), offsets)
         for name in (
             "total_utils",
@@ -178,36 +179,44 @@ class GroupColumns:
             "seed_advantage_scale",
         ):
             self.columns[name] = _column(rc, name)
-        names = list(rewards.per_reward_values or {})
+        per_reward = _column(rc, "rewards")
+        names = [] if per_reward is None else [f.name for f in per_reward.type]
         if names:
-            values = []
-            for name in names:
-                flat = _float_values(
-                    f"rewards.per_reward_values[{name!r}]", rewards.per_reward_values[name]
+            values = [
+                np.asarray(
+                    per_reward.field(j).flatten().to_numpy(zero_copy_only=False), dtype=np.float64
                 )
-                _check_rows(f"rewards.per_reward_values[{name!r}]", flat, self.num_samples)
-                values.append(np.asarray(flat.to_numpy(zero_copy_only=False), dtype=np.float64))
+                for j in range(len(names))
+            ]
             self.columns["reward_names"], self.columns["reward_values"] = reward_lists(
                 names, values, offsets
             )
+        self.scalars.update(
+            {
+                k: v
+                for k, v in T.record_scalars(rc).items()
+                if k in ("entropy_bonus_scale", "seed_alpha_effective", "seed_max_possible_entropy")
+            }
+        )
+        self.scalars["reward_mean"], self.scalars["reward_std"] = T.record_scalars(rc)["moments"]
 
     def add_weights(self, weights: Any) -> None:
         self.columns["weights"] = _grouped_floats("weights", weights, self.offsets)
 
     def add_reference(self, reference: Any) -> None:
         """Raw reference sums R_i, token counts T_i and per-token reference log-probs, with
-        the tensor dtypes and widths needed to give the seed object back as it was."""
+        the tensor dtypes, kinds and widths needed to give the seed object back as it was."""
         offsets, n, meta = self.offsets, self.num_samples, self.meta
-        rf = reference.to_arrow()
-        for name in ("ref_logp_sum", "ref_tok_counts", "ref_logp_sum_raw", "ref_token_logp"):
-            value = getattr(reference, name)
-            if value is not None:
-                meta["dtypes"][name] = _dtype_name(value)
-        if reference.ref_token_mask is not None:
-            meta["dtypes"]["ref_token_mask"] = _dtype_name(reference.ref_token_mask)
-        meta["has_ref_mask"] = reference.ref_token_mask is not None
-        if reference.ref_token_logp is not None:
-            meta["widths"]["ref_token_logp"] = int(reference.ref_token_logp.shape[1])
+        rf = reference.to_arrow()  # checked; the record's own batch when it came from Arrow
+        given = T.record_scalars(rf)
+        for name, dtype in given.get("dtypes", {}).items():
+            if dtype is not None:
+                meta["dtypes"][name] = dtype
+        if given.get("kinds"):
+            meta["kinds"] = dict(given["kinds"])
+        meta["has_ref_mask"] = bool(given.get("has_mask"))
+        if given.get("width") is not None:
+            meta["widths"]["ref_token_logp"] = int(given["width"])
         raw = rf.column("ref_logp_sum_raw")
         _check_rows("reference.ref_logp_sum_raw", raw, n)
         self.columns["ref_logp_sum_raw"] = regroup(raw.cast(pa.float64()), offsets)
@@ -217,6 +226,8 @@ class GroupColumns:
         self.columns["ref_token_logp"] = _per_token(
             "reference.ref_token_logp", _column(rf, "ref_token_logp"), offsets, pa.float32()
         )
+        self.scalars["ref_logp_mean"] = given.get("ref_logp_mean")
+        self.scalars["avg_completion_tokens"] = given.get("avg_completion_tokens")
 
     def add_scores(self, scores: Any) -> None:
         """Behaviour sums, entropy sums and per-token behaviour log-probs of the scorer."""
@@ -285,42 +296,28 @@ def step_values(
         "policy_version": policy_version,
         "config": config_json(config),
     }
-    rewards = parts.get("rewards")
-    if rewards is not None:
-        values.update(
-            reward_mean=rewards.moments.mean,
-            reward_std=rewards.moments.std,
-            entropy_bonus_scale=rewards.entropy_bonus_scale,
-            seed_alpha_effective=rewards.seed_alpha_effective,
-            seed_max_possible_entropy=rewards.seed_max_possible_entropy,
-        )
-    reference = parts.get("reference")
-    if reference is not None:
-        values.update(
-            ref_logp_mean=reference.ref_logp_mean,
-            avg_completion_tokens=reference.avg_completion_tokens,
-        )
-    length_stats = parts.get("length_stats")
-    if length_stats is not None:
-        values.update(
-            {f.name: getattr(length_stats, f.name) for f in dataclasses.fields(length_stats)}
-        )
-    loss = parts.get("loss")
-    if loss is not None:
-        values.update(dataclasses.asdict(loss.scalars if isinstance(loss, T.LossOutputs) else loss))
-    diagnostics = parts.get("diagnostics")
-    if diagnostics is not None:
-        scalars = dataclasses.asdict(diagnostics)
-        labels = list(scalars[S.BUCKET_COLUMNS[0]])
-        for name in S.BUCKET_COLUMNS:
-            if list(scalars[name]) != labels:
-                raise LayoutError(
-                    f"RolloutBatch.from_parts: diagnostics.{name}: expected the buckets "
-                    f"{labels} (as {S.BUCKET_COLUMNS[0]}), got {list(scalars[name])}"
-                )
-            scalars[name] = [float(v) for v in scalars[name].values()]
-        scalars["kl_length_buckets"] = labels
-        values.update(scalars)
+    # The parts' scalars as their checked Arrow forms hold them (the add_* methods read them).
+    values.update(columns.scalars)
+    for name in ("length_stats", "loss", "diagnostics"):
+        part = parts.get(name)
+        if part is None:
+            continue
+        if isinstance(part, T.LossOutputs):
+            values.update(T.record_scalars(part.to_arrow())["scalars"])
+            continue
+        row = part.to_arrow().to_pylist()[0]
+        if name == "diagnostics":
+            labels = [label for label, _ in row[S.BUCKET_COLUMNS[0]]]
+            for bucket in S.BUCKET_COLUMNS:
+                if [label for label, _ in row[bucket]] != labels:
+                    raise LayoutError(
+                        f"RolloutBatch.from_parts: diagnostics.{bucket}: expected the buckets "
+                        f"{labels} (as {S.BUCKET_COLUMNS[0]}), got "
+                        f"{[label for label, _ in row[bucket]]}"
+                    )
+                row[bucket] = [value for _, value in row[bucket]]
+            row["kl_length_buckets"] = labels
+        values.update(row)
     schema = S.step_schema()
     return pa.RecordBatch.from_pydict({f.name: [values.get(f.name)] for f in schema}, schema=schema)
 
@@ -416,11 +413,9 @@ def _ids_into_extra(info: pa.Array, token_ids: pa.Array) -> pa.Array:
 def _grouped_floats(name: str, value: Any, offsets: np.ndarray) -> pa.Array:
     """Per-sample values (flat ``[N]`` or already grouped) as ``list<double>`` by group."""
     if isinstance(value, T.AdvantageStats | T.QDistribution):
-        value = value.grouped
+        value = value.column("grouped")
     if isinstance(value, A.Ragged):
         value = value.to_arrow()
-    if isinstance(value, A.GroupedSequence):
-        value = value.arrow
     if isinstance(value, pa.ChunkedArray):
         value = value.combine_chunks()
     if isinstance(value, list | tuple) and value and isinstance(value[0], list | tuple):

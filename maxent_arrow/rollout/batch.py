@@ -1,20 +1,19 @@
 """``RolloutBatch``: one step of one rank, as a group record batch plus its step row.
 
-The group batch has one row per prompt group in the v1 group layout of
+The group batch has one row per prompt group in the group layout of
 :mod:`maxent_arrow.arrow.schema` (per-completion values as ``list<T>``, per-token values as
 ``list<list<T>>``); the step row is a one-row batch in the step layout (reward moments, length
 stats, reference summaries, loss scalars, diagnostics and the run config as JSON).
 
 ``from_parts`` assembles a batch from the seed objects of one training step without copying
 the per-token bytes (flat ``[N]`` columns are regrouped by the group offsets, which only adds
-an offsets buffer); the properties give the seed objects back as views of the same buffers.
+an offsets buffer); the properties give the seed objects back Arrow-born over the same buffers
+(:mod:`maxent_arrow.rollout.seeds`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -25,35 +24,25 @@ from maxent_arrow import arrow as A
 from maxent_arrow import ingest
 from maxent_arrow import types as T
 from maxent_arrow.arrow import schema as S
-from maxent_arrow.arrow.lists import list_offsets, regroup, single_array
+from maxent_arrow.arrow.lists import list_offsets, single_array
 from maxent_arrow.errors import LayoutError, SchemaError
+from maxent_arrow.rollout import seeds
 from maxent_arrow.rollout.assembly import GroupColumns, check_parts, step_values
 from maxent_arrow.rollout.config import RunConfig
-from maxent_arrow.rollout.layout import (
-    BATCH_META_KEY,
+from maxent_arrow.rollout.layout import (  # BATCH_META_KEY: imported from here by store/
+    BATCH_META_KEY,  # noqa: F401
     STEP_META_KEY,
+    config_json,
+    int_arg,
     normalise,
-    rewards_by_name,
     step_row_from_json,
     step_row_to_json,
 )
 
 if TYPE_CHECKING:
-    import torch
-
     from maxent_arrow.arrow import Ragged
 
 __all__ = ["RolloutBatch"]
-
-_LENGTH_FIELDS = (
-    "min_length",
-    "mean_length",
-    "max_length",
-    "clipped_ratio",
-    "min_terminated",
-    "mean_terminated",
-    "max_terminated",
-)
 
 
 class RolloutBatch:
@@ -144,10 +133,6 @@ class RolloutBatch:
         """Where each group's completions start and end in the flat ``[N]`` order (int64)."""
         return list_offsets(single_array(self.groups.column("completions")))
 
-    def _meta(self) -> dict[str, Any]:
-        raw = (self.groups.schema.metadata or {}).get(BATCH_META_KEY)
-        return json.loads(raw) if raw else {}
-
     def column(self, name: str) -> pa.Array | None:
         """Column ``name`` of the groups, or ``None`` when absent or null in every group (a
         column that only other steps of a merged file have)."""
@@ -197,76 +182,21 @@ class RolloutBatch:
         return self.to_arrow().__arrow_c_stream__(requested_schema)
 
     # ------------------------------------------------------------------ seed objects
+    # Arrow-born (rollout/seeds.py): fields are decoded on first access, column()/ragged()/
+    # tensor() on them view these group rows, and an untouched one's to_arrow() is O(1).
     @property
     def generation_batch(self) -> T.GenerationBatch:
-        """Prompts, answers, grouped completions, ref meta and completion info (views)."""
-        info = self.column("completion_info")
-        if info is not None and self._meta().get("info_token_ids"):
-            info = _info_with_token_ids(info, self.column("completion_ids"))
-        ref_meta = self.column("ref_meta")
-        return T.GenerationBatch(
-            prompts=A.ArrowSequence(self.column("prompt")),
-            answers=A.ArrowSequence(self.column("answer")),
-            grouped_completions=A.GroupedSequence(self.column("completions")),
-            grouped_ref_meta=None
-            if ref_meta is None
-            else A.GroupedSequence(ref_meta, A.JsonSequence),
-            grouped_completion_info=None
-            if info is None
-            else A.GroupedSequence(info, A.InfoSequence),
-        )
-
-    def _flat(self, name: str) -> pa.Array | None:
-        column = self.column(name)
-        return None if column is None else column.flatten()
+        """Prompts, answers, grouped completions, ref meta and completion info."""
+        return seeds.generation_batch(self)
 
     @property
     def reward_computation(self) -> T.RewardComputation | None:
         """Utilities, per-reward values, advantages, q and moments; ``None`` if not stored.
 
-        ``pairs.prompts`` is a dictionary array over the group prompts (no string copies);
-        ``pairs.metadata`` and ``completion_metadata`` are the flattened completion info.
+        ``completion_metadata`` is ``pairs.metadata`` (the completion info, token ids
+        included), as in the seed.
         """
-        if self.column("advantages") is None or self.column("q") is None:
-            return None
-        offsets = self.group_offsets
-        sizes = np.diff(offsets)
-        group_of = np.repeat(np.arange(len(sizes), dtype=np.int32), sizes)
-        prompts = pa.DictionaryArray.from_arrays(pa.array(group_of), self.column("prompt"))
-        info = self._flat("completion_info")
-        metadata = None if info is None else A.InfoSequence(info)
-        per_reward = {
-            name: A.ArrowSequence(pa.array(values))
-            for name, values in rewards_by_name(self.groups).items()
-        }
-        advantages = A.GroupedSequence(self.column("advantages"))
-        q = A.GroupedSequence(self.column("q"))
-        ref_meta = self._flat("ref_meta")
-        entropies = self.column("seed_semantic_entropy")
-        scales = self.column("seed_advantage_scale")
-        total = self._flat("total_utils")
-        return T.RewardComputation(
-            total_utils=A.ArrowSequence(total),
-            per_reward_values=per_reward,
-            advantage=T.AdvantageStats(grouped=advantages, samples=advantages.samples),
-            pairs=T.PromptCompletionBatch(
-                prompts=A.ArrowSequence(prompts),
-                completions=A.ArrowSequence(self._flat("completions")),
-                metadata=metadata,
-            ),
-            q_distribution=T.QDistribution(grouped=q, samples=q.samples),
-            moments=T.RewardMoments(
-                mean=_nan_if_none(self._scalar("reward_mean")),
-                std=_nan_if_none(self._scalar("reward_std")),
-            ),
-            ref_logprob_meta=None if ref_meta is None else A.JsonSequence(ref_meta),
-            completion_metadata=metadata,
-            entropy_bonus_scale=self._scalar("entropy_bonus_scale"),
-            seed_semantic_entropies=None if entropies is None else A.ArrowSequence(entropies),
-            seed_advantage_scales=None if scales is None else A.ArrowSequence(scales),
-            seed_alpha_effective=self._scalar("seed_alpha_effective"),
-            seed_max_possible_entropy=self._scalar("seed_max_possible_entropy"),
-        )
+        return seeds.reward_computation(self)
 
     def ragged(self, name: str) -> Ragged | None:
         """A per-completion (``[N]``) or per-token column's innermost values as :class:`Ragged`.
@@ -285,64 +215,22 @@ class RolloutBatch:
     def reference_logprobs(self) -> T.ReferenceLogprobs | None:
         """Reference statistics rebuilt from R_i and T_i (``ref_logp_sum`` = R / max(T, 1)).
 
-        Per-token values come back right-padded with 0 to the longest completion, with the
-        mask. Tensor dtypes are the ones given to ``from_parts``.
+        Per-token values come back right-padded with 0 to their stored width, with the mask.
+        Tensor dtypes (and kinds) are the ones given to ``from_parts``.
         """
-        raw = self._flat("ref_logp_sum_raw")
-        counts = self._flat("ref_tok_counts")
-        if raw is None or counts is None:
-            return None
-        dtypes = self._meta().get("dtypes", {})
-        raw_t = _to_dtype(A.arrow_to_torch(raw), dtypes.get("ref_logp_sum_raw"))
-        counts_t = _to_dtype(A.arrow_to_torch(counts), dtypes.get("ref_tok_counts", "float32"))
-        mean_t = (raw_t.double() / counts_t.double().clamp(min=1)).to(
-            _torch_dtype(dtypes.get("ref_logp_sum", "float32"))
-        )
-        token_logp = mask = None
-        per_token = self.ragged("ref_token_logp")
-        if per_token is not None:
-            width = self._meta().get("widths", {}).get("ref_token_logp")
-            token_logp, mask = per_token.to_padded(
-                0.0, max_len=width, dtype=_torch_dtype(dtypes.get("ref_token_logp"))
-            )
-            mask = mask.to(_torch_dtype(dtypes.get("ref_token_mask", "int64")))
-            if not self._meta().get("has_ref_mask", True):
-                mask = None
-        return T.ReferenceLogprobs(
-            ref_logp_sum=mean_t,
-            ref_tok_counts=counts_t,
-            ref_logp_sum_raw=raw_t,
-            ref_logp_mean=_nan_if_none(self._scalar("ref_logp_mean")),
-            avg_completion_tokens=_nan_if_none(self._scalar("avg_completion_tokens")),
-            ref_token_logp=token_logp,
-            ref_token_mask=mask,
-        )
+        return seeds.reference_logprobs(self)
 
     @property
     def length_stats(self) -> T.LengthStats | None:
-        values = {name: self._scalar(name) for name in _LENGTH_FIELDS}
-        if any(v is None for v in values.values()):
-            return None
-        return T.LengthStats(**values)
+        return seeds.length_stats(self)
 
     @property
     def loss_scalars(self) -> T.LossScalarBundle | None:
-        names = [f.name for f in dataclasses.fields(T.LossScalarBundle)]
-        values = {name: self._scalar(name) for name in names}
-        if any(values[n] is None for n in names if n != "clip_loss"):
-            return None
-        return T.LossScalarBundle(**values)
+        return seeds.loss_scalars(self)
 
     @property
     def diagnostics(self) -> T.BatchDiagnostics | None:
-        names = [f.name for f in dataclasses.fields(T.BatchDiagnostics)]
-        values = {name: self._scalar(name) for name in names}
-        if any(values[n] is None for n in names if n != "kl_value"):
-            return None
-        labels = self._scalar("kl_length_buckets") or []
-        for name in S.BUCKET_COLUMNS:
-            values[name] = dict(zip(labels, values[name]))
-        return T.BatchDiagnostics(**values)
+        return seeds.diagnostics(self)
 
     def score_batch(
         self,
@@ -441,15 +329,10 @@ class RolloutBatch:
         }
         check_parts(parts)
         kind = S.check_kind(kind, where="RolloutBatch.kind")
-        step_row = step_values(
-            columns := GroupColumns(generation, step=step, rank=rank, kind=kind),
-            step=step,
-            rank=rank,
-            kind=kind,
-            config=config,
-            policy_version=policy_version,
-            parts=parts,
-        )
+        step, rank = int_arg("step", step), int_arg("rank", rank)
+        config_json(config)  # refused before any conversion when it is not JSON
+        # Each part is checked by its own to_arrow() (the Arrow boundary), then regrouped.
+        columns = GroupColumns(generation, step=step, rank=rank, kind=kind)
         columns.add_token_ids(score_batch)
         if rewards is not None:
             columns.add_rewards(rewards)
@@ -461,35 +344,13 @@ class RolloutBatch:
             columns.add_scores(scores)
         if behavior_token_logp is not None:
             columns.add_behavior_tokens(behavior_token_logp)
+        step_row = step_values(
+            columns,
+            step=step,
+            rank=rank,
+            kind=kind,
+            config=config,
+            policy_version=policy_version,
+            parts=parts,
+        )
         return cls(columns.to_batch(), step_row)
-
-
-# ---------------------------------------------------------------------------- helpers
-def _nan_if_none(value: float | None) -> float:
-    return math.nan if value is None else value
-
-
-def _torch_dtype(name: str | None) -> torch.dtype | None:
-    import torch  # deferred: the batch itself is Arrow, torch is only for its seed views
-
-    return None if name is None else getattr(torch, name)
-
-
-def _to_dtype(tensor: torch.Tensor, name: str | None) -> torch.Tensor:
-    target = _torch_dtype(name)
-    return tensor if target is None or tensor.dtype == target else tensor.to(target)
-
-
-def _info_with_token_ids(info: pa.Array, ids: pa.Array | None) -> pa.Array:
-    """Completion info with the ``token_ids`` field put back from ``completion_ids``."""
-    if ids is None:
-        return info
-    flat = info.flatten()
-    token_ids = ids.flatten()
-    names = [f.name for f in flat.type]
-    arrays = [flat.field(i) for i in range(len(names))]
-    at = names.index("extra") if "extra" in names else len(names)
-    names.insert(at, "token_ids")
-    arrays.insert(at, token_ids)
-    struct = pa.StructArray.from_arrays(arrays, names=names, mask=flat.is_null())
-    return regroup(struct, list_offsets(info))

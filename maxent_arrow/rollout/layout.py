@@ -179,6 +179,7 @@ def _check_groups(groups: pa.RecordBatch, step_row: pa.RecordBatch) -> None:
         )
     sizes = np.diff(offsets)
     _check_counts(groups, sizes)
+    _check_prompts(groups)
     for name in S.PER_COMPLETION_COLUMNS:
         if name == "completions" or name not in groups.schema.names:
             continue
@@ -193,6 +194,21 @@ def _check_groups(groups: pa.RecordBatch, step_row: pa.RecordBatch) -> None:
                 )
             if inner.flatten().null_count:
                 raise LayoutError(f"RolloutBatch column {name!r}: a null inside a token list")
+
+
+def _check_prompts(groups: pa.RecordBatch) -> None:
+    """A group's prompt is text or chat messages, not both (neither is allowed: a table of
+    token ids only, or rows merged from files that lack the prompt text)."""
+    if "prompt_messages" not in groups.schema.names or "prompt" not in groups.schema.names:
+        return
+    text = np.asarray(groups.column("prompt").is_valid().to_numpy(zero_copy_only=False))
+    chat = np.asarray(groups.column("prompt_messages").is_valid().to_numpy(zero_copy_only=False))
+    bad = np.flatnonzero(text & chat)
+    if bad.size:
+        raise LayoutError(
+            f"RolloutBatch columns 'prompt' and 'prompt_messages': group {int(bad[0])} has "
+            "both; a prompt is text or chat messages"
+        )
 
 
 def _check_counts(groups: pa.RecordBatch, sizes: np.ndarray) -> None:
@@ -275,15 +291,23 @@ def rewards_by_name(groups: pa.RecordBatch) -> dict[str, np.ndarray]:
     return out
 
 
+# Per-completion columns that are null in the rows that do not use them: completion_messages
+# in a group whose completions are plain strings.
+_NULL_ROWS_ALLOWED = ("completion_messages",)
+
+
 def _check_grouped(name: str, column: pa.Array, sizes: np.ndarray) -> None:
     if column.null_count == len(column):
         return  # an optional column absent for the whole batch
+    valid = np.ones(len(column), dtype=bool)
     if column.null_count:
-        bad = int(np.flatnonzero(~column.is_valid().to_numpy(zero_copy_only=False))[0])
-        raise LayoutError(f"RolloutBatch column {name!r}: group {bad} is null")
+        valid = np.asarray(column.is_valid().to_numpy(zero_copy_only=False))
+        if name not in _NULL_ROWS_ALLOWED:
+            bad = int(np.flatnonzero(~valid)[0])
+            raise LayoutError(f"RolloutBatch column {name!r}: group {bad} is null")
     got = np.diff(list_offsets(column))
-    if not np.array_equal(got, sizes):
-        g = int(np.flatnonzero(got != sizes)[0])
+    if not np.array_equal(got[valid], sizes[valid]):
+        g = int(np.flatnonzero(valid & (got != sizes))[0])
         raise LayoutError(
             f"RolloutBatch column {name!r}: expected {sizes[g]} values at group {g} (as "
             f"completions), got {got[g]}"

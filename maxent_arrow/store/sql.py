@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -444,11 +445,16 @@ class SqlViews:
         result: dict[str, Any] = {}
 
         def work() -> None:
+            relation = None
             try:
                 relation = self.con.sql(query, params=params)
                 result["table"] = pa.table({}) if relation is None else relation.to_arrow_table()
             except BaseException as exc:  # re-raised in the caller's thread
-                result["error"] = exc
+                # Without its traceback: the frames would keep the relation, and with it the
+                # connection, busy after an interrupt.
+                result["error"] = exc.with_traceback(None)
+            finally:
+                del relation
 
         # The query runs in a worker thread so that Ctrl-C (delivered to the main thread)
         # can interrupt it; DuckDB's own call does not return to Python until it is done.
@@ -474,6 +480,17 @@ class SqlViews:
         return "\n".join(row[1] for row in self.con.execute(f"EXPLAIN {query}").fetchall())
 
     def close(self) -> None:
-        if self.con is not None:
-            self.con.close()
-            self.con = None
+        """Close the connection. After an interrupt DuckDB may still be winding the statement
+        down for a moment ("connection is busy"): interrupt again and retry, and never let a
+        close error hide the interrupt that caused it."""
+        con, self.con = self.con, None
+        if con is None:
+            return
+        duckdb = duckdb_module()
+        for _ in range(50):
+            try:
+                con.close()
+                return
+            except duckdb.Error:
+                con.interrupt()
+                time.sleep(0.02)

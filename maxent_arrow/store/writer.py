@@ -40,7 +40,7 @@ from maxent_arrow.store.layout import CONFIG_META_KEY, GROUPS, STEPS, STORE_META
 from maxent_arrow.store.parquet import group_file_settings, parquet_bytes, write_parquet
 from maxent_arrow.store.schemas import UnifiedSchemas
 
-__all__ = ["Writer", "group_file_meta", "step_file_bytes"]
+__all__ = ["Writer", "full_layout", "group_file_meta", "step_file_bytes"]
 
 
 def group_file_meta(backend: Backend, pending: Pending, **extra: Any) -> dict[str, Any]:
@@ -70,6 +70,28 @@ def step_file_bytes(step_rows: pa.Table, meta: dict[str, Any]) -> bytes:
         statistics=["step", "rank"],
         sealed=True,
     )
+
+
+def full_layout(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``table`` with every column of ``schema`` (absent optional ones as nulls), in the
+    schema's order, then its own extra columns: every file of a run has one schema, so plain
+    readers that take the first file's schema (DuckDB, pyarrow datasets) or refuse one that
+    differs (Polars, Hugging Face ``datasets``) read all files alike."""
+    names = table.column_names
+    fields, arrays = [], []
+    for field in schema:
+        if field.name in names:
+            column = table.column(field.name)
+            fields.append(table.schema.field(field.name))
+            arrays.append(column)
+        else:
+            fields.append(pa.field(field.name, field.type, nullable=True))
+            arrays.append(pa.nulls(table.num_rows, field.type))
+    for name in names:
+        if name not in schema.names:
+            fields.append(table.schema.field(name))
+            arrays.append(table.column(name))
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields, metadata=table.schema.metadata))
 
 
 def _reward_names(groups: pa.RecordBatch | pa.Table) -> list[str]:
@@ -114,7 +136,8 @@ class Writer:
         crash_point("append:group-written")
         try:
             meta = group_file_meta(self.backend, group, reward_names=_reward_names(batch.groups))
-            step_bytes = step_file_bytes(pa.Table.from_batches([batch.step_row]), meta)
+            step_rows = full_layout(pa.Table.from_batches([batch.step_row]), S.step_schema())
+            step_bytes = step_file_bytes(step_rows, meta)
             step = self.backend.write_temp(f"{STEPS}/{name}", step_bytes)
         except BaseException:
             self.backend.discard(group)
@@ -181,7 +204,7 @@ class Writer:
         raw = (batch.groups.schema.metadata or {}).get(BATCH_META_KEY)
         if raw:
             meta[BATCH_META_KEY] = raw
-        table = pa.Table.from_batches([batch.groups])
+        table = full_layout(pa.Table.from_batches([batch.groups]), S.group_schema())
         write_parquet(
             sink,
             table,

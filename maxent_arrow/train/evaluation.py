@@ -43,9 +43,7 @@ def greedy_generator(model: Any, tokenizer: Any, *, max_new_tokens: int, max_pro
             greedy=True,
         )
         gen = rollouts.generation
-        texts = gen.grouped_completions.to_pylist()
-        meta = gen.grouped_completion_info.to_pylist()
-        return texts, meta
+        return gen.grouped_completions, gen.grouped_completion_info
 
     return generate
 
@@ -124,6 +122,5 @@ def _metrics(rewards: RewardComputation) -> dict[str, float]:
     """``eval/reward_mean``, ``eval/reward_std`` and the mean of each reward function."""
     metrics = {"eval/reward_mean": rewards.moments.mean, "eval/reward_std": rewards.moments.std}
     for name, values in rewards.per_reward_values.items():
-        column = values.to_torch()
-        metrics[f"eval/{name}"] = float(column.mean()) if len(column) else 0.0
+        metrics[f"eval/{name}"] = float(sum(values) / len(values)) if len(values) else 0.0
     return metrics

@@ -232,7 +232,7 @@ class MaxEntTrainer:
         reproduces the weights bit for bit.
         """
         cfg = self.config
-        q = rewards.q_distribution.grouped.to_ragged()
+        q = rewards.q_distribution.ragged("grouped")
         raw = reference.ref_logp_sum_raw.detach().cpu().to(torch.float64)
         counts = reference.ref_tok_counts.detach().cpu().to(torch.float64)
         rho = raw / counts.clamp(min=1) if cfg.len_norm_ref else raw

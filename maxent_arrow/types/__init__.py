@@ -1,6 +1,8 @@
 """The 15 seed records of ``maxent_grpo.training.types.rewards`` (:mod:`.rewards` is the
-seed-compatible import path) and the settings types ``ValidationContext`` names
-(:mod:`.settings`).
+seed-compatible import path), the settings types ``ValidationContext`` names
+(:mod:`.settings`), and the helpers of code that makes records from Arrow columns or reads
+their batches (``rewards_batch``, ``reference_batch``, ``sample_messages``,
+``record_scalars``).
 
 Names load on first use; importing this package imports no torch.
 """
@@ -27,6 +29,10 @@ __all__, __getattr__, __dir__ = lazy.exports(
             "SequenceScores",
             "ValidationContext",
         ],
+        ".columns": ["record_scalars"],
+        ".computation": ["rewards_batch"],
+        ".records": ["sample_messages"],
+        ".tensors": ["reference_batch"],
         ".settings": [
             "EvaluationSettings",
             "GenerationFn",

@@ -1,201 +1,348 @@
-"""Normalisation of the seed dataclasses' field values at the API boundary.
+"""Field values between Python and Arrow: encoders that check, decoders that give back.
 
-Each ``ensure_*`` takes what the seed's callers pass (lists, dicts, floats, numpy arrays,
-tensors, or our own views) and returns the one internal type the classes hold: an Arrow-backed
-view for list fields, a CPU or device tensor for tensor fields. Bad input raises a typed error
-that names the field and the position (group, sample, row), before anything is built.
+Encoders take what the seed's callers pass (lists, tuples, numpy arrays, tensors, Arrow arrays)
+and return Arrow arrays. ``pa.array(..., type=...)`` (or type inference, where pyarrow would
+convert silently: floats into integer columns, bytes into strings) does the checking in C; only
+when it fails, or leaves nulls where none are allowed, is the offending position looked for,
+to raise a typed error naming the field and the position (group, sample).
+
+Decoders give plain Python back: ``list`` and ``dict`` objects, made in a few bulk calls
+(``to_pylist``, one ``json.loads`` per column).
+
+Chat messages (a prompt or completion given as a list of ``{"role", "content", ...}`` dicts)
+are stored beside the text column, in ``list<struct<role, content, extra>>`` (other keys, and
+non-text content, as a JSON object in ``extra``); completion-info dicts as a struct whose typed
+keys are fields and whose other keys ride in ``extra`` the same way.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
-import math
 import numbers
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import torch
 
-from maxent_arrow.arrow import (
-    INFO_FIELDS,
-    ArrowSequence,
-    GroupedSequence,
-    InfoSequence,
-    JsonSequence,
-    Ragged,
-    list_offsets,
-)
+from maxent_arrow.arrow import schema as S
+from maxent_arrow.arrow.lists import first_null, list_offsets
 from maxent_arrow.errors import LayoutError, SchemaError
 
+__all__ = [
+    "INFO_FIELDS",
+    "INFO_TYPE",
+    "Where",
+    "arrow_groups",
+    "assistant_text",
+    "float_array",
+    "int_array",
+    "str_array",
+    "text_arrays",
+    "json_array",
+    "info_array",
+    "grouped",
+    "group_flat",
+    "decode_texts",
+    "decode_messages",
+    "decode_json",
+    "decode_info",
+    "regroup_list",
+]
+
+FLOAT = pa.float64()
+
+# Keys of a completion-info dict with their own typed field; other keys (and these holding a
+# value of another type, None included) travel in the JSON `extra` field.
+INFO_FIELDS: dict[str, pa.DataType] = {
+    "finish_reason": pa.string(),
+    "stop_reason": pa.string(),
+    "truncated": pa.bool_(),
+    "token_count": pa.int32(),
+    "token_ids": pa.list_(pa.field("item", pa.int32(), nullable=False)),
+}
 INFO_TYPE = pa.struct(
     [pa.field(name, kind) for name, kind in INFO_FIELDS.items()] + [pa.field("extra", pa.string())]
 )
+_INFO_SCALARS = pa.struct(
+    [pa.field(n, k) for n, k in INFO_FIELDS.items() if n != "token_ids"]
+    + [pa.field("extra", pa.string())]
+)
+_INT32 = (-(2**31), 2**31 - 1)
+_INFO_CHECKS = {
+    "finish_reason": lambda v: type(v) is str,
+    "stop_reason": lambda v: type(v) is str,
+    "truncated": lambda v: type(v) is bool,
+    "token_count": lambda v: (
+        isinstance(v, int | np.integer)
+        and not isinstance(v, bool | np.bool_)
+        and _INT32[0] <= v <= _INT32[1]
+    ),
+    "token_ids": lambda v: type(v) is list or type(v) is tuple,
+}
+
+_ARROW_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError)
 
 
 def _type_name(value: Any) -> str:
     return type(value).__name__
 
 
-def _where(group: int | None, index: int) -> str:
-    return f"group {group}, sample {index}" if group is not None else f"position {index}"
+class Where:
+    """Names a flat position: ``position i``, or ``group g, sample k`` given group offsets."""
+
+    __slots__ = ("offsets",)
+
+    def __init__(self, offsets: np.ndarray | None = None):
+        self.offsets = offsets
+
+    def __call__(self, i: int) -> str:
+        if self.offsets is None:
+            return f"position {i}"
+        g = int(np.searchsorted(self.offsets, i, side="right") - 1)
+        return f"group {g}, sample {i - int(self.offsets[g])}"
 
 
-# ---------------------------------------------------------------------------- flat scalars
-def ensure_float(field: str, value: Any, *, optional: bool = False) -> float | None:
-    if value is None:
-        if optional:
-            return None
-        raise SchemaError(f"{field}: expected a float, got None")
-    if isinstance(value, torch.Tensor | np.ndarray):
-        if value.size == 1 if isinstance(value, np.ndarray) else value.numel() == 1:
-            return float(value.item())
-        raise SchemaError(f"{field}: expected a scalar, got an array of shape {tuple(value.shape)}")
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise SchemaError(f"{field}: expected a float, got {_type_name(value)} {value!r}")
-    return float(value)
+_FLAT = Where()
 
 
-def ensure_int(field: str, value: Any, *, optional: bool = False, minimum: int | None = None):
-    if value is None and optional:
-        return None
-    if isinstance(value, torch.Tensor | np.integer):
-        value = value.item()
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise SchemaError(f"{field}: expected an int, got {_type_name(value)} {value!r}")
-    value = int(value)
-    if minimum is not None and value < minimum:
-        raise LayoutError(f"{field}: expected an int >= {minimum}, got {value}")
-    return value
-
-
-# ---------------------------------------------------------------------------- flat lists
-_FLOAT = pa.float64()
-
-
-def _check_numbers(field: str, items: Sequence, group: int | None = None) -> None:
-    for i, item in enumerate(items):
-        if item is None:
-            raise LayoutError(f"{field}: expected a float at {_where(group, i)}, got None (null)")
-        if isinstance(item, bool) or not isinstance(item, numbers.Real):
-            raise SchemaError(
-                f"{field}: expected a float at {_where(group, i)}, got {_type_name(item)} {item!r}"
-            )
-
-
-def _numeric_array(field: str, value: Any, kind: pa.DataType, group: int | None = None) -> pa.Array:
-    """A null-free Arrow array of ``kind`` from any list-like input."""
-    if isinstance(value, ArrowSequence):
-        value = value.arrow
+# ---------------------------------------------------------------------------- plain inputs
+def _plain(field: str, value: Any, what: str) -> Any:
+    """A list-like Python value, or an Arrow/numpy array (tensors become numpy)."""
     if isinstance(value, pa.ChunkedArray):
-        value = value.combine_chunks()
-    if isinstance(value, pa.Array):
-        if value.null_count:
-            bad = int(np.flatnonzero(~value.is_valid().to_numpy(zero_copy_only=False))[0])
-            raise LayoutError(f"{field}: expected no nulls, got a null at {_where(group, bad)}")
-        if not (pa.types.is_integer(value.type) or pa.types.is_floating(value.type)):
-            raise SchemaError(f"{field}: expected numbers, got an Arrow array of {value.type}")
-        return value if value.type == kind else value.cast(kind)
-    if isinstance(value, torch.Tensor):
-        value = value.detach().cpu()
-        if value.dtype == torch.bfloat16:
-            value = value.float()
-        value = value.numpy()
-    if isinstance(value, np.ndarray):
-        if value.ndim != 1:
-            raise LayoutError(f"{field}: expected a 1-D array, got shape {value.shape}")
-        if value.dtype.kind not in "iufb":
-            _check_numbers(field, value.tolist(), group)
-        return _to_arrow(field, value, kind, group)
+        return value.combine_chunks()
+    if isinstance(value, pa.Array | np.ndarray | list | tuple):
+        return value
+    if hasattr(value, "detach") and hasattr(value, "numpy"):  # a tensor (torch not imported)
+        tensor = value.detach().cpu()
+        if str(tensor.dtype) == "torch.bfloat16":
+            tensor = tensor.float()
+        return tensor.numpy()
+    if value is None:
+        raise LayoutError(f"{field}: expected {what}, got None")
     if isinstance(value, str | bytes) or not isinstance(value, Sequence):
-        raise SchemaError(f"{field}: expected a list of numbers, got {_type_name(value)}")
-    _check_numbers(field, value, group)
-    return _to_arrow(field, value, kind, group)
+        raise SchemaError(f"{field}: expected {what}, got {_type_name(value)}")
+    return list(value)
 
 
-def _to_arrow(field: str, value: Sequence, kind: pa.DataType, group: int | None) -> pa.Array:
-    """``pa.array(value, type=kind)``, with an out-of-range value reported by position."""
+def _arrow_nulls(field: str, array: pa.Array, where: Where) -> None:
+    if array.null_count:
+        raise LayoutError(f"{field}: expected no nulls, got a null at {where(first_null(array))}")
+
+
+# ---------------------------------------------------------------------------- flat numbers
+def float_array(field: str, value: Any, *, where: Where = _FLAT) -> pa.Array:
+    """Null-free float64 values."""
+    value = _plain(field, value, "a list of floats")
+    if isinstance(value, pa.Array):
+        if not (pa.types.is_floating(value.type) or pa.types.is_integer(value.type)):
+            raise SchemaError(f"{field}: expected numbers, got an Arrow array of {value.type}")
+        _arrow_nulls(field, value, where)
+        return value.cast(FLOAT)
+    if isinstance(value, np.ndarray) and value.ndim != 1:
+        raise LayoutError(f"{field}: expected a 1-D array, got shape {value.shape}")
     try:
-        return pa.array(value, type=kind)
-    except (pa.ArrowInvalid, OverflowError):
-        info = np.iinfo(kind.to_pandas_dtype()) if pa.types.is_integer(kind) else None
-        for i, item in enumerate(value):
-            if info is not None and not info.min <= item <= info.max:
-                raise LayoutError(
-                    f"{field}: expected values in [{info.min}, {info.max}] ({kind}), got "
-                    f"{item!r} at {_where(group, i)}"
-                ) from None
-        raise
+        array = pa.array(value, type=FLOAT)
+    except _ARROW_ERRORS as exc:
+        raise _locate_number(field, value, where, "a float", exc) from None
+    if array.null_count:
+        i = first_null(array)
+        raise LayoutError(f"{field}: expected a float at {where(i)}, got None (null)")
+    return array
 
 
-def ensure_float_list(field: str, value: Any, *, optional: bool = False) -> ArrowSequence | None:
-    if value is None and optional:
-        return None
-    if value is None:
-        raise SchemaError(f"{field}: expected a list of floats, got None")
-    return ArrowSequence(_numeric_array(field, value, _FLOAT))
-
-
-def ensure_token_list(field: str, value: Any, *, kind: pa.DataType = pa.int32()) -> ArrowSequence:
-    """Token ids (or a 0/1 mask): integers, no nulls, none negative."""
-    if isinstance(value, list | tuple):
-        for i, item in enumerate(value):
-            if isinstance(item, bool) or not isinstance(item, numbers.Integral | np.integer):
-                raise SchemaError(f"{field}: expected an int at position {i}, got {item!r}")
-    array = _numeric_array(field, value, kind)
-    if not pa.types.is_integer(array.type):
-        raise SchemaError(f"{field}: expected integers, got {array.type}")
-    _check_non_negative(field, array)
-    return ArrowSequence(array)
-
-
-def _check_non_negative(field: str, array: pa.Array, offsets: np.ndarray | None = None) -> None:
-    values = array.to_numpy(zero_copy_only=False)
-    bad = np.flatnonzero(values < 0)
-    if bad.size:
-        i = int(bad[0])
-        if offsets is not None:
-            row = int(np.searchsorted(offsets, i, side="right") - 1)
-            raise LayoutError(
-                f"{field}: expected ids >= 0, got {int(values[i])} at row {row}, "
-                f"position {i - int(offsets[row])}"
+def _locate_number(field: str, value: Any, where: Where, what: str, exc: Exception) -> Exception:
+    for i, item in enumerate(value):
+        if item is None:
+            continue
+        if not isinstance(item, numbers.Real):
+            return SchemaError(
+                f"{field}: expected {what} at {where(i)}, got {_type_name(item)} {item!r}"
             )
-        raise LayoutError(f"{field}: expected ids >= 0, got {int(values[i])} at position {i}")
+        if isinstance(item, numbers.Integral) and abs(int(item)) > 2**53:
+            return SchemaError(
+                f"{field}: expected {what} at {where(i)}, got {item!r} (beyond the integers a "
+                "float64 holds exactly)"
+            )
+    return SchemaError(f"{field}: expected {what}s ({exc})")
 
 
-def ensure_str_list(field: str, value: Any, *, optional: bool = False) -> ArrowSequence | None:
-    if value is None and optional:
-        return None
-    if isinstance(value, ArrowSequence):
-        value = value.arrow
-    if isinstance(value, pa.ChunkedArray):
-        value = value.combine_chunks()
+def int_array(
+    field: str, value: Any, kind: pa.DataType = pa.int32(), *, where: Where = _FLAT
+) -> pa.Array:
+    """Null-free integers of ``kind`` (negative values such as ``-100`` are kept)."""
+    value = _plain(field, value, "a list of ints")
+    if isinstance(value, np.ndarray) and value.ndim != 1:
+        raise LayoutError(f"{field}: expected a 1-D array, got shape {value.shape}")
+    if isinstance(value, pa.Array):
+        array = value
+    else:
+        try:
+            # Inferred, not typed: a typed conversion would truncate 1.5 to 1 without a word.
+            array = pa.array(value)
+        except _ARROW_ERRORS:
+            array = None
+    if array is None or not (pa.types.is_integer(array.type) or pa.types.is_null(array.type)):
+        if isinstance(value, pa.Array):
+            raise SchemaError(f"{field}: expected integers, got an Arrow array of {value.type}")
+        for i, item in enumerate(value):
+            if item is not None and (
+                isinstance(item, bool | np.bool_) or not isinstance(item, numbers.Integral)
+            ):
+                raise SchemaError(f"{field}: expected an int at {where(i)}, got {item!r}")
+        raise SchemaError(f"{field}: expected ints, got {array.type if array else 'other'}")
+    if array.null_count:
+        i = first_null(array)
+        raise LayoutError(f"{field}: expected an int at {where(i)}, got None (null)")
+    try:
+        return array.cast(kind)  # a safe cast: out-of-range values raise
+    except pa.ArrowInvalid:
+        info = np.iinfo(kind.to_pandas_dtype())
+        values = np.asarray(array.to_numpy(zero_copy_only=False))
+        i = int(np.flatnonzero((values < info.min) | (values > info.max))[0])
+        raise LayoutError(
+            f"{field}: expected values in [{info.min}, {info.max}] ({kind}), got "
+            f"{int(values[i])} at {where(i)}"
+        ) from None
+
+
+# ---------------------------------------------------------------------------- strings
+def str_array(field: str, value: Any, *, nullable: bool = False, where: Where = _FLAT) -> pa.Array:
+    """Strings (``None`` as null where ``nullable``)."""
+    value = _plain(field, value, "a list of strings")
     if isinstance(value, pa.Array):
         kind = value.type.value_type if pa.types.is_dictionary(value.type) else value.type
         if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
             raise SchemaError(f"{field}: expected strings, got an Arrow array of {value.type}")
-        if value.null_count:
-            bad = int(np.flatnonzero(~value.is_valid().to_numpy(zero_copy_only=False))[0])
-            raise LayoutError(f"{field}: expected no nulls, got a null at position {bad}")
-        return ArrowSequence(value)
-    if isinstance(value, str | bytes) or not isinstance(value, Sequence):
-        raise SchemaError(f"{field}: expected a list of strings, got {_type_name(value)}")
+        array = value
+    else:
+        try:
+            array = pa.array(value)  # inferred: bytes would pass a typed string conversion
+        except _ARROW_ERRORS:
+            array = None
+        if array is not None and pa.types.is_null(array.type):
+            array = pa.nulls(len(array), pa.string())
+        if array is None or not pa.types.is_string(array.type):
+            raise _locate_str(field, value, where)
+    if array.null_count and not nullable:
+        i = first_null(array)
+        raise LayoutError(f"{field}: expected a str at {where(i)}, got None (null)")
+    return array
+
+
+def _locate_str(field: str, value: Sequence, where: Where) -> Exception:
     for i, item in enumerate(value):
-        if item is None:
-            raise LayoutError(f"{field}: expected a str at position {i}, got None (null)")
-        if not isinstance(item, str):
-            raise SchemaError(f"{field}: expected a str at position {i}, got {_type_name(item)}")
-    return ArrowSequence(pa.array(value, type=pa.string()))
+        if item is not None and not isinstance(item, str):
+            return SchemaError(f"{field}: expected a str at {where(i)}, got {_type_name(item)}")
+    return SchemaError(f"{field}: expected strings")
 
 
-def to_json_text(field: str, item: Any, where: str) -> str:
-    """JSON text of one metadata entry; objects with ``to_trl_payload()`` are converted first."""
+# ---------------------------------------------------------------------------- chat messages
+def _is_messages(item: Any) -> bool:
+    return isinstance(item, list | tuple) and all(isinstance(m, Mapping) for m in item)
+
+
+def _message_rows(field: str, messages: Sequence, where: str) -> list[dict]:
+    rows = []
+    for j, message in enumerate(messages):
+        row: dict[str, Any] = {"role": None, "content": None, "extra": None}
+        extra = {}
+        for key, val in message.items():
+            if (key == "role" or key == "content") and type(val) is str:
+                row[key] = val
+            else:
+                extra[key] = val
+        if extra:
+            row["extra"] = _json_text(field, extra, f"{where}, message {j}")
+        rows.append(row)
+    return rows
+
+
+def assistant_text(messages: Sequence[Mapping]) -> str:
+    """The text of a message-list completion for the ``completions`` column: the string
+    contents of its assistant messages, joined by newlines (``""`` when there are none)."""
+    return "\n".join(
+        m["content"]
+        for m in messages
+        if m.get("role") == "assistant" and isinstance(m.get("content"), str)
+    )
+
+
+def text_arrays(
+    field: str, value: Any, *, text_of_messages: bool, where: Where = _FLAT
+) -> tuple[pa.Array, pa.Array | None]:
+    """Strings or chat-message lists: ``(text, messages)`` columns.
+
+    ``messages`` is ``None`` when every item is a string; otherwise it is null where the item
+    is a string and ``text`` is null where it is a message list (or, with
+    ``text_of_messages``, holds :func:`assistant_text` there).
+    """
+    value = _plain(field, value, "a list of strings")
+    if isinstance(value, pa.Array):
+        return str_array(field, value, where=where), None
+    try:
+        array = pa.array(value)
+    except _ARROW_ERRORS:
+        array = None
+    if array is not None and pa.types.is_string(array.type) and not array.null_count:
+        return array, None
+    if array is not None and pa.types.is_null(array.type) and not len(array):
+        return pa.array([], pa.string()), None
+    texts: list[str | None] = []
+    messages: list[list[dict] | None] = []
+    for i, item in enumerate(value):
+        if isinstance(item, str):
+            texts.append(item)
+            messages.append(None)
+        elif _is_messages(item):
+            texts.append(assistant_text(item) if text_of_messages else None)
+            messages.append(_message_rows(field, item, where(i)))
+        elif item is None:
+            raise LayoutError(f"{field}: expected a str at {where(i)}, got None (null)")
+        else:  # (or a list of message dicts)
+            raise SchemaError(f"{field}: expected a str at {where(i)}, got {_type_name(item)}")
+    return pa.array(texts, pa.string()), pa.array(messages, S.MESSAGES_TYPE)
+
+
+def decode_messages(rows: list[dict]) -> list[dict]:
+    """One chat-message list back from its ``list<struct<role, content, extra>>`` rows."""
+    out = []
+    for row in rows:
+        message = {k: row[k] for k in ("role", "content") if row[k] is not None}
+        if row["extra"]:
+            message.update(json.loads(row["extra"]))
+        out.append(message)
+    return out
+
+
+def decode_texts(text: pa.Array, messages: pa.Array | None) -> list:
+    """The items :func:`text_arrays` encoded: strings, and message lists where stored."""
+    values = text.to_pylist()
+    if messages is None or messages.null_count == len(messages):
+        return values
+    for i, rows in enumerate(messages.to_pylist()):
+        if rows is not None:
+            values[i] = decode_messages(rows)
+    return values
+
+
+# ---------------------------------------------------------------------------- JSON metadata
+def _payload(item: Any) -> Any:
+    """The seed's ``VLLMLogprobResult`` (and anything else with ``to_trl_payload()``)."""
     payload = getattr(item, "to_trl_payload", None)
     if callable(payload):
-        item = payload()
+        return payload()
+    raise TypeError(f"Object of type {_type_name(item)} is not JSON serializable")
+
+
+_ENCODER = json.JSONEncoder(allow_nan=True, default=_payload)
+_C_ENCODER = getattr(json.encoder, "c_make_encoder", None)
+
+
+def _json_text(field: str, item: Any, where: str) -> str:
     try:
-        return json.dumps(item, allow_nan=True, sort_keys=False)
+        return _ENCODER.encode(item)
     except (TypeError, ValueError) as exc:
         raise SchemaError(
             f"{field}: expected JSON-serialisable metadata at {where}, got {_type_name(item)} "
@@ -203,323 +350,208 @@ def to_json_text(field: str, item: Any, where: str) -> str:
         ) from None
 
 
-def ensure_json_list(field: str, value: Any, *, optional: bool = True) -> JsonSequence | None:
-    if value is None and optional:
-        return None
-    if isinstance(value, JsonSequence):
+_encode_many = None
+if _C_ENCODER is not None:
+    # One C encoder made once: `JSONEncoder.encode` builds a new one per call, most of its
+    # cost on small dicts (there is one per completion). It skips the circular-reference
+    # check (a cycle ends in RecursionError), so any failure is redone by `_json_text`.
+    _make = _C_ENCODER(
+        None, _payload, json.encoder.encode_basestring_ascii, None, ": ", ", ", False, False,
+        True,
+    )  # fmt: skip
+
+    def _encode_many(items: Sequence) -> list[str]:
+        return ["".join(_make(item, 0)) for item in items]
+
+
+def json_array(field: str, value: Any, *, where: Where = _FLAT) -> pa.Array:
+    """One JSON text per item (``None`` is the text ``null``)."""
+    value = _plain(field, value, "a list")
+    if isinstance(value, pa.Array):
+        return str_array(field, value, nullable=True, where=where)
+    texts = None
+    if _encode_many is not None:
+        try:
+            texts = _encode_many(value)
+        except (TypeError, ValueError, RecursionError):
+            texts = None  # redone item by item, to name the one that fails
+    if texts is None:
+        texts = [_json_text(field, item, where(i)) for i, item in enumerate(value)]
+    return pa.array(texts, pa.string())
+
+
+def decode_json(texts: pa.Array) -> list:
+    """The JSON texts of ``texts`` as Python values, in one ``json.loads`` call."""
+    if not len(texts):
+        return []
+    items = texts.to_pylist()
+    if texts.null_count:
+        items = ["null" if t is None else t for t in items]
+    return json.loads("[" + ",".join(items) + "]")
+
+
+# ---------------------------------------------------------------------------- completion info
+def info_array(field: str, value: Any, *, where: Where = _FLAT) -> pa.Array:
+    """Completion-info dicts (or ``None``) as a struct array of :data:`INFO_TYPE`."""
+    value = _plain(field, value, "a list of dicts")
+    if isinstance(value, pa.Array):
+        if not pa.types.is_struct(value.type):
+            raise SchemaError(f"{field}: expected structs, got an Arrow array of {value.type}")
         return value
-    if isinstance(value, str | bytes) or not isinstance(value, Sequence):
-        raise SchemaError(f"{field}: expected a list, got {_type_name(value)}")
-    texts = [to_json_text(field, item, f"position {i}") for i, item in enumerate(value)]
-    return JsonSequence(pa.array(texts, type=pa.string()))
+    rows: list[Any] = []
+    ids: list[Any] = []
+    for i, item in enumerate(value):
+        if item is None:
+            rows.append(None)
+            ids.append(None)
+            continue
+        if not isinstance(item, Mapping):
+            raise SchemaError(f"{field}: expected a dict at {where(i)}, got {_type_name(item)}")
+        clean = True
+        for key, val in item.items():
+            check = _INFO_CHECKS.get(key)
+            if check is None or not check(val):
+                clean = False
+                break
+        if clean:
+            rows.append(item)  # extra keys are ignored by pa.array: there are none here
+            ids.append(item.get("token_ids"))
+        else:
+            row, token_ids = _split_info(field, item, where(i))
+            rows.append(row)
+            ids.append(token_ids)
+    scalars = pa.array(rows, type=_INFO_SCALARS)
+    token_ids = _token_id_lists(ids)
+    if token_ids is None:  # some token_ids are not int32 lists: they move to `extra`
+        for i, item in enumerate(value):
+            if ids[i] is not None and not _is_int32_list(ids[i]):
+                rows[i], _ = _split_info(field, item, where(i), ids_typed=False)
+                ids[i] = None
+        scalars = pa.array(rows, type=_INFO_SCALARS)
+        token_ids = pa.array(ids, INFO_FIELDS["token_ids"])
+    arrays = [scalars.field(i) for i in range(scalars.type.num_fields)]
+    arrays.insert(len(INFO_FIELDS) - 1, token_ids)
+    mask = scalars.is_null() if scalars.null_count else None
+    return pa.StructArray.from_arrays(arrays, fields=list(INFO_TYPE), mask=mask)
 
 
-def _is_token_ids(value: Any) -> bool:
-    return isinstance(value, list | tuple) and all(
-        isinstance(t, numbers.Integral) and not isinstance(t, bool) and 0 <= t < 2**31
+def _split_info(field: str, item: Mapping, where: str, *, ids_typed: bool = True):
+    row: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    token_ids = None
+    for key, val in item.items():
+        if not isinstance(key, str):
+            raise SchemaError(f"{field}: expected str keys at {where}, got {key!r}")
+        check = _INFO_CHECKS.get(key)
+        if check is not None and check(val) and (ids_typed or key != "token_ids"):
+            if key == "token_ids":
+                token_ids = val
+            else:
+                row[key] = val
+        else:
+            extra[key] = val
+    row["extra"] = _json_text(field, extra, where) if extra else None
+    return row, token_ids
+
+
+def _is_int32_list(value: Any) -> bool:
+    return all(
+        isinstance(t, numbers.Integral) and not isinstance(t, bool) and _INT32[0] <= t <= _INT32[1]
         for t in value
     )
 
 
-def info_record(field: str, item: Any, where: str) -> dict | None:
-    """One completion-info dict as a struct row: typed keys as fields, the rest as JSON."""
-    if item is None:
+def _token_id_lists(ids: list) -> pa.Array | None:
+    """``token_ids`` as ``list<int32>``; ``None`` if some are not int32 lists (then those go
+    to ``extra``, where JSON keeps them exactly)."""
+    if all(i is None for i in ids):
+        return pa.nulls(len(ids), INFO_FIELDS["token_ids"])
+    try:
+        inferred = pa.array(ids)  # inferred: a typed conversion would truncate floats
+    except _ARROW_ERRORS:
         return None
-    if not isinstance(item, Mapping):
-        raise SchemaError(f"{field}: expected a dict at {where}, got {_type_name(item)}")
-    row: dict[str, Any] = {name: None for name in INFO_FIELDS}
-    extra: dict[str, Any] = {}
-    for key, val in item.items():
-        if not isinstance(key, str):
-            raise SchemaError(f"{field}: expected str keys at {where}, got {key!r}")
-        kind = INFO_FIELDS.get(key)
-        if key == "token_ids" and isinstance(val, list | tuple):
-            negative = [t for t in val if isinstance(t, numbers.Integral) and t < 0]
-            if negative:
-                raise LayoutError(
-                    f"{field}: expected token ids >= 0 at {where}, got {int(negative[0])} at "
-                    f"token {list(val).index(negative[0])}"
-                )
-        typed = (
-            kind is not None
-            and val is not None
-            and (
-                (pa.types.is_string(kind) and isinstance(val, str))
-                or (pa.types.is_boolean(kind) and isinstance(val, bool))
-                or (
-                    pa.types.is_integer(kind)
-                    and isinstance(val, numbers.Integral)
-                    and not isinstance(val, bool)
-                    and -(2**31) <= int(val) < 2**31
-                )
-                or (pa.types.is_list(kind) and _is_token_ids(val))
-            )
-        )
-        if typed:
-            row[key] = val
-        else:
-            extra[key] = val
-    row["extra"] = to_json_text(field, extra, where) if extra else None
-    return row
-
-
-def ensure_info_list(field: str, value: Any, *, optional: bool = True) -> InfoSequence | None:
-    if value is None and optional:
+    child = inferred.type.value_type if pa.types.is_list(inferred.type) else None
+    if child is None or not (pa.types.is_integer(child) or pa.types.is_null(child)):
         return None
-    if isinstance(value, InfoSequence):
-        return value
-    if isinstance(value, str | bytes) or not isinstance(value, Sequence):
-        raise SchemaError(f"{field}: expected a list of dicts, got {_type_name(value)}")
-    rows = [info_record(field, item, f"position {i}") for i, item in enumerate(value)]
-    return InfoSequence(pa.array(rows, type=INFO_TYPE))
+    if inferred.flatten().null_count:
+        return None
+    try:
+        return inferred.cast(INFO_FIELDS["token_ids"])
+    except pa.ArrowInvalid:
+        return None
 
 
-# ---------------------------------------------------------------------------- grouped lists
-def _group_lists(field: str, value: Any) -> list[Sequence]:
-    if isinstance(value, str | bytes) or not isinstance(value, Sequence):
-        raise SchemaError(
-            f"{field}: expected a list of lists (one per group), got {_type_name(value)}"
-        )
+def decode_info(structs: pa.Array) -> list:
+    """Completion-info dicts back: typed fields that hold a value, then the ``extra`` keys."""
+    rows = structs.to_pylist()
+    if not rows:
+        return rows
+    names = [f.name for f in structs.type]
+    # Fields null everywhere are dropped in one pass; only partly null ones are tested per row.
+    everywhere = [n for n in names if structs.field(n).null_count == len(structs)]
+    partly = [n for n in names if n not in everywhere and structs.field(n).null_count]
+    has_extra = "extra" in names and "extra" not in everywhere
+    out = []
+    for row in rows:
+        if row is None:
+            out.append(None)
+            continue
+        for name in everywhere:
+            del row[name]
+        for name in partly:
+            if row[name] is None:
+                del row[name]
+        if has_extra:
+            extra = row.pop("extra", None)
+            if extra:
+                row.update(json.loads(extra))
+        out.append(row)
+    return out
+
+
+# ---------------------------------------------------------------------------- grouped values
+def group_flat(field: str, value: Any, what: str = "a list") -> tuple[list, np.ndarray]:
+    """A list of groups as (flat items, int64 group offsets)."""
+    value = _plain(field, value, "a list of lists (one per group)")
+    if isinstance(value, np.ndarray):
+        value = list(value)
+    sizes = np.empty(len(value), dtype=np.int64)
     groups = []
     for g, group in enumerate(value):
-        if isinstance(group, ArrowSequence):
-            group = group.to_pylist()
-        if isinstance(group, np.ndarray | torch.Tensor):
-            group = group.tolist()
-        if isinstance(group, str | bytes) or not isinstance(group, Sequence):
-            raise SchemaError(f"{field}: expected a list at group {g}, got {_type_name(group)}")
-        groups.append(group)
-    return groups
-
-
-def _list_array(values: pa.Array, sizes: Sequence[int]) -> pa.Array:
-    offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
-    np.cumsum(np.asarray(sizes, dtype=np.int64), out=offsets[1:])
-    if offsets[-1] < 2**31:
-        return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), values)
-    return pa.LargeListArray.from_arrays(pa.array(offsets), values)
-
-
-def _existing_list(field: str, value: Any) -> pa.Array | None:
-    if isinstance(value, GroupedSequence):
-        return value.arrow
-    if isinstance(value, Ragged):
-        return value.to_arrow()
-    if isinstance(value, pa.ChunkedArray):
-        value = value.combine_chunks()
-    if isinstance(value, pa.Array):
-        if not (pa.types.is_list(value.type) or pa.types.is_large_list(value.type)):
-            raise SchemaError(f"{field}: expected an Arrow list array, got {value.type}")
-        if value.null_count:
-            bad = int(np.flatnonzero(~value.is_valid().to_numpy(zero_copy_only=False))[0])
-            raise LayoutError(f"{field}: expected no null groups, got a null at group {bad}")
-        return value
-    return None
-
-
-def ensure_grouped_floats(field: str, value: Any, *, optional: bool = False):
-    if value is None and optional:
-        return None
-    array = _existing_list(field, value)
-    if array is not None:
-        _check_no_null_items(field, array)
-        flat = _numeric_array(f"{field} values", array.flatten(), _FLOAT)
-        if flat is not array.flatten() and flat.type != array.type.value_type:
-            array = _list_array(flat, np.diff(list_offsets(array)))
-        return GroupedSequence(array)
-    groups = _group_lists(field, value)
-    for g, group in enumerate(groups):
-        _check_numbers(field, group, g)
-    flat = pa.array([x for group in groups for x in group], type=_FLOAT)
-    return GroupedSequence(_list_array(flat, [len(group) for group in groups]))
-
-
-def _check_no_null_items(field: str, array: pa.Array) -> None:
-    """Nulls inside the lists of an Arrow list array, reported by group and sample."""
-    flat = array.flatten()
-    if flat.null_count:
-        i = int(np.flatnonzero(~flat.is_valid().to_numpy(zero_copy_only=False))[0])
-        offsets = list_offsets(array)
-        g = int(np.searchsorted(offsets, i, side="right") - 1)
-        raise LayoutError(
-            f"{field}: expected no nulls, got a null at group {g}, sample {i - int(offsets[g])}"
-        )
-
-
-def ensure_grouped_strings(field: str, value: Any) -> GroupedSequence:
-    array = _existing_list(field, value)
-    if array is not None:
-        _check_no_null_items(field, array)
-        ensure_str_list(f"{field} values", array.flatten())
-        return GroupedSequence(array)
-    groups = _group_lists(field, value)
-    for g, group in enumerate(groups):
-        for k, item in enumerate(group):
-            if item is None:
-                raise LayoutError(
-                    f"{field}: expected a str at group {g}, sample {k}, got None (null)"
-                )
-            if not isinstance(item, str):
-                raise SchemaError(
-                    f"{field}: expected a str at group {g}, sample {k}, got {_type_name(item)}"
-                )
-    flat = pa.array([x for group in groups for x in group], type=pa.string())
-    return GroupedSequence(_list_array(flat, [len(group) for group in groups]))
-
-
-def ensure_grouped_json(field: str, value: Any, *, optional: bool = True):
-    if value is None and optional:
-        return None
-    if isinstance(value, GroupedSequence):
-        return value
-    groups = _group_lists(field, value)
-    texts = [
-        to_json_text(field, item, f"group {g}, sample {k}")
-        for g, group in enumerate(groups)
-        for k, item in enumerate(group)
-    ]
-    flat = pa.array(texts, type=pa.string())
-    return GroupedSequence(_list_array(flat, [len(group) for group in groups]), JsonSequence)
-
-
-def ensure_grouped_info(field: str, value: Any, *, optional: bool = True):
-    if value is None and optional:
-        return None
-    if isinstance(value, GroupedSequence):
-        return value
-    groups = _group_lists(field, value)
-    rows = [
-        info_record(field, item, f"group {g}, sample {k}")
-        for g, group in enumerate(groups)
-        for k, item in enumerate(group)
-    ]
-    flat = pa.array(rows, type=INFO_TYPE)
-    return GroupedSequence(_list_array(flat, [len(group) for group in groups]), InfoSequence)
-
-
-def check_same_groups(owner: str, base_name: str, base: GroupedSequence, others: dict) -> None:
-    """Every grouped field of one record has the same group sizes as ``base``."""
-    sizes = base.group_sizes()
-    for name, other in others.items():
-        if other is None:
-            continue
-        other_sizes = other.group_sizes()
-        if len(other_sizes) != len(sizes):
-            raise LayoutError(
-                f"{owner}.{name}: expected {len(sizes)} groups (as {base_name}), "
-                f"got {len(other_sizes)}"
-            )
-        diff = np.flatnonzero(other_sizes != sizes)
-        if diff.size:
-            g = int(diff[0])
-            raise LayoutError(
-                f"{owner}.{name}: group {g} has {int(other_sizes[g])} entries, expected "
-                f"{int(sizes[g])} (the size of {base_name}[{g}])"
-            )
-
-
-# ---------------------------------------------------------------------------- dict of lists
-class ColumnDict(dict):
-    """A dict of per-sample float columns; values are normalised to views on assignment.
-
-    The original pipeline adds keys in place (the entropy bonus diagnostics), so this stays a
-    mutable dict; each value becomes an :class:`ArrowSequence` of float64.
-    """
-
-    def __init__(
-        self,
-        value: Mapping | Iterable[tuple[str, Any]] | None = None,
-        *,
-        owner: str = "per_reward_values",
-    ):
-        # `value` comes first and may be (key, column) pairs, like dict's own constructor:
-        # `dataclasses.asdict` and `copy` rebuild a dict subclass as `type(d)(pairs)`.
-        super().__init__()
-        self._owner = owner
-        for key, column in dict(value or {}).items():
-            self[key] = column
-
-    def __setitem__(self, key: str, column: Any) -> None:
-        if not isinstance(key, str):
-            raise SchemaError(f"{self._owner}: expected str keys, got {key!r}")
-        super().__setitem__(key, ensure_float_list(f"{self._owner}[{key!r}]", column))
-
-    def update(self, *args, **kwargs) -> None:
-        for key, column in dict(*args, **kwargs).items():
-            self[key] = column
-
-    def setdefault(self, key, default=None):
-        if key not in self:
-            self[key] = default
-        return self[key]
-
-
-def ensure_column_dict(field: str, value: Any) -> ColumnDict:
-    if isinstance(value, ColumnDict):
-        return value
-    if not isinstance(value, Mapping):
-        raise SchemaError(f"{field}: expected a dict of lists, got {_type_name(value)}")
-    return ColumnDict(value, owner=field)
-
-
-def ensure_float_dict(field: str, value: Any) -> dict[str, float]:
-    if not isinstance(value, Mapping):
-        raise SchemaError(f"{field}: expected a dict of floats, got {_type_name(value)}")
-    return {str(k): ensure_float(f"{field}[{k!r}]", v) for k, v in value.items()}
-
-
-# ---------------------------------------------------------------------------- tensors
-_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-_INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool)
-
-
-def ensure_tensor(
-    field: str,
-    value: Any,
-    *,
-    ndim: int | tuple[int, ...],
-    kind: str = "float",
-    optional: bool = False,
-) -> torch.Tensor | None:
-    """A tensor of the given rank and dtype family (``"float"``, ``"int"`` or ``"any"``).
-
-    Lists and numpy arrays are converted (float32 for floats, int64 for ints, as the seed's
-    producers make them); tensors are kept as they are, gradients included.
-    """
-    if value is None:
-        if optional:
-            return None
-        raise SchemaError(f"{field}: expected a tensor, got None")
-    if not isinstance(value, torch.Tensor):
-        if isinstance(value, ArrowSequence):
-            value = value.to_torch()
-        elif isinstance(value, np.ndarray | list | tuple | numbers.Real):
-            try:
-                array = np.asarray(value)
-            except ValueError as exc:
-                raise LayoutError(f"{field}: expected a rectangular array ({exc})") from None
-            if array.dtype.kind not in "iufb":
-                raise SchemaError(f"{field}: expected numbers, got an array of {array.dtype}")
-            target = torch.int64 if kind == "int" else torch.float32
-            if kind == "any" and array.dtype.kind in "iub":
-                target = torch.int64
-            value = torch.as_tensor(array).to(target)
+        if isinstance(group, list | tuple | np.ndarray):
+            pass
+        elif hasattr(group, "detach") and hasattr(group, "tolist"):
+            group = group.detach().cpu().tolist()
         else:
-            raise SchemaError(f"{field}: expected a tensor, got {_type_name(value)}")
-    ranks = (ndim,) if isinstance(ndim, int) else ndim
-    if value.dim() not in ranks:
-        expected = " or ".join(str(r) for r in ranks)
+            raise SchemaError(f"{field}: expected {what} at group {g}, got {_type_name(group)}")
+        sizes[g] = len(group)
+        groups.append(group)
+    offsets = np.zeros(len(value) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    return list(itertools.chain.from_iterable(groups)), offsets
+
+
+def grouped(flat: pa.Array, offsets: np.ndarray) -> pa.Array:
+    """A list array over ``flat`` (not copied) with the given int64 offsets."""
+    if len(offsets) and offsets[-1] >= 2**31:
+        return pa.LargeListArray.from_arrays(pa.array(offsets), flat)
+    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), flat)
+
+
+def arrow_groups(field: str, value: pa.Array, check_items: bool = True) -> pa.Array:
+    """An Arrow list array given as a grouped field: no null groups, no null items."""
+    if not (pa.types.is_list(value.type) or pa.types.is_large_list(value.type)):
+        raise SchemaError(f"{field}: expected an Arrow list array, got {value.type}")
+    if value.null_count:
         raise LayoutError(
-            f"{field}: expected a tensor of rank {expected}, got shape {tuple(value.shape)}"
+            f"{field}: expected no null groups, got a null at group {first_null(value)}"
         )
-    if kind == "float" and value.dtype not in _FLOAT_DTYPES:
-        raise SchemaError(f"{field}: expected a floating tensor, got dtype {value.dtype}")
-    if kind == "int" and value.dtype not in _INT_DTYPES:
-        raise SchemaError(f"{field}: expected an integer tensor, got dtype {value.dtype}")
+    if check_items:
+        _arrow_nulls(field, value.flatten(), Where(list_offsets(value)))
     return value
 
 
-def nan_equal(a: float | None, b: float | None) -> bool:
-    if a is None or b is None:
-        return a is b
-    return a == b or (math.isnan(a) and math.isnan(b))
+def regroup_list(flat: list, offsets: np.ndarray) -> list[list]:
+    """``flat`` cut at ``offsets`` into a list of lists."""
+    bounds = offsets.tolist()
+    return [flat[lo:hi] for lo, hi in zip(bounds[:-1], bounds[1:])]

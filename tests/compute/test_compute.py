@@ -448,7 +448,7 @@ def test_grouped_views_and_arrow_lists_are_accepted():
     groups = [[0.0, 1.0], [2.0, 2.0, 5.0]]
     rec = QDistribution(grouped=groups, samples=[x for g in groups for x in g])
     via_view = C.group_advantages(rec.grouped)
-    via_arrow = C.group_advantages(rec.grouped.arrow)
+    via_arrow = C.group_advantages(rec.column("grouped"))
     assert_groups_close(via_view, ref_advantages(groups))
     assert via_arrow.equal(via_view)
 

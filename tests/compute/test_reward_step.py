@@ -53,9 +53,9 @@ def _batch(seed=0, n_groups=6):
 
 
 def _reference(gb, funcs, weights, *, truncate=False, max_len=None):
-    flat = [c for g in gb.grouped_completions.to_pylist() for c in g]
+    flat = [c for g in gb.grouped_completions for c in g]
     answers = [a for a, g in zip(gb.answers, gb.grouped_completions) for _ in range(len(g))]
-    info = [i for g in gb.grouped_completion_info.to_pylist() for i in g]
+    info = [i for g in gb.grouped_completion_info for i in g]
     raw = [f(flat, answers) for f in funcs]
     utils = []
     for i in range(len(flat)):
@@ -74,15 +74,15 @@ def test_compute_rewards_matches_the_per_sample_reference():
     rc = compute_rewards(gb, funcs, weights=[1.0, 0.5, 2.0], q_temperature=0.5)
     flat, answers, raw, utils = _reference(gb, funcs, [1.0, 0.5, 2.0])
     assert isinstance(rc, RewardComputation)
-    assert rc.total_utils.to_pylist() == pytest.approx(utils, abs=1e-15)
+    assert rc.total_utils == pytest.approx(utils, abs=1e-15)
     assert list(rc.per_reward_values) == ["reward_0", "reward_1", "reward_2"]
-    assert rc.per_reward_values["reward_1"].to_pylist() == raw[1]
+    assert rc.per_reward_values["reward_1"] == raw[1]
     nan_or = [math.nan if v is None else v for v in raw[2]]
-    got = rc.per_reward_values["reward_2"].to_pylist()
+    got = rc.per_reward_values["reward_2"]
     assert all((math.isnan(a) and math.isnan(b)) or a == b for a, b in zip(got, nan_or))
-    assert rc.pairs.completions.to_pylist() == flat
+    assert rc.pairs.completions == flat
     sizes = [len(g) for g in gb.grouped_completions]
-    assert rc.pairs.prompts.to_pylist() == [p for p, k in zip(gb.prompts, sizes) for _ in range(k)]
+    assert rc.pairs.prompts == [p for p, k in zip(gb.prompts, sizes) for _ in range(k)]
     assert rc.moments.mean == pytest.approx(statistics.fmean(utils))
     assert rc.moments.std == pytest.approx(statistics.pstdev(utils))
     i = 0
@@ -90,15 +90,15 @@ def test_compute_rewards_matches_the_per_sample_reference():
         u = utils[i : i + k]
         mu = sum(u) / k
         sd = statistics.stdev(u) if k > 1 else 0.0
-        assert rc.advantage.grouped[g].to_pylist() == pytest.approx(
+        assert rc.advantage.grouped[g] == pytest.approx(
             [(x - mu) / (sd + 1e-4) for x in u], abs=1e-9
         )
         e = [math.exp((x - max(u)) / 0.5) for x in u]
         soft = [x / sum(e) for x in e]
         q = [s * (1 - k * 1e-6) + 1e-6 for s in soft]
-        assert rc.q_grouped[g].to_pylist() == pytest.approx([x / sum(q) for x in q], abs=1e-12)
+        assert rc.q_grouped[g] == pytest.approx([x / sum(q) for x in q], abs=1e-12)
         i += k
-    assert rc.advantage_samples == [x for g in rc.advantage.grouped.to_pylist() for x in g]
+    assert rc.advantage_samples == [x for g in rc.advantage.grouped for x in g]
     assert rc.ref_logprob_meta[0] == gb.grouped_ref_meta[0][0]
     assert rc.completion_metadata is rc.pairs.metadata
     assert rc.seed_semantic_entropies is None and rc.entropy_bonus_scale is None
@@ -115,7 +115,7 @@ def test_truncated_completions_get_zero_utility_and_custom_names(tmp_path):
         max_completion_len=10,
     )
     _, _, _, utils = _reference(gb, [accuracy, brevity], [1.0, 1.0], truncate=True, max_len=10)
-    assert rc.total_utils.to_pylist() == pytest.approx(utils)
+    assert rc.total_utils == pytest.approx(utils)
     assert list(rc.per_reward_values) == ["acc", "short"]
     # The record survives a Parquet round trip.
     pq.write_table(pa.Table.from_batches([rc.to_arrow()]), tmp_path / "rc.parquet")
@@ -127,11 +127,11 @@ def test_seed_grpo_scales_the_advantages():
     gb = _batch(3)
     plain = compute_rewards(gb, [accuracy], weights=[1.0])
     seeded = compute_rewards(gb, [accuracy], weights=[1.0], seed_grpo=SeedGrpoSettings(alpha=1.0))
-    scales = seeded.seed_advantage_scales.to_pylist()
+    scales = seeded.seed_advantage_scales
     assert len(scales) == len(gb.prompts)
     for g, s in enumerate(scales):
-        want = [s * a for a in plain.advantage.grouped[g].to_pylist()]
-        assert seeded.advantage.grouped[g].to_pylist() == pytest.approx(want, abs=1e-12)
+        want = [s * a for a in plain.advantage.grouped[g]]
+        assert seeded.advantage.grouped[g] == pytest.approx(want, abs=1e-12)
     k_max = max(len(g) for g in gb.grouped_completions)
     assert seeded.seed_max_possible_entropy == pytest.approx(math.log(k_max))
     assert seeded.seed_alpha_effective == pytest.approx(1.0 / math.log(k_max))
@@ -147,11 +147,11 @@ def test_apply_entropy_bonus_recomputes_utils_advantages_and_q():
     out = apply_entropy_bonus(rc, ent, counts, coef=0.3)
     sigma = rc.moments.std
     assert out.entropy_bonus_scale == pytest.approx(sigma)
-    bonus = out.per_reward_values["entropy_bonus"].to_pylist()
-    new = [u + b for u, b in zip(rc.total_utils.to_pylist(), bonus)]
-    assert out.total_utils.to_pylist() == pytest.approx(new)
+    bonus = out.per_reward_values["entropy_bonus"]
+    new = [u + b for u, b in zip(rc.total_utils, bonus)]
+    assert out.total_utils == pytest.approx(new)
     assert out.moments.std == pytest.approx(statistics.pstdev(new))
-    z = out.per_reward_values["policy_entropy_group_zscore"].to_pylist()
+    z = out.per_reward_values["policy_entropy_group_zscore"]
     assert bonus == pytest.approx([0.3 * sigma * x for x in z])
     assert out.pairs is rc.pairs
     assert apply_entropy_bonus(rc, ent, counts, coef=0.0) is rc

@@ -19,6 +19,7 @@ from store_fixtures import CONFIG, make_parts
 from maxent_arrow import (
     GenerationBatch,
     LayoutError,
+    RewardComputation,
     RolloutBatch,
     SchemaError,
 )
@@ -87,10 +88,12 @@ def test_behaviour_logprobs_and_weights_regrouped(batch, parts):
 
 def test_flat_columns_are_regrouped_without_copy(parts):
     weights = parts["weights"]  # float64 tensor: Arrow views it, regrouping adds offsets only
-    batch = RolloutBatch.from_parts(0, **parts)
+    # An Arrow-born RewardComputation (what compute_rewards returns): its buffers are reused.
+    rewards = RewardComputation.from_arrow(parts["rewards"].to_arrow())
+    batch = RolloutBatch.from_parts(0, **{**parts, "rewards": rewards})
     values = batch.column("weights").flatten()
     assert values.buffers()[1].address == weights.data_ptr()
-    advantages = parts["rewards"].advantage.grouped.arrow.flatten()
+    advantages = rewards.advantage.column("grouped").flatten()
     assert batch.column("advantages").flatten().buffers()[1].address == (
         advantages.buffers()[1].address + advantages.offset * 8
     )
@@ -236,3 +239,94 @@ def test_parquet_round_trip_property(tmp_path_factory, seed, groups, k):
     assert back.generation_batch == parts["generation"]
     assert back.reference_logprobs == parts["reference"]
     assert json.loads(back.step_row.column("config")[0].as_py()) == CONFIG
+
+
+def test_objects_built_the_original_way_come_back_from_parquet_equal(parts, tmp_path):
+    batch = RolloutBatch.from_parts(5, rank=1, **parts)
+    pq.write_table(batch.to_arrow(), tmp_path / "step.parquet")
+    back = RolloutBatch.from_arrow(pq.read_table(tmp_path / "step.parquet"))
+    gen, given_gen = back.generation_batch, parts["generation"]
+    assert gen == given_gen
+    assert isinstance(gen.prompts, list) and isinstance(gen.grouped_completions[0], list)
+    assert all(isinstance(group, list) for group in gen.grouped_ref_meta)
+    rc, given = back.reward_computation, parts["rewards"]
+    for field in ("total_utils", "per_reward_values", "advantage", "q_distribution", "moments"):
+        assert getattr(rc, field) == getattr(given, field), field
+    assert rc.pairs.prompts == given.pairs.prompts
+    assert rc.pairs.completions == given.pairs.completions
+    flat_info = [info for group in given_gen.grouped_completion_info for info in group]
+    assert rc.completion_metadata is rc.pairs.metadata and rc.completion_metadata == flat_info
+    assert isinstance(rc.total_utils, list) and isinstance(rc.per_reward_values["format"], list)
+    assert back.reference_logprobs == parts["reference"]
+    assert back.length_stats == parts["length_stats"]
+    assert back.loss_scalars == parts["loss"]
+    assert back.diagnostics == parts["diagnostics"]
+    assert back.score_batch(slice_size=4) == parts["score_batch"]
+    # Arrow-born: an untouched object gives its batch back, and views the step's buffers.
+    fresh = back.generation_batch
+    assert fresh.to_arrow() is fresh.to_arrow()
+    stored = back.groups.column("completions")
+    assert fresh.column("completions").buffers() == stored.buffers()
+    assert back.reward_computation.tensor("total_utils").data_ptr() == (
+        back.column("total_utils").flatten().buffers()[1].address
+    )
+    # The replayed objects assemble the same group rows again.
+    again = RolloutBatch.from_parts(
+        5,
+        rank=1,
+        generation=back.generation_batch,
+        rewards=back.reward_computation,
+        reference=back.reference_logprobs,
+        score_batch=back.score_batch(slice_size=4),
+        length_stats=back.length_stats,
+        loss=back.loss_scalars,
+        diagnostics=back.diagnostics,
+        weights=back.column("weights"),
+        config=back.config,
+    )
+    for name in again.groups.schema.names:
+        assert again.groups.column(name).equals(batch.groups.column(name)), name
+
+
+def test_chat_prompts_and_completions_in_the_message_columns(parts, tmp_path):
+    from maxent_arrow.compute import compute_rewards
+
+    chat = [{"role": "user", "content": "What is 2+2?"}]
+    gen = GenerationBatch(
+        prompts=["plain prompt", chat],
+        answers=["a", "4"],
+        grouped_completions=[
+            ["x", "y"],
+            [[{"role": "assistant", "content": "4", "tool_calls": []}], [{"role": "assistant"}]],
+        ],
+        grouped_ref_meta=None,
+    )
+    rewards = compute_rewards(
+        gen,
+        [lambda completions, answers: [float(isinstance(c, list)) for c in completions]],
+        weights=[1.0],
+    )
+    assert rewards.per_reward_values["reward_0"] == [0.0, 0.0, 1.0, 1.0]  # messages, as given
+    batch = RolloutBatch.from_parts(0, generation=gen, rewards=rewards)
+    groups = batch.groups
+    assert groups.column("prompt").to_pylist() == ["plain prompt", None]
+    assert groups.column("prompt_messages")[1].as_py()[0]["content"] == "What is 2+2?"
+    assert groups.column("completions").to_pylist() == [["x", "y"], ["4", ""]]
+    assert groups.column("completion_messages").to_pylist()[0] is None
+    pq.write_table(batch.to_arrow(), tmp_path / "chat.parquet")
+    back = RolloutBatch.from_arrow(pq.read_table(tmp_path / "chat.parquet"))
+    assert back.generation_batch == gen
+    assert back.reward_computation.pairs.prompts == ["plain prompt"] * 2 + [chat] * 2
+    assert back.reward_computation.pairs.completions == rewards.pairs.completions
+
+
+def test_a_group_with_both_prompt_columns_is_refused():
+    chat = [{"role": "user", "content": "hi"}]
+    gen = GenerationBatch(["plain", chat], ["a", "b"], [["x"], ["y"]], None)
+    batch = RolloutBatch.from_parts(0, generation=gen)
+    groups = batch.groups
+    both = groups.set_column(
+        groups.schema.get_field_index("prompt"), "prompt", pa.array(["plain", "text too"])
+    )
+    with pytest.raises(LayoutError, match="group 1 has both; a prompt is text or chat"):
+        RolloutBatch(both, batch.step_row)

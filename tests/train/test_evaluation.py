@@ -47,7 +47,7 @@ def test_evaluate_scores_greedy_completions_and_stores_an_eval_step(tmp_path):
     assert batch.kind == "eval" and batch.step == 4 and batch.num_samples == 2
     assert store.steps(kind="eval") == [4] and store.steps(kind="train") == []
     rc = batch.reward_computation
-    texts = batch.generation_batch.grouped_completions.to_pylist()
+    texts = batch.generation_batch.grouped_completions
     expected = [
         1.0 * a + 0.5 * f
         for a, f in zip(

@@ -367,3 +367,78 @@ def test_group_classes_are_one_row_per_group_with_the_group_table_names():
     assert back == record
     changed = dataclasses.replace(record, total_utils=[0.0, 0.0, 0.0])
     assert RewardComputation.from_arrow(changed.to_arrow()) != record
+
+
+# ---------------------------------------------------------------------------- edits, then Arrow
+def mutate(record, data) -> None:
+    """An edit the trainer could make in place (keeping the record storable)."""
+    draw = data.draw
+    name = type(record).__name__
+    if name == "PromptCacheEntry":
+        record.input_ids.append(draw(token_ids))
+        record.attention_mask.append(draw(st.integers(0, 1)))
+    elif name == "GenerationBatch":
+        k = draw(st.integers(0, 3))
+        record.prompts.append(draw(texts))
+        record.answers.append(draw(st.none() | texts))
+        record.grouped_completions.append(draw(st.lists(texts, min_size=k, max_size=k)))
+        if record.grouped_ref_meta is not None:
+            record.grouped_ref_meta.append(draw(st.lists(json_values, min_size=k, max_size=k)))
+        if record.grouped_completion_info is not None:
+            infos = draw(st.lists(completion_info(), min_size=k, max_size=k))
+            record.grouped_completion_info.append(infos)
+            for group in record.grouped_completion_info:
+                for info in group:
+                    info["edited"] = True  # a dict read from the record, changed in place
+    elif name == "PromptCompletionBatch":
+        record.prompts.append(draw(texts))
+        record.completions.append(draw(texts))
+        if record.metadata is not None:
+            record.metadata.append(draw(completion_info()))
+    elif name in ("AdvantageStats", "QDistribution"):
+        group = draw(st.lists(floats, max_size=3))
+        record.grouped.append(group)
+        record.samples.extend(group)
+        if record.samples:
+            record.samples[0] = record.grouped[next(g for g, v in enumerate(record.grouped) if v)][
+                0
+            ] = draw(floats)
+    elif name == "RewardComputation":
+        n = len(record.total_utils)
+        record.per_reward_values["added"] = draw(st.lists(floats, min_size=n, max_size=n))
+        if n:
+            record.total_utils[draw(st.integers(0, n - 1))] = draw(floats)
+            record.pairs.completions[-1] = draw(texts)
+        record.entropy_bonus_scale = draw(opt_floats)
+    elif name == "ScoreBatch":
+        record.slice_size = draw(st.integers(0, 8))
+        if record.prompt_entries:
+            ids = draw(st.lists(token_ids, max_size=3))
+            record.prompt_entries[-1] = PromptCacheEntry(ids, [1] * len(ids))
+    elif name == "SequenceScores":
+        record.cur_logp_sum = record.cur_logp_sum * 2
+    elif name == "ReferenceLogprobs":
+        record.ref_logp_mean = draw(floats)
+    elif name == "LossOutputs":
+        record.scalars = draw(loss_bundles)
+    elif name == "BatchDiagnostics":
+        record.kl_per_token_by_len_bucket["257+"] = draw(floats)
+        record.kl_value = draw(opt_floats)
+    else:  # RewardMoments, LossScalarBundle, LengthStats
+        field = draw(st.sampled_from([f.name for f in dataclasses.fields(record)]))
+        setattr(record, field, draw(floats))
+
+
+@pytest.mark.parametrize("name", sorted(STRATEGIES))
+@pytest.mark.parametrize("born", ["python", "arrow"])
+def test_edits_then_to_arrow_parquet_from_arrow(name, born, parquet_roundtrip):
+    @EXAMPLES
+    @given(STRATEGIES[name], st.data())
+    def run(record, data):
+        if born == "arrow":
+            record = type(record).from_arrow(parquet_roundtrip(record.to_arrow()))
+        mutate(record, data)
+        back = type(record).from_arrow(parquet_roundtrip(record.to_arrow()))
+        assert back == record, (back, record)
+
+    run()

@@ -13,7 +13,6 @@ import pytest
 import torch
 
 import maxent_arrow
-from maxent_arrow.arrow import ArrowSequence, GroupedSequence
 from maxent_arrow.types import rewards, settings
 
 REQUIRED = object()
@@ -307,6 +306,8 @@ def test_replace_fields_and_asdict_work(name):
         original = getattr(record, field)
         if dataclasses.is_dataclass(original):
             assert value == dataclasses.asdict(original), field
+        elif isinstance(original, list) and original and dataclasses.is_dataclass(original[0]):
+            assert value == [dataclasses.asdict(x) for x in original], field
         elif isinstance(original, torch.Tensor):
             assert torch.equal(value, original), field
         elif isinstance(original, dict):
@@ -315,10 +316,11 @@ def test_replace_fields_and_asdict_work(name):
             assert value == original, field
 
 
-def test_replace_normalises_the_new_value():
+def test_replace_keeps_the_new_value_as_given():
     q = build_all()["QDistribution"]
-    changed = dataclasses.replace(q, grouped=[[0.5, 0.5]], samples=[0.5, 0.5])
-    assert isinstance(changed.grouped, GroupedSequence) and changed.grouped == [[0.5, 0.5]]
+    new_groups = [[0.5, 0.5]]
+    changed = dataclasses.replace(q, grouped=new_groups, samples=[0.5, 0.5])
+    assert changed.grouped is new_groups and changed.grouped == [[0.5, 0.5]]
     assert q.grouped == [[0.6, 0.4], [1.0]]  # the original is untouched
 
 
@@ -344,8 +346,8 @@ def test_reward_computation_is_mutated_in_place_like_the_seed_pipeline():
     rc.advantage = rewards.AdvantageStats(grouped=[[1.0, -1.0], [0.0]], samples=[1.0, -1.0, 0.0])
     rc.moments = rewards.RewardMoments(mean=1.0, std=0.8)
     rc.entropy_bonus_scale = 0.8
-    assert isinstance(rc.total_utils, ArrowSequence) and rc.total_utils == [2.0, 1.0, 0.0]
-    assert isinstance(rc.per_reward_values["entropy_bonus"], ArrowSequence)
+    assert isinstance(rc.total_utils, list) and rc.total_utils == [2.0, 1.0, 0.0]
+    assert isinstance(rc.per_reward_values["entropy_bonus"], list)
     assert list(rc.per_reward_values) == ["reward_0", "entropy_bonus"]
     assert rc.advantage_samples == [1.0, -1.0, 0.0] and rc.train_reward_std == 0.8
     back = rewards.RewardComputation.from_arrow(rc.to_arrow())
@@ -362,10 +364,16 @@ def test_lists_numpy_and_tensors_are_accepted_for_list_fields():
         grouped=[[0.5, -0.5], [0.0]], samples=torch.tensor([0.5, -0.5, 0.0], dtype=torch.float64)
     )
     assert from_numpy == from_tensor
+    assert rewards.AdvantageStats.from_arrow(from_numpy.to_arrow()) == from_tensor
+    # Values are kept as given (the seed coerces nothing); to_arrow converts them.
     ints = rewards.RewardMoments(mean=1, std=np.float32(0.5))
-    assert isinstance(ints.mean, float) and ints.std == 0.5
+    assert type(ints.mean) is int and ints.std == 0.5
+    assert rewards.RewardMoments.from_arrow(ints.to_arrow()) == rewards.RewardMoments(1.0, 0.5)
     scores = rewards.SequenceScores([-1.0, -2.0], [-1.0, -2.0], [0.0, 0.0], [1.0, 2.0])
-    assert scores.cur_logp_sum.dtype == torch.float32 and scores.cur_logp_sum.tolist() == [-1, -2]
+    assert scores.cur_logp_sum == [-1.0, -2.0]
+    stored = scores.to_arrow()
+    assert stored.column("cur_logp_sum").to_pylist() == [-1, -2]
+    assert rewards.SequenceScores.from_arrow(stored) == scores  # lists come back as lists
     batch = rewards.ScoreBatch(
         prompt_entries=[rewards.PromptCacheEntry([1], [1])],
         completion_ids=[[5, 6]],
@@ -375,7 +383,9 @@ def test_lists_numpy_and_tensors_are_accepted_for_list_fields():
         slice_size=1,
         total_sequences=1,
     )
-    assert batch.completion_ids.dtype == torch.int64
+    assert batch.completion_ids == [[5, 6]]
+    assert batch.to_arrow().column("completion_ids").to_pylist() == [[5, 6]]
+    assert rewards.ScoreBatch.from_arrow(batch.to_arrow()) == batch
     assert math.isclose(rewards.LengthStats(1, 2, 3, 0, 1, 2, 3).mean_length, 2.0)
 
 

@@ -1,0 +1,372 @@
+"""Benchmark: the seed classes as a drop-in, against plain dataclasses and plain pyarrow.
+
+One training step of 512 prompts x 16 completions (N = 8192), in the seed's Python types:
+prompt, answer and completion strings, per-completion metadata dicts, completion-info dicts
+with 128 token ids each, float lists for utilities, rewards, advantages and q.
+
+(a) Construction: ``GenerationBatch`` + ``RewardComputation`` (with its ``AdvantageStats``,
+    ``PromptCompletionBatch``, ``QDistribution`` and ``RewardMoments``) from those lists.
+    Peer: plain ``@dataclass`` classes with the same fields. Floor: the peer (nothing is
+    converted at construction). Target: <= 1.2x the peer.
+(b) Reading every list field back as Python from Arrow-born objects (``from_arrow``, then
+    each field once). Peer: ``pa.Array.to_pylist()`` of the same columns. Target: <= 1.5x.
+(c) ``to_arrow()`` of the Python-born objects. Peer: ``pa.array(values, type=column type)``
+    of the same lists (the metadata columns hold JSON text, so their peer is
+    ``pa.array([json.dumps(m) for m in items], pa.string())``). Target: <= 1.5x.
+(d) ``to_arrow()`` of an untouched Arrow-born ``RewardComputation`` from 10^3 to 10^6 samples.
+    Floor: an attribute read. Target: O(1), the largest N within 3x of the smallest.
+
+Every figure is printed beside its peer and its floor, as ratios from the same run. Exits
+non-zero when a target is missed (``--quick``: smaller sizes, a smoke run that checks
+itself but not the targets).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import random
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from maxent_arrow import types as T  # noqa: E402
+from maxent_arrow.types import fields as F  # noqa: E402
+from maxent_arrow.types.base import source_of  # noqa: E402
+
+TARGET_CONSTRUCT = 1.2
+TARGET_READ = 1.5
+TARGET_WRITE = 1.5
+FLAT_LIMIT = 3.0
+TOKENS = 128
+
+
+def best_of(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    """Best wall time of each function, measured round-robin so noise hits all alike."""
+    for fn in fns.values():
+        fn()  # warm-up
+    best = {name: float("inf") for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            best[name] = min(best[name], time.perf_counter() - start)
+    return best
+
+
+def fmt(seconds: float) -> str:
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:8.1f} us"
+    if seconds < 1:
+        return f"{seconds * 1e3:8.2f} ms"
+    return f"{seconds:8.2f} s "
+
+
+def verdict(ratio: float, target: float) -> str:
+    return "ok" if ratio <= target else f"MISS (target <= {target}x)"
+
+
+# ---------------------------------------------------------------------------- data
+def step_lists(groups: int, k: int, seed: int = 0) -> dict[str, Any]:
+    """One step's values in the seed's Python types, prompt-major."""
+    rng = random.Random(seed)
+    n = groups * k
+    prompts = [f"Question {g}: what is {g} + {g * 7}? Reason step by step." for g in range(groups)]
+    answers = [str(8 * g) for g in range(groups)]
+    completions = [
+        [f"Completion {g}.{j}: " + "let me add the numbers carefully. " * 6 for j in range(k)]
+        for g in range(groups)
+    ]
+    meta = [
+        [{"logprob_sum": -50 * rng.random(), "token_count": TOKENS} for _ in range(k)]
+        for _ in range(groups)
+    ]
+    info = [
+        [
+            {
+                "token_ids": [rng.randrange(150_000) for _ in range(TOKENS)],
+                "token_count": TOKENS,
+                "finish_reason": "stop",
+                "truncated": False,
+            }
+            for _ in range(k)
+        ]
+        for _ in range(groups)
+    ]
+    utils = [rng.random() for _ in range(n)]
+    adv = [rng.gauss(0, 1) for _ in range(n)]
+    q = [1.0 / k] * n
+
+    def grouped(flat):
+        return [flat[g * k : (g + 1) * k] for g in range(groups)]
+
+    return {
+        "prompts": prompts,
+        "answers": answers,
+        "completions": completions,
+        "meta": meta,
+        "info": info,
+        "utils": utils,
+        "rewards": {"accuracy": [float(u > 0.5) for u in utils], "format": list(utils)},
+        "adv": adv,
+        "adv_grouped": grouped(adv),
+        "q": q,
+        "q_grouped": grouped(q),
+        "flat_prompts": [p for p in prompts for _ in range(k)],
+        "flat_completions": [c for group in completions for c in group],
+        "flat_info": [d for group in info for d in group],
+        "flat_meta": [m for group in meta for m in group],
+    }
+
+
+# The peer of (a): plain dataclasses with the seed's fields.
+@dataclasses.dataclass
+class PlainGeneration:
+    prompts: list
+    answers: list
+    grouped_completions: list
+    grouped_ref_meta: list | None
+    grouped_completion_info: list | None = None
+
+
+@dataclasses.dataclass
+class PlainPairs:
+    prompts: list
+    completions: list
+    metadata: list | None = None
+
+
+@dataclasses.dataclass
+class PlainGrouped:
+    grouped: list
+    samples: list
+
+
+@dataclasses.dataclass
+class PlainMoments:
+    mean: float
+    std: float
+
+
+@dataclasses.dataclass
+class PlainRewards:
+    total_utils: list
+    per_reward_values: dict
+    advantage: Any
+    pairs: Any
+    q_distribution: Any
+    moments: Any
+    ref_logprob_meta: list | None = None
+    completion_metadata: list | None = None
+    entropy_bonus_scale: float | None = None
+    seed_semantic_entropies: list | None = None
+    seed_advantage_scales: list | None = None
+    seed_alpha_effective: float | None = None
+    seed_max_possible_entropy: float | None = None
+
+
+def build(d: dict[str, Any], *, gen=T.GenerationBatch, pairs=T.PromptCompletionBatch,
+          adv=T.AdvantageStats, q=T.QDistribution, moments=T.RewardMoments,
+          rewards=T.RewardComputation):  # fmt: skip
+    """The seed's construction of one step's generation and reward records."""
+    generation = gen(d["prompts"], d["answers"], d["completions"], d["meta"], d["info"])
+    p = pairs(d["flat_prompts"], d["flat_completions"], d["flat_info"])
+    rc = rewards(
+        total_utils=d["utils"],
+        per_reward_values=d["rewards"],
+        advantage=adv(d["adv_grouped"], d["adv"]),
+        pairs=p,
+        q_distribution=q(d["q_grouped"], d["q"]),
+        moments=moments(0.5, 0.29),
+        ref_logprob_meta=d["flat_meta"],
+        completion_metadata=p.metadata,
+    )
+    return generation, rc
+
+
+PLAIN = dict(
+    gen=PlainGeneration,
+    pairs=PlainPairs,
+    adv=PlainGrouped,
+    q=PlainGrouped,
+    moments=PlainMoments,
+    rewards=PlainRewards,
+)
+
+
+# ---------------------------------------------------------------------------- (a)
+def construction(d: dict[str, Any], repeats: int) -> bool:
+    loops = 200
+
+    def ours():
+        for _ in range(loops):
+            build(d)
+
+    def plain():
+        for _ in range(loops):
+            build(d, **PLAIN)
+
+    best = best_of({"ours": ours, "plain": plain}, repeats)
+    t, peer = best["ours"] / loops, best["plain"] / loops
+    ratio = t / peer
+    print("(a) construction: GenerationBatch + RewardComputation (6 objects) from lists")
+    print(f"    ours {fmt(t)}   plain dataclasses {fmt(peer)} (peer = floor)   {ratio:5.2f}x")
+    print(f"    {verdict(ratio, TARGET_CONSTRUCT)}")
+    return ratio <= TARGET_CONSTRUCT
+
+
+# ---------------------------------------------------------------------------- (b)
+GEN_FIELDS = ("prompts", "answers", "grouped_completions", "grouped_ref_meta")
+GEN_FIELDS += ("grouped_completion_info",)
+
+
+def read_back(gen_batch: pa.RecordBatch, rc_batch: pa.RecordBatch, repeats: int) -> bool:
+    def ours():
+        gen = T.GenerationBatch.from_arrow(gen_batch)
+        rc = T.RewardComputation.from_arrow(rc_batch)
+        values = [getattr(gen, name) for name in GEN_FIELDS]
+        values += [rc.total_utils, rc.per_reward_values, rc.ref_logprob_meta]
+        values += [rc.advantage.grouped, rc.advantage.samples]
+        values += [rc.q_distribution.grouped, rc.q_distribution.samples]
+        values += [rc.pairs.prompts, rc.pairs.completions, rc.pairs.metadata]
+        assert rc.completion_metadata is rc.pairs.metadata
+        return values
+
+    def peer():
+        for column in gen_batch.columns:
+            column.to_pylist()
+        for name in ("total_utils", "ref_meta", "prompts", "completions", "pairs_metadata"):
+            rc_batch.column(name).flatten().to_pylist()
+        for name in ("advantages", "q"):
+            rc_batch.column(name).to_pylist()
+            rc_batch.column(name).flatten().to_pylist()
+        rewards = rc_batch.column("rewards")
+        for j in range(rewards.type.num_fields):
+            rewards.field(j).flatten().to_pylist()
+
+    best = best_of({"ours": ours, "peer": peer}, repeats)
+    ratio = best["ours"] / best["peer"]
+    print("(b) every list field back as Python, from Arrow-born objects")
+    print(
+        f"    ours {fmt(best['ours'])}   to_pylist of the same columns {fmt(best['peer'])} "
+        f"(peer = floor)   {ratio:5.2f}x"
+    )
+    print(f"    {verdict(ratio, TARGET_READ)}")
+    return ratio <= TARGET_READ
+
+
+# ---------------------------------------------------------------------------- (c)
+def write(d: dict[str, Any], repeats: int) -> tuple[bool, pa.RecordBatch, pa.RecordBatch]:
+    gen, rc = build(d)
+    strings, info_type = pa.string(), pa.list_(F.INFO_TYPE)
+
+    def ours():
+        return gen.to_arrow(), rc.to_arrow()
+
+    def json_texts(items):
+        return pa.array([json.dumps(m) for m in items], strings)
+
+    def peer():
+        pa.array(d["prompts"], strings)
+        pa.array(d["answers"], strings)
+        pa.array(d["completions"], pa.list_(strings))
+        json_texts(d["flat_meta"])
+        pa.array(d["info"], info_type)
+        pa.array(d["utils"], pa.float64())
+        for values in d["rewards"].values():
+            pa.array(values, pa.float64())
+        pa.array(d["adv_grouped"], pa.list_(pa.float64()))
+        pa.array(d["q_grouped"], pa.list_(pa.float64()))
+        pa.array(d["flat_prompts"], strings)
+        pa.array(d["flat_completions"], strings)
+        pa.array(d["flat_info"], F.INFO_TYPE)
+        json_texts(d["flat_meta"])
+
+    best = best_of({"ours": ours, "peer": peer}, repeats)
+    ratio = best["ours"] / best["peer"]
+    print("(c) to_arrow() of Python-born objects (checked, every field converted)")
+    print(
+        f"    ours {fmt(best['ours'])}   pa.array(..., type=...) of the same lists "
+        f"{fmt(best['peer'])} (peer = floor)   {ratio:5.2f}x"
+    )
+    print(f"    {verdict(ratio, TARGET_WRITE)}")
+    gen_batch, rc_batch = ours()
+    return ratio <= TARGET_WRITE, gen_batch, rc_batch
+
+
+# ---------------------------------------------------------------------------- (d)
+def untouched(sizes: list[int], repeats: int) -> bool:
+    print("(d) to_arrow() of an untouched Arrow-born RewardComputation")
+    print(f"    {'N':>9} {'ours':>11} {'attribute':>11} {'vs floor':>9}  same buffers")
+    times = []
+    rng = np.random.default_rng(0)
+    for n in sizes:
+        k = 16
+        offsets = np.arange(0, n + 1, k, dtype=np.int64)
+        values = rng.normal(size=n)
+        grouped = F.grouped(pa.array(values), offsets)
+        texts = pa.array(["c"] * n)
+        batch = T.rewards_batch(
+            advantages=grouped,
+            q=grouped,
+            total_utils=pa.array(values),
+            rewards={"accuracy": pa.array(values)},
+            prompts=pa.array(["p"] * n),
+            completions=texts,
+            moments=(0.0, 1.0),
+        )
+        rc = T.RewardComputation.from_arrow(batch)
+        holder = type("Holder", (), {"x": 1})()
+        best = best_of({"ours": rc.to_arrow, "floor": lambda h=holder: h.x}, repeats * 20)
+        out = rc.to_arrow()
+        same = out is batch and source_of(rc) is not None
+        same &= (
+            out.column("advantages").flatten().buffers()[1].address
+            == grouped.flatten().buffers()[1].address
+        )
+        times.append(best["ours"])
+        print(
+            f"    {n:>9} {fmt(best['ours'])} {fmt(best['floor'])} "
+            f"{best['ours'] / best['floor']:8.1f}x  {same}"
+        )
+        if not same:
+            print("    MISS: the untouched record did not give its own buffers back")
+            return False
+    ratio = times[-1] / times[0]
+    print(f"    largest / smallest N: {ratio:.2f}x   {verdict(ratio, FLAT_LIMIT)}")
+    return ratio <= FLAT_LIMIT
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes, a smoke run")
+    parser.add_argument("--repeats", type=int, default=None)
+    args = parser.parse_args(argv)
+    repeats = args.repeats or (2 if args.quick else 9)
+    groups, k = (32, 4) if args.quick else (512, 16)
+    sizes = [10**3, 10**4] if args.quick else [10**3, 10**4, 10**5, 10**6]
+    print(f"pyarrow {pa.__version__}; {groups} prompts x {k} completions, {TOKENS} token ids each")
+    d = step_lists(groups, k)
+    ok = construction(d, repeats)
+    wrote, gen_batch, rc_batch = write(d, repeats)
+    ok &= wrote
+    ok &= read_back(gen_batch, rc_batch, repeats)
+    ok &= untouched(sizes, repeats)
+    # The records round-trip: what was read back equals what was given.
+    gen, rc = build(d)
+    assert T.GenerationBatch.from_arrow(gen_batch) == gen
+    assert T.RewardComputation.from_arrow(rc_batch) == rc
+    print("\nall targets met" if ok else "\nsome target missed")
+    return 0 if ok or args.quick else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,377 @@
+"""Arrow layout of ``RewardComputation``: one row per prompt group.
+
+The ``[N]`` fields are ``list`` columns grouped like ``advantage.grouped`` (``rewards`` is a
+struct with one such column per reward function; the pairs' columns keep the group table's
+names, ``prompts``, ``completions``, ``pairs_metadata``), the ``[P]`` SEED fields plain
+columns, the scalars (moments and the optional floats) metadata. The nested records decode as
+Arrow-born records over the same columns. :func:`rewards_batch` builds such a batch from
+Arrow columns, for code that makes a ``RewardComputation`` without Python values (the reward
+step, the rollout batch).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from maxent_arrow.arrow.lists import list_offsets
+from maxent_arrow.errors import LayoutError, SchemaError
+from maxent_arrow.types import fields as F
+from maxent_arrow.types.base import SOURCE, Source, born, layout_of, lazy, peek, untouched_from
+from maxent_arrow.types.columns import (
+    is_float,
+    is_list_of,
+    is_struct,
+    is_text,
+    make_batch,
+    plain_text,
+    require,
+    scalar,
+)
+from maxent_arrow.types.records import BoundLayout, same_groups
+
+__all__ = ["RewardsLayout", "rewards_batch"]
+
+_FLOAT_LIST = is_list_of(is_float)
+_PAIR_COLUMNS = ("prompts", "prompt_messages", "completions", "completion_messages")
+_SCALARS = ("entropy_bonus_scale", "seed_alpha_effective", "seed_max_possible_entropy")
+_SEED_COLUMNS = {
+    "seed_semantic_entropies": "seed_semantic_entropy",
+    "seed_advantage_scales": "seed_advantage_scale",
+}
+
+
+class RewardsLayout(BoundLayout):
+    """One row per group: the ``[N]`` fields as ``list`` columns grouped like
+    ``advantage.grouped`` (``rewards`` a struct with one such column per reward), the ``[P]``
+    SEED fields as plain columns, the scalars (moments and the optional floats) in metadata.
+    ``completion_metadata`` is stored once when it is ``pairs.metadata`` (the seed's aliasing,
+    kept by ``from_arrow``)."""
+
+    columns = {
+        **{c: ("pairs",) for c in (*_PAIR_COLUMNS, "pairs_metadata")},
+        "total_utils": ("total_utils",),
+        "rewards": ("per_reward_values",),
+        "advantages": ("advantage",),
+        "q": ("q_distribution",),
+        "ref_meta": ("ref_logprob_meta",),
+        "completion_metadata": ("completion_metadata", "pairs"),
+        "seed_semantic_entropy": ("seed_semantic_entropies",),
+        "seed_advantage_scale": ("seed_advantage_scales",),
+    }
+    field_columns = {
+        "total_utils": ("total_utils", True),
+        "ref_logprob_meta": ("ref_meta", True),
+        "seed_semantic_entropies": ("seed_semantic_entropy", False),
+        "seed_advantage_scales": ("seed_advantage_scale", False),
+    }
+
+    shared_on_replace = frozenset({"advantage", "pairs", "q_distribution", "moments"})
+
+    def __init__(self, advantage: type, pairs: type, q: type, moments: type):
+        self.nested = {
+            "advantage": advantage,
+            "pairs": pairs,
+            "q_distribution": q,
+            "moments": moments,
+        }
+
+    def check(self, cls, batch, meta, given=()):
+        name = self.name
+        require(name, batch, "advantages", _FLOAT_LIST, "list<double>")
+        require(name, batch, "q", _FLOAT_LIST, "list<double>")
+        require(name, batch, "total_utils", _FLOAT_LIST, "list<double>")
+        require(name, batch, "prompts", is_list_of(is_text), "list<string>")
+        require(name, batch, "completions", is_list_of(is_text), "list<string>")
+        rewards = require(name, batch, "rewards", is_struct, "struct<list<double>>", optional=True)
+        for key in meta.get("reward_keys", []):
+            if rewards is None or rewards.type.get_field_index(key) < 0:
+                raise SchemaError(f"{name}.from_arrow: missing reward {key!r} in column 'rewards'")
+        for column in ("pairs_metadata", "completion_metadata"):
+            require(name, batch, column, is_list_of(is_struct), "list<struct>", optional=True)
+        require(name, batch, "ref_meta", is_list_of(is_text), "list<string>", optional=True)
+        for column in ("seed_semantic_entropy", "seed_advantage_scale"):
+            require(name, batch, column, is_float, "double", optional=True)
+
+    def field(self, obj, source, name, *, cache=True):
+        column, meta = source.column, source.meta
+        if name in ("advantage", "q_distribution"):
+            array = column("advantages" if name == "advantage" else "q")
+            cls = self.nested[name]
+            batch = make_batch(cls.__name__, {layout_of(cls).column: array}, {}, len(array))
+            return born(cls, Source(batch, {}, source))
+        if name == "pairs":
+            return self._pairs(source)
+        if name == "moments":
+            mean, std = meta.get("moments", [None, None])
+            return self.nested["moments"](mean=mean, std=std)
+        if name == "total_utils":
+            return column("total_utils").flatten().to_pylist()
+        if name == "per_reward_values":
+            rewards = column("rewards")
+            return {k: rewards.field(k).flatten().to_pylist() for k in meta.get("reward_keys", [])}
+        if name == "ref_logprob_meta":
+            ref = column("ref_meta")
+            return None if ref is None else F.decode_json(ref.flatten())
+        if name == "completion_metadata":
+            if meta.get("completion_metadata_is_pairs_metadata"):
+                if cache:
+                    return obj.pairs.metadata
+                return peek(peek(obj, "pairs"), "metadata")
+            info = column("completion_metadata")
+            return None if info is None else F.decode_info(info.flatten())
+        if name in _SEED_COLUMNS:
+            array = column(_SEED_COLUMNS[name])
+            return None if array is None else array.to_pylist()
+        return meta.get(name)
+
+    def _pairs(self, source: Source):
+        cls = self.nested["pairs"]
+        columns = {}
+        for own, theirs in zip(
+            (*_PAIR_COLUMNS, "pairs_metadata"),
+            ("prompt", "prompt_messages", "completion", "completion_messages", "metadata"),
+        ):
+            array = source.column(own)
+            columns[theirs] = None if array is None else array.flatten()
+        n = len(columns["prompt"])
+        return born(cls, Source(make_batch(cls.__name__, columns, {}, n), {}, source))
+
+    # ------------------------------------------------------------------ encode
+    def _nested(self, obj, name: str) -> Any:
+        value = obj.__dict__[name]
+        kind = self.nested[name]
+        if not isinstance(value, kind):
+            raise SchemaError(
+                f"{self.name}.{name}: expected {_article(kind.__name__)}, got "
+                f"{type(value).__name__}"
+            )
+        return value
+
+    def encode(self, obj) -> pa.RecordBatch:
+        source = self.untouched(obj)
+        if source is not None:
+            return source.batch
+        name, state = self.name, obj.__dict__
+        source = state.get(SOURCE)
+        flat: dict[str, pa.Array | None] = {}
+
+        # Groups: the advantages' list array gives the offsets of every [N] column.
+        if lazy(obj, "advantage") is not None:
+            advantages = source.column("advantages")
+        else:
+            advantage = self._nested(obj, "advantage")
+            advantages = layout_of(advantage).grouped(advantage)
+        if lazy(obj, "q_distribution") is not None:
+            q = source.column("q")
+        else:
+            q_record = self._nested(obj, "q_distribution")
+            q = layout_of(q_record).grouped(q_record)
+        offsets = list_offsets(advantages)
+
+        # Per-sample values, flat.
+        if lazy(obj, "pairs") is not None:
+            pairs = {c: _flat_or_none(source.column(c)) for c in _PAIR_COLUMNS}
+            pairs_meta = _flat_or_none(source.column("pairs_metadata"))
+        else:
+            record = self._nested(obj, "pairs")
+            own = layout_of(record).flat_columns(record)
+            pairs = dict(zip(_PAIR_COLUMNS, (plain_text(own["prompt"]), own["prompt_messages"])))
+            pairs["completions"] = own["completion"]
+            pairs["completion_messages"] = own["completion_messages"]
+            pairs_meta = own["metadata"]
+        flat["total_utils"] = self._flat_field(obj, "total_utils", "total_utils", F.float_array)
+        flat["ref_meta"] = self._flat_field(obj, "ref_logprob_meta", "ref_meta", F.json_array)
+        shared, completion_meta = self._completion_meta(obj, source)
+        rewards, keys = self._rewards(obj, source)
+        n = len(flat["total_utils"])
+        per_sample = {
+            "advantage.samples": advantages.flatten(),
+            "q_distribution.samples": q.flatten(),
+            "pairs.prompts": pairs["prompts"],
+            "ref_logprob_meta": flat["ref_meta"],
+            "completion_metadata": completion_meta,
+            **{f"per_reward_values[{k!r}]": v for k, v in rewards.items()},
+        }
+        for field, value in per_sample.items():
+            if value is not None and len(value) != n:
+                raise LayoutError(
+                    f"{name}.{field}: expected {n} values (one per sample, as total_utils), got "
+                    f"{len(value)}"
+                )
+        same_groups(name, "advantage.grouped", advantages, {"q_distribution.grouped": q})
+        groups = len(advantages)
+        seeds = {}
+        for field, column in _SEED_COLUMNS.items():
+            if lazy(obj, field) is not None:
+                seeds[column] = source.column(column)
+            else:
+                value = state[field]
+                seeds[column] = None if value is None else F.float_array(f"{name}.{field}", value)
+            if seeds[column] is not None and len(seeds[column]) != groups:
+                raise LayoutError(
+                    f"{name}.{field}: expected {groups} values (one per group), got "
+                    f"{len(seeds[column])}"
+                )
+
+        def by_group(array):
+            return None if array is None else F.grouped(array, offsets)
+
+        columns = {
+            **{c: by_group(pairs[c]) for c in _PAIR_COLUMNS},
+            "pairs_metadata": by_group(pairs_meta),
+            "total_utils": by_group(flat["total_utils"]),
+            "rewards": (
+                pa.StructArray.from_arrays([by_group(v) for v in rewards.values()], names=keys)
+                if keys
+                else None
+            ),
+            "advantages": advantages,
+            "q": q,
+            "ref_meta": by_group(flat["ref_meta"]),
+            "completion_metadata": None if shared else by_group(completion_meta),
+            **seeds,
+        }
+        if source is not None and np.array_equal(
+            offsets, list_offsets(source.column("advantages"))
+        ):
+            # Same groups as the source: the untouched fields' grouped columns as they are.
+            for column, fields in self.columns.items():
+                kept = all(f not in state or untouched_from(state[f], source) for f in fields)
+                if columns.get(column) is not None and kept:
+                    columns[column] = source.column(column)
+        scalars = {
+            "moments": self._moments(obj, source),
+            "reward_keys": keys,
+            "completion_metadata_is_pairs_metadata": shared,
+        }
+        for field in _SCALARS:
+            if lazy(obj, field) is not None:
+                scalars[field] = source.meta.get(field)
+            else:
+                scalars[field] = scalar(f"{name}.{field}", state[field], optional=True)
+        return make_batch(name, columns, scalars, groups)
+
+    def _flat_field(self, obj, field: str, column: str, encode) -> pa.Array | None:
+        source = lazy(obj, field)
+        if source is not None:
+            return _flat_or_none(source.column(column))
+        value = obj.__dict__[field]
+        return None if value is None else encode(f"{self.name}.{field}", value)
+
+    def _completion_meta(self, obj, source: Source | None) -> tuple[bool, pa.Array | None]:
+        """(whether it is ``pairs.metadata``, its values when stored on their own)."""
+        if lazy(obj, "completion_metadata") is not None and source.meta.get(
+            "completion_metadata_is_pairs_metadata"
+        ):
+            return True, None  # read, it would be pairs.metadata, whatever pairs holds now
+        if lazy(obj, "completion_metadata") is not None:
+            return False, _flat_or_none(source.column("completion_metadata"))
+        value = obj.__dict__["completion_metadata"]
+        if value is None:
+            return False, None
+        pairs = obj.__dict__.get("pairs")
+        if pairs is not None and pairs.__dict__.get("metadata", None) is value:
+            return True, None
+        return False, F.info_array(f"{self.name}.completion_metadata", value)
+
+    def _rewards(self, obj, source: Source | None) -> tuple[dict[str, pa.Array], list[str]]:
+        if lazy(obj, "per_reward_values") is not None:
+            keys = list(source.meta.get("reward_keys", []))
+            column = source.column("rewards")
+            return {k: column.field(k).flatten() for k in keys}, keys
+        value = obj.__dict__["per_reward_values"]
+        field = f"{self.name}.per_reward_values"
+        if not isinstance(value, dict):
+            raise SchemaError(f"{field}: expected a dict of lists, got {type(value).__name__}")
+        out = {}
+        for key, column in value.items():
+            if not isinstance(key, str):
+                raise SchemaError(f"{field}: expected str keys, got {key!r}")
+            out[key] = F.float_array(f"{field}[{key!r}]", column)
+        return out, list(out)
+
+    def _moments(self, obj, source: Source | None) -> list:
+        if lazy(obj, "moments") is not None:
+            return source.meta.get("moments", [None, None])
+        moments = self._nested(obj, "moments")
+        owner = f"{self.name}.moments"
+        return [scalar(f"{owner}.{n}", peek(moments, n)) for n in ("mean", "std")]
+
+
+def _flat_or_none(array: pa.Array | None) -> pa.Array | None:
+    return None if array is None else array.flatten()
+
+
+def _article(name: str) -> str:
+    return f"an {name}" if name[0] in "AEIOU" else f"a {name}"
+
+
+# ---------------------------------------------------------------------------- builders
+def rewards_batch(
+    *,
+    advantages: pa.Array,
+    q: pa.Array,
+    total_utils: pa.Array,
+    prompts: pa.Array,
+    completions: pa.Array,
+    rewards: dict[str, pa.Array] | None = None,
+    prompt_messages: pa.Array | None = None,
+    completion_messages: pa.Array | None = None,
+    pairs_metadata: pa.Array | None = None,
+    ref_meta: pa.Array | None = None,
+    completion_metadata: pa.Array | None = None,
+    completion_metadata_is_pairs_metadata: bool = False,
+    seed_semantic_entropy: pa.Array | None = None,
+    seed_advantage_scale: pa.Array | None = None,
+    moments: tuple[float | None, float | None] = (None, None),
+    entropy_bonus_scale: float | None = None,
+    seed_alpha_effective: float | None = None,
+    seed_max_possible_entropy: float | None = None,
+) -> pa.RecordBatch:
+    """A ``RewardComputation`` record batch from Arrow columns (no Python values made), for
+    ``RewardComputation.from_arrow``: how the reward step and the rollout batch give their
+    results back lazily.
+
+    ``advantages`` and ``q`` are ``list<double>`` by group; every per-sample argument is flat
+    ``[N]`` in group order (``rewards`` maps names to such arrays) and is regrouped by the
+    advantages' offsets without copying its values.
+    """
+    offsets = list_offsets(advantages)
+
+    def by_group(array: pa.Array | None) -> pa.Array | None:
+        return None if array is None else F.grouped(array, offsets)
+
+    rewards = rewards or {}
+    columns = {
+        "prompts": by_group(prompts),
+        "prompt_messages": by_group(prompt_messages),
+        "completions": by_group(completions),
+        "completion_messages": by_group(completion_messages),
+        "pairs_metadata": by_group(pairs_metadata),
+        "total_utils": by_group(total_utils),
+        "rewards": (
+            pa.StructArray.from_arrays([by_group(v) for v in rewards.values()], names=list(rewards))
+            if rewards
+            else None
+        ),
+        "advantages": advantages,
+        "q": q,
+        "ref_meta": by_group(ref_meta),
+        "completion_metadata": None
+        if completion_metadata_is_pairs_metadata
+        else by_group(completion_metadata),
+        "seed_semantic_entropy": seed_semantic_entropy,
+        "seed_advantage_scale": seed_advantage_scale,
+    }
+    scalars = {
+        "moments": list(moments),
+        "reward_keys": list(rewards),
+        "completion_metadata_is_pairs_metadata": completion_metadata_is_pairs_metadata,
+        "entropy_bonus_scale": entropy_bonus_scale,
+        "seed_alpha_effective": seed_alpha_effective,
+        "seed_max_possible_entropy": seed_max_possible_entropy,
+    }
+    return make_batch("RewardComputation", columns, scalars, len(advantages))

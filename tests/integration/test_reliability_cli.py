@@ -1,0 +1,200 @@
+"""Fault class: bad command-line input. Every command refuses what is not a store (exit 1, one
+line saying what was expected, "did you mean RUN/store?" when the store is one level down);
+``query`` runs exactly one read-only statement (anything else is a usage error, exit 2) and
+reads no file outside the store's views; Ctrl-C stops a long query (exit 130); no input gives a
+traceback. Read commands change nothing on disk.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from fault_harness import env, snapshot
+from store_fixtures import make_batch
+
+from maxent_arrow import RolloutStore
+from maxent_arrow.cli import EXIT_DATA, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, main
+
+READ_COMMANDS = [
+    ["inspect"],
+    ["query", "SELECT 1"],
+    ["report", "--out", "OUT"],
+    ["verify"],
+    ["export", "--to", "ipc", "OUT"],
+    ["repair"],
+    ["compact"],
+]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    """A demo-like run directory: the store one level down, beside other files."""
+    base = tmp_path_factory.mktemp("run")
+    store = RolloutStore.create(base / "store", config={"max_completion_len": 16})
+    for step in range(3):
+        store.append(make_batch(step))
+    store.append(make_batch(1, kind="eval"))
+    (base / "snapshots").mkdir()
+    return base
+
+
+def _call(capsys, argv):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert "Traceback" not in err
+    return code, out, lines
+
+
+def _argv(command, root, tmp_path):
+    return [command[0], root, *[a.replace("OUT", str(tmp_path / "out")) for a in command[1:]]]
+
+
+@pytest.mark.parametrize("command", READ_COMMANDS, ids=lambda c: c[0])
+def test_every_command_refuses_what_is_not_a_store(capsys, tmp_path, command):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for root in (empty, tmp_path / "missing", ""):
+        code, _, lines = _call(capsys, _argv(command, root, tmp_path))
+        assert code in (EXIT_DATA, EXIT_USAGE), lines
+        assert len(lines) == 1 and ("not a rollout store" in lines[0] or "store" in lines[0])
+    assert list(empty.iterdir()) == []  # nothing created
+
+
+@pytest.mark.parametrize("command", READ_COMMANDS, ids=lambda c: c[0])
+def test_every_command_points_at_the_store_one_level_down(capsys, tmp_path, run_dir, command):
+    before = snapshot(run_dir)
+    code, _, lines = _call(capsys, _argv(command, run_dir, tmp_path))
+    assert code == EXIT_DATA
+    assert len(lines) == 1 and f"did you mean {run_dir / 'store'}" in lines[0], lines
+    assert snapshot(run_dir) == before
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["inspect"],
+        ["query", "SELECT count(*) FROM samples"],
+        ["verify"],
+        ["report", "--out", "OUT"],
+    ],
+    ids=lambda c: c[0],
+)
+def test_read_commands_change_nothing_in_the_store(capsys, tmp_path, run_dir, command):
+    root = run_dir / "store"
+    before = snapshot(root)
+    code, _, lines = _call(capsys, _argv(command, root, tmp_path))
+    assert code == EXIT_OK, lines
+    assert snapshot(root) == before
+
+
+@pytest.mark.parametrize(
+    ("sql", "why"),
+    [
+        ("", "empty"),
+        ("   ;  ", "empty"),
+        ("SELECT 1; SELECT 2", "exactly one"),
+        ("COPY (SELECT 1) TO 'OUT/x.csv'", "COPY"),
+        ("COPY (SELECT 1) TO 'STORE/groups/step-0000000000.rank-00000.train.parquet' "
+         "(FORMAT parquet, USE_TMP_FILE false)", "COPY"),
+        ("ATTACH 'OUT/x.duckdb'", "ATTACH"),
+        ("INSTALL httpfs", "only SELECT"),
+        ("SET threads = 1", "SET"),
+        ("CREATE TABLE t AS SELECT 1", "CREATE"),
+        ("EXPLAIN ANALYZE COPY (SELECT 1) TO 'OUT/y.csv'", "EXPLAIN"),
+        ("PRAGMA version", "PRAGMA"),
+    ],
+)  # fmt: skip
+def test_query_runs_one_read_only_statement(capsys, tmp_path, run_dir, sql, why):
+    root = run_dir / "store"
+    (tmp_path / "out").mkdir()
+    before = snapshot(root)
+    sql = sql.replace("OUT", str(tmp_path / "out")).replace("STORE", str(root))
+    code, _, lines = _call(capsys, ["query", root, sql])
+    assert code == EXIT_USAGE, lines
+    assert len(lines) == 1 and why in lines[0], lines
+    assert snapshot(root) == before
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT * FROM read_csv('/etc/passwd')",
+        "SELECT * FROM read_text('/etc/hostname')",
+        "SELECT * FROM 'OUT/secret.parquet'",
+        "SELECT * FROM read_parquet('STORE/../*.parquet')",
+    ],
+)
+def test_query_reads_no_file_outside_the_views(capsys, tmp_path, run_dir, sql):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "secret.parquet").write_bytes(b"PAR1")
+    root = run_dir / "store"
+    sql = sql.replace("OUT", str(tmp_path / "out")).replace("STORE", str(root))
+    code, _, lines = _call(capsys, ["query", root, sql])
+    assert code == EXIT_DATA, lines
+    assert len(lines) == 1 and ("Permission" in lines[0] or "disabled" in lines[0]), lines
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["report", "STORE", "--out", "OUT", "--threshold", "nan"],
+        ["report", "STORE", "--out", "OUT", "--threshold", "inf"],
+        ["report", "STORE", "--out", "OUT", "--bins", "0"],
+        ["compact", "STORE", "--max-steps", "1"],
+        ["query", "STORE", "SELECT 1", "--on-error", "maybe"],
+        ["demo", "--steps", "-1"],
+        ["demo", "--k", "zero"],
+        ["inspect"],
+        ["nosuchcommand"],
+    ],
+)
+def test_bad_arguments_are_usage_errors(capsys, tmp_path, run_dir, argv):
+    argv = [a.replace("STORE", str(run_dir / "store")).replace("OUT", str(tmp_path)) for a in argv]
+    code = main(argv)
+    _, err = capsys.readouterr()
+    assert code == EXIT_USAGE, err
+    assert "Traceback" not in err and err.strip()
+
+
+def test_a_foreign_step_file_is_a_data_error_not_a_crash(capsys, tmp_path):
+    store = RolloutStore.create(tmp_path / "s")
+    store.append(make_batch(0))
+    foreign = tmp_path / "s" / "steps" / "step-0000000005.rank-00000.train.parquet"
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"step": [5]}), foreign)
+    for command in (["inspect"], ["query", "SELECT count(*) FROM groups"]):
+        code, _, lines = _call(capsys, [command[0], tmp_path / "s", *command[1:]])
+        assert code == EXIT_DATA and len(lines) == 1 and foreign.name in lines[0], lines
+    code, out, _ = _call(capsys, ["verify", tmp_path / "s"])
+    assert code == EXIT_DATA and f"PROBLEM {foreign}" in out
+
+
+LONG_QUERY = "SELECT count(*) FROM range(4000000000) a WHERE a.range * 7 % 13 = 5"
+
+
+def test_ctrl_c_stops_a_long_query_with_exit_130(run_dir):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "maxent_arrow.cli", "query", str(run_dir / "store"), LONG_QUERY],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env(),
+    )
+    time.sleep(3.0)  # startup and the query under way
+    proc.send_signal(signal.SIGINT)
+    try:
+        _, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail("the query did not stop on Ctrl-C")
+    assert proc.returncode == EXIT_INTERRUPTED, err
+    assert "interrupted" in err and "Traceback" not in err
