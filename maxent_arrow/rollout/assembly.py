@@ -447,4 +447,29 @@ def _per_token(name: str, array: pa.Array | None, offsets: np.ndarray, kind: pa.
         return None
     _check_rows(name, array, int(offsets[-1]))
     inner = pa.list_(pa.field("item", kind, nullable=False))
-    return regroup(array.cast(inner), offsets)
+    try:
+        return regroup(array.cast(inner), offsets)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+        raise _token_error(name, array, offsets, kind, exc) from None
+
+
+def _token_error(
+    name: str, array: pa.Array, offsets: np.ndarray, kind: pa.DataType, exc: Exception
+) -> LayoutError:
+    """Where a per-token value does not fit ``kind``: group, sample and token named."""
+    values = array.flatten()
+    rows = list_offsets(array)
+    bad = None
+    if pa.types.is_integer(kind) and pa.types.is_integer(values.type):
+        info = np.iinfo(kind.to_pandas_dtype())
+        data = np.asarray(values.to_numpy(zero_copy_only=False))
+        hits = np.flatnonzero((data < info.min) | (data > info.max))
+        bad = int(hits[0]) if len(hits) else None
+    if bad is None:
+        return LayoutError(f"RolloutBatch.from_parts: {name}: expected {kind} values ({exc})")
+    sample = int(np.searchsorted(rows, bad, side="right") - 1)
+    group = int(np.searchsorted(offsets, sample, side="right") - 1)
+    return LayoutError(
+        f"RolloutBatch.from_parts: {name}: value {values[bad].as_py()} at group {group}, "
+        f"sample {sample - offsets[group]}, token {bad - rows[sample]} does not fit {kind}"
+    )
