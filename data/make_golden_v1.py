@@ -1,4 +1,6 @@
-"""Write ``data/golden_v1/``: a small schema-v1 rollout store that every later version must read.
+"""How ``data/golden_v1/`` was written: a small schema-1.0 rollout store that every later version
+must read. Kept as the record of how those files were made; it ran against maxent-arrow 0.1
+(schema 1.0) and does not run against the 2.0 code (see ``make_golden_v2.py``).
 
 It pins the v1 layout on disk: per-append Parquet pairs (groups + sealed step file), an IPC
 cache copy, a compacted pair, an ``eval`` step, and a reward function added mid-run (steps

@@ -88,3 +88,67 @@ def test_golden_files_read_by_other_tools(golden):
     assert rows[0][0] == EXPECTED["groups"]
     dataset = ds.dataset(files, schema=golden.schema())
     assert dataset.count_rows() == EXPECTED["groups"]
+
+
+# ---------------------------------------------------------------------------- golden v2
+EXPECTED_V2 = json.loads((DATA / "golden_v2_expected.json").read_text())
+
+
+def _digest_v2(values: list) -> str:
+    return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@pytest.fixture
+def golden_v2(tmp_path):
+    shutil.copytree(DATA / "golden_v2", tmp_path / "golden_v2")
+    store = RolloutStore(tmp_path / "golden_v2")
+    before = sorted(
+        (p.relative_to(store.root), p.read_bytes()) for p in store.root.rglob("*") if p.is_file()
+    )
+    yield store
+    after = sorted(
+        (p.relative_to(store.root), p.read_bytes()) for p in store.root.rglob("*") if p.is_file()
+    )
+    assert after == before, "reading the golden store changed it"
+
+
+def test_golden_v2_store_verifies_and_reads_as_recorded(golden_v2):
+    report = golden_v2.verify()
+    assert report.ok, str(report)
+    assert golden_v2.manifest["schema_version"] == EXPECTED_V2["schema_version"]
+    units = golden_v2.read_steps(columns=["step", "rank", "kind"]).to_pydict()
+    assert [list(u) for u in zip(*units.values())] == EXPECTED_V2["units"]
+    table = golden_v2.read()
+    assert table.num_rows == EXPECTED_V2["groups"]
+    assert table.column_names == EXPECTED_V2["columns"]
+    names = table.column("reward_names").to_pylist()
+    assert sorted({n for row in names for n in row}) == EXPECTED_V2["reward_names"]
+    assert sum("format" not in n for n in names) == EXPECTED_V2["rows_without_format"] > 0
+    chats = table.column("prompt_messages").to_pylist()
+    assert sum(1 for m in chats if m) == EXPECTED_V2["chat_prompts"] > 0
+    assert table.column("weights").null_count == EXPECTED_V2["rows_without_weights"] > 0
+    for column in ("completion_ids", "reward_values", "q", "ref_token_logp", "prompt_messages"):
+        assert _digest_v2(table.column(column).to_pylist()) == EXPECTED_V2[f"{column}_sha"]
+    samples = golden_v2.sql("SELECT count(*) AS n FROM samples").column("n")[0].as_py()
+    assert samples == EXPECTED_V2["samples"]
+    means = golden_v2.read_steps(columns=["reward_mean"]).column("reward_mean").to_pylist()
+    assert means == EXPECTED_V2["reward_mean"]
+
+
+def test_golden_v2_replay_from_archive_cache_and_chat_messages(golden_v2):
+    parquet = list(golden_v2.replay(source="parquet"))
+    auto = list(golden_v2.replay(source="auto"))  # the step-2 copies come from the IPC cache
+    assert [(b.step, b.rank) for b in parquet] == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1)]
+    for a, b in zip(parquet, auto):
+        assert a.groups.equals(b.groups) and a.step_row.equals(b.step_row)
+        assert a.generation_batch == b.generation_batch
+    chat = parquet[4].generation_batch
+    assert isinstance(chat.prompts[1], list) and chat.prompts[1][1]["name"] == "tester"
+    assert chat.grouped_completions[1][0][0]["role"] == "assistant"
+
+
+def test_golden_v2_files_read_by_other_tools(golden_v2):
+    files = [str(p) for p in golden_v2.committed_files()]
+    rows = duckdb.sql(f"SELECT count(*) FROM read_parquet({files})").fetchall()
+    assert rows[0][0] == EXPECTED_V2["groups"]
+    assert ds.dataset(files).count_rows() == EXPECTED_V2["groups"]
