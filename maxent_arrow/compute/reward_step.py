@@ -1,4 +1,4 @@
-"""The whole reward step, ``GenerationBatch`` -> ``RewardComputation`` (``semantics.md``
+"""The whole reward step, ``GenerationBatch`` -> ``RewardComputation`` (``docs/formulas.md``
 §4.1 step 2), and the entropy-bonus update of step 5b.
 
 The reward functions are the only per-sample Python: they take the flat lists of completion
@@ -14,6 +14,7 @@ import dataclasses
 import math
 import numbers
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -38,7 +39,7 @@ from maxent_arrow.types.rewards import (
 __all__ = ["compute_rewards", "apply_entropy_bonus", "behavior_logprobs_from_meta"]
 
 # Keys under which the original's metadata carried the sequence log-prob and token count
-# (semantics §6.2: the same quantity under several names), in order of precedence.
+# (``docs/seed-bugs.md`` §2: the same quantity under several names), in order of precedence.
 _SUM_KEYS = ("logprob_sum", "cumulative_logprob", "logprob")
 _COUNT_KEYS = ("token_count", "num_tokens")
 
@@ -212,19 +213,67 @@ def compute_rewards(
     device:
         Where the group math runs (default CPU); the record's lists are Arrow on the host.
     """
-    gb = generation_batch
-    gen = gb.to_arrow()  # checked here; the record's own batch when it came from Arrow
+    gen = generation_batch.to_arrow()  # checked here; the record's own batch when Arrow-born
+    group_offsets = _group_offsets(gen)
+    names = _reward_names(reward_funcs, weights, reward_names)
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    offsets = torch.from_numpy(group_offsets).to(device)
+    inputs = _RewardInputs.of(gen, generation_batch, group_offsets)
+    raw = {
+        name: torch.from_numpy(_call_reward(j, fn, inputs.completions, inputs.answers))
+        for j, (name, fn) in enumerate(zip(names, reward_funcs))
+    }
+    truncated = None
+    if zero_truncated_completion_rewards:
+        flags = _truncated(inputs.info, max_completion_len)
+        if flags is not None:
+            truncated = torch.from_numpy(np.asarray(flags.to_numpy(zero_copy_only=False)))
+    utils = C.total_utils(
+        {k: v.to(device) for k, v in raw.items()},
+        list(weights),
+        truncated=None if truncated is None else truncated.to(device),
+        offsets=offsets,
+    )
+    seed = _seed_statistics(gen, inputs, seed_grpo, offsets, device)
+    return _assemble(
+        utils,
+        {k: torch_to_arrow(v) for k, v in raw.items()},
+        pairs=inputs.pairs(gen),
+        ref_meta=_flat_ref_meta(_column(gen, "ref_meta")),
+        scale_rewards=scale_rewards,
+        q_temperature=q_temperature,
+        q_epsilon=q_epsilon,
+        seed_scales=None if seed is None else seed.scales,
+        seed=None
+        if seed is None
+        else {
+            "seed_semantic_entropy": torch_to_arrow(seed.semantic_entropy.cpu()),
+            "seed_advantage_scale": torch_to_arrow(seed.scales.cpu()),
+            "seed_alpha_effective": seed.alpha_effective,
+            "seed_max_possible_entropy": seed.max_possible_entropy,
+        },
+    )
+
+
+def _group_offsets(gen: pa.RecordBatch) -> np.ndarray:
+    """The groups' offsets into the flat completions; an empty batch or group is refused."""
     grouped = gen.column("completions")
     if len(grouped) == 0:
         raise ComputeError("compute_rewards: generation_batch: expected at least one group, got 0")
-    group_offsets = list_offsets(grouped)
-    offsets = torch.from_numpy(group_offsets)
-    sizes = np.diff(group_offsets)
+    offsets = list_offsets(grouped)
+    sizes = np.diff(offsets)
     if (sizes == 0).any():
         g = int(np.flatnonzero(sizes == 0)[0])
         raise ComputeError(
             f"compute_rewards: generation_batch.grouped_completions: group {g} is empty (size 0)"
         )
+    return offsets
+
+
+def _reward_names(
+    reward_funcs: Sequence[Any], weights: Sequence[float], reward_names: Sequence[str] | None
+) -> list[str]:
+    """One distinct name and one weight per reward function (names default as the seed's)."""
     if len(weights) != len(reward_funcs):
         raise ComputeError(
             f"compute_rewards: weights: expected {len(reward_funcs)} (one per reward function), "
@@ -240,76 +289,74 @@ def compute_rewards(
             f"compute_rewards: reward_names: expected {len(reward_funcs)} distinct names, got "
             f"{names!r}"
         )
-    device = torch.device(device) if device is not None else torch.device("cpu")
-    completions_arrow = grouped.flatten()
-    group_of_sample = pa.array(np.repeat(np.arange(len(grouped), dtype=np.int32), sizes))
-    messages = sample_messages(_column(gen, "completion_messages"), group_offsets)
-    if messages is None:
-        completions = completions_arrow.to_pylist()
-    else:  # chat completions reach the reward functions as message lists, as in the seed
-        completions = [c for group in gb.grouped_completions for c in group]
-    answers = gen.column("answer").take(group_of_sample).to_pylist()
-    raw = {
-        name: torch.from_numpy(_call_reward(j, fn, completions, answers))
-        for j, (name, fn) in enumerate(zip(names, reward_funcs))
-    }
-    info = _column(gen, "completion_info")
-    truncated = None
-    if zero_truncated_completion_rewards:
-        flags = _truncated(info, max_completion_len)
-        if flags is not None:
-            truncated = torch.from_numpy(np.asarray(flags.to_numpy(zero_copy_only=False)))
-    offsets_dev = offsets.to(device)
-    utils = C.total_utils(
-        {k: v.to(device) for k, v in raw.items()},
-        list(weights),
-        truncated=None if truncated is None else truncated.to(device),
-        offsets=offsets_dev,
-    )
+    return names
+
+
+@dataclass(frozen=True)
+class _RewardInputs:
+    """What the reward functions see (flat completions and answers, each prompt's answer
+    repeated K times) and the flat columns the result is built from."""
+
+    completions_arrow: pa.Array
+    group_of_sample: pa.Array
+    messages: pa.Array | None
+    completions: list
+    answers: list
+    info: pa.Array | None
+
+    @classmethod
+    def of(cls, gen: pa.RecordBatch, gb: GenerationBatch, offsets: np.ndarray) -> _RewardInputs:
+        grouped = gen.column("completions")
+        sizes = np.diff(offsets)
+        group_of_sample = pa.array(np.repeat(np.arange(len(grouped), dtype=np.int32), sizes))
+        messages = sample_messages(_column(gen, "completion_messages"), offsets)
+        completions_arrow = grouped.flatten()
+        if messages is None:
+            completions = completions_arrow.to_pylist()
+        else:  # chat completions reach the reward functions as message lists, as in the seed
+            completions = [c for group in gb.grouped_completions for c in group]
+        answers = gen.column("answer").take(group_of_sample).to_pylist()
+        info = _column(gen, "completion_info")
+        return cls(completions_arrow, group_of_sample, messages, completions, answers, info)
+
+    def pairs(self, gen: pa.RecordBatch) -> dict[str, pa.Array | None]:
+        """The flat prompt/completion pairs of ``RewardComputation.pairs``."""
+        prompt_messages = _column(gen, "prompt_messages")
+        return {
+            # Each group's prompt for its samples: a dictionary over the group prompts.
+            "prompts": pa.DictionaryArray.from_arrays(self.group_of_sample, gen.column("prompt")),
+            "prompt_messages": None
+            if prompt_messages is None
+            else prompt_messages.take(self.group_of_sample),
+            "completions": self.completions_arrow,
+            "completion_messages": self.messages,
+            "pairs_metadata": None if self.info is None else self.info.flatten(),
+        }
+
+
+def _seed_statistics(
+    gen: pa.RecordBatch,
+    inputs: _RewardInputs,
+    settings: SeedGrpoSettings | None,
+    offsets: torch.Tensor,
+    device: torch.device,
+):
+    """SEED-GRPO statistics when enabled (they need the ref meta's log-prob sums)."""
+    if settings is None:
+        return None
     ref_meta = _column(gen, "ref_meta")
-    seed = None
-    if seed_grpo is not None:
-        if ref_meta is None:
-            raise ComputeError(
-                "compute_rewards: seed_grpo needs generation_batch.grouped_ref_meta (log-prob "
-                "sums and token counts), got None"
-            )
-        lp, count = behavior_logprobs_from_meta(ref_meta)
-        seed = seed_grpo_statistics(
-            completions_arrow,
-            lp.to(device),
-            count.to(device),
-            offsets=offsets_dev,
-            settings=seed_grpo,
+    if ref_meta is None:
+        raise ComputeError(
+            "compute_rewards: seed_grpo needs generation_batch.grouped_ref_meta (log-prob "
+            "sums and token counts), got None"
         )
-    prompt_messages = _column(gen, "prompt_messages")
-    pairs = {
-        # Each group's prompt for its samples: a dictionary over the group prompts (no copies).
-        "prompts": pa.DictionaryArray.from_arrays(group_of_sample, gen.column("prompt")),
-        "prompt_messages": None
-        if prompt_messages is None
-        else prompt_messages.take(group_of_sample),
-        "completions": completions_arrow,
-        "completion_messages": messages,
-        "pairs_metadata": None if info is None else info.flatten(),
-    }
-    return _assemble(
-        utils,
-        {k: torch_to_arrow(v) for k, v in raw.items()},
-        pairs=pairs,
-        ref_meta=_flat_ref_meta(ref_meta),
-        scale_rewards=scale_rewards,
-        q_temperature=q_temperature,
-        q_epsilon=q_epsilon,
-        seed_scales=None if seed is None else seed.scales,
-        seed=None
-        if seed is None
-        else {
-            "seed_semantic_entropy": torch_to_arrow(seed.semantic_entropy.cpu()),
-            "seed_advantage_scale": torch_to_arrow(seed.scales.cpu()),
-            "seed_alpha_effective": seed.alpha_effective,
-            "seed_max_possible_entropy": seed.max_possible_entropy,
-        },
+    lp, count = behavior_logprobs_from_meta(ref_meta)
+    return seed_grpo_statistics(
+        inputs.completions_arrow,
+        lp.to(device),
+        count.to(device),
+        offsets=offsets,
+        settings=settings,
     )
 
 

@@ -1,12 +1,13 @@
 """``PromptCache``: prompt text -> token ids, kept in Arrow and persisted as one Parquet file.
 
 The original pipeline tokenized prompts through a per-process ``functools.lru_cache`` keyed by
-the prompt string (semantics §2.1, §6 item 3): lost on every restart, stacked twice, and, when
-no getter was configured, silently replaced by an *empty* prompt. This cache is one Arrow table
-(``prompt`` string, ``input_ids`` list<int32>), looked up with a vectorised hash join
-(``pyarrow.compute.index_in``), filled by one batched tokenizer call per lookup for the misses
-only, and saved beside a rollout store so a restarted trainer does not re-tokenize. No pickle:
-the tokenizer identity it was built with rides in the file as JSON and is checked on load.
+the prompt string (``docs/formulas.md`` §2.1, ``docs/seed-bugs.md`` §3): lost on every restart,
+stacked twice, and, when no getter was configured, silently replaced by an *empty* prompt. This
+cache is one Arrow table (``prompt`` string, ``input_ids`` list<int32>), looked up with a
+vectorised hash join (``pyarrow.compute.index_in``), filled by one batched tokenizer call per
+lookup for the misses only, and saved beside a rollout store so a restarted trainer does not
+re-tokenize. No pickle: the tokenizer identity it was built with rides in the file as JSON and
+is checked on load.
 """
 
 from __future__ import annotations

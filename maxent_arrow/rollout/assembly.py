@@ -394,7 +394,8 @@ def _split_info(info: pa.Array | None, offsets: np.ndarray):
 def _ids_into_extra(info: pa.Array, token_ids: pa.Array) -> pa.Array:
     """Keep completion-info token ids that differ from the scored ids in the JSON ``extra``.
 
-    A rare path (re-tokenised completions, semantics §6.3), so a loop over samples is fine.
+    A rare path (re-tokenised completions, ``docs/seed-bugs.md`` §3): a loop over samples is
+    fine.
     """
     flat = info.flatten()
     extras = flat.field("extra").to_pylist()

@@ -1,7 +1,7 @@
 """The 15 per-batch dataclasses of ``maxent_grpo.training.types.rewards``, over Arrow.
 
 Names, fields, field order, defaults and properties are the seed's (see
-``reference/seed_types_rewards_api.txt``), so code written against that module keeps working
+``docs/formulas.md`` §2, one section per class), so code written against that module keeps working
 when it imports this one instead. They are real dataclasses (``dataclasses.fields``,
 ``replace``, ``asdict`` work) that hold exactly what they are given, as the seed's do: list
 fields are the caller's lists, tensors stay tensors, placeholders and stand-ins are accepted.
