@@ -339,6 +339,7 @@ class LocalBackend(Backend):
         self.root = path
         self.uri = str(path)
         self._fs: pafs.FileSystem | None = None
+        self._inside: dict[str, bool] = {}  # directory -> resolves inside the store
 
     def __reduce__(self):
         return (LocalBackend, (str(self.root),))
@@ -350,11 +351,21 @@ class LocalBackend(Backend):
         return self._fs
 
     def path(self, rel: str) -> Path:
+        """The absolute path of ``rel``; a name that resolves outside the store (a symlink
+        out, of the file or of a directory above it) is refused, never read or written."""
         path = self.root / rel
-        # A name that resolves outside the store (a symlink out) is never read or written.
-        resolved = path.resolve()
-        if not resolved.is_relative_to(self.root.resolve()):
-            raise StoreError(f"{path}: resolves to {resolved}, outside the store {self.root}")
+        directory = rel.rpartition("/")[0]
+        inside = self._inside.get(directory)
+        if inside is None:
+            root = self.root.resolve()
+            inside = self._inside[directory] = (
+                (self.root / directory).resolve().is_relative_to(root)
+            )
+        # The file itself: one lstat; only a symlink is resolved.
+        if not inside or os.path.islink(path):
+            resolved = path.resolve()
+            if not resolved.is_relative_to(self.root.resolve()):
+                raise StoreError(f"{path}: resolves to {resolved}, outside the store {self.root}")
         return path
 
     def list(self, directory: str) -> dict[str, FileInfo]:

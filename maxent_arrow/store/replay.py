@@ -16,11 +16,13 @@ from typing import Any, Literal
 import numpy as np
 import pyarrow as pa
 
+from maxent_arrow.arrow import schema as S
 from maxent_arrow.arrow.lists import list_offsets
 from maxent_arrow.errors import StoreError
 from maxent_arrow.rollout import RolloutBatch
 from maxent_arrow.store.cache import read_cache
 from maxent_arrow.store.catalog import Catalog, OnError, Unit, check_on_error, fail
+from maxent_arrow.store.padding import strip_padding
 from maxent_arrow.store.reader import read_group_file
 
 __all__ = ["ReplayOptions", "replay"]
@@ -196,6 +198,7 @@ def _load(
 ) -> tuple[pa.RecordBatch, pa.RecordBatch]:
     step = catalog.step_file(unit.step_file)
     step_row = step.table.slice(unit.row, 1).combine_chunks().to_batches()[0]
+    step_row = strip_padding(step_row, S.step_schema())
     groups = None
     if options.source in ("auto", "cache"):
         try:
@@ -212,7 +215,7 @@ def _load(
         table = read_group_file(catalog.backend, step, options.columns, crc=crc)
         if unit.start or unit.num_groups != table.num_rows:
             table = table.slice(unit.start, unit.num_groups)
-        groups = _as_batch(table)
+        groups = strip_padding(_as_batch(table), S.group_schema())
     return groups, step_row
 
 

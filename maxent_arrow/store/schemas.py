@@ -8,6 +8,8 @@ the schema they are read as (the current layout).
 
 from __future__ import annotations
 
+import hashlib
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -17,7 +19,7 @@ from maxent_arrow.errors import StoreError
 from maxent_arrow.store.catalog import Catalog, OnError, fail
 from maxent_arrow.store.layout import GROUPS, STEPS
 
-__all__ = ["UnifiedSchemas", "file_schema"]
+__all__ = ["UnifiedSchemas", "file_schema", "schema_key"]
 
 
 def file_schema(catalog: Catalog, rel: str) -> pa.Schema:
@@ -43,24 +45,50 @@ def file_schema(catalog: Catalog, rel: str) -> pa.Schema:
     return schema
 
 
+def schema_key(schema: pa.Schema) -> str:
+    """A short digest of a file's Arrow schema (names, types, nullability; no metadata),
+    recorded in its step file at append."""
+    text = schema.remove_metadata().to_string(show_field_metadata=False)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 class UnifiedSchemas:
-    """The unified schema of the committed group files and of the step files."""
+    """The unified schema of the committed group files and of the step files.
+
+    A step file's schema is the one of the step rows the catalog has already read. A group
+    file's schema is read from its footer once per schema: files whose step file records the
+    same ``schema_key`` share it (the key is covered by the step file's seal, and the group
+    file's footer by the footer CRC checked before a query).
+    """
 
     def __init__(self, catalog: Catalog):
         self.catalog = catalog
         self._files: dict[str, tuple[tuple[int, int], pa.Schema]] = {}
+        self._by_key: dict[str, pa.Schema] = {}
         self._unified: dict[str, tuple[frozenset[str], pa.Schema]] = {}
 
-    def _schema(self, rel: str) -> pa.Schema:
+    def file(self, rel: str) -> pa.Schema:
+        """The schema of the committed file ``rel`` as this library reads it."""
+        table, _, name = rel.partition("/")
+        key = None
+        if name in self.catalog.listing(STEPS, fresh=False):
+            step = self.catalog.step_file(name)
+            if table == STEPS:
+                return step.table.schema
+            key = step.meta.get("schema_key")
+            if key is not None and key in self._by_key:
+                return self._by_key[key]
         info = self.catalog.backend.stat(rel)
         if info is None:
             raise StoreError(f"{self.catalog.backend.path(rel)}: missing")
-        key = (info.size, info.mtime_ns)
+        stamp = (info.size, info.mtime_ns)
         hit = self._files.get(rel)
-        if hit is not None and hit[0] == key:
+        if hit is not None and hit[0] == stamp:
             return hit[1]
         schema = file_schema(self.catalog, rel)
-        self._files[rel] = (key, schema)
+        self._files[rel] = (stamp, schema)
+        if key is not None:
+            self._by_key[key] = schema
         return schema
 
     def get(self, table: str, on_error: OnError) -> pa.Schema:
@@ -77,7 +105,7 @@ class UnifiedSchemas:
             if rel in done:
                 continue
             try:
-                schemas.append(self._schema(rel))
+                schemas.append(self.file(rel))
                 done.add(rel)
             except StoreError as exc:
                 fail(on_error, exc)

@@ -48,7 +48,7 @@ from maxent_arrow.store.catalog import Catalog, OnError, StepFile, fail
 from maxent_arrow.store.checksums import check_chunks, crc32_of
 from maxent_arrow.store.layout import GROUPS
 from maxent_arrow.store.reader import conform, read_group_file
-from maxent_arrow.store.schemas import UnifiedSchemas, file_schema
+from maxent_arrow.store.schemas import UnifiedSchemas
 
 __all__ = ["SqlViews", "check_query", "duckdb_module", "quote", "samples_view_sql", "sql_string"]
 
@@ -281,7 +281,13 @@ class SqlViews:
 
     def _register_steps(self, steps: list[StepFile]) -> None:
         unified = self.schemas.get("steps", self.on_error).remove_metadata()
-        parts = [conform(step.table, unified) for step in steps]
+        alike: dict[pa.Schema, list[pa.Table]] = {}  # step files of one schema, conformed once
+        for step in steps:
+            alike.setdefault(step.table.schema.remove_metadata(), []).append(step.table)
+        parts = [
+            conform(pa.concat_tables([t.replace_schema_metadata() for t in tables]), unified)
+            for tables in alike.values()
+        ]
         table = pa.concat_tables(parts) if parts else unified.empty_table()
         self.step_rows = table
         self.con.register("_maxent_step_rows", table)
@@ -293,7 +299,7 @@ class SqlViews:
         parts = []
         sets: dict[str, tuple[pa.Schema, list[str]]] = {}
         for rel, _ in self.files:
-            schema = file_schema(self.catalog, rel)
+            schema = self.schemas.file(rel)
             key = schema.to_string(show_field_metadata=False, show_schema_metadata=False)
             sets.setdefault(key, (schema, []))[1].append(self.catalog.backend.fs_path(rel))
         cols = ", ".join(quote(f.name) for f in unified)

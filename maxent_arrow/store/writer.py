@@ -37,14 +37,16 @@ from maxent_arrow.store.cache import write_cache
 from maxent_arrow.store.catalog import Catalog
 from maxent_arrow.store.checksums import chunk_crcs
 from maxent_arrow.store.layout import CONFIG_META_KEY, GROUPS, STEPS, STORE_META_KEY, unit_name
+from maxent_arrow.store.padding import pad_to_layout
 from maxent_arrow.store.parquet import group_file_settings, parquet_bytes, write_parquet
-from maxent_arrow.store.schemas import UnifiedSchemas
+from maxent_arrow.store.schemas import UnifiedSchemas, schema_key
 
-__all__ = ["Writer", "full_layout", "group_file_meta", "step_file_bytes"]
+__all__ = ["Writer", "group_file_meta", "step_file_bytes"]
 
 
 def group_file_meta(backend: Backend, pending: Pending, **extra: Any) -> dict[str, Any]:
-    """What a step file records of its group file: name, size, CRC-32 and chunk CRCs."""
+    """What a step file records of its group file: name, size, CRC-32, chunk CRCs and the key
+    of its schema (files of one schema are read as one set, with one footer read)."""
     with backend.open_pending(pending) as source:
         metadata = pq.read_metadata(source)
 
@@ -57,6 +59,7 @@ def group_file_meta(backend: Backend, pending: Pending, **extra: Any) -> dict[st
         "group_file": name,
         "group_size": pending.size,
         "group_crc32": pending.crc,
+        "schema_key": schema_key(metadata.schema.to_arrow_schema()),
         "chunks": chunks,
         **extra,
     }
@@ -70,28 +73,6 @@ def step_file_bytes(step_rows: pa.Table, meta: dict[str, Any]) -> bytes:
         statistics=["step", "rank"],
         sealed=True,
     )
-
-
-def full_layout(table: pa.Table, schema: pa.Schema) -> pa.Table:
-    """``table`` with every column of ``schema`` (absent optional ones as nulls), in the
-    schema's order, then its own extra columns: every file of a run has one schema, so plain
-    readers that take the first file's schema (DuckDB, pyarrow datasets) or refuse one that
-    differs (Polars, Hugging Face ``datasets``) read all files alike."""
-    names = table.column_names
-    fields, arrays = [], []
-    for field in schema:
-        if field.name in names:
-            column = table.column(field.name)
-            fields.append(table.schema.field(field.name))
-            arrays.append(column)
-        else:
-            fields.append(pa.field(field.name, field.type, nullable=True))
-            arrays.append(pa.nulls(table.num_rows, field.type))
-    for name in names:
-        if name not in schema.names:
-            fields.append(table.schema.field(name))
-            arrays.append(table.column(name))
-    return pa.Table.from_arrays(arrays, schema=pa.schema(fields, metadata=table.schema.metadata))
 
 
 def _reward_names(groups: pa.RecordBatch | pa.Table) -> list[str]:
@@ -136,7 +117,7 @@ class Writer:
         crash_point("append:group-written")
         try:
             meta = group_file_meta(self.backend, group, reward_names=_reward_names(batch.groups))
-            step_rows = full_layout(pa.Table.from_batches([batch.step_row]), S.step_schema())
+            step_rows = pad_to_layout(pa.Table.from_batches([batch.step_row]), S.step_schema())
             step_bytes = step_file_bytes(step_rows, meta)
             step = self.backend.write_temp(f"{STEPS}/{name}", step_bytes)
         except BaseException:
@@ -204,7 +185,7 @@ class Writer:
         raw = (batch.groups.schema.metadata or {}).get(BATCH_META_KEY)
         if raw:
             meta[BATCH_META_KEY] = raw
-        table = full_layout(pa.Table.from_batches([batch.groups]), S.group_schema())
+        table = pad_to_layout(pa.Table.from_batches([batch.groups]), S.group_schema())
         write_parquet(
             sink,
             table,

@@ -138,8 +138,10 @@ def test_sigkill_at_random_moments_while_appending_loses_nothing_acknowledged(tm
     acknowledged: set[int] = set()
     midway, leftovers = 0, set()
     for _ in range(20):
+        # Enough steps for the kill below (it lands within the first four appends).
+        last = max(acknowledged, default=-1) + 8
         proc = subprocess.Popen(
-            [sys.executable, "-c", WRITER, str(root), "0", "0", "1000", "24"],
+            [sys.executable, "-c", WRITER, str(root), "0", "0", str(last), "24"],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

@@ -93,6 +93,28 @@ def test_replay_gives_back_the_appended_batches(store):
         assert batch.reference_logprobs == original.reference_logprobs
 
 
+@pytest.mark.parametrize("source", ["parquet", "cache"])
+def test_a_batch_without_optional_columns_replays_without_them(tmp_path, source):
+    """The files carry every layout column (absent ones as nulls, one schema per run, as a
+    plain reader sees); replay gives the batch back as appended, from either source."""
+    s = RolloutStore.create(tmp_path / "store", cache=True)
+    full = make_batch(0)
+    lean = make_batch(1)
+    lean = RolloutBatch(lean.groups.drop_columns(["weights", "q"]), lean.step_row)
+    s.append(full)
+    s.append(lean)
+    files = sorted((tmp_path / "store" / "groups").glob("*.parquet"))
+    schemas = [pq.read_schema(f) for f in files]
+    assert schemas[0].names == schemas[1].names
+    on_disk = pq.read_table(files[1])
+    assert on_disk.column("weights").null_count == on_disk.num_rows
+    got = {b.step: b for b in s.replay(source=source)}
+    assert "weights" not in got[1].groups.schema.names
+    assert "q" not in got[1].groups.schema.names
+    assert got[1].groups.equals(lean.groups)
+    assert got[0].groups.equals(full.groups)
+
+
 def test_replay_resumes_from_a_cursor(store):
     full = [
         b.groups.column("q").to_pylist() for b in store.replay(batch_groups=2, shuffle=True, seed=3)
