@@ -1,0 +1,621 @@
+"""Record the rollouts of an unmodified ``trl.GRPOTrainer`` into a rollout store
+(``pip install 'maxent-arrow[trl]'``; written against TRL 1.16).
+
+:class:`RecordingGRPOTrainer` is ``trl.GRPOTrainer`` with :class:`RolloutRecorder` mixed in:
+pass ``rollout_store=`` (a path, URI or :class:`~maxent_arrow.store.RolloutStore`) and train as
+usual. Every generation round is written once, as one append per process (each process writes
+its own rank; nothing is gathered to one process to be written), keyed by the optimizer step
+(``state.global_step``) at which it was generated: with ``steps_per_generation`` or
+``num_iterations`` > 1 a round serves several optimizer steps and is stored under the first.
+Evaluation rounds are stored as ``kind="eval"``, one append per evaluation.
+
+What a round holds (the group layout of ``docs/arrow-layout.md``):
+
+- one row per prompt group part (TRL's ``num_generations`` completions of a prompt, or the
+  part of them this process holds), with a run-wide ``group_id``
+  (``"{step}.{round}.{group}"``: the group's place in the round's global generation batch),
+  ``group_size`` (the whole group's K) and each completion's ``completion_index`` in it;
+- ``prompt_ids`` and ``completion_ids``: the exact tokens TRL trained on, un-padded with its
+  masks (``completion_ids`` include the EOS token); ``prompt`` (plain text) or
+  ``prompt_messages`` (a chat prompt, typed messages), ``completions`` (text) and, for chat,
+  ``completion_messages``; ``answer`` when the dataset has an ``answer`` column;
+- ``reward_names`` (TRL's reward function names) and ``reward_values`` (each function's raw,
+  unweighted reward, NaN where it returned ``None``), ``total_utils`` (the weighted
+  ``nansum``, NaN for an unscorable completion) and ``advantages`` (TRL's);
+- when TRL computed them: ``ref_token_logp`` (``ref_per_token_logps``, β > 0) with
+  ``ref_logp_sum_raw``/``ref_tok_counts``, ``behavior_token_logp`` (``old_per_token_logps``:
+  the policy's log-probs at generation, the denominator of TRL's importance ratio) with
+  ``behavior_logp_sum``, and the extra per-token columns ``sampling_token_logp`` (the
+  generator's own log-probs, ``sampling_per_token_logps``: vLLM or a ``rollout_func``),
+  ``importance_sampling_ratio`` (token-level vLLM correction; a sequence-level one is the
+  per-completion ``sequence_importance_sampling_ratio``), ``tool_mask`` (int8, 1 on model
+  tokens) and ``token_advantages`` (a subclass's per-token advantages);
+- ``completion_info``: ``token_count``, ``truncated`` (the last token is not an EOS or pad,
+  TRL's rule) and ``finish_reason`` (``"stop"`` or ``"length"``).
+
+Multimodal inputs (``pixel_values`` and the like) are not stored. The step row carries
+:class:`~maxent_arrow.rollout.RunConfig` with TRL's settings (β, ε / ε_high, ``loss_type``,
+``scale_rewards``, ``reward_weights``, ``multi_objective_aggregation``, temperature,
+``num_generations``, lengths, the tokenizer's name and vocabulary size; the rest of TRL's
+settings under ``extra["trl"]``), so :func:`~maxent_arrow.rollout.recompute` reproduces TRL's
+advantages from a stored step.
+
+Partial groups: TRL's sampler gives each process consecutive rows of the global generation
+batch, so a prompt's completions can be spread over processes, and each process then writes
+its part. Readers see whole groups through :func:`~maxent_arrow.rollout.reassemble`, which
+merges the parts of a step by ``group_id`` in ``completion_index`` order.
+
+No public TRL hook exposes the batch (callbacks get no tensors), so the recorder overrides the
+private ``_generate_and_score_completions`` (its output dict) and ``_calculate_rewards`` (the
+per-function rewards, prompts and completions); ``tests/integrations/test_trl.py`` fails
+loudly when TRL changes either.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import torch
+
+from maxent_arrow.arrow import schema as S
+from maxent_arrow.errors import LayoutError, MissingExtraError, SchemaError
+from maxent_arrow.integrations.messages import is_conversation, messages_array, strip_images
+from maxent_arrow.integrations.steps import step_row
+from maxent_arrow.rollout import RolloutBatch, RunConfig
+from maxent_arrow.store import RolloutStore
+
+try:
+    import trl
+    from trl import GRPOTrainer
+except ImportError:  # pragma: no cover - the extra is installed where this module is used
+    raise MissingExtraError("trl", "trl") from None
+
+__all__ = [
+    "ALWAYS_OUTPUT_KEYS",
+    "OPTIONAL_OUTPUT_KEYS",
+    "RecordingGRPOTrainer",
+    "RolloutRecorder",
+    "trl_group_table",
+    "trl_run_config",
+]
+
+# The keys of `_generate_and_score_completions`' output in TRL 1.16: always there, and only
+# under some settings (β > 0, vLLM, tools, images). A key outside both is new in TRL: the
+# recorder warns once and does not store it; the tests fail on it.
+ALWAYS_OUTPUT_KEYS = frozenset(
+    {
+        "prompt_ids",
+        "prompt_mask",
+        "completion_ids",
+        "completion_mask",
+        "advantages",
+        "num_items_in_batch",
+    }
+)
+OPTIONAL_OUTPUT_KEYS = frozenset(
+    {
+        "old_per_token_logps",
+        "ref_per_token_logps",
+        "sampling_per_token_logps",
+        "importance_sampling_ratio",
+        "tool_mask",
+        # multimodal model inputs: not stored
+        "pixel_values",
+        "image_grid_thw",
+        "pixel_attention_mask",
+        "spatial_shapes",
+        "image_sizes",
+        "token_type_ids",
+        "mm_token_type_ids",
+        "image_position_ids",
+        "num_images",
+        "num_tiles",
+    }
+)
+# Per-token log-prob tensors and their columns (list<list<float32>>, one row per completion).
+_TOKEN_COLUMNS = {
+    "ref_per_token_logps": "ref_token_logp",
+    "old_per_token_logps": "behavior_token_logp",
+    "sampling_per_token_logps": "sampling_token_logp",
+}
+_FLOAT_TOKENS = pa.list_(pa.field("item", pa.float32(), nullable=False))
+_INT8_TOKENS = pa.list_(pa.field("item", pa.int8(), nullable=False))
+
+
+# ---------------------------------------------------------------------------- the group table
+def trl_group_table(
+    outputs: Mapping[str, Any],
+    *,
+    prompts: Sequence[Any],
+    completions: Sequence[Any],
+    rewards: Any,
+    reward_names: Sequence[str],
+    reward_weights: Sequence[float],
+    step: int,
+    rank: int,
+    kind: str,
+    group_size: int,
+    first_index: int,
+    round_index: int = 0,
+    answers: Sequence[Any] | None = None,
+    eos_token_ids: Sequence[int] = (),
+    pad_token_id: int | None = None,
+    completion_lengths: Any = None,
+) -> pa.Table:
+    """The group rows of one generation round of one process, from TRL's tensors.
+
+    Vectorised: each tensor is un-padded with one boolean mask select on its device and one
+    copy to the host; the group structure is index arithmetic. Python touches only the
+    prompts and completions TRL gives as Python objects (text or messages).
+
+    Parameters
+    ----------
+    outputs:
+        The dict ``_generate_and_score_completions`` returned on this process (B rows).
+    prompts, completions:
+        This process's prompts and decoded completions (``_calculate_rewards``' arguments):
+        strings, or message lists for chat.
+    rewards:
+        This process's raw rewards ``[B, F]`` (one column per reward function, NaN for None).
+    reward_names, reward_weights:
+        The reward functions' names and weights (``total_utils`` is the weighted ``nansum``).
+    step, rank, kind:
+        Where the round is stored.
+    group_size:
+        TRL's ``num_generations`` (``num_generations_eval`` in eval).
+    first_index:
+        The global row of this process's first row in the round's generation batch
+        (``process_index * B``): row ``g`` belongs to group ``g // group_size`` at index
+        ``g % group_size``.
+    round_index:
+        Distinguishes rounds stored under one step (eval batches; part of ``group_id``).
+    answers:
+        Per-row ``answer`` values from the dataset, or ``None``.
+    eos_token_ids, pad_token_id:
+        TRL's EOS ids and pad id: a completion whose last token is neither is truncated.
+    completion_lengths:
+        Token counts per row; default the ``completion_mask`` sums (give them under
+        ``mask_truncated_completions``, which zeroes whole rows of the mask).
+    """
+    b = len(prompts)
+    if len(completions) != b:
+        raise LayoutError(
+            f"trl_group_table: completions: expected {b} (one per prompt), got {len(completions)}"
+        )
+    missing = ALWAYS_OUTPUT_KEYS - set(outputs)
+    if missing:
+        raise SchemaError(f"trl_group_table: outputs: missing TRL keys {sorted(missing)}")
+    ids, mask = outputs["completion_ids"], outputs["completion_mask"]
+    if ids.shape[0] != b:
+        raise LayoutError(
+            f"trl_group_table: completion_ids: expected {b} rows (one per prompt), got "
+            f"{ids.shape[0]}"
+        )
+    device = ids.device
+    if completion_lengths is None:
+        lengths = mask.sum(dim=1)
+    else:
+        lengths = torch.as_tensor(completion_lengths, dtype=torch.int64, device=device)
+    width = ids.shape[1]
+    keep = torch.arange(width, device=device)[None, :] < lengths[:, None]
+    lengths_np = lengths.cpu().numpy().astype(np.int64)
+    token_offsets = np.concatenate([[0], np.cumsum(lengths_np)]).astype(np.int32)
+
+    # Group structure: global row g -> group g // K, index g % K; a process's rows of one
+    # group are consecutive, so a part starts wherever the group number changes.
+    g = first_index + np.arange(b, dtype=np.int64)
+    group_of, index = g // group_size, (g % group_size).astype(np.int32)
+    starts = np.flatnonzero(np.concatenate([[True], group_of[1:] != group_of[:-1]]))
+    part_offsets = np.concatenate([starts, [b]]).astype(np.int32)
+    p = len(starts)
+    sizes = np.diff(part_offsets)
+
+    def grouped(values: pa.Array) -> pa.Array:
+        return pa.ListArray.from_arrays(pa.array(part_offsets), values)
+
+    def per_token(flat: np.ndarray, item: pa.DataType) -> pa.Array:
+        inner = pa.ListArray.from_arrays(pa.array(token_offsets), pa.array(flat))
+        return grouped(inner.cast(pa.list_(pa.field("item", item, nullable=False))))
+
+    columns: dict[str, pa.Array] = {
+        "step": pa.array(np.full(p, step, np.int64)),
+        "rank": pa.array(np.full(p, rank, np.int32)),
+        "kind": pa.array([kind] * p, pa.string()),
+        "group_index": pa.array(np.arange(p, dtype=np.int32)),
+        "group_id": pc.binary_join_element_wise(
+            f"{step}.{round_index}", pc.cast(pa.array(group_of[starts]), pa.string()), "."
+        ),
+        "group_size": pa.array(np.full(p, group_size, np.int32)),
+        "num_completions": pa.array(sizes.astype(np.int32)),
+    }
+    columns.update(_prompt_columns(outputs, prompts, starts))
+    if answers is not None:
+        first = [answers[i] for i in starts]
+        if all(a is None or isinstance(a, str) for a in first):
+            columns["answer"] = pa.array(first, pa.string())
+    columns.update(_completion_columns(completions, grouped))
+    columns["completion_index"] = grouped(pa.array(index))
+    columns["completion_ids"] = per_token(ids[keep].to(torch.int32).cpu().numpy(), pa.int32())
+    columns["completion_info"] = grouped(
+        _completion_info(ids, lengths, lengths_np, eos_token_ids, pad_token_id)
+    )
+    columns.update(_reward_columns(rewards, reward_names, reward_weights, b, part_offsets, grouped))
+    advantages = outputs["advantages"]
+    if advantages.dim() == 1:
+        columns["advantages"] = grouped(pa.array(advantages.double().cpu().numpy()))
+    else:  # a subclass's per-token advantages
+        flat = advantages[keep].float().cpu().numpy()
+        columns["token_advantages"] = per_token(flat, pa.float32())
+    for key, name in _TOKEN_COLUMNS.items():
+        tensor = outputs.get(key)
+        if tensor is None:
+            continue
+        columns[name] = per_token(tensor[keep].float().cpu().numpy(), pa.float32())
+        sums = grouped(pa.array((tensor.double() * keep).sum(dim=1).cpu().numpy()))
+        if name == "ref_token_logp":
+            columns["ref_logp_sum_raw"] = sums
+            columns["ref_tok_counts"] = grouped(pa.array(lengths_np.astype(np.int32)))
+        elif name == "behavior_token_logp":
+            columns["behavior_logp_sum"] = sums
+    ratio = outputs.get("importance_sampling_ratio")
+    if ratio is not None:
+        if ratio.shape[1] == width and width != 1:
+            columns["importance_sampling_ratio"] = per_token(
+                ratio[keep].float().cpu().numpy(), pa.float32()
+            )
+        else:
+            values = ratio[:, 0].float().cpu().numpy()
+            columns["sequence_importance_sampling_ratio"] = grouped(pa.array(values))
+    tool_mask = outputs.get("tool_mask")
+    if tool_mask is not None:
+        columns["tool_mask"] = per_token(tool_mask[keep].to(torch.int8).cpu().numpy(), pa.int8())
+    return pa.table(columns)
+
+
+def _prompt_columns(
+    outputs: Mapping[str, Any], prompts: Sequence[Any], starts: np.ndarray
+) -> dict[str, pa.Array]:
+    """``prompt_ids`` (un-padded from the left) and the prompt of each part's first row."""
+    rows = torch.as_tensor(starts, device=outputs["prompt_ids"].device)
+    ids = outputs["prompt_ids"].index_select(0, rows)
+    mask = outputs["prompt_mask"].index_select(0, rows).bool()
+    offsets = np.concatenate([[0], np.cumsum(mask.sum(dim=1).cpu().numpy())]).astype(np.int32)
+    values = pa.array(ids[mask].to(torch.int32).cpu().numpy())
+    out = {"prompt_ids": pa.ListArray.from_arrays(pa.array(offsets), values)}
+    first = [prompts[i] for i in starts]
+    if first and is_conversation(first[0]):
+        out["prompt_messages"] = messages_array(
+            [strip_images(c) for c in first], where="trl prompt_messages"
+        )
+    else:
+        out["prompt"] = pa.array([p if isinstance(p, str) else str(p) for p in first], pa.string())
+    return out
+
+
+def _completion_columns(completions: Sequence[Any], grouped: Any) -> dict[str, pa.Array]:
+    """``completions`` (text) and, for chat, ``completion_messages``."""
+    if completions and is_conversation(completions[0]):
+        texts = [
+            c[-1]["content"] if isinstance(c[-1].get("content"), str) else "" for c in completions
+        ]
+        messages = messages_array(
+            [strip_images(c) for c in completions], where="trl completion_messages"
+        )
+        return {
+            "completions": grouped(pa.array(texts, pa.string())),
+            "completion_messages": grouped(messages),
+        }
+    return {"completions": grouped(pa.array(list(completions), pa.string()))}
+
+
+def _completion_info(
+    ids: torch.Tensor,
+    lengths: torch.Tensor,
+    lengths_np: np.ndarray,
+    eos_token_ids: Sequence[int],
+    pad_token_id: int | None,
+) -> pa.Array:
+    """Token count and TRL's truncation rule: the last token is neither EOS nor pad."""
+    last = ids.gather(1, (lengths - 1).clamp(min=0)[:, None])[:, 0]
+    stops = torch.tensor(
+        [*eos_token_ids, *([] if pad_token_id is None else [pad_token_id])],
+        dtype=ids.dtype,
+        device=ids.device,
+    )
+    truncated = (~torch.isin(last, stops) & (lengths > 0)).cpu().numpy()
+    n = len(lengths_np)
+    return pa.StructArray.from_arrays(
+        [
+            pa.array(np.where(truncated, "length", "stop"), pa.string()),
+            pa.nulls(n, pa.string()),
+            pa.array(truncated),
+            pa.array(lengths_np.astype(np.int32)),
+            pa.nulls(n, pa.string()),
+        ],
+        fields=list(S.COMPLETION_INFO_TYPE),
+    )
+
+
+def _reward_columns(
+    rewards: Any,
+    reward_names: Sequence[str],
+    reward_weights: Sequence[float],
+    b: int,
+    part_offsets: np.ndarray,
+    grouped: Any,
+) -> dict[str, pa.Array]:
+    """``reward_names``/``reward_values`` and ``total_utils`` (weighted nansum, NaN when every
+    function returned None: TRL's unscorable completion)."""
+    values = torch.as_tensor(rewards).detach().double().cpu().numpy().reshape(b, -1)
+    f = values.shape[1]
+    if f != len(reward_names) or f != len(reward_weights):
+        raise LayoutError(
+            f"trl_group_table: rewards: expected {len(reward_names)} columns (one per reward "
+            f"function), got {f}"
+        )
+    p = len(part_offsets) - 1
+    names = pa.ListArray.from_arrays(
+        pa.array(np.arange(0, (p + 1) * f, f, dtype=np.int32)),
+        pa.array(list(reward_names) * p, pa.string()),
+    )
+    inner = pa.ListArray.from_arrays(
+        pa.array(np.arange(0, (b + 1) * f, f, dtype=np.int32)), pa.array(values.reshape(-1))
+    )
+    weighted = np.nansum(values * np.asarray(reward_weights, np.float64)[None, :], axis=1)
+    weighted[np.isnan(values).all(axis=1)] = np.nan
+    return {
+        "reward_names": names,
+        "reward_values": grouped(inner),
+        "total_utils": grouped(pa.array(weighted)),
+    }
+
+
+# ---------------------------------------------------------------------------- the config
+def _json_safe(value: Any) -> Any:
+    try:
+        json.dumps(value, allow_nan=True)
+        return value
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def trl_run_config(trainer: Any) -> RunConfig:
+    """TRL's settings as the replay contract (:class:`~maxent_arrow.rollout.RunConfig`).
+
+    ``max_prompt_len``: TRL 1.16 does not truncate prompts, so the model's context length
+    (``max_position_embeddings``) is recorded as the bound.
+    """
+    args = trainer.args
+    tok = trainer._tokenizer  # TRL's own attribute: the processor's tokenizer
+    model_config = getattr(trainer.accelerator.unwrap_model(trainer.model), "config", None)
+    context = getattr(model_config, "max_position_embeddings", None) or 0
+    world = trainer.accelerator.num_processes
+    names = list(trainer.reward_func_names)
+    trl_extra = {
+        "version": trl.__version__,
+        "num_generations_eval": trainer.num_generations_eval,
+        "num_iterations": trainer.num_iterations,
+        "steps_per_generation": args.steps_per_generation,
+        "gradient_accumulation_steps": args.gradient_accumulation_steps,
+        "per_device_train_batch_size": args.per_device_train_batch_size,
+        "per_device_eval_batch_size": args.per_device_eval_batch_size,
+        "generation_batch_size": args.generation_batch_size,
+        "world_size": world,
+        "importance_sampling_level": args.importance_sampling_level,
+        "delta": args.delta,
+        "top_k": args.top_k,
+        "min_p": args.min_p,
+        "repetition_penalty": args.repetition_penalty,
+        "mask_truncated_completions": args.mask_truncated_completions,
+        "use_bias_correction_kl": args.use_bias_correction_kl,
+        "top_entropy_quantile": args.top_entropy_quantile,
+        "off_policy_mask_threshold": args.off_policy_mask_threshold,
+        "use_vllm": args.use_vllm,
+        "vllm_importance_sampling_correction": args.vllm_importance_sampling_correction,
+        "vllm_importance_sampling_mode": args.vllm_importance_sampling_mode,
+        "generation_kwargs": _json_safe(args.generation_kwargs),
+        "chat_template_kwargs": _json_safe(args.chat_template_kwargs),
+        "eos_token_ids": list(trainer.eos_token_ids),
+    }
+    return RunConfig(
+        reward_names=tuple(names),
+        reward_weights=tuple(float(w) for w in trainer.reward_weights.tolist()),
+        scale_rewards=trainer.scale_rewards,
+        multi_objective_aggregation=trainer.multi_objective_aggregation,
+        unscorable="exclude",
+        advantage_eps=1e-4,
+        beta=float(trainer.beta),
+        mode="grpo",
+        loss_type=trainer.loss_type,
+        use_clip_objective=True,
+        clip_eps_low=float(trainer.epsilon_low),
+        clip_eps_high=float(trainer.epsilon_high),
+        num_generations=int(trainer.num_generations),
+        max_prompt_len=int(context),
+        max_completion_len=int(trainer.max_completion_length),
+        gen_temperature=float(trainer.temperature),
+        top_p=float(args.top_p),
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        tokenizer={
+            "name": tok.name_or_path or type(tok).__name__,
+            "class": type(tok).__name__,
+            "vocab_size": tok.vocab_size,
+            "len": len(tok),
+        },
+        model=getattr(model_config, "_name_or_path", None) or None,
+        prompts_per_step=int(args.generation_batch_size // trainer.num_generations),
+        learning_rate=float(args.learning_rate),
+        seed=int(args.seed),
+        trainer=f"trl.GRPOTrainer {trl.__version__}",
+        extra={"trl": trl_extra},
+    )
+
+
+# ---------------------------------------------------------------------------- the recorder
+class RolloutRecorder:
+    """Mixin that records every generation round of a ``trl.GRPOTrainer`` (see the module
+    doc). Put it before the trainer class: ``class T(RolloutRecorder, GRPOTrainer)``.
+
+    Parameters
+    ----------
+    rollout_store:
+        A :class:`~maxent_arrow.store.RolloutStore`, or a path or URI where one is created
+        (every process creates or opens the same store; each appends its own rank).
+    record_eval:
+        Also record evaluation rounds (``kind="eval"``).
+    *args, **kwargs:
+        Those of the trainer.
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        rollout_store: RolloutStore | str | os.PathLike[str],
+        record_eval: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.rollout_config = trl_run_config(self)
+        if isinstance(rollout_store, RolloutStore):
+            self.rollout_store = rollout_store
+        else:
+            self.rollout_store = RolloutStore.create(
+                rollout_store, config=self.rollout_config.to_dict()
+            )
+        self.record_eval = record_eval
+        self._rollout_capture: tuple | None = None
+        self._rollout_pending: dict[str, tuple[int, list[pa.Table]]] = {}
+        self._rollout_written: set[tuple[int, str]] = set()
+        self._rollout_unknown: set[str] = set()
+
+    # -- TRL's private methods, extended (the tests pin their signatures and outputs)
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._rollout_capture = (prompts, completions, completion_ids_list, rewards)
+        return rewards
+
+    def _generate_and_score_completions(self, inputs):
+        output = super()._generate_and_score_completions(inputs)
+        self.record_round(inputs, output)
+        return output
+
+    def train(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().train(*args, **kwargs)
+        finally:
+            self.flush_rollouts()
+
+    def evaluate(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().evaluate(*args, **kwargs)
+        finally:
+            self.flush_rollouts("eval")
+
+    # -- recording
+    def record_round(self, inputs: Sequence[Mapping[str, Any]], output: Mapping[str, Any]) -> None:
+        """Build this process's group rows of the round TRL just generated and scored."""
+        capture, self._rollout_capture = self._rollout_capture, None
+        kind = "train" if self.model.training else "eval"
+        if kind == "eval" and not self.record_eval:
+            return
+        if capture is None:
+            raise LayoutError(
+                "RolloutRecorder: _generate_and_score_completions returned without calling "
+                "_calculate_rewards; TRL's flow changed (this recorder is written for 1.16)"
+            )
+        unknown = set(output) - ALWAYS_OUTPUT_KEYS - OPTIONAL_OUTPUT_KEYS - self._rollout_unknown
+        if unknown:
+            self._rollout_unknown |= unknown
+            warnings.warn(
+                f"RolloutRecorder: TRL returned keys it did not in 1.16, not recorded: "
+                f"{sorted(unknown)}",
+                stacklevel=2,
+            )
+        prompts, completions, ids_list, rewards = capture
+        b = len(prompts)
+        rank = self.accelerator.process_index
+        step = int(self.state.global_step)
+        pending = self._rollout_pending.get(kind)
+        if pending is not None and pending[0] != step:
+            self.flush_rollouts(kind)
+            pending = None
+        rounds = [] if pending is None else pending[1]
+        lengths = None
+        if self.mask_truncated_completions:  # the mask zeroes truncated rows: use the ids
+            lengths = np.fromiter(map(len, ids_list), dtype=np.int64, count=b)
+        table = trl_group_table(
+            output,
+            prompts=prompts,
+            completions=completions,
+            rewards=rewards[rank * b : (rank + 1) * b],
+            reward_names=self.rollout_config.reward_names,
+            reward_weights=self.rollout_config.reward_weights,
+            step=step,
+            rank=rank,
+            kind=kind,
+            group_size=self.num_generations if kind == "train" else self.num_generations_eval,
+            first_index=rank * b,
+            round_index=len(rounds),
+            answers=[x.get("answer") for x in inputs] if "answer" in inputs[0] else None,
+            eos_token_ids=self.eos_token_ids,
+            pad_token_id=self._tokenizer.pad_token_id,
+            completion_lengths=lengths,
+        )
+        rounds.append(table)
+        self._rollout_pending[kind] = (step, rounds)
+        generate_every = self.args.steps_per_generation * self.num_iterations
+        if kind == "train" and generate_every >= self.args.gradient_accumulation_steps:
+            # Rounds are at least an optimizer step apart: none can share this step.
+            self.flush_rollouts(kind)
+
+    def flush_rollouts(self, kind: str | None = None) -> None:
+        """Append the pending rounds (of ``kind``, or all) as one step per kind."""
+        for name in [kind] if kind is not None else list(self._rollout_pending):
+            pending = self._rollout_pending.pop(name, None)
+            if pending is None:
+                continue
+            step, rounds = pending
+            if (step, name) in self._rollout_written:
+                warnings.warn(
+                    f"RolloutRecorder: a {name} round at step {step} is already stored (a "
+                    "second evaluation at one step?); this one is not recorded",
+                    stacklevel=2,
+                )
+                continue
+            groups = rounds[0] if len(rounds) == 1 else _concat(rounds)
+            row = step_row(
+                groups,
+                step=step,
+                rank=self.accelerator.process_index,
+                kind=name,
+                config=self.rollout_config,
+                max_completion_len=self.max_completion_length,
+            )
+            self.rollout_store.append(RolloutBatch(groups, row))
+            self._rollout_written.add((step, name))
+
+
+def _concat(tables: list[pa.Table]) -> pa.Table:
+    """Rounds of one step as one table; a column only some rounds have is null in the others,
+    and ``group_index`` runs over all of them."""
+    table = pa.concat_tables(tables, promote_options="default")
+    p = table.num_rows
+    return table.set_column(
+        table.schema.get_field_index("group_index"),
+        "group_index",
+        pa.array(np.arange(p, dtype=np.int32)),
+    )
+
+
+class RecordingGRPOTrainer(RolloutRecorder, GRPOTrainer):
+    """``trl.GRPOTrainer`` that records every generation round into a rollout store: the
+    trainer's arguments plus ``rollout_store=`` and ``record_eval=``
+    (:class:`RolloutRecorder`)."""
