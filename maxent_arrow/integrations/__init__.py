@@ -18,5 +18,6 @@ __all__, __getattr__, __dir__ = lazy.exports(
             "write_store",
         ],
         ".trl": ["RecordingGRPOTrainer", "RolloutRecorder", "trl_group_table", "trl_run_config"],
+        ".verl": ["from_dataproto", "to_dataproto"],
     },
 )
