@@ -56,7 +56,8 @@ def step_row(
     ``max_completion_len``, count a completion of that length as clipped. ``ref_logp_mean``
     and ``avg_completion_tokens`` come from ``ref_logp_sum_raw``/``ref_tok_counts``;
     ``kl_value`` is the token mean of the k3 KL between ``ref_token_logp`` and
-    ``behavior_token_logp``. What a column does not allow is left null.
+    ``behavior_token_logp``, and the KL by length bucket is its per-completion mean, weighted
+    by the token counts, per bucket. What a column does not allow is left null.
     """
     if isinstance(config, RunConfig):
         text = config.to_json()
@@ -92,10 +93,35 @@ def step_row(
     )
     if ref is not None and behavior is not None and len(ref) == len(behavior) and len(ref):
         delta = np.clip(ref - behavior, -60.0, 60.0)
-        values["kl_value"] = _mean(np.expm1(delta) - delta)
+        k3 = np.expm1(delta) - delta
+        values["kl_value"] = _mean(k3)
+        tokens = pc.list_value_length(_flat(groups, "ref_token_logp")).to_numpy()
+        values.update(_kl_buckets(k3, tokens.astype(np.int64)))
     names = [f.name for f in S.STEP_FIELDS if f.name in values]
     fields = [pa.field(n, _STEP_TYPES[n], nullable=n not in S.STEP_REQUIRED) for n in names]
     return pa.RecordBatch.from_pydict({n: [values[n]] for n in names}, schema=pa.schema(fields))
+
+
+def _kl_buckets(k3: np.ndarray, tokens: np.ndarray) -> dict[str, list]:
+    """The per-token KL by completion-length bucket (``BatchDiagnostics``, ``docs/formulas.md``
+    §3.10): per completion the token mean ``kl_i``, then ``Σ kl_i t_i / Σ t_i`` per bucket of
+    ``t_i = max(T_i, 1)``; empty buckets are left out, as the trainer's diagnostics do."""
+    starts = np.concatenate([[0], np.cumsum(tokens)[:-1]])
+    sums = np.add.reduceat(k3, starts) if len(k3) else np.zeros(len(tokens))
+    sums = np.where(tokens > 0, sums, 0.0)  # reduceat gives the next value for an empty row
+    t = np.maximum(tokens, 1).astype(np.float64)
+    kl = sums / t
+    labels = list(S.KL_LENGTH_BUCKETS)
+    bounds = [b for b in S.KL_LENGTH_BUCKETS.values() if b is not None]
+    index = np.searchsorted(np.asarray(bounds, np.float64), t, side="left")
+    weighted = np.bincount(index, weights=kl * t, minlength=len(labels))
+    support = np.bincount(index, weights=t, minlength=len(labels))
+    kept = np.flatnonzero(support > 0)
+    return {
+        "kl_length_buckets": [labels[i] for i in kept],
+        "kl_per_token_by_len_bucket": [float(weighted[i] / support[i]) for i in kept],
+        "kl_token_count_by_len_bucket": [float(support[i]) for i in kept],
+    }
 
 
 def _length_stats(lengths: np.ndarray, cap: int) -> dict[str, float]:

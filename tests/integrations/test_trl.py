@@ -430,3 +430,22 @@ def test_group_table_uses_given_lengths_when_trl_masks_truncated_rows():
 
 def _row(table: pa.Table, step: int, rank: int) -> pa.RecordBatch:
     return step_row(table, step=step, rank=rank, kind="train")
+
+
+# ---------------------------------------------------------------------------- the example
+@pytest.mark.slow
+def test_the_trl_example_records_inspects_and_reports(tmp_path):
+    script = Path(__file__).resolve().parents[2] / "examples" / "trl_grpo.py"
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "run")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "format:          maxent-arrow-rollouts" in done.stdout  # maxent-arrow inspect
+    assert "TRL's advantages recomputed" in done.stdout
+    store = RolloutStore(tmp_path / "run" / "store")
+    assert store.steps() == [0, 2] and store.verify().problems == []
+    assert (tmp_path / "run" / "report" / "index.html").is_file()
