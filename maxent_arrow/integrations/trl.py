@@ -66,6 +66,7 @@ import torch
 
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.errors import LayoutError, MissingExtraError, SchemaError
+from maxent_arrow.integrations.appender import Appender
 from maxent_arrow.integrations.messages import is_conversation, messages_array, strip_images
 from maxent_arrow.integrations.steps import step_row
 from maxent_arrow.rollout import RolloutBatch, RunConfig
@@ -471,6 +472,12 @@ class RolloutRecorder:
         (every process creates or opens the same store; each appends its own rank).
     record_eval:
         Also record evaluation rounds (``kind="eval"``).
+    background:
+        Append on a background thread (:class:`~maxent_arrow.integrations.appender.
+        Appender`), in order, at most two steps in flight: the training step pays only for
+        building the group rows. An append that fails is raised by the next round or at the
+        end of ``train``/``evaluate``; everything submitted is durable when they return.
+        ``False`` appends synchronously.
     *args, **kwargs:
         Those of the trainer.
     """
@@ -480,6 +487,7 @@ class RolloutRecorder:
         *args: Any,
         rollout_store: RolloutStore | str | os.PathLike[str],
         record_eval: bool = True,
+        background: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
@@ -491,6 +499,9 @@ class RolloutRecorder:
                 rollout_store, config=self.rollout_config.to_dict()
             )
         self.record_eval = record_eval
+        self.rollout_appender = Appender(background=background)
+        # Read once: a tokenizer's special-token properties cost a lookup per access.
+        self._rollout_pad_id = self._tokenizer.pad_token_id
         self._rollout_capture: tuple | None = None
         self._rollout_pending: dict[str, tuple[int, list[pa.Table]]] = {}
         self._rollout_written: set[tuple[int, str]] = set()
@@ -512,12 +523,14 @@ class RolloutRecorder:
             return super().train(*args, **kwargs)
         finally:
             self.flush_rollouts()
+            self.rollout_appender.wait()
 
     def evaluate(self, *args: Any, **kwargs: Any) -> Any:
         try:
             return super().evaluate(*args, **kwargs)
         finally:
             self.flush_rollouts("eval")
+            self.rollout_appender.wait()
 
     # -- recording
     def record_round(self, inputs: Sequence[Mapping[str, Any]], output: Mapping[str, Any]) -> None:
@@ -566,7 +579,7 @@ class RolloutRecorder:
             round_index=len(rounds),
             answers=[x.get("answer") for x in inputs] if "answer" in inputs[0] else None,
             eos_token_ids=self.eos_token_ids,
-            pad_token_id=self._tokenizer.pad_token_id,
+            pad_token_id=self._rollout_pad_id,
             completion_lengths=lengths,
         )
         rounds.append(table)
@@ -577,7 +590,8 @@ class RolloutRecorder:
             self.flush_rollouts(kind)
 
     def flush_rollouts(self, kind: str | None = None) -> None:
-        """Append the pending rounds (of ``kind``, or all) as one step per kind."""
+        """Submit the pending rounds (of ``kind``, or all) as one append per kind (see
+        ``background``; :meth:`Appender.wait` on ``rollout_appender`` makes them durable)."""
         for name in [kind] if kind is not None else list(self._rollout_pending):
             pending = self._rollout_pending.pop(name, None)
             if pending is None:
@@ -590,17 +604,29 @@ class RolloutRecorder:
                     stacklevel=2,
                 )
                 continue
-            groups = rounds[0] if len(rounds) == 1 else _concat(rounds)
-            row = step_row(
-                groups,
-                step=step,
-                rank=self.accelerator.process_index,
-                kind=name,
-                config=self.rollout_config,
-                max_completion_len=self.max_completion_length,
-            )
-            self.rollout_store.append(RolloutBatch(groups, row))
             self._rollout_written.add((step, name))
+            self.rollout_appender.submit(
+                _append_job(
+                    self.rollout_store,
+                    rounds,
+                    step=step,
+                    rank=self.accelerator.process_index,
+                    kind=name,
+                    config=self.rollout_config,
+                    max_completion_len=self.max_completion_length,
+                )
+            )
+
+
+def _append_job(store: RolloutStore, rounds: list[pa.Table], **where: Any) -> Any:
+    """The append of one step: its rounds as one group table, the step row, the batch's
+    layout check and the durable write (run by the Appender, on its thread)."""
+
+    def job() -> None:
+        groups = rounds[0] if len(rounds) == 1 else _concat(rounds)
+        store.append(RolloutBatch(groups, step_row(groups, **where)))
+
+    return job
 
 
 def _concat(tables: list[pa.Table]) -> pa.Table:

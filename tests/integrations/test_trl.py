@@ -188,6 +188,7 @@ def test_step_row_carries_trls_settings_as_the_replay_contract(plain_run):
 def test_chat_prompts_are_typed_messages_and_eval_rounds_are_stored(tmp_path):
     probe = trl_runs.trainer(
         tmp_path,
+        background=False,  # the synchronous path: each round durable before the next
         chat=True,
         eval_rows=2,
         eval_strategy="steps",
@@ -449,3 +450,18 @@ def test_the_trl_example_records_inspects_and_reports(tmp_path):
     store = RolloutStore(tmp_path / "run" / "store")
     assert store.steps() == [0, 2] and store.verify().problems == []
     assert (tmp_path / "run" / "report" / "index.html").is_file()
+
+
+@pytest.mark.slow
+def test_the_benchmark_quick_run_checks_itself(tmp_path):
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_integrations.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--quick"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for figure in ("TRL's completions Parquet", "pickle.dump + fsync", "torch.save", "floor"):
+        assert figure in done.stdout

@@ -156,10 +156,11 @@ def trainer(
     train_rows: int = 8,
     eval_rows: int = 0,
     store: Path | None = None,
+    background: bool = True,
     **overrides: Any,
 ) -> Probe:
     """A :class:`Probe` over the tiny model, recording into ``store`` (default
-    ``root/store``)."""
+    ``root/store``; on the recorder's background thread unless ``background=False``)."""
     tok = ByT5Tokenizer()
     if chat:
         tok.chat_template = CHAT_TEMPLATE
@@ -171,4 +172,5 @@ def trainer(
         eval_dataset=dataset(eval_rows, chat=chat, offset=train_rows) if eval_rows else None,
         processing_class=tok,
         rollout_store=store or Path(root) / "store",
+        background=background,
     )
