@@ -504,7 +504,12 @@ class RolloutRecorder:
         self._rollout_pad_id = self._tokenizer.pad_token_id
         self._rollout_capture: tuple | None = None
         self._rollout_pending: dict[str, tuple[int, list[pa.Table]]] = {}
-        self._rollout_written: set[tuple[int, str]] = set()
+        # What this rank already stored (a run resumed from a checkpoint regenerates the round
+        # of the step it resumes at; the store keeps the first and refuses a second).
+        rank = self.accelerator.process_index
+        self._rollout_written: set[tuple[int, str]] = {
+            (u.step, u.kind) for u in self.rollout_store.units(ranks=[rank])
+        }
         self._rollout_unknown: set[str] = set()
 
     # -- TRL's private methods, extended (the tests pin their signatures and outputs)
@@ -599,8 +604,9 @@ class RolloutRecorder:
             step, rounds = pending
             if (step, name) in self._rollout_written:
                 warnings.warn(
-                    f"RolloutRecorder: a {name} round at step {step} is already stored (a "
-                    "second evaluation at one step?); this one is not recorded",
+                    f"RolloutRecorder: a {name} round at step {step} of rank "
+                    f"{self.accelerator.process_index} is already stored (a second evaluation "
+                    "at one step, or a run resumed at this step); this one is not recorded",
                     stacklevel=2,
                 )
                 continue
