@@ -152,7 +152,7 @@ def from_dataproto(
         followed by a right-padded response (naming the row).
     """
     tensors, non_tensors, meta_info = _parts(data)
-    prompts, responses, attention = tensors["prompts"], tensors["responses"], None
+    prompts, responses = tensors["prompts"], tensors["responses"]
     b, p_len, r_len = prompts.shape[0], prompts.shape[1], responses.shape[1]
     attention = tensors.get("attention_mask")
     if attention is None:
@@ -183,15 +183,18 @@ def from_dataproto(
         layout["tensors"].append(entry)
     for key, values in non_tensors.items():
         if key == "uid":
-            layout["non_tensors"].append({"key": key, "column": "group_id", "encoding": "uid"})
+            entry = {"key": key, "column": "group_id", "encoding": "uid", "dtype": values.dtype.str}
+            layout["non_tensors"].append(entry)
             continue
         entry = _non_tensor_entry(key, values, groups, columns, used)
         layout["non_tensors"].append(entry)
 
-    table = _group_table(groups, masks, columns, step=step, rank=rank, kind=kind)
+    table = _group_table(groups, columns, step=step, rank=rank, kind=kind)
     table = _add_summaries(table, tensors, masks, groups, tokenizer, responses)
     run_config = _with_layout(config, layout)
-    row = step_row(table, step=step, rank=rank, kind=kind, config=run_config)
+    row = step_row(
+        table, step=step, rank=rank, kind=kind, config=run_config, max_completion_len=r_len
+    )
     return RolloutBatch(table, row)
 
 
@@ -329,7 +332,7 @@ def _numpy(tensor: torch.Tensor, kind: pa.DataType) -> np.ndarray:
     return tensor.contiguous().numpy().astype(kind.to_pandas_dtype(), copy=False)
 
 
-def _derived(key: str, tensor: torch.Tensor, tensors: Mapping[str, torch.Tensor], masks) -> bool:
+def _derived(key: str, tensor: torch.Tensor, tensors: Mapping[str, torch.Tensor]) -> bool:
     """Whether verl's own rule rebuilds this tensor exactly from prompts and responses."""
     if key == "attention_mask":
         return True  # checked by _lengths: the left/right padding of the two lengths
@@ -343,7 +346,16 @@ def _derived(key: str, tensor: torch.Tensor, tensors: Mapping[str, torch.Tensor]
     return False
 
 
-def _tensor_entry(key, tensor, tensors, masks, groups, columns, used) -> dict[str, Any]:
+def _tensor_entry(
+    key: str,
+    tensor: torch.Tensor,
+    tensors: Mapping[str, torch.Tensor],
+    masks: _Masks,
+    groups: _Groups,
+    columns: dict[str, pa.Array],
+    used: set[str],
+) -> dict[str, Any]:
+    """Store one tensor (its column into ``columns``); returns its layout entry."""
     b = groups.order.shape[0]
     if tensor.shape[0] != b:
         raise LayoutError(
@@ -354,9 +366,7 @@ def _tensor_entry(key, tensor, tensors, masks, groups, columns, used) -> dict[st
         "dtype": _dtype_name(tensor.dtype),
         "shape": list(tensor.shape[1:]),
     }
-    if key in ("attention_mask", "input_ids", "position_ids") and _derived(
-        key, tensor, tensors, masks
-    ):
+    if key in ("attention_mask", "input_ids", "position_ids") and _derived(key, tensor, tensors):
         entry["level"] = "derived"
         return entry
     level = _level(key, tensor, masks.p_len, masks.r_len)
@@ -406,7 +416,15 @@ def _tensor_entry(key, tensor, tensors, masks, groups, columns, used) -> dict[st
     return entry
 
 
-def _non_tensor_entry(key, values, groups, columns, used) -> dict[str, Any]:
+def _non_tensor_entry(
+    key: str,
+    values: np.ndarray,
+    groups: _Groups,
+    columns: dict[str, pa.Array],
+    used: set[str],
+) -> dict[str, Any]:
+    """Store one non-tensor key (typed, text, typed chat messages or JSON); returns its
+    layout entry."""
     where = f"from_dataproto: non_tensor_batch[{key!r}]"
     if not isinstance(values, np.ndarray) or values.shape[:1] != groups.order.shape:
         raise LayoutError(f"{where}: expected a numpy array of {len(groups.order)} values")
@@ -463,7 +481,11 @@ def _shared_chat(values: np.ndarray, groups: _Groups) -> bool:
     return bool(pc.all(pc.equal(texts, texts.take(pa.array(first)))).as_py())
 
 
-def _group_table(groups, masks, columns, *, step, rank, kind) -> pa.Table:
+def _group_table(
+    groups: _Groups, columns: dict[str, pa.Array], *, step: int, rank: int, kind: str
+) -> pa.Table:
+    """The group rows: identity, per-completion index and DataProto row, the prompts, and the
+    columns of the keys."""
     p = groups.count
     sizes = groups.sizes.astype(np.int32)
     b = len(groups.order)
@@ -501,7 +523,14 @@ def _as_text(lists: pa.Array) -> pa.Array:
     return pc.binary_join(pc.cast(lists, pa.list_(pa.string())), ",")
 
 
-def _add_summaries(table, tensors, masks, groups, tokenizer, responses) -> pa.Table:
+def _add_summaries(
+    table: pa.Table,
+    tensors: Mapping[str, torch.Tensor],
+    masks: _Masks,
+    groups: _Groups,
+    tokenizer: Any,
+    responses: torch.Tensor,
+) -> pa.Table:
     """``completions``, ``total_utils`` and the per-completion ``advantages``."""
     b = len(groups.order)
     order = groups.torch_order
@@ -668,7 +697,7 @@ class _StoredRows:
         dtype = np.dtype(entry["dtype"]) if "dtype" in entry else np.dtype(object)
         if encoding == "uid":
             values = self.batch.column("group_id").to_numpy(zero_copy_only=False)[self.group_of]
-            return self._restore(np.asarray(values, dtype=object))
+            return self._restore(np.asarray(values, dtype=dtype))
         if encoding == "prompt_messages":
             conversations = conversation_list(self._column("prompt_messages"))
             stored = np.empty(len(self.group_of), dtype=object)
