@@ -233,6 +233,32 @@ def test_chat_prompts_are_typed_messages_and_eval_rounds_are_stored(tmp_path):
     assert RolloutStore(tmp_path / "store").read(kind="eval").num_rows == 2
 
 
+@pytest.mark.slow
+def test_rounds_that_share_an_optimizer_step_are_stored_as_one_step(tmp_path):
+    """Two gradient-accumulation micro-steps, a generation each (``steps_per_generation=1``):
+    two rounds per optimizer step, stored as one append of that step."""
+    probe = trl_runs.trainer(
+        tmp_path,
+        gradient_accumulation_steps=2,
+        steps_per_generation=1,
+        num_iterations=1,
+        beta=0.0,
+        max_steps=2,
+    )
+    probe.train()
+    store = RolloutStore(tmp_path / "store")
+    assert [(u.step, u.kind) for u in store.units()] == [(0, "train"), (1, "train")]
+    for step in (0, 1):
+        table = store.read(steps=[step])
+        assert table.column("group_id").to_pylist() == [f"{step}.0.0", f"{step}.1.0"]
+        assert table.column("group_index").to_pylist() == [0, 1]
+        want = Counter()
+        for s, _kind, output in probe.generated:
+            if s == step:
+                want.update(generated(output))
+        assert Counter(samples(table)) == want and sum(want.values()) == 8
+
+
 # ---------------------------------------------------------------------------- recompute
 @pytest.mark.slow
 @pytest.mark.parametrize(
