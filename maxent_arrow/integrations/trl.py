@@ -152,8 +152,9 @@ def trl_group_table(
 ) -> pa.Table:
     """The group rows of one generation round of one process, from TRL's tensors.
 
-    Vectorised: each tensor is un-padded with one boolean mask select on its device and one
-    copy to the host; the group structure is index arithmetic. Python touches only the
+    Vectorised: each tensor is un-padded with one boolean mask select (numpy for host
+    tensors, on the device for accelerator ones, then one copy); the group structure is index
+    arithmetic. Python touches only the
     prompts and completions TRL gives as Python objects (text or messages).
 
     Parameters
@@ -199,14 +200,12 @@ def trl_group_table(
             f"trl_group_table: completion_ids: expected {b} rows (one per prompt), got "
             f"{ids.shape[0]}"
         )
-    device = ids.device
     if completion_lengths is None:
-        lengths = mask.sum(dim=1)
+        lengths = mask.numpy().sum(axis=1) if _on_host(mask) else mask.sum(dim=1)
     else:
-        lengths = torch.as_tensor(completion_lengths, dtype=torch.int64, device=device)
-    width = ids.shape[1]
-    keep = torch.arange(width, device=device)[None, :] < lengths[:, None]
-    lengths_np = lengths.cpu().numpy().astype(np.int64)
+        lengths = completion_lengths
+    unpad = _Unpad(lengths, ids.shape[1], ids.device)
+    lengths_np = unpad.lengths
     token_offsets = np.concatenate([[0], np.cumsum(lengths_np)]).astype(np.int32)
 
     # Group structure: global row g -> group g // K, index g % K; a process's rows of one
@@ -243,23 +242,22 @@ def trl_group_table(
             columns["answer"] = pa.array(first, pa.string())
     columns.update(_completion_columns(completions, grouped))
     columns["completion_index"] = grouped(pa.array(index))
-    columns["completion_ids"] = per_token(ids[keep].to(torch.int32).cpu().numpy(), pa.int32())
-    columns["completion_info"] = grouped(
-        _completion_info(ids, lengths, lengths_np, eos_token_ids, pad_token_id)
-    )
+    columns["completion_ids"] = per_token(unpad.values(ids, np.int32), pa.int32())
+    columns["completion_info"] = grouped(_completion_info(unpad, ids, eos_token_ids, pad_token_id))
     columns.update(_reward_columns(rewards, reward_names, reward_weights, b, part_offsets, grouped))
     advantages = outputs["advantages"]
     if advantages.dim() == 1:
-        columns["advantages"] = grouped(pa.array(advantages.double().cpu().numpy()))
+        columns["advantages"] = grouped(pa.array(unpad.host(advantages).astype(np.float64)))
     else:  # a subclass's per-token advantages
-        flat = advantages[keep].float().cpu().numpy()
+        flat = unpad.values(advantages, np.float32)
         columns["token_advantages"] = per_token(flat, pa.float32())
     for key, name in _TOKEN_COLUMNS.items():
         tensor = outputs.get(key)
         if tensor is None:
             continue
-        columns[name] = per_token(tensor[keep].float().cpu().numpy(), pa.float32())
-        sums = grouped(pa.array((tensor.double() * keep).sum(dim=1).cpu().numpy()))
+        flat = unpad.values(tensor, np.float32)
+        columns[name] = per_token(flat, pa.float32())
+        sums = grouped(pa.array(unpad.sums(flat)))
         if name == "ref_token_logp":
             columns["ref_logp_sum_raw"] = sums
             columns["ref_tok_counts"] = grouped(pa.array(lengths_np.astype(np.int32)))
@@ -267,16 +265,16 @@ def trl_group_table(
             columns["behavior_logp_sum"] = sums
     ratio = outputs.get("importance_sampling_ratio")
     if ratio is not None:
-        if ratio.shape[1] == width and width != 1:
+        if ratio.shape[1] == ids.shape[1] and ids.shape[1] != 1:
             columns["importance_sampling_ratio"] = per_token(
-                ratio[keep].float().cpu().numpy(), pa.float32()
+                unpad.values(ratio, np.float32), pa.float32()
             )
         else:
-            values = ratio[:, 0].float().cpu().numpy()
+            values = unpad.host(ratio[:, 0]).astype(np.float32)
             columns["sequence_importance_sampling_ratio"] = grouped(pa.array(values))
     tool_mask = outputs.get("tool_mask")
     if tool_mask is not None:
-        columns["tool_mask"] = per_token(tool_mask[keep].to(torch.int8).cpu().numpy(), pa.int8())
+        columns["tool_mask"] = per_token(unpad.values(tool_mask, np.int8), pa.int8())
     return pa.table(columns)
 
 
@@ -284,12 +282,18 @@ def _prompt_columns(
     outputs: Mapping[str, Any], prompts: Sequence[Any], starts: np.ndarray
 ) -> dict[str, pa.Array]:
     """``prompt_ids`` (un-padded from the left) and the prompt of each part's first row."""
-    rows = torch.as_tensor(starts, device=outputs["prompt_ids"].device)
-    ids = outputs["prompt_ids"].index_select(0, rows)
-    mask = outputs["prompt_mask"].index_select(0, rows).bool()
-    offsets = np.concatenate([[0], np.cumsum(mask.sum(dim=1).cpu().numpy())]).astype(np.int32)
-    values = pa.array(ids[mask].to(torch.int32).cpu().numpy())
-    out = {"prompt_ids": pa.ListArray.from_arrays(pa.array(offsets), values)}
+    ids, mask = outputs["prompt_ids"], outputs["prompt_mask"]
+    if not _on_host(ids):  # select on the device, then copy only the first rows' tokens
+        rows = torch.as_tensor(starts, device=ids.device)
+        ids, mask = ids.index_select(0, rows), mask.index_select(0, rows).bool()
+        values = ids[mask].to(torch.int32).cpu().numpy()
+        counts = mask.sum(dim=1).cpu().numpy()
+    else:
+        keep = mask.numpy()[starts] != 0
+        values = ids.numpy()[starts][keep].astype(np.int32)
+        counts = keep.sum(axis=1)
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    out = {"prompt_ids": pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))}
     first = [prompts[i] for i in starts]
     if first and is_conversation(first[0]):
         out["prompt_messages"] = messages_array(
@@ -317,31 +321,73 @@ def _completion_columns(completions: Sequence[Any], grouped: Any) -> dict[str, p
 
 
 def _completion_info(
-    ids: torch.Tensor,
-    lengths: torch.Tensor,
-    lengths_np: np.ndarray,
-    eos_token_ids: Sequence[int],
-    pad_token_id: int | None,
+    unpad: _Unpad, ids: torch.Tensor, eos_token_ids: Sequence[int], pad_token_id: int | None
 ) -> pa.Array:
     """Token count and TRL's truncation rule: the last token is neither EOS nor pad."""
-    last = ids.gather(1, (lengths - 1).clamp(min=0)[:, None])[:, 0]
-    stops = torch.tensor(
-        [*eos_token_ids, *([] if pad_token_id is None else [pad_token_id])],
-        dtype=ids.dtype,
-        device=ids.device,
-    )
-    truncated = (~torch.isin(last, stops) & (lengths > 0)).cpu().numpy()
-    n = len(lengths_np)
+    lengths = unpad.lengths
+    last_position = np.maximum(lengths - 1, 0)
+    if not _on_host(ids):
+        where = torch.as_tensor(last_position, device=ids.device)
+        last = ids.gather(1, where[:, None])[:, 0].cpu().numpy()
+    else:
+        last = ids.numpy()[np.arange(len(lengths)), last_position]
+    stops = [*eos_token_ids, *([] if pad_token_id is None else [pad_token_id])]
+    truncated = ~np.isin(last, stops) & (lengths > 0)
+    n = len(lengths)
     return pa.StructArray.from_arrays(
         [
             pa.array(np.where(truncated, "length", "stop"), pa.string()),
             pa.nulls(n, pa.string()),
             pa.array(truncated),
-            pa.array(lengths_np.astype(np.int32)),
+            pa.array(lengths.astype(np.int32)),
             pa.nulls(n, pa.string()),
         ],
         fields=list(S.COMPLETION_INFO_TYPE),
     )
+
+
+def _on_host(tensor: torch.Tensor) -> bool:
+    return tensor.device.type == "cpu"
+
+
+class _Unpad:
+    """The masked-in values of TRL's right-padded ``[B, C]`` tensors, flat, on the host.
+
+    Host tensors are cut with one numpy mask select each: no torch operator runs on the
+    training loop's thread, so none wakes torch's intra-op threads (which, spinning after
+    the step's own work, make small torch calls cost milliseconds of waiting). Accelerator
+    tensors are cut on the device, then copied once (only the tokens cross the bus).
+    """
+
+    def __init__(self, lengths: Any, width: int, device: torch.device) -> None:
+        if isinstance(lengths, torch.Tensor):
+            lengths = lengths.cpu().numpy()
+        self.lengths = np.asarray(lengths, dtype=np.int64)
+        self.keep = np.arange(width)[None, :] < self.lengths[:, None]
+        self.device = device
+        self.keep_device: torch.Tensor | None = None
+        starts = np.concatenate([[0], np.cumsum(self.lengths)[:-1]])
+        self.starts = starts.astype(np.int64)
+
+    def host(self, tensor: torch.Tensor) -> np.ndarray:
+        return tensor.detach().cpu().numpy()
+
+    def values(self, tensor: torch.Tensor, dtype: Any) -> np.ndarray:
+        """The masked-in values, row after row, as ``dtype``."""
+        tensor = tensor.detach()
+        if _on_host(tensor):
+            return tensor.numpy()[self.keep].astype(dtype, copy=False)
+        if self.keep_device is None:
+            self.keep_device = torch.from_numpy(self.keep).to(tensor.device)
+        picked = tensor[self.keep_device]
+        return picked.cpu().numpy().astype(dtype, copy=False)
+
+    def sums(self, flat: np.ndarray) -> np.ndarray:
+        """Per-row sums (float64) of values cut by :meth:`values`; 0 for an empty row."""
+        if not len(flat):
+            return np.zeros(len(self.lengths))
+        sums = np.add.reduceat(flat.astype(np.float64), np.minimum(self.starts, len(flat) - 1))
+        return np.where(self.lengths > 0, sums, 0.0)
 
 
 def _reward_columns(

@@ -165,7 +165,7 @@ def from_dataproto(
         )
     lp, lr = _lengths(attention, p_len, r_len)
     groups = _Groups(non_tensors, b)
-    masks = _Masks(lp, lr, p_len, r_len)
+    masks = _Masks(lp, lr, p_len, r_len, groups.torch_order)
 
     columns: dict[str, pa.Array] = {}
     layout: dict[str, Any] = {
@@ -223,8 +223,7 @@ def _parts(data: Any) -> tuple[dict[str, torch.Tensor], dict[str, np.ndarray], d
 
 def _lengths(attention: torch.Tensor, p_len: int, r_len: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Prompt and response lengths; the mask must be 0/1, left-padded then right-padded."""
-    on = attention != 0
-    lp, lr = on[:, :p_len].sum(dim=1), on[:, p_len:].sum(dim=1)
+    lp, lr = attention[:, :p_len].ne(0).sum(dim=1), attention[:, p_len:].ne(0).sum(dim=1)
     expected = torch.cat(
         [
             torch.arange(p_len)[None, :] >= (p_len - lp)[:, None],
@@ -232,7 +231,7 @@ def _lengths(attention: torch.Tensor, p_len: int, r_len: int) -> tuple[torch.Ten
         ],
         dim=1,
     )
-    bad = (expected != on).any(dim=1) | ((attention != 0) & (attention != 1)).any(dim=1)
+    bad = attention.ne(expected).any(dim=1)  # also a value other than 0 and 1
     if bool(bad.any()):
         row = int(torch.nonzero(bad)[0, 0])
         raise LayoutError(
@@ -270,19 +269,46 @@ class _Groups:
 
 
 class _Masks:
-    """Boolean masks and lengths of each level, in stored (group) order."""
+    """Each level's mask (in the DataProto's row order) and, computed once per level, where
+    its tokens are: the flat positions of the masked-in values of a row-major ``[B, X]``
+    tensor in stored (group) order, the first padded position, and the token offsets."""
 
-    def __init__(self, lp: torch.Tensor, lr: torch.Tensor, p_len: int, r_len: int):
+    def __init__(
+        self,
+        lp: torch.Tensor,
+        lr: torch.Tensor,
+        p_len: int,
+        r_len: int,
+        order: torch.Tensor | None = None,
+    ):
         self.lp, self.lr, self.p_len, self.r_len = lp, lr, p_len, r_len
+        self.order = torch.arange(len(lp)) if order is None else order
         self.prompt = torch.arange(p_len)[None, :] >= (p_len - lp)[:, None]
         self.response = torch.arange(r_len)[None, :] < lr[:, None]
         self.sequence = torch.cat([self.prompt, self.response], dim=1)
+        self._where: dict[str, tuple[torch.Tensor, int | None, pa.Array]] = {}
 
     def of(self, level: str) -> torch.Tensor:
         return {"prompt": self.prompt, "response": self.response, "sequence": self.sequence}[level]
 
     def lengths(self, level: str) -> torch.Tensor:
         return {"prompt": self.lp, "response": self.lr, "sequence": self.lp + self.lr}[level]
+
+    def where(self, level: str) -> tuple[torch.Tensor, int | None, pa.Array]:
+        """``(flat positions of the tokens in stored order, first padded position or None,
+        token offsets per completion)``."""
+        found = self._where.get(level)
+        if found is None:
+            mask = self.of(level)
+            width = mask.shape[1]
+            rows, cols = mask.index_select(0, self.order).nonzero(as_tuple=True)
+            flat = self.order[rows] * width + cols
+            padded = (~mask).reshape(-1)
+            first = int(padded.to(torch.uint8).argmax()) if bool(padded.any()) else None
+            lengths = self.lengths(level).index_select(0, self.order).numpy()
+            offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
+            found = self._where[level] = (flat, first, offsets)
+        return found
 
 
 def _column_name(key: str, used: set[str]) -> str:
@@ -310,13 +336,14 @@ def _level(key: str, tensor: torch.Tensor, p_len: int, r_len: int) -> str:
     return "sample"
 
 
-def _storage_type(key: str, tensor: torch.Tensor) -> pa.DataType:
-    """The Arrow type a tensor's values are stored as (narrowed where the values fit)."""
-    kind = _ARROW_TYPES.get(tensor.dtype)
+def _storage_type(key: str, dtype: torch.dtype, values: torch.Tensor) -> pa.DataType:
+    """The Arrow type a tensor's ``values`` (what is stored of it) are stored as: narrowed
+    for masks and token ids when the values fit."""
+    kind = _ARROW_TYPES.get(dtype)
     if kind is None:
-        raise SchemaError(f"from_dataproto: batch[{key!r}]: dtype {tensor.dtype} has no Arrow type")
-    if tensor.dtype == torch.int64 and tensor.numel():
-        low, high = int(tensor.min()), int(tensor.max())
+        raise SchemaError(f"from_dataproto: batch[{key!r}]: dtype {dtype} has no Arrow type")
+    if dtype == torch.int64 and values.numel():
+        low, high = (int(v) for v in torch.aminmax(values))
         if key.endswith("mask") and -128 <= low and high <= 127:
             return pa.int8()
         if key in ("prompts", "responses", "input_ids", "position_ids") and (
@@ -370,50 +397,63 @@ def _tensor_entry(
         entry["level"] = "derived"
         return entry
     level = _level(key, tensor, masks.p_len, masks.r_len)
-    if level != "sample":
-        mask = masks.of(level)
-        padding = tensor[~mask] if tensor.dim() == 2 else tensor.transpose(1, 2)[~mask]
-        constant = padding.numel() == 0 or bool((padding == padding.reshape(-1)[0]).all())
-        if not constant and key in ("prompts", "responses"):
-            raise LayoutError(
-                f"from_dataproto: batch[{key!r}]: its padding holds more than one value (not "
-                "verl's padding with the pad token)"
-            )
-        # What a padded position holds is restored as one recorded value: the padding's own
-        # when it has one, else 0 (verl's log-probs of padded positions are whatever the
-        # forward gave there; no loss reads them). `pad_kept` says which.
-        entry["pad"] = padding.reshape(-1)[0].item() if constant and padding.numel() else 0
-        entry["pad_kept"] = constant
-    entry["level"] = level
-    kind = _storage_type(key, tensor)
+    if level == "sample":
+        kind = _storage_type(key, tensor.dtype, tensor)
+        name = _free_name(key, kind, level, used)
+        entry.update(level=level, column=name)
+        width = int(np.prod(tensor.shape[1:], dtype=np.int64))
+        ordered = tensor.index_select(0, groups.torch_order)
+        flat = pa.array(_numpy(ordered.reshape(b, width), kind).reshape(-1))
+        values = pa.FixedSizeListArray.from_arrays(flat, width) if tensor.dim() > 1 else flat
+        columns[name] = groups.grouped(values)
+        return entry
+    flat_index, first_pad, offsets = masks.where(level)
+    if tensor.dim() == 2:
+        rows = tensor.reshape(-1)  # a view when contiguous
+        tokens = rows.index_select(0, flat_index)
+    else:  # [B, C, L] (the rope form of position_ids): C values per token
+        channels = tensor.shape[1]
+        rows = tensor.transpose(1, 2).reshape(-1, channels)
+        tokens = rows.index_select(0, flat_index)
+    # What a padded position holds is restored as one recorded value: the padding's own when
+    # it has one, else 0 (verl's log-probs of padded positions are whatever the forward gave
+    # there; no loss reads them). `pad_kept` says which.
+    pad, constant = 0, True
+    if first_pad is not None:
+        first = rows[first_pad].reshape(-1)[0]
+        on = masks.of(level) if tensor.dim() == 2 else masks.of(level)[:, None, :]
+        constant = bool((tensor.eq(first) | on).all())
+        pad = first.item() if constant else 0
+    if not constant and key in ("prompts", "responses"):
+        raise LayoutError(
+            f"from_dataproto: batch[{key!r}]: its padding holds more than one value (not "
+            "verl's padding with the pad token)"
+        )
+    kind = _storage_type(key, tensor.dtype, tokens)
+    name = _free_name(key, kind, level, used)
+    entry.update(level=level, pad=pad, pad_kept=constant, column=name)
+    if tensor.dim() == 2:
+        per_token = pa.array(_numpy(tokens, kind))
+        item: pa.DataType = kind
+    else:
+        per_token = pa.FixedSizeListArray.from_arrays(
+            pa.array(_numpy(tokens, kind).reshape(-1)), tensor.shape[1]
+        )
+        item = per_token.type
+    inner = pa.ListArray.from_arrays(offsets, per_token).cast(_list(item))
+    columns[name] = groups.grouped(inner)
+    return entry
+
+
+def _free_name(key: str, kind: pa.DataType, level: str, used: set[str]) -> str:
+    """The column of a tensor: its schema home only when its type is the schema's."""
     name = _column_name(key, used)
     if (name in _FLOAT32_COLUMNS and kind != pa.float32()) or (
         level == "sample" and name in _SCHEMA_NAMES
     ):
         used.discard(name)
-        name = _column_name(f"verl_{key}", used)  # keep the dtype: not the float32 column
-    entry["column"] = name
-    ordered = tensor.index_select(0, groups.torch_order)
-    if level == "sample":
-        width = int(np.prod(tensor.shape[1:], dtype=np.int64))
-        flat = pa.array(_numpy(ordered.reshape(b, width), kind).reshape(-1))
-        values = pa.FixedSizeListArray.from_arrays(flat, width) if tensor.dim() > 1 else flat
-        columns[name] = groups.grouped(values)
-        return entry
-    mask = masks.of(level).index_select(0, groups.torch_order)
-    lengths = masks.lengths(level).index_select(0, groups.torch_order).numpy()
-    offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
-    if tensor.dim() == 2:
-        per_token = pa.array(_numpy(ordered[mask], kind))
-        item: pa.DataType = kind
-    else:  # [B, C, L] (the rope form of position_ids): C values per token
-        channels = tensor.shape[1]
-        flat = pa.array(_numpy(ordered.transpose(1, 2)[mask], kind).reshape(-1))
-        per_token = pa.FixedSizeListArray.from_arrays(flat, channels)
-        item = per_token.type
-    inner = pa.ListArray.from_arrays(offsets, per_token).cast(_list(item))
-    columns[name] = groups.grouped(inner)
-    return entry
+        name = _column_name(f"verl_{key}", used)
+    return name
 
 
 def _non_tensor_entry(

@@ -500,3 +500,25 @@ def test_the_benchmark_quick_run_checks_itself(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     for figure in ("TRL's completions Parquet", "pickle.dump + fsync", "torch.save", "floor"):
         assert figure in done.stdout
+
+
+@pytest.mark.cuda
+def test_group_table_from_gpu_tensors_equals_the_host_one():
+    b, width, lengths = 4, 5, [5, 2, 3, 1]
+    host = _outputs(b, width, lengths, ref_per_token_logps=torch.randn(b, width))
+    device = {k: v.cuda() for k, v in host.items()}
+    common = dict(
+        prompts=["p"] * b,
+        completions=["c"] * b,
+        rewards=torch.ones(b, 1),
+        reward_names=["r"],
+        reward_weights=[1.0],
+        step=0,
+        rank=0,
+        kind="train",
+        group_size=2,
+        first_index=0,
+        eos_token_ids=[1],
+        pad_token_id=0,
+    )
+    assert trl_group_table(device, **common).equals(trl_group_table(host, **common))
