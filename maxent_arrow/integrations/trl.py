@@ -53,10 +53,12 @@ loudly when TRL changes either.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -81,8 +83,11 @@ except ImportError:  # pragma: no cover - the extra is installed where this modu
 __all__ = [
     "ALWAYS_OUTPUT_KEYS",
     "OPTIONAL_OUTPUT_KEYS",
+    "HostRound",
     "RecordingGRPOTrainer",
     "RolloutRecorder",
+    "host_round",
+    "round_table",
     "trl_group_table",
     "trl_run_config",
 ]
@@ -186,11 +191,66 @@ def trl_group_table(
         Token counts per row; default the ``completion_mask`` sums (give them under
         ``mask_truncated_completions``, which zeroes whole rows of the mask).
     """
-    b = len(prompts)
-    if len(completions) != b:
-        raise LayoutError(
-            f"trl_group_table: completions: expected {b} (one per prompt), got {len(completions)}"
-        )
+    host = host_round(
+        outputs,
+        rows=len(prompts),
+        group_size=group_size,
+        first_index=first_index,
+        rewards=rewards,
+        eos_token_ids=eos_token_ids,
+        pad_token_id=pad_token_id,
+        completion_lengths=completion_lengths,
+    )
+    return round_table(
+        host,
+        prompts=prompts,
+        completions=completions,
+        reward_names=reward_names,
+        reward_weights=reward_weights,
+        step=step,
+        rank=rank,
+        kind=kind,
+        group_size=group_size,
+        round_index=round_index,
+        answers=answers,
+    )
+
+
+@dataclass(frozen=True)
+class HostRound:
+    """What a round's group rows need from TRL's tensors, copied to host arrays: the part of
+    the work that must happen before TRL moves on (the rest, building the Arrow columns,
+    can run later, on the recorder's background thread). Built by :func:`host_round`."""
+
+    lengths: np.ndarray  # [B] completion token counts
+    group_of: np.ndarray  # [B] group number in the round
+    index: np.ndarray  # [B] completion index in the group
+    starts: np.ndarray  # [P] first row of each part
+    prompt_values: np.ndarray  # tokens of each part's prompt, concatenated
+    prompt_counts: np.ndarray  # [P]
+    completion_ids: np.ndarray  # tokens, concatenated
+    truncated: np.ndarray  # [B]
+    rewards: np.ndarray  # [B, F] float64
+    advantages: np.ndarray  # [B] float64, or flat per-token float32 (`token_advantages`)
+    per_token_advantages: bool
+    tokens: dict[str, np.ndarray]  # column -> flat per-token values
+    sequence_ratio: np.ndarray | None  # [B] float32
+
+
+def host_round(
+    outputs: Mapping[str, Any],
+    *,
+    rows: int,
+    group_size: int,
+    first_index: int,
+    rewards: Any,
+    eos_token_ids: Sequence[int] = (),
+    pad_token_id: int | None = None,
+    completion_lengths: Any = None,
+) -> HostRound:
+    """Copy what :func:`round_table` needs out of TRL's tensors (see :func:`trl_group_table`
+    for the arguments); validates the output keys and shapes."""
+    b = rows
     missing = ALWAYS_OUTPUT_KEYS - set(outputs)
     if missing:
         raise SchemaError(f"trl_group_table: outputs: missing TRL keys {sorted(missing)}")
@@ -205,17 +265,74 @@ def trl_group_table(
     else:
         lengths = completion_lengths
     unpad = _Unpad(lengths, ids.shape[1], ids.device)
-    lengths_np = unpad.lengths
-    token_offsets = np.concatenate([[0], np.cumsum(lengths_np)]).astype(np.int32)
-
     # Group structure: global row g -> group g // K, index g % K; a process's rows of one
     # group are consecutive, so a part starts wherever the group number changes.
     g = first_index + np.arange(b, dtype=np.int64)
-    group_of, index = g // group_size, (g % group_size).astype(np.int32)
+    group_of = g // group_size
     starts = np.flatnonzero(np.concatenate([[True], group_of[1:] != group_of[:-1]]))
+    prompt_values, prompt_counts = _prompt_tokens(outputs, starts)
+    values = torch.as_tensor(rewards).detach().double().cpu().numpy().reshape(b, -1).copy()
+    advantages = outputs["advantages"]
+    per_token_advantages = advantages.dim() != 1
+    tokens = {
+        name: unpad.values(outputs[key], np.float32)
+        for key, name in _TOKEN_COLUMNS.items()
+        if outputs.get(key) is not None
+    }
+    ratio, sequence_ratio = outputs.get("importance_sampling_ratio"), None
+    if ratio is not None:
+        if ratio.shape[1] == ids.shape[1] and ids.shape[1] != 1:
+            tokens["importance_sampling_ratio"] = unpad.values(ratio, np.float32)
+        else:
+            sequence_ratio = unpad.host(ratio[:, 0]).astype(np.float32)
+    if outputs.get("tool_mask") is not None:
+        tokens["tool_mask"] = unpad.values(outputs["tool_mask"], np.int8)
+    return HostRound(
+        lengths=unpad.lengths,
+        group_of=group_of,
+        index=(g % group_size).astype(np.int32),
+        starts=starts,
+        prompt_values=prompt_values,
+        prompt_counts=prompt_counts,
+        completion_ids=unpad.values(ids, np.int32),
+        truncated=_truncated(unpad, ids, eos_token_ids, pad_token_id),
+        rewards=values,
+        advantages=(
+            unpad.values(advantages, np.float32)
+            if per_token_advantages
+            else unpad.host(advantages).astype(np.float64)
+        ),
+        per_token_advantages=per_token_advantages,
+        tokens=tokens,
+        sequence_ratio=sequence_ratio,
+    )
+
+
+def round_table(
+    host: HostRound,
+    *,
+    prompts: Sequence[Any],
+    completions: Sequence[Any],
+    reward_names: Sequence[str],
+    reward_weights: Sequence[float],
+    step: int,
+    rank: int,
+    kind: str,
+    group_size: int,
+    round_index: int = 0,
+    answers: Sequence[Any] | None = None,
+) -> pa.Table:
+    """The group rows of a round from its :class:`HostRound` (see :func:`trl_group_table`)."""
+    b = len(prompts)
+    if len(completions) != b or len(host.lengths) != b:
+        raise LayoutError(
+            f"trl_group_table: completions: expected {len(host.lengths)} (one per prompt), got "
+            f"{len(completions)} completions for {b} prompts"
+        )
+    starts = host.starts
+    token_offsets = np.concatenate([[0], np.cumsum(host.lengths)]).astype(np.int32)
     part_offsets = np.concatenate([starts, [b]]).astype(np.int32)
     p = len(starts)
-    sizes = np.diff(part_offsets)
 
     def grouped(values: pa.Array) -> pa.Array:
         return pa.ListArray.from_arrays(pa.array(part_offsets), values)
@@ -230,78 +347,64 @@ def trl_group_table(
         "kind": pa.array([kind] * p, pa.string()),
         "group_index": pa.array(np.arange(p, dtype=np.int32)),
         "group_id": pc.binary_join_element_wise(
-            f"{step}.{round_index}", pc.cast(pa.array(group_of[starts]), pa.string()), "."
+            f"{step}.{round_index}", pc.cast(pa.array(host.group_of[starts]), pa.string()), "."
         ),
         "group_size": pa.array(np.full(p, group_size, np.int32)),
-        "num_completions": pa.array(sizes.astype(np.int32)),
+        "num_completions": pa.array(np.diff(part_offsets).astype(np.int32)),
     }
-    columns.update(_prompt_columns(outputs, prompts, starts))
+    prompt_offsets = np.concatenate([[0], np.cumsum(host.prompt_counts)]).astype(np.int32)
+    columns["prompt_ids"] = pa.ListArray.from_arrays(
+        pa.array(prompt_offsets), pa.array(host.prompt_values)
+    )
+    columns.update(_prompt_text(prompts, starts))
     if answers is not None:
         first = [answers[i] for i in starts]
         if all(a is None or isinstance(a, str) for a in first):
             columns["answer"] = pa.array(first, pa.string())
     columns.update(_completion_columns(completions, grouped))
-    columns["completion_index"] = grouped(pa.array(index))
-    columns["completion_ids"] = per_token(unpad.values(ids, np.int32), pa.int32())
-    columns["completion_info"] = grouped(_completion_info(unpad, ids, eos_token_ids, pad_token_id))
-    columns.update(_reward_columns(rewards, reward_names, reward_weights, b, part_offsets, grouped))
-    advantages = outputs["advantages"]
-    if advantages.dim() == 1:
-        columns["advantages"] = grouped(pa.array(unpad.host(advantages).astype(np.float64)))
-    else:  # a subclass's per-token advantages
-        flat = unpad.values(advantages, np.float32)
-        columns["token_advantages"] = per_token(flat, pa.float32())
-    for key, name in _TOKEN_COLUMNS.items():
-        tensor = outputs.get(key)
-        if tensor is None:
-            continue
-        flat = unpad.values(tensor, np.float32)
-        columns[name] = per_token(flat, pa.float32())
-        sums = grouped(pa.array(unpad.sums(flat)))
+    columns["completion_index"] = grouped(pa.array(host.index))
+    columns["completion_ids"] = per_token(host.completion_ids, pa.int32())
+    columns["completion_info"] = grouped(_completion_info(host.lengths, host.truncated))
+    columns.update(_reward_columns(host.rewards, reward_names, reward_weights, grouped))
+    if host.per_token_advantages:  # a subclass's per-token advantages
+        columns["token_advantages"] = per_token(host.advantages, pa.float32())
+    else:
+        columns["advantages"] = grouped(pa.array(host.advantages))
+    sums = _Sums(host.lengths)
+    for name, flat in host.tokens.items():
+        item = pa.int8() if flat.dtype == np.int8 else pa.float32()
+        columns[name] = per_token(flat, item)
         if name == "ref_token_logp":
-            columns["ref_logp_sum_raw"] = sums
-            columns["ref_tok_counts"] = grouped(pa.array(lengths_np.astype(np.int32)))
+            columns["ref_logp_sum_raw"] = grouped(pa.array(sums(flat)))
+            columns["ref_tok_counts"] = grouped(pa.array(host.lengths.astype(np.int32)))
         elif name == "behavior_token_logp":
-            columns["behavior_logp_sum"] = sums
-    ratio = outputs.get("importance_sampling_ratio")
-    if ratio is not None:
-        if ratio.shape[1] == ids.shape[1] and ids.shape[1] != 1:
-            columns["importance_sampling_ratio"] = per_token(
-                unpad.values(ratio, np.float32), pa.float32()
-            )
-        else:
-            values = unpad.host(ratio[:, 0]).astype(np.float32)
-            columns["sequence_importance_sampling_ratio"] = grouped(pa.array(values))
-    tool_mask = outputs.get("tool_mask")
-    if tool_mask is not None:
-        columns["tool_mask"] = per_token(unpad.values(tool_mask, np.int8), pa.int8())
+            columns["behavior_logp_sum"] = grouped(pa.array(sums(flat)))
+    if host.sequence_ratio is not None:
+        columns["sequence_importance_sampling_ratio"] = grouped(pa.array(host.sequence_ratio))
     return pa.table(columns)
 
 
-def _prompt_columns(
-    outputs: Mapping[str, Any], prompts: Sequence[Any], starts: np.ndarray
-) -> dict[str, pa.Array]:
-    """``prompt_ids`` (un-padded from the left) and the prompt of each part's first row."""
+def _prompt_tokens(outputs: Mapping[str, Any], starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The tokens of each part's first row's prompt (un-padded from the left), and counts."""
     ids, mask = outputs["prompt_ids"], outputs["prompt_mask"]
     if not _on_host(ids):  # select on the device, then copy only the first rows' tokens
         rows = torch.as_tensor(starts, device=ids.device)
         ids, mask = ids.index_select(0, rows), mask.index_select(0, rows).bool()
-        values = ids[mask].to(torch.int32).cpu().numpy()
-        counts = mask.sum(dim=1).cpu().numpy()
-    else:
-        keep = mask.numpy()[starts] != 0
-        values = ids.numpy()[starts][keep].astype(np.int32)
-        counts = keep.sum(axis=1)
-    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
-    out = {"prompt_ids": pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))}
+        return ids[mask].to(torch.int32).cpu().numpy(), mask.sum(dim=1).cpu().numpy()
+    keep = mask.numpy()[starts] != 0
+    return ids.numpy()[starts][keep].astype(np.int32), keep.sum(axis=1)
+
+
+def _prompt_text(prompts: Sequence[Any], starts: np.ndarray) -> dict[str, pa.Array]:
+    """The prompt of each part's first row: ``prompt`` (text) or ``prompt_messages``."""
     first = [prompts[i] for i in starts]
     if first and is_conversation(first[0]):
-        out["prompt_messages"] = messages_array(
-            [strip_images(c) for c in first], where="trl prompt_messages"
-        )
-    else:
-        out["prompt"] = pa.array([p if isinstance(p, str) else str(p) for p in first], pa.string())
-    return out
+        return {
+            "prompt_messages": messages_array(
+                [strip_images(c) for c in first], where="trl prompt_messages"
+            )
+        }
+    return {"prompt": pa.array([p if isinstance(p, str) else str(p) for p in first], pa.string())}
 
 
 def _completion_columns(completions: Sequence[Any], grouped: Any) -> dict[str, pa.Array]:
@@ -320,10 +423,10 @@ def _completion_columns(completions: Sequence[Any], grouped: Any) -> dict[str, p
     return {"completions": grouped(pa.array(list(completions), pa.string()))}
 
 
-def _completion_info(
+def _truncated(
     unpad: _Unpad, ids: torch.Tensor, eos_token_ids: Sequence[int], pad_token_id: int | None
-) -> pa.Array:
-    """Token count and TRL's truncation rule: the last token is neither EOS nor pad."""
+) -> np.ndarray:
+    """TRL's truncation rule: the last token is neither an EOS nor the pad token."""
     lengths = unpad.lengths
     last_position = np.maximum(lengths - 1, 0)
     if not _on_host(ids):
@@ -332,7 +435,11 @@ def _completion_info(
     else:
         last = ids.numpy()[np.arange(len(lengths)), last_position]
     stops = [*eos_token_ids, *([] if pad_token_id is None else [pad_token_id])]
-    truncated = ~np.isin(last, stops) & (lengths > 0)
+    return ~np.isin(last, stops) & (lengths > 0)
+
+
+def _completion_info(lengths: np.ndarray, truncated: np.ndarray) -> pa.Array:
+    """``completion_info``: token count, truncation and the finish reason it implies."""
     n = len(lengths)
     return pa.StructArray.from_arrays(
         [
@@ -366,11 +473,10 @@ class _Unpad:
         self.keep = np.arange(width)[None, :] < self.lengths[:, None]
         self.device = device
         self.keep_device: torch.Tensor | None = None
-        starts = np.concatenate([[0], np.cumsum(self.lengths)[:-1]])
-        self.starts = starts.astype(np.int64)
 
     def host(self, tensor: torch.Tensor) -> np.ndarray:
-        return tensor.detach().cpu().numpy()
+        """A copy on the host (the round is read after TRL moves on)."""
+        return tensor.detach().cpu().numpy().copy()
 
     def values(self, tensor: torch.Tensor, dtype: Any) -> np.ndarray:
         """The masked-in values, row after row, as ``dtype``."""
@@ -382,8 +488,15 @@ class _Unpad:
         picked = tensor[self.keep_device]
         return picked.cpu().numpy().astype(dtype, copy=False)
 
-    def sums(self, flat: np.ndarray) -> np.ndarray:
-        """Per-row sums (float64) of values cut by :meth:`values`; 0 for an empty row."""
+
+class _Sums:
+    """Per-completion sums (float64) of flat per-token values; 0 for an empty completion."""
+
+    def __init__(self, lengths: np.ndarray) -> None:
+        self.lengths = lengths
+        self.starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+
+    def __call__(self, flat: np.ndarray) -> np.ndarray:
         if not len(flat):
             return np.zeros(len(self.lengths))
         sums = np.add.reduceat(flat.astype(np.float64), np.minimum(self.starts, len(flat) - 1))
@@ -391,23 +504,20 @@ class _Unpad:
 
 
 def _reward_columns(
-    rewards: Any,
+    values: np.ndarray,
     reward_names: Sequence[str],
     reward_weights: Sequence[float],
-    b: int,
-    part_offsets: np.ndarray,
     grouped: Any,
 ) -> dict[str, pa.Array]:
     """``reward_names``/``reward_values`` and ``total_utils`` (weighted nansum, NaN when every
     function returned None: TRL's unscorable completion)."""
-    values = torch.as_tensor(rewards).detach().double().cpu().numpy().reshape(b, -1)
-    f = values.shape[1]
+    b, f = values.shape
     if f != len(reward_names) or f != len(reward_weights):
         raise LayoutError(
             f"trl_group_table: rewards: expected {len(reward_names)} columns (one per reward "
             f"function), got {f}"
         )
-    p = len(part_offsets) - 1
+    p = len(grouped(pa.array(np.zeros(b))))
     names = pa.ListArray.from_arrays(
         pa.array(np.arange(0, (p + 1) * f, f, dtype=np.int32)),
         pa.array(list(reward_names) * p, pa.string()),
@@ -519,9 +629,10 @@ class RolloutRecorder:
     record_eval:
         Also record evaluation rounds (``kind="eval"``).
     background:
-        Append on a background thread (:class:`~maxent_arrow.integrations.appender.
-        Appender`), in order, at most two steps in flight: the training step pays only for
-        building the group rows. An append that fails is raised by the next round or at the
+        Build the Arrow columns and append on a background thread
+        (:class:`~maxent_arrow.integrations.appender.Appender`), in order, at most two steps
+        in flight: the training step pays only for copying the round's values out of TRL's
+        tensors (:func:`host_round`). An append that fails is raised by the next round or at the
         end of ``train``/``evaluate``; everything submitted is durable when they return.
         ``False`` appends synchronously.
     *args, **kwargs:
@@ -549,7 +660,7 @@ class RolloutRecorder:
         # Read once: a tokenizer's special-token properties cost a lookup per access.
         self._rollout_pad_id = self._tokenizer.pad_token_id
         self._rollout_capture: tuple | None = None
-        self._rollout_pending: dict[str, tuple[int, list[pa.Table]]] = {}
+        self._rollout_pending: dict[str, tuple[int, list[Callable[[], pa.Table]]]] = {}
         # What this rank already stored (a run resumed from a checkpoint regenerates the round
         # of the step it resumes at; the store keeps the first and refuses a second).
         rank = self.accelerator.process_index
@@ -615,25 +726,36 @@ class RolloutRecorder:
         lengths = None
         if self.mask_truncated_completions:  # the mask zeroes truncated rows: use the ids
             lengths = np.fromiter(map(len, ids_list), dtype=np.int64, count=b)
-        table = trl_group_table(
+        group_size = self.num_generations if kind == "train" else self.num_generations_eval
+        # On the loop: copy what is needed out of TRL's tensors (TRL moves on after this).
+        host = host_round(
             output,
-            prompts=prompts,
-            completions=completions,
-            rewards=rewards[rank * b : (rank + 1) * b],
-            reward_names=self.rollout_config.reward_names,
-            reward_weights=self.rollout_config.reward_weights,
-            step=step,
-            rank=rank,
-            kind=kind,
-            group_size=self.num_generations if kind == "train" else self.num_generations_eval,
+            rows=b,
+            group_size=group_size,
             first_index=rank * b,
-            round_index=len(rounds),
-            answers=[x.get("answer") for x in inputs] if "answer" in inputs[0] else None,
+            rewards=rewards[rank * b : (rank + 1) * b],
             eos_token_ids=self.eos_token_ids,
             pad_token_id=self._rollout_pad_id,
             completion_lengths=lengths,
         )
-        rounds.append(table)
+        # Later, with the append (on the background thread): the Arrow columns. TRL does not
+        # touch the prompt and completion lists or the dataset rows after this call.
+        rounds.append(
+            functools.partial(
+                round_table,
+                host,
+                prompts=prompts,
+                completions=completions,
+                reward_names=self.rollout_config.reward_names,
+                reward_weights=self.rollout_config.reward_weights,
+                step=step,
+                rank=rank,
+                kind=kind,
+                group_size=group_size,
+                round_index=len(rounds),
+                answers=_Column(inputs, "answer") if "answer" in inputs[0] else None,
+            )
+        )
         self._rollout_pending[kind] = (step, rounds)
         generate_every = self.args.steps_per_generation * self.num_iterations
         if kind == "train" and generate_every >= self.args.gradient_accumulation_steps:
@@ -670,15 +792,31 @@ class RolloutRecorder:
             )
 
 
-def _append_job(store: RolloutStore, rounds: list[pa.Table], **where: Any) -> Any:
-    """The append of one step: its rounds as one group table, the step row, the batch's
-    layout check and the durable write (run by the Appender, on its thread)."""
+def _append_job(
+    store: RolloutStore, rounds: list[Callable[[], pa.Table]], **where: Any
+) -> Callable[[], None]:
+    """The append of one step: its rounds' group rows built and joined, the step row, the
+    batch's layout check and the durable write (run by the Appender, on its thread)."""
 
     def job() -> None:
-        groups = rounds[0] if len(rounds) == 1 else _concat(rounds)
+        tables = [build() for build in rounds]
+        groups = tables[0] if len(tables) == 1 else _concat(tables)
         store.append(RolloutBatch(groups, step_row(groups, **where)))
 
     return job
+
+
+class _Column(Sequence):
+    """One key of the dataset rows, read by index (only the rows that are looked at)."""
+
+    def __init__(self, rows: Sequence[Mapping[str, Any]], key: str) -> None:
+        self.rows, self.key = rows, key
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: Any) -> Any:
+        return self.rows[i].get(self.key)
 
 
 def _concat(tables: list[pa.Table]) -> pa.Table:
