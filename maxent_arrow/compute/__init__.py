@@ -13,7 +13,10 @@ __all__, __getattr__, __dir__ = lazy.exports(
     __name__,
     {
         ".group_math": [
+            "AGGREGATIONS",
+            "SCALE_REWARDS",
             "EntropyBonus",
+            "ScaleRewards",
             "WeightEntropy",
             "apply_group_scales",
             "entropy_bonus",
@@ -21,6 +24,7 @@ __all__, __getattr__, __dir__ = lazy.exports(
             "group_entropy",
             "length_stats",
             "maxent_weights",
+            "multi_objective_advantages",
             "q_distribution",
             "reward_moments",
             "total_utils",

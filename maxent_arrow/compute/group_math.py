@@ -49,12 +49,19 @@ from maxent_arrow.errors import ComputeError, SchemaError
 from maxent_arrow.types.rewards import LengthStats, RewardMoments
 
 __all__ = [
+    "AGGREGATIONS",
+    "SCALE_REWARDS",
+    "Aggregation",
     "EntropyBonus",
+    "Missing",
+    "ScaleRewards",
     "WeightEntropy",
     "apply_group_scales",
+    "check_scale_rewards",
     "entropy_bonus",
     "group_advantages",
     "group_entropy",
+    "multi_objective_advantages",
     "length_stats",
     "maxent_weights",
     "q_distribution",
@@ -204,32 +211,92 @@ def _reward_weights(weights: Any, names: list[str], where: str) -> list[float]:
 
 
 # ---------------------------------------------------------------------------- §3.2 advantages
+# How advantages are scaled after the group mean is subtracted: by the group's std ("group",
+# the GRPO paper and our default), by the std of the whole batch ("batch", one of TRL's
+# options), or not at all ("none", Dr. GRPO). ``True``/``False`` are the older spellings of
+# "group"/"none".
+ScaleRewards = Literal["group", "batch", "none"]
+SCALE_REWARDS = ("group", "batch", "none")
+# What a missing utility (NaN: every reward function returned None, TRL's "unscorable"
+# completion) does: "raise" refuses it, naming the group; "exclude" leaves it out of its
+# group's mean and std (and the batch std) and gives it advantage 0, as TRL does.
+Missing = Literal["raise", "exclude"]
+# TRL's two ways to combine several reward functions (``multi_objective_aggregation``).
+Aggregation = Literal["sum_then_normalize", "normalize_then_sum"]
+AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
+
+
+def check_scale_rewards(scale_rewards: Any, where: str) -> str:
+    """``scale_rewards`` as one of :data:`SCALE_REWARDS` (a bool is the older spelling)."""
+    if isinstance(scale_rewards, bool):
+        return "group" if scale_rewards else "none"
+    if scale_rewards not in SCALE_REWARDS:
+        raise ComputeError(
+            f"{where}: scale_rewards: expected one of {SCALE_REWARDS}, got {scale_rewards!r}"
+        )
+    return scale_rewards
+
+
 def group_advantages(
     utils: Any,
     *,
-    scale_rewards: bool = True,
+    scale_rewards: ScaleRewards | bool = "group",
     eps: float = 1e-4,
+    missing: Missing = "raise",
     out: torch.Tensor | None = None,
 ) -> Ragged:
-    """Group-normalised advantages ``A_i = (U_i - μ_g) / (σ_g + eps)`` (§3.2).
+    """Group-normalised advantages ``A_i = (U_i - μ_g) / (σ + eps)`` (§3.2).
 
-    ``σ_g`` is the unbiased group std (divide by ``K - 1``), defined as 0 for ``K = 1``, so a
-    single-completion group and a constant group get ``A = 0``. With ``scale_rewards=False``
-    (Dr.GRPO) ``A_i = U_i - μ_g``. The baseline is the plain group mean (no leave-one-out).
-
-    ``out``: an optional ``[N]`` buffer (working dtype, contiguous, sharing no memory with
-    ``utils``) that receives the advantages, e.g. one reused across training steps so the
-    step allocates no fresh ``[N]`` pages (on CPU, the kernel zeroing fresh pages costs about
-    as much as a pass over them).
+    Parameters
+    ----------
+    utils:
+        Per-sample utilities grouped by prompt.
+    scale_rewards:
+        ``"group"`` (default): ``σ = σ_g``, the unbiased std of the group (divide by
+        ``K - 1``), defined as 0 for ``K = 1``, so a single-completion group and a constant
+        group get ``A = 0``. ``"batch"``: ``σ`` is the unbiased std of all utilities of the
+        batch about their global mean (TRL's ``scale_rewards="batch"``; the mean is still the
+        group's). ``"none"`` (Dr. GRPO): ``A_i = U_i - μ_g``. ``True``/``False`` mean
+        ``"group"``/``"none"``. The baseline is the plain group mean (no leave-one-out).
+    eps:
+        Added to ``σ`` (TRL and the seed: 1e-4).
+    missing:
+        ``"raise"`` (default) refuses a NaN utility, naming its group. ``"exclude"`` (TRL's
+        convention for a completion every reward function returned ``None`` for) leaves NaN
+        utilities out of the means and stds (NaN-aware, Bessel-corrected over the values
+        present) and gives them ``A = 0``; an infinite utility is still refused.
+    out:
+        An optional ``[N]`` buffer (working dtype, contiguous, sharing no memory with
+        ``utils``) that receives the advantages, e.g. one reused across training steps so
+        the step allocates no fresh ``[N]`` pages (on CPU, the kernel zeroing fresh pages
+        costs about as much as a pass over them).
     """
     where = "group_advantages: utils"
+    scale = check_scale_rewards(scale_rewards, "group_advantages")
+    if missing not in ("raise", "exclude"):
+        raise ComputeError(
+            f"group_advantages: missing: expected 'raise' or 'exclude', got {missing!r}"
+        )
     ragged, seg, u = grouped_input(utils, where)
     eps = check_scalar(eps, "group_advantages: eps", low=0.0, strict=False)
     out = check_out(out, like=u, n=seg.num_values, where="group_advantages", inputs=[("utils", u)])
+    if missing == "exclude":
+        check_finite(u.masked_fill(u.isnan(), 0.0), seg, where)  # NaN is allowed, inf is not
+        absent = torch.isnan(u)
+        if bool(absent.any()):
+            return Ragged(
+                _advantages_without(u, absent, seg, scale, eps, out), ragged.offsets, validate=False
+            )
     check_finite(u, seg, where)
     centred = seg.apply(torch.sub, u, seg.mean(u), out=out)
-    if not scale_rewards:
+    if scale == "none":
         return Ragged(centred, ragged.offsets, validate=False)
+    if scale == "batch":
+        n = seg.num_values
+        # The batch std is about the global mean, not the group means (TRL's nanstd(rewards)).
+        std = float(torch.linalg.vector_norm(u - u.mean())) / math.sqrt(n - 1) if n > 1 else 0.0
+        factor = 1.0 / (std + eps) if std + eps > 0 else 1.0  # eps = 0: constant batch, all 0
+        return Ragged(centred.mul_(factor), ragged.offsets, validate=False)
     k = seg.float_lengths(u.dtype)
     # sqrt(Σ c²) / sqrt(K - 1): the norm reads the centred values once, with no [N] squares.
     std = seg.norm(centred).div_((k - 1.0).clamp_(min=1.0).sqrt_())
@@ -237,9 +304,108 @@ def group_advantages(
     denom = std + eps
     # eps = 0 with a constant group would be 0/0; its centred values are exactly 0. One
     # reciprocal per group, then a multiply per sample (a divide costs 3x the multiply).
-    scale = torch.where(denom > 0, denom, 1.0).reciprocal_()
-    adv = seg.apply(torch.mul, centred, scale, out=centred)
+    scale_g = torch.where(denom > 0, denom, 1.0).reciprocal_()
+    adv = seg.apply(torch.mul, centred, scale_g, out=centred)
     return Ragged(adv, ragged.offsets, validate=False)
+
+
+def _advantages_without(
+    u: torch.Tensor,
+    absent: torch.Tensor,
+    seg: Segments,
+    scale: str,
+    eps: float,
+    out: torch.Tensor | None,
+) -> torch.Tensor:
+    """The advantages with the NaN utilities left out (``missing="exclude"``): means and
+    Bessel-corrected stds over the values present, ``A = 0`` where the utility is missing or
+    the std is undefined (fewer than two values), as TRL's ``nanmean``/``nanstd`` then
+    ``nan_to_num`` give."""
+    present = (~absent).to(u.dtype)
+    filled = u.masked_fill(absent, 0.0)
+    count = seg.sum(present)
+    mean = seg.sum(filled) / count.clamp(min=1.0)
+    centred = seg.apply(torch.sub, filled, mean, out=out).mul_(present)
+    if scale == "none":
+        return centred
+    if scale == "batch":
+        n = float(present.sum())
+        total_mean = filled.sum() / max(n, 1.0)
+        spread = torch.linalg.vector_norm((filled - total_mean) * present)
+        denom = float(spread) / math.sqrt(n - 1.0) + eps if n >= 2 else 0.0
+        # TRL: nanstd of fewer than two values is NaN, so every advantage is 0; a zero
+        # denominator (eps = 0, a constant batch) has all-zero centred values.
+        return centred.zero_() if n < 2 else centred.mul_(1.0 / denom if denom > 0 else 1.0)
+    std = torch.sqrt(seg.sum(centred * centred) / (count - 1.0).clamp(min=1.0))
+    denom = std + eps
+    # Fewer than two values present: TRL's std is NaN and the advantage 0 (nan_to_num).
+    factor = torch.where(count > 1.0, torch.where(denom > 0, denom, 1.0).reciprocal(), 0.0)
+    return seg.apply(torch.mul, centred, factor, out=centred)
+
+
+def multi_objective_advantages(
+    per_reward_values: Mapping[str, Any] | torch.Tensor,
+    weights: Sequence[float] | Mapping[str, float] | torch.Tensor,
+    *,
+    offsets: torch.Tensor,
+    aggregation: Aggregation = "sum_then_normalize",
+    scale_rewards: ScaleRewards | bool = "group",
+    eps: float = 1e-4,
+) -> Ragged:
+    """TRL's advantages from several raw reward columns (its ``multi_objective_aggregation``).
+
+    A completion for which every reward function gave NaN (``None``) is unscorable: it is left
+    out of every mean and std and gets ``A = 0``. A NaN from some functions only counts as 0
+    in the weighted sum (``nansum``).
+
+    ``"sum_then_normalize"`` (TRL's default): ``U_i = nansum_j(λ_j r_ij)`` (NaN when
+    unscorable), then :func:`group_advantages` with ``scale_rewards`` and
+    ``missing="exclude"``. ``"normalize_then_sum"`` (GDPO): each function's rewards are
+    normalised within their group first (``(r - μ_g) / (σ_g + eps)``, NaN-aware), summed with
+    the weights, and the sums normalised over the whole batch (``scale_rewards`` is not used,
+    as in TRL).
+
+    Parameters
+    ----------
+    per_reward_values:
+        Raw rewards, a dict ``name -> [N]`` or an ``[N, R]`` tensor, NaN where missing.
+    weights:
+        ``λ_j``, one per reward function (or a dict by name).
+    offsets:
+        The group offsets ``[P + 1]`` of the ``N`` samples.
+    """
+    where = "multi_objective_advantages"
+    if aggregation not in AGGREGATIONS:
+        raise ComputeError(
+            f"{where}: aggregation: expected one of {AGGREGATIONS}, got {aggregation!r}"
+        )
+    scale = check_scale_rewards(scale_rewards, where)
+    names, columns = _reward_columns(per_reward_values, where)
+    lam = _reward_weights(weights, names, where)
+    probe = flat_values(columns[0], f"{where}: per_reward_values[{names[0]!r}]")
+    device, n = probe.device, int(probe.shape[0])
+    segments = Segments.cached(offsets, num_values=n, device=device, where=f"{where}: offsets")
+    tensors = [
+        as_sample_vector(
+            c, n=n, where=f"{where}: per_reward_values[{name!r}]", device=device, segments=segments
+        ).to(work_dtype(probe.dtype))
+        for name, c in zip(names, columns)
+    ]
+    unscorable = functools.reduce(torch.logical_and, [torch.isnan(t) for t in tensors])
+    offsets = segments.offsets
+    if aggregation == "normalize_then_sum":
+        tensors = [
+            group_advantages(Ragged(t, offsets, validate=False), eps=eps, missing="exclude").values
+            for t in tensors
+        ]
+    utils = _weighted_nansum(tensors, lam).masked_fill_(unscorable, math.nan)
+    if aggregation == "normalize_then_sum":
+        whole = torch.tensor([0, n], dtype=offsets.dtype, device=device)
+        adv = group_advantages(Ragged(utils, whole, validate=False), eps=eps, missing="exclude")
+        return Ragged(adv.values, offsets, validate=False)
+    return group_advantages(
+        Ragged(utils, offsets, validate=False), scale_rewards=scale, eps=eps, missing="exclude"
+    )
 
 
 def apply_group_scales(advantages: Any, scales: Any) -> Ragged:

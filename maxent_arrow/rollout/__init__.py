@@ -4,7 +4,9 @@
   the seed objects (:meth:`RolloutBatch.from_parts`) or from Arrow, giving the seed objects
   back as views.
 - :class:`RunConfig`: the replay contract, the settings a step was computed with.
-- :func:`recompute`: advantages, q and MaxEnt weights of a batch from its stored facts.
+- :func:`recompute`: advantages, q and MaxEnt weights of a batch from its stored facts (also
+  under TRL's conventions); :func:`recompute_kl`: the k3 KL of its stored log-probs.
+- :func:`reassemble`: the parts of a group that ranks wrote separately, merged into one row.
 
 Names load on first use; importing this package imports no torch.
 """
@@ -17,6 +19,7 @@ __all__, __getattr__, __dir__ = lazy.exports(
         ".batch": ["RolloutBatch"],
         ".config": ["RunConfig"],
         ".layout": ["BATCH_META_KEY", "STEP_META_KEY", "step_row_from_json", "step_row_to_json"],
-        ".recompute": ["recompute"],
+        ".reassembly": ["reassemble"],
+        ".recompute": ["recompute", "recompute_kl"],
     },
 )

@@ -28,6 +28,14 @@ __all__ = ["RunConfig", "ScaleRewards"]
 # not at all ("none", Dr. GRPO).
 ScaleRewards = Literal["group", "batch", "none"]
 _SCALES = ("group", "batch", "none")
+# How several reward functions make one advantage (TRL's ``multi_objective_aggregation``):
+# weight and sum the raw rewards, then normalise ("sum_then_normalize", ours and TRL's
+# default), or normalise each function's rewards per group first ("normalize_then_sum", GDPO).
+_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
+# A completion every reward function gave no value for (NaN in every reward column): its
+# utility is the nansum 0 and it counts in its group ("zero", ours), or it is left out of the
+# group's mean and std and gets advantage 0 ("exclude", TRL's "unscorable" rows).
+_UNSCORABLE = ("zero", "exclude")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -36,14 +44,17 @@ class RunConfig:
 
     Group math
         ``reward_names`` and ``reward_weights`` (λ_j of ``total_utils``), ``scale_rewards``
-        (:data:`ScaleRewards`), ``advantage_eps``, ``q_temperature`` (T_q), ``q_epsilon``
+        (:data:`ScaleRewards`), ``multi_objective_aggregation`` (``"sum_then_normalize"`` or
+        ``"normalize_then_sum"``, TRL's option), ``unscorable`` (``"zero"``, or ``"exclude"``
+        as TRL: a completion with no reward value at all is left out of its group's
+        statistics and gets advantage 0), ``advantage_eps``, ``q_temperature`` (T_q), ``q_epsilon``
         (ε), ``tau`` (τ; ``None``: no MaxEnt weights), ``beta`` (β),
         ``weight_denominator`` (``"tau"`` or ``"tau+beta"``), ``len_norm_ref`` (ρ is the
         per-token mean R/T, else the raw sum R), ``length_reweight``.
     Loss
         ``mode`` (``"maxent"`` or ``"grpo"``), ``loss_type`` (``"bnpo"``, ``"dr_grpo"``,
-        ``"grpo"``), ``use_clip_objective``, ``clip_eps_low``, ``clip_eps_high``,
-        ``clip_objective_coef``.
+        ``"grpo"``; a TRL run records its own, e.g. ``"dapo"``), ``use_clip_objective``,
+        ``clip_eps_low``, ``clip_eps_high``, ``clip_objective_coef``.
     Generation and tokens
         ``num_generations`` (K), ``max_prompt_len``, ``max_completion_len``,
         ``gen_temperature``, ``top_p``, ``pad_token_id``, ``eos_token_id``, ``tokenizer``
@@ -58,6 +69,8 @@ class RunConfig:
     reward_names: tuple[str, ...] = ()
     reward_weights: tuple[float, ...] = ()
     scale_rewards: ScaleRewards = "group"
+    multi_objective_aggregation: str = "sum_then_normalize"
+    unscorable: str = "zero"
     advantage_eps: float = 1e-4
     q_temperature: float = 1.0
     q_epsilon: float = 1e-6
@@ -96,6 +109,15 @@ class RunConfig:
             object.__setattr__(self, "scale_rewards", "group" if scale else "none")
         elif scale not in _SCALES:
             raise SchemaError(f"RunConfig.scale_rewards: expected one of {_SCALES}, got {scale!r}")
+        if self.multi_objective_aggregation not in _AGGREGATIONS:
+            raise SchemaError(
+                f"RunConfig.multi_objective_aggregation: expected one of {_AGGREGATIONS}, got "
+                f"{self.multi_objective_aggregation!r}"
+            )
+        if self.unscorable not in _UNSCORABLE:
+            raise SchemaError(
+                f"RunConfig.unscorable: expected one of {_UNSCORABLE}, got {self.unscorable!r}"
+            )
         object.__setattr__(self, "reward_names", tuple(self.reward_names))
         object.__setattr__(self, "reward_weights", tuple(float(w) for w in self.reward_weights))
         if self.reward_weights and len(self.reward_weights) != len(self.reward_names):

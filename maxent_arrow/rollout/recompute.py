@@ -5,63 +5,121 @@ utilities (after any entropy bonus), the stored SEED-GRPO group scales, the stor
 sums and token counts, and the step's :class:`~maxent_arrow.rollout.RunConfig`. The trainer
 computes the reference term the same way (raw sums and counts in float64), so a replayed step
 reproduces its weights bit for bit.
+
+A step recorded from TRL (:mod:`maxent_arrow.integrations.trl`) carries TRL's conventions in
+its config (``scale_rewards`` "group" / "batch" / "none", ``reward_weights``,
+``multi_objective_aggregation``, ``unscorable="exclude"``): :func:`recompute` reproduces TRL's
+advantages from it, given the whole step (every rank's groups, reassembled by
+:func:`~maxent_arrow.rollout.reassemble`: TRL normalises over groups that span ranks, and
+``"batch"`` over the whole generation batch). :func:`recompute_kl` gives the k3 KL of the
+stored behaviour and reference log-probs.
 """
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+import pyarrow as pa
+
+from maxent_arrow import arrow as A
 from maxent_arrow import compute as C
 from maxent_arrow.errors import ComputeError, SchemaError
+from maxent_arrow.rollout.batch import RolloutBatch
 from maxent_arrow.rollout.config import RunConfig
+from maxent_arrow.rollout.layout import rewards_by_name
 
 if TYPE_CHECKING:
-    from maxent_arrow.rollout.batch import RolloutBatch
+    import torch
 
-__all__ = ["recompute"]
+    from maxent_arrow.arrow import Ragged
+
+__all__ = ["recompute", "recompute_kl"]
 
 
 def recompute(
-    batch: RolloutBatch, config: RunConfig | None = None, **overrides: Any
+    batch: RolloutBatch | pa.Table | pa.RecordBatch,
+    config: RunConfig | None = None,
+    **overrides: Any,
 ) -> dict[str, Any]:
     """Advantages, q and MaxEnt weights of ``batch`` from its stored facts.
 
     Parameters
     ----------
     batch:
-        A stored step (or part of one: whole groups).
+        A stored step (or part of one: whole groups), or a group table such as
+        ``reassemble(store.read(steps=[s]))`` (every rank of a step, parts of a group merged),
+        which then needs ``config``.
     config:
         The settings to recompute with; default the step's own snapshot (``batch.run_config``).
     **overrides:
         :class:`RunConfig` fields to change, e.g. ``tau=0.1`` (what a colder τ would have
-        given). An unknown name is refused.
+        given) or ``scale_rewards="batch"``. An unknown name is refused.
 
     Returns
     -------
     dict
-        :class:`~maxent_arrow.arrow.Ragged` values keyed ``"advantages"``, ``"q"`` and, when
+        :class:`~maxent_arrow.arrow.Ragged` values keyed ``"advantages"``, ``"q"`` (omitted
+        when a utility is missing: NaN, a completion no reward function scored) and, when
         ``tau`` and the reference columns are known, ``"weights"``, grouped like the batch.
+
+    Notes
+    -----
+    The utilities are the stored ``total_utils`` (after any entropy bonus), except that they
+    are rebuilt from the raw ``reward_values`` weighted by ``reward_weights`` (by name; 1 for
+    a name without a weight, TRL's default) when the config says
+    ``multi_objective_aggregation="normalize_then_sum"`` (each function is normalised per
+    group before the sum), when ``reward_weights`` is among the overrides, or when the step
+    has no ``total_utils``. ``unscorable="exclude"`` (TRL) leaves a completion with no reward
+    value at all out of its group's mean and std and gives it advantage 0; ``"zero"`` (ours)
+    counts its utility as 0.
     """
     import torch  # deferred: this package is importable without torch
 
+    batch = _as_batch(batch, config)
     try:
         cfg = (config or batch.run_config).replace(**overrides)
     except SchemaError as exc:
         raise ComputeError(f"recompute: {exc}") from None
+    offsets = torch.from_numpy(batch.group_offsets.astype(np.int64))
     utils = batch.ragged("total_utils")
-    if utils is None:
-        raise ComputeError(f"recompute: step {batch.step} has no total_utils column")
-    utils = utils.with_values(utils.values.to(torch.float64))
-    if cfg.scale_rewards == "batch":
-        raise ComputeError("recompute: scale_rewards='batch' is not supported by the group math")
-    adv = C.group_advantages(
-        utils, scale_rewards=cfg.scale_rewards == "group", eps=cfg.advantage_eps
+    from_rewards = (
+        cfg.multi_objective_aggregation == "normalize_then_sum"
+        or "reward_weights" in overrides
+        or utils is None
     )
+    if from_rewards:
+        rewards, weights = _raw_rewards(batch, cfg)
+        if cfg.unscorable == "exclude" or cfg.multi_objective_aggregation != "sum_then_normalize":
+            adv = C.multi_objective_advantages(
+                rewards,
+                weights,
+                offsets=offsets,
+                aggregation=cfg.multi_objective_aggregation,
+                scale_rewards=cfg.scale_rewards,
+                eps=cfg.advantage_eps,
+            )
+            utils = _weighted_sum(rewards, weights, offsets, exclude=True)
+        else:
+            utils = C.total_utils(rewards, weights, offsets=offsets)
+            adv = C.group_advantages(utils, scale_rewards=cfg.scale_rewards, eps=cfg.advantage_eps)
+    else:
+        utils = utils.with_values(utils.values.to(torch.float64))
+        adv = C.group_advantages(
+            utils,
+            scale_rewards=cfg.scale_rewards,
+            eps=cfg.advantage_eps,
+            missing="exclude" if cfg.unscorable == "exclude" else "raise",
+        )
     scales = batch.column("seed_advantage_scale")
     if scales is not None and scales.null_count == 0:
         adv = C.apply_group_scales(adv, torch.from_numpy(scales.to_numpy(zero_copy_only=False)))
+    out: dict[str, Any] = {"advantages": adv}
+    if bool(torch.isnan(utils.values).any()):
+        return out  # q over a group with a missing utility is undefined
     q = C.q_distribution(utils, temperature=cfg.q_temperature, epsilon=cfg.q_epsilon)
-    out: dict[str, Any] = {"advantages": adv, "q": q}
+    out["q"] = q
     raw, counts = batch.ragged("ref_logp_sum_raw"), batch.ragged("ref_tok_counts")
     if cfg.tau is not None and raw is not None and counts is not None:
         t = counts.values.to(torch.float64)
@@ -77,3 +135,80 @@ def recompute(
             length_reweight=cfg.length_reweight,
         )
     return out
+
+
+def recompute_kl(batch: RolloutBatch | pa.Table | pa.RecordBatch) -> Ragged:
+    """The k3 KL per token, ``e^δ - δ - 1`` with ``δ = ref_token_logp - behavior_token_logp``
+    (float64), one row per completion.
+
+    This is TRL's ``per_token_kl`` at the first optimisation pass over a generation round
+    (there the policy's log-probs are the stored old ones, and the importance ratio that
+    ``use_bias_correction_kl`` multiplies by is 1).
+    """
+    import torch  # deferred: this package is importable without torch
+
+    batch = _as_batch(batch, RunConfig())
+    ref, behavior = batch.ragged("ref_token_logp"), batch.ragged("behavior_token_logp")
+    if ref is None or behavior is None:
+        missing = "ref_token_logp" if ref is None else "behavior_token_logp"
+        raise ComputeError(f"recompute_kl: the step has no {missing!r} column")
+    if not torch.equal(ref.offsets, behavior.offsets):
+        raise ComputeError(
+            "recompute_kl: ref_token_logp and behavior_token_logp have different token counts"
+        )
+    delta = ref.values.to(torch.float64) - behavior.values.to(torch.float64)
+    return A.Ragged(C.k3(delta), ref.offsets, validate=False)
+
+
+def _as_batch(batch: Any, config: RunConfig | None) -> RolloutBatch:
+    """A group table (e.g. reassembled from every rank of a step) as an unchecked batch."""
+    if isinstance(batch, RolloutBatch):
+        return batch
+    if not isinstance(batch, pa.Table | pa.RecordBatch):
+        raise SchemaError(
+            f"recompute: expected a RolloutBatch or a group table, got {type(batch).__name__}"
+        )
+    if config is None:
+        raise ComputeError("recompute: a group table has no step row; pass its config")
+    first = {n: batch.column(n)[0].as_py() if batch.num_rows else 0 for n in ("step", "rank")}
+    row = pa.RecordBatch.from_pydict(
+        {
+            "step": pa.array([first["step"]], pa.int64()),
+            "rank": pa.array([first["rank"]], pa.int32()),
+            "config": [json.dumps(config.to_dict(), allow_nan=True)],
+        }
+    )
+    return RolloutBatch(batch, row, validate=False)
+
+
+def _raw_rewards(batch: RolloutBatch, cfg: RunConfig) -> tuple[dict[str, Any], list[float]]:
+    """The stored raw rewards (float64, by name) and the weight of each."""
+    import torch  # deferred: this package is importable without torch
+
+    raw = rewards_by_name(batch.groups)
+    if not raw:
+        raise ComputeError(
+            f"recompute: step {batch.step} has neither total_utils nor reward_values"
+        )
+    weights = cfg.weights_by_name
+    unknown = [n for n in weights if n not in raw]
+    if unknown:
+        raise ComputeError(
+            f"recompute: reward_weights name {unknown[0]!r}, which step {batch.step} has no "
+            f"rewards for (it has {sorted(raw)})"
+        )
+    columns = {name: torch.from_numpy(np.ascontiguousarray(v)) for name, v in raw.items()}
+    return columns, [weights.get(name, 1.0) for name in columns]
+
+
+def _weighted_sum(
+    rewards: dict[str, Any], weights: list[float], offsets: torch.Tensor, *, exclude: bool
+) -> Ragged:
+    """``nansum_j(λ_j r_ij)``, NaN where every reward is missing when ``exclude``."""
+    import torch  # deferred: this package is importable without torch
+
+    utils = C.total_utils(rewards, weights, offsets=offsets)
+    if exclude:
+        stacked = torch.stack(list(rewards.values()))
+        utils.values.masked_fill_(torch.isnan(stacked).all(dim=0), float("nan"))
+    return utils

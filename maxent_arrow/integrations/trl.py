@@ -1,0 +1,843 @@
+"""Record the rollouts of an unmodified ``trl.GRPOTrainer`` into a rollout store
+(``pip install 'maxent-arrow[trl]'``; written against TRL 1.16).
+
+:class:`RecordingGRPOTrainer` is ``trl.GRPOTrainer`` with :class:`RolloutRecorder` mixed in:
+pass ``rollout_store=`` (a path, URI or :class:`~maxent_arrow.store.RolloutStore`) and train as
+usual. Every generation round is written once, as one append per process (each process writes
+its own rank; nothing is gathered to one process to be written), keyed by the optimizer step
+(``state.global_step``) at which it was generated: with ``steps_per_generation`` or
+``num_iterations`` > 1 a round serves several optimizer steps and is stored under the first.
+Evaluation rounds are stored as ``kind="eval"``, one append per evaluation.
+
+What a round holds (the group layout of ``docs/arrow-layout.md``):
+
+- one row per prompt group part (TRL's ``num_generations`` completions of a prompt, or the
+  part of them this process holds), with a run-wide ``group_id``
+  (``"{step}.{round}.{group}"``: the group's place in the round's global generation batch),
+  ``group_size`` (the whole group's K) and each completion's ``completion_index`` in it;
+- ``prompt_ids`` and ``completion_ids``: the exact tokens TRL trained on, un-padded with its
+  masks (``completion_ids`` include the EOS token); ``prompt`` (plain text) or
+  ``prompt_messages`` (a chat prompt, typed messages), ``completions`` (text) and, for chat,
+  ``completion_messages``; ``answer`` when the dataset has an ``answer`` column;
+- ``reward_names`` (TRL's reward function names) and ``reward_values`` (each function's raw,
+  unweighted reward, NaN where it returned ``None``), ``total_utils`` (the weighted
+  ``nansum``, NaN for an unscorable completion) and ``advantages`` (TRL's);
+- when TRL computed them: ``ref_token_logp`` (``ref_per_token_logps``, β > 0) with
+  ``ref_logp_sum_raw``/``ref_tok_counts``, ``behavior_token_logp`` (``old_per_token_logps``:
+  the policy's log-probs at generation, the denominator of TRL's importance ratio) with
+  ``behavior_logp_sum``, and the extra per-token columns ``sampling_token_logp`` (the
+  generator's own log-probs, ``sampling_per_token_logps``: vLLM or a ``rollout_func``),
+  ``importance_sampling_ratio`` (token-level vLLM correction; a sequence-level one is the
+  per-completion ``sequence_importance_sampling_ratio``), ``tool_mask`` (int8, 1 on model
+  tokens) and ``token_advantages`` (a subclass's per-token advantages);
+- ``completion_info``: ``token_count``, ``truncated`` (the last token is not an EOS or pad,
+  TRL's rule) and ``finish_reason`` (``"stop"`` or ``"length"``).
+
+Multimodal inputs (``pixel_values`` and the like) are not stored. The step row carries
+:class:`~maxent_arrow.rollout.RunConfig` with TRL's settings (β, ε / ε_high, ``loss_type``,
+``scale_rewards``, ``reward_weights``, ``multi_objective_aggregation``, temperature,
+``num_generations``, lengths, the tokenizer's name and vocabulary size; the rest of TRL's
+settings under ``extra["trl"]``), so :func:`~maxent_arrow.rollout.recompute` reproduces TRL's
+advantages from a stored step.
+
+Cost to the training step: only :func:`host_round`, one numpy mask select per tensor (about
+0.5 ms of CPU for 64 completions of 128 tokens, less than TRL's own completions Parquet);
+:func:`round_table` (the Arrow columns), the step row and the durable append run on a
+background thread (``background=False``: all on the loop). ``benchmarks/bench_integrations.py``
+measures both against TRL's logging.
+
+Partial groups: TRL's sampler gives each process consecutive rows of the global generation
+batch, so a prompt's completions can be spread over processes, and each process then writes
+its part. Readers see whole groups through :func:`~maxent_arrow.rollout.reassemble`, which
+merges the parts of a step by ``group_id`` in ``completion_index`` order.
+
+No public TRL hook exposes the batch (callbacks get no tensors), so the recorder overrides the
+private ``_generate_and_score_completions`` (its output dict) and ``_calculate_rewards`` (the
+per-function rewards, prompts and completions); ``tests/integrations/test_trl.py`` fails
+loudly when TRL changes either.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import torch
+
+from maxent_arrow.arrow import schema as S
+from maxent_arrow.errors import LayoutError, MissingExtraError, SchemaError
+from maxent_arrow.integrations.appender import Appender
+from maxent_arrow.integrations.messages import is_conversation, messages_array, strip_images
+from maxent_arrow.integrations.steps import step_row
+from maxent_arrow.rollout import RolloutBatch, RunConfig
+from maxent_arrow.store import RolloutStore
+
+try:
+    import trl
+    from trl import GRPOTrainer
+except ImportError:  # pragma: no cover - the extra is installed where this module is used
+    raise MissingExtraError("trl", "trl") from None
+
+__all__ = [
+    "ALWAYS_OUTPUT_KEYS",
+    "OPTIONAL_OUTPUT_KEYS",
+    "HostRound",
+    "RecordingGRPOTrainer",
+    "RolloutRecorder",
+    "host_round",
+    "round_table",
+    "trl_group_table",
+    "trl_run_config",
+]
+
+# The keys of `_generate_and_score_completions`' output in TRL 1.16: always there, and only
+# under some settings (β > 0, vLLM, tools, images). A key outside both is new in TRL: the
+# recorder warns once and does not store it; the tests fail on it.
+ALWAYS_OUTPUT_KEYS = frozenset(
+    {
+        "prompt_ids",
+        "prompt_mask",
+        "completion_ids",
+        "completion_mask",
+        "advantages",
+        "num_items_in_batch",
+    }
+)
+OPTIONAL_OUTPUT_KEYS = frozenset(
+    {
+        "old_per_token_logps",
+        "ref_per_token_logps",
+        "sampling_per_token_logps",
+        "importance_sampling_ratio",
+        "tool_mask",
+        # multimodal model inputs: not stored
+        "pixel_values",
+        "image_grid_thw",
+        "pixel_attention_mask",
+        "spatial_shapes",
+        "image_sizes",
+        "token_type_ids",
+        "mm_token_type_ids",
+        "image_position_ids",
+        "num_images",
+        "num_tiles",
+    }
+)
+# Per-token log-prob tensors and their columns (list<list<float32>>, one row per completion).
+_TOKEN_COLUMNS = {
+    "ref_per_token_logps": "ref_token_logp",
+    "old_per_token_logps": "behavior_token_logp",
+    "sampling_per_token_logps": "sampling_token_logp",
+}
+_FLOAT_TOKENS = pa.list_(pa.field("item", pa.float32(), nullable=False))
+_INT8_TOKENS = pa.list_(pa.field("item", pa.int8(), nullable=False))
+
+
+# ---------------------------------------------------------------------------- the group table
+def trl_group_table(
+    outputs: Mapping[str, Any],
+    *,
+    prompts: Sequence[Any],
+    completions: Sequence[Any],
+    rewards: Any,
+    reward_names: Sequence[str],
+    reward_weights: Sequence[float],
+    step: int,
+    rank: int,
+    kind: str,
+    group_size: int,
+    first_index: int,
+    round_index: int = 0,
+    answers: Sequence[Any] | None = None,
+    eos_token_ids: Sequence[int] = (),
+    pad_token_id: int | None = None,
+    completion_lengths: Any = None,
+) -> pa.Table:
+    """The group rows of one generation round of one process, from TRL's tensors.
+
+    Vectorised: each tensor is un-padded with one boolean mask select (numpy for host
+    tensors, on the device for accelerator ones, then one copy); the group structure is index
+    arithmetic. Python touches only the
+    prompts and completions TRL gives as Python objects (text or messages).
+
+    Parameters
+    ----------
+    outputs:
+        The dict ``_generate_and_score_completions`` returned on this process (B rows).
+    prompts, completions:
+        This process's prompts and decoded completions (``_calculate_rewards``' arguments):
+        strings, or message lists for chat.
+    rewards:
+        This process's raw rewards ``[B, F]`` (one column per reward function, NaN for None).
+    reward_names, reward_weights:
+        The reward functions' names and weights (``total_utils`` is the weighted ``nansum``).
+    step, rank, kind:
+        Where the round is stored.
+    group_size:
+        TRL's ``num_generations`` (``num_generations_eval`` in eval).
+    first_index:
+        The global row of this process's first row in the round's generation batch
+        (``process_index * B``): row ``g`` belongs to group ``g // group_size`` at index
+        ``g % group_size``.
+    round_index:
+        Distinguishes rounds stored under one step (eval batches; part of ``group_id``).
+    answers:
+        Per-row ``answer`` values from the dataset, or ``None``.
+    eos_token_ids, pad_token_id:
+        TRL's EOS ids and pad id: a completion whose last token is neither is truncated.
+    completion_lengths:
+        Token counts per row; default the ``completion_mask`` sums (give them under
+        ``mask_truncated_completions``, which zeroes whole rows of the mask).
+    """
+    host = host_round(
+        outputs,
+        rows=len(prompts),
+        group_size=group_size,
+        first_index=first_index,
+        rewards=rewards,
+        eos_token_ids=eos_token_ids,
+        pad_token_id=pad_token_id,
+        completion_lengths=completion_lengths,
+    )
+    return round_table(
+        host,
+        prompts=prompts,
+        completions=completions,
+        reward_names=reward_names,
+        reward_weights=reward_weights,
+        step=step,
+        rank=rank,
+        kind=kind,
+        group_size=group_size,
+        round_index=round_index,
+        answers=answers,
+    )
+
+
+@dataclass(frozen=True)
+class HostRound:
+    """What a round's group rows need from TRL's tensors, copied to host arrays: the part of
+    the work that must happen before TRL moves on (the rest, building the Arrow columns,
+    can run later, on the recorder's background thread). Built by :func:`host_round`."""
+
+    lengths: np.ndarray  # [B] completion token counts
+    group_of: np.ndarray  # [B] group number in the round
+    index: np.ndarray  # [B] completion index in the group
+    starts: np.ndarray  # [P] first row of each part
+    prompt_values: np.ndarray  # tokens of each part's prompt, concatenated
+    prompt_counts: np.ndarray  # [P]
+    completion_ids: np.ndarray  # tokens, concatenated
+    truncated: np.ndarray  # [B]
+    rewards: np.ndarray  # [B, F] float64
+    advantages: np.ndarray  # [B] float64, or flat per-token float32 (`token_advantages`)
+    per_token_advantages: bool
+    tokens: dict[str, np.ndarray]  # column -> flat per-token values
+    sequence_ratio: np.ndarray | None  # [B] float32
+
+
+def host_round(
+    outputs: Mapping[str, Any],
+    *,
+    rows: int,
+    group_size: int,
+    first_index: int,
+    rewards: Any,
+    eos_token_ids: Sequence[int] = (),
+    pad_token_id: int | None = None,
+    completion_lengths: Any = None,
+) -> HostRound:
+    """Copy what :func:`round_table` needs out of TRL's tensors (see :func:`trl_group_table`
+    for the arguments); validates the output keys and shapes."""
+    b = rows
+    missing = ALWAYS_OUTPUT_KEYS - set(outputs)
+    if missing:
+        raise SchemaError(f"trl_group_table: outputs: missing TRL keys {sorted(missing)}")
+    ids, mask = outputs["completion_ids"], outputs["completion_mask"]
+    if ids.shape[0] != b:
+        raise LayoutError(
+            f"trl_group_table: completion_ids: expected {b} rows (one per prompt), got "
+            f"{ids.shape[0]}"
+        )
+    if completion_lengths is None:
+        lengths = mask.numpy().sum(axis=1) if _on_host(mask) else mask.sum(dim=1)
+    else:
+        lengths = completion_lengths
+    unpad = _Unpad(lengths, ids.shape[1], ids.device)
+    # Group structure: global row g -> group g // K, index g % K; a process's rows of one
+    # group are consecutive, so a part starts wherever the group number changes.
+    g = first_index + np.arange(b, dtype=np.int64)
+    group_of = g // group_size
+    starts = np.flatnonzero(np.concatenate([[True], group_of[1:] != group_of[:-1]]))
+    prompt_values, prompt_counts = _prompt_tokens(outputs, starts)
+    values = torch.as_tensor(rewards).detach().double().cpu().numpy().reshape(b, -1).copy()
+    advantages = outputs["advantages"]
+    per_token_advantages = advantages.dim() != 1
+    tokens = {
+        name: unpad.values(outputs[key], np.float32)
+        for key, name in _TOKEN_COLUMNS.items()
+        if outputs.get(key) is not None
+    }
+    ratio, sequence_ratio = outputs.get("importance_sampling_ratio"), None
+    if ratio is not None:
+        if ratio.shape[1] == ids.shape[1] and ids.shape[1] != 1:
+            tokens["importance_sampling_ratio"] = unpad.values(ratio, np.float32)
+        else:
+            sequence_ratio = unpad.host(ratio[:, 0]).astype(np.float32)
+    if outputs.get("tool_mask") is not None:
+        tokens["tool_mask"] = unpad.values(outputs["tool_mask"], np.int8)
+    return HostRound(
+        lengths=unpad.lengths,
+        group_of=group_of,
+        index=(g % group_size).astype(np.int32),
+        starts=starts,
+        prompt_values=prompt_values,
+        prompt_counts=prompt_counts,
+        completion_ids=unpad.values(ids, np.int32),
+        truncated=_truncated(unpad, ids, eos_token_ids, pad_token_id),
+        rewards=values,
+        advantages=(
+            unpad.values(advantages, np.float32)
+            if per_token_advantages
+            else unpad.host(advantages).astype(np.float64)
+        ),
+        per_token_advantages=per_token_advantages,
+        tokens=tokens,
+        sequence_ratio=sequence_ratio,
+    )
+
+
+def round_table(
+    host: HostRound,
+    *,
+    prompts: Sequence[Any],
+    completions: Sequence[Any],
+    reward_names: Sequence[str],
+    reward_weights: Sequence[float],
+    step: int,
+    rank: int,
+    kind: str,
+    group_size: int,
+    round_index: int = 0,
+    answers: Sequence[Any] | None = None,
+) -> pa.Table:
+    """The group rows of a round from its :class:`HostRound` (see :func:`trl_group_table`)."""
+    b = len(prompts)
+    if len(completions) != b or len(host.lengths) != b:
+        raise LayoutError(
+            f"trl_group_table: completions: expected {len(host.lengths)} (one per prompt), got "
+            f"{len(completions)} completions for {b} prompts"
+        )
+    starts = host.starts
+    token_offsets = np.concatenate([[0], np.cumsum(host.lengths)]).astype(np.int32)
+    part_offsets = np.concatenate([starts, [b]]).astype(np.int32)
+    p = len(starts)
+
+    def grouped(values: pa.Array) -> pa.Array:
+        return pa.ListArray.from_arrays(pa.array(part_offsets), values)
+
+    def per_token(flat: np.ndarray, item: pa.DataType) -> pa.Array:
+        inner = pa.ListArray.from_arrays(pa.array(token_offsets), pa.array(flat))
+        return grouped(inner.cast(pa.list_(pa.field("item", item, nullable=False))))
+
+    columns: dict[str, pa.Array] = {
+        "step": pa.array(np.full(p, step, np.int64)),
+        "rank": pa.array(np.full(p, rank, np.int32)),
+        "kind": pa.array([kind] * p, pa.string()),
+        "group_index": pa.array(np.arange(p, dtype=np.int32)),
+        "group_id": pc.binary_join_element_wise(
+            f"{step}.{round_index}", pc.cast(pa.array(host.group_of[starts]), pa.string()), "."
+        ),
+        "group_size": pa.array(np.full(p, group_size, np.int32)),
+        "num_completions": pa.array(np.diff(part_offsets).astype(np.int32)),
+    }
+    prompt_offsets = np.concatenate([[0], np.cumsum(host.prompt_counts)]).astype(np.int32)
+    columns["prompt_ids"] = pa.ListArray.from_arrays(
+        pa.array(prompt_offsets), pa.array(host.prompt_values)
+    )
+    columns.update(_prompt_text(prompts, starts))
+    if answers is not None:
+        first = [answers[i] for i in starts]
+        if all(a is None or isinstance(a, str) for a in first):
+            columns["answer"] = pa.array(first, pa.string())
+    columns.update(_completion_columns(completions, grouped))
+    columns["completion_index"] = grouped(pa.array(host.index))
+    columns["completion_ids"] = per_token(host.completion_ids, pa.int32())
+    columns["completion_info"] = grouped(_completion_info(host.lengths, host.truncated))
+    columns.update(_reward_columns(host.rewards, reward_names, reward_weights, grouped))
+    if host.per_token_advantages:  # a subclass's per-token advantages
+        columns["token_advantages"] = per_token(host.advantages, pa.float32())
+    else:
+        columns["advantages"] = grouped(pa.array(host.advantages))
+    sums = _Sums(host.lengths)
+    for name, flat in host.tokens.items():
+        item = pa.int8() if flat.dtype == np.int8 else pa.float32()
+        columns[name] = per_token(flat, item)
+        if name == "ref_token_logp":
+            columns["ref_logp_sum_raw"] = grouped(pa.array(sums(flat)))
+            columns["ref_tok_counts"] = grouped(pa.array(host.lengths.astype(np.int32)))
+        elif name == "behavior_token_logp":
+            columns["behavior_logp_sum"] = grouped(pa.array(sums(flat)))
+    if host.sequence_ratio is not None:
+        columns["sequence_importance_sampling_ratio"] = grouped(pa.array(host.sequence_ratio))
+    return pa.table(columns)
+
+
+def _prompt_tokens(outputs: Mapping[str, Any], starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The tokens of each part's first row's prompt (un-padded from the left), and counts."""
+    ids, mask = outputs["prompt_ids"], outputs["prompt_mask"]
+    if not _on_host(ids):  # select on the device, then copy only the first rows' tokens
+        rows = torch.as_tensor(starts, device=ids.device)
+        ids, mask = ids.index_select(0, rows), mask.index_select(0, rows).bool()
+        return ids[mask].to(torch.int32).cpu().numpy(), mask.sum(dim=1).cpu().numpy()
+    keep = mask.numpy()[starts] != 0
+    return ids.numpy()[starts][keep].astype(np.int32), keep.sum(axis=1)
+
+
+def _prompt_text(prompts: Sequence[Any], starts: np.ndarray) -> dict[str, pa.Array]:
+    """The prompt of each part's first row: ``prompt`` (text) or ``prompt_messages``."""
+    first = [prompts[i] for i in starts]
+    if first and is_conversation(first[0]):
+        return {
+            "prompt_messages": messages_array(
+                [strip_images(c) for c in first], where="trl prompt_messages"
+            )
+        }
+    return {"prompt": pa.array([p if isinstance(p, str) else str(p) for p in first], pa.string())}
+
+
+def _completion_columns(completions: Sequence[Any], grouped: Any) -> dict[str, pa.Array]:
+    """``completions`` (text) and, for chat, ``completion_messages``."""
+    if completions and is_conversation(completions[0]):
+        texts = [
+            c[-1]["content"] if isinstance(c[-1].get("content"), str) else "" for c in completions
+        ]
+        messages = messages_array(
+            [strip_images(c) for c in completions], where="trl completion_messages"
+        )
+        return {
+            "completions": grouped(pa.array(texts, pa.string())),
+            "completion_messages": grouped(messages),
+        }
+    return {"completions": grouped(pa.array(list(completions), pa.string()))}
+
+
+def _truncated(
+    unpad: _Unpad, ids: torch.Tensor, eos_token_ids: Sequence[int], pad_token_id: int | None
+) -> np.ndarray:
+    """TRL's truncation rule: the last token is neither an EOS nor the pad token."""
+    lengths = unpad.lengths
+    last_position = np.maximum(lengths - 1, 0)
+    if not _on_host(ids):
+        where = torch.as_tensor(last_position, device=ids.device)
+        last = ids.gather(1, where[:, None])[:, 0].cpu().numpy()
+    else:
+        last = ids.numpy()[np.arange(len(lengths)), last_position]
+    stops = [*eos_token_ids, *([] if pad_token_id is None else [pad_token_id])]
+    return ~np.isin(last, stops) & (lengths > 0)
+
+
+def _completion_info(lengths: np.ndarray, truncated: np.ndarray) -> pa.Array:
+    """``completion_info``: token count, truncation and the finish reason it implies."""
+    n = len(lengths)
+    return pa.StructArray.from_arrays(
+        [
+            pa.array(np.where(truncated, "length", "stop"), pa.string()),
+            pa.nulls(n, pa.string()),
+            pa.array(truncated),
+            pa.array(lengths.astype(np.int32)),
+            pa.nulls(n, pa.string()),
+        ],
+        fields=list(S.COMPLETION_INFO_TYPE),
+    )
+
+
+def _on_host(tensor: torch.Tensor) -> bool:
+    return tensor.device.type == "cpu"
+
+
+class _Unpad:
+    """The masked-in values of TRL's right-padded ``[B, C]`` tensors, flat, on the host.
+
+    Host tensors are cut with one numpy mask select each: no torch operator runs on the
+    training loop's thread, so none wakes torch's intra-op threads (which, spinning after
+    the step's own work, make small torch calls cost milliseconds of waiting). Accelerator
+    tensors are cut on the device, then copied once (only the tokens cross the bus).
+    """
+
+    def __init__(self, lengths: Any, width: int, device: torch.device) -> None:
+        if isinstance(lengths, torch.Tensor):
+            lengths = lengths.cpu().numpy()
+        self.lengths = np.asarray(lengths, dtype=np.int64)
+        self.keep = np.arange(width)[None, :] < self.lengths[:, None]
+        self.device = device
+        self.keep_device: torch.Tensor | None = None
+
+    def host(self, tensor: torch.Tensor) -> np.ndarray:
+        """A copy on the host (the round is read after TRL moves on)."""
+        return tensor.detach().cpu().numpy().copy()
+
+    def values(self, tensor: torch.Tensor, dtype: Any) -> np.ndarray:
+        """The masked-in values, row after row, as ``dtype``."""
+        tensor = tensor.detach()
+        if _on_host(tensor):
+            return tensor.numpy()[self.keep].astype(dtype, copy=False)
+        if self.keep_device is None:
+            self.keep_device = torch.from_numpy(self.keep).to(tensor.device)
+        picked = tensor[self.keep_device]
+        return picked.cpu().numpy().astype(dtype, copy=False)
+
+
+class _Sums:
+    """Per-completion sums (float64) of flat per-token values; 0 for an empty completion."""
+
+    def __init__(self, lengths: np.ndarray) -> None:
+        self.lengths = lengths
+        self.starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+
+    def __call__(self, flat: np.ndarray) -> np.ndarray:
+        if not len(flat):
+            return np.zeros(len(self.lengths))
+        sums = np.add.reduceat(flat.astype(np.float64), np.minimum(self.starts, len(flat) - 1))
+        return np.where(self.lengths > 0, sums, 0.0)
+
+
+def _reward_columns(
+    values: np.ndarray,
+    reward_names: Sequence[str],
+    reward_weights: Sequence[float],
+    grouped: Any,
+) -> dict[str, pa.Array]:
+    """``reward_names``/``reward_values`` and ``total_utils`` (weighted nansum, NaN when every
+    function returned None: TRL's unscorable completion)."""
+    b, f = values.shape
+    if f != len(reward_names) or f != len(reward_weights):
+        raise LayoutError(
+            f"trl_group_table: rewards: expected {len(reward_names)} columns (one per reward "
+            f"function), got {f}"
+        )
+    p = len(grouped(pa.array(np.zeros(b))))
+    names = pa.ListArray.from_arrays(
+        pa.array(np.arange(0, (p + 1) * f, f, dtype=np.int32)),
+        pa.array(list(reward_names) * p, pa.string()),
+    )
+    inner = pa.ListArray.from_arrays(
+        pa.array(np.arange(0, (b + 1) * f, f, dtype=np.int32)), pa.array(values.reshape(-1))
+    )
+    weighted = np.nansum(values * np.asarray(reward_weights, np.float64)[None, :], axis=1)
+    weighted[np.isnan(values).all(axis=1)] = np.nan
+    return {
+        "reward_names": names,
+        "reward_values": grouped(inner),
+        "total_utils": grouped(pa.array(weighted)),
+    }
+
+
+# ---------------------------------------------------------------------------- the config
+def _json_safe(value: Any) -> Any:
+    try:
+        json.dumps(value, allow_nan=True)
+        return value
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def trl_run_config(trainer: Any) -> RunConfig:
+    """TRL's settings as the replay contract (:class:`~maxent_arrow.rollout.RunConfig`).
+
+    ``max_prompt_len``: TRL 1.16 does not truncate prompts, so the model's context length
+    (``max_position_embeddings``) is recorded as the bound.
+    """
+    args = trainer.args
+    tok = trainer._tokenizer  # TRL's own attribute: the processor's tokenizer
+    model_config = getattr(trainer.accelerator.unwrap_model(trainer.model), "config", None)
+    context = getattr(model_config, "max_position_embeddings", None) or 0
+    world = trainer.accelerator.num_processes
+    names = list(trainer.reward_func_names)
+    trl_extra = {
+        "version": trl.__version__,
+        "num_generations_eval": trainer.num_generations_eval,
+        "num_iterations": trainer.num_iterations,
+        "steps_per_generation": args.steps_per_generation,
+        "gradient_accumulation_steps": args.gradient_accumulation_steps,
+        "per_device_train_batch_size": args.per_device_train_batch_size,
+        "per_device_eval_batch_size": args.per_device_eval_batch_size,
+        "generation_batch_size": args.generation_batch_size,
+        "world_size": world,
+        "importance_sampling_level": args.importance_sampling_level,
+        "delta": args.delta,
+        "top_k": args.top_k,
+        "min_p": args.min_p,
+        "repetition_penalty": args.repetition_penalty,
+        "mask_truncated_completions": args.mask_truncated_completions,
+        "use_bias_correction_kl": args.use_bias_correction_kl,
+        "top_entropy_quantile": args.top_entropy_quantile,
+        "off_policy_mask_threshold": args.off_policy_mask_threshold,
+        "use_vllm": args.use_vllm,
+        "vllm_importance_sampling_correction": args.vllm_importance_sampling_correction,
+        "vllm_importance_sampling_mode": args.vllm_importance_sampling_mode,
+        "generation_kwargs": _json_safe(args.generation_kwargs),
+        "chat_template_kwargs": _json_safe(args.chat_template_kwargs),
+        "eos_token_ids": list(trainer.eos_token_ids),
+    }
+    return RunConfig(
+        reward_names=tuple(names),
+        reward_weights=tuple(float(w) for w in trainer.reward_weights.tolist()),
+        scale_rewards=trainer.scale_rewards,
+        multi_objective_aggregation=trainer.multi_objective_aggregation,
+        unscorable="exclude",
+        advantage_eps=1e-4,
+        beta=float(trainer.beta),
+        mode="grpo",
+        loss_type=trainer.loss_type,
+        use_clip_objective=True,
+        clip_eps_low=float(trainer.epsilon_low),
+        clip_eps_high=float(trainer.epsilon_high),
+        num_generations=int(trainer.num_generations),
+        max_prompt_len=int(context),
+        max_completion_len=int(trainer.max_completion_length),
+        gen_temperature=float(trainer.temperature),
+        top_p=float(args.top_p),
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        tokenizer={
+            "name": tok.name_or_path or type(tok).__name__,
+            "class": type(tok).__name__,
+            "vocab_size": tok.vocab_size,
+            "len": len(tok),
+        },
+        model=getattr(model_config, "_name_or_path", None) or None,
+        prompts_per_step=int(args.generation_batch_size // trainer.num_generations),
+        learning_rate=float(args.learning_rate),
+        seed=int(args.seed),
+        trainer=f"trl.GRPOTrainer {trl.__version__}",
+        extra={"trl": trl_extra},
+    )
+
+
+# ---------------------------------------------------------------------------- the recorder
+class RolloutRecorder:
+    """Mixin that records every generation round of a ``trl.GRPOTrainer`` (see the module
+    doc). Put it before the trainer class: ``class T(RolloutRecorder, GRPOTrainer)``.
+
+    Parameters
+    ----------
+    rollout_store:
+        A :class:`~maxent_arrow.store.RolloutStore`, or a path or URI where one is created
+        (every process creates or opens the same store; each appends its own rank).
+    record_eval:
+        Also record evaluation rounds (``kind="eval"``).
+    background:
+        Build the Arrow columns and append on a background thread
+        (:class:`~maxent_arrow.integrations.appender.Appender`), in order, at most two steps
+        in flight: the training step pays only for copying the round's values out of TRL's
+        tensors (:func:`host_round`). An append that fails is raised by the next round or at the
+        end of ``train``/``evaluate``; everything submitted is durable when they return.
+        ``False`` appends synchronously.
+    *args, **kwargs:
+        Those of the trainer.
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        rollout_store: RolloutStore | str | os.PathLike[str],
+        record_eval: bool = True,
+        background: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.rollout_config = trl_run_config(self)
+        if isinstance(rollout_store, RolloutStore):
+            self.rollout_store = rollout_store
+        else:
+            self.rollout_store = RolloutStore.create(
+                rollout_store, config=self.rollout_config.to_dict()
+            )
+        self.record_eval = record_eval
+        self.rollout_appender = Appender(background=background)
+        # Read once: a tokenizer's special-token properties cost a lookup per access.
+        self._rollout_pad_id = self._tokenizer.pad_token_id
+        self._rollout_capture: tuple | None = None
+        self._rollout_pending: dict[str, tuple[int, list[Callable[[], pa.Table]]]] = {}
+        # What this rank already stored (a run resumed from a checkpoint regenerates the round
+        # of the step it resumes at; the store keeps the first and refuses a second).
+        rank = self.accelerator.process_index
+        self._rollout_written: set[tuple[int, str]] = {
+            (u.step, u.kind) for u in self.rollout_store.units(ranks=[rank])
+        }
+        self._rollout_unknown: set[str] = set()
+
+    # -- TRL's private methods, extended (the tests pin their signatures and outputs)
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._rollout_capture = (prompts, completions, completion_ids_list, rewards)
+        return rewards
+
+    def _generate_and_score_completions(self, inputs):
+        output = super()._generate_and_score_completions(inputs)
+        self.record_round(inputs, output)
+        return output
+
+    def train(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().train(*args, **kwargs)
+        finally:
+            self.flush_rollouts()
+            self.rollout_appender.wait()
+
+    def evaluate(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().evaluate(*args, **kwargs)
+        finally:
+            self.flush_rollouts("eval")
+            self.rollout_appender.wait()
+
+    # -- recording
+    def record_round(self, inputs: Sequence[Mapping[str, Any]], output: Mapping[str, Any]) -> None:
+        """Build this process's group rows of the round TRL just generated and scored."""
+        capture, self._rollout_capture = self._rollout_capture, None
+        kind = "train" if self.model.training else "eval"
+        if kind == "eval" and not self.record_eval:
+            return
+        if capture is None:
+            raise LayoutError(
+                "RolloutRecorder: _generate_and_score_completions returned without calling "
+                "_calculate_rewards; TRL's flow changed (this recorder is written for 1.16)"
+            )
+        unknown = set(output) - ALWAYS_OUTPUT_KEYS - OPTIONAL_OUTPUT_KEYS - self._rollout_unknown
+        if unknown:
+            self._rollout_unknown |= unknown
+            warnings.warn(
+                f"RolloutRecorder: TRL returned keys it did not in 1.16, not recorded: "
+                f"{sorted(unknown)}",
+                stacklevel=2,
+            )
+        prompts, completions, ids_list, rewards = capture
+        b = len(prompts)
+        rank = self.accelerator.process_index
+        step = int(self.state.global_step)
+        pending = self._rollout_pending.get(kind)
+        if pending is not None and pending[0] != step:
+            self.flush_rollouts(kind)
+            pending = None
+        rounds = [] if pending is None else pending[1]
+        lengths = None
+        if self.mask_truncated_completions:  # the mask zeroes truncated rows: use the ids
+            lengths = np.fromiter(map(len, ids_list), dtype=np.int64, count=b)
+        group_size = self.num_generations if kind == "train" else self.num_generations_eval
+        # On the loop: copy what is needed out of TRL's tensors (TRL moves on after this).
+        host = host_round(
+            output,
+            rows=b,
+            group_size=group_size,
+            first_index=rank * b,
+            rewards=rewards[rank * b : (rank + 1) * b],
+            eos_token_ids=self.eos_token_ids,
+            pad_token_id=self._rollout_pad_id,
+            completion_lengths=lengths,
+        )
+        # Later, with the append (on the background thread): the Arrow columns. TRL does not
+        # touch the prompt and completion lists or the dataset rows after this call.
+        rounds.append(
+            functools.partial(
+                round_table,
+                host,
+                prompts=prompts,
+                completions=completions,
+                reward_names=self.rollout_config.reward_names,
+                reward_weights=self.rollout_config.reward_weights,
+                step=step,
+                rank=rank,
+                kind=kind,
+                group_size=group_size,
+                round_index=len(rounds),
+                answers=_Column(inputs, "answer") if "answer" in inputs[0] else None,
+            )
+        )
+        self._rollout_pending[kind] = (step, rounds)
+        generate_every = self.args.steps_per_generation * self.num_iterations
+        if kind == "train" and generate_every >= self.args.gradient_accumulation_steps:
+            # Rounds are at least an optimizer step apart: none can share this step.
+            self.flush_rollouts(kind)
+
+    def flush_rollouts(self, kind: str | None = None) -> None:
+        """Submit the pending rounds (of ``kind``, or all) as one append per kind (see
+        ``background``; :meth:`Appender.wait` on ``rollout_appender`` makes them durable)."""
+        for name in [kind] if kind is not None else list(self._rollout_pending):
+            pending = self._rollout_pending.pop(name, None)
+            if pending is None:
+                continue
+            step, rounds = pending
+            if (step, name) in self._rollout_written:
+                warnings.warn(
+                    f"RolloutRecorder: a {name} round at step {step} of rank "
+                    f"{self.accelerator.process_index} is already stored (a second evaluation "
+                    "at one step, or a run resumed at this step); this one is not recorded",
+                    stacklevel=2,
+                )
+                continue
+            self._rollout_written.add((step, name))
+            self.rollout_appender.submit(
+                _append_job(
+                    self.rollout_store,
+                    rounds,
+                    step=step,
+                    rank=self.accelerator.process_index,
+                    kind=name,
+                    config=self.rollout_config,
+                    max_completion_len=self.max_completion_length,
+                )
+            )
+
+
+def _append_job(
+    store: RolloutStore, rounds: list[Callable[[], pa.Table]], **where: Any
+) -> Callable[[], None]:
+    """The append of one step: its rounds' group rows built and joined, the step row, the
+    batch's layout check and the durable write (run by the Appender, on its thread)."""
+
+    def job() -> None:
+        tables = [build() for build in rounds]
+        groups = tables[0] if len(tables) == 1 else _concat(tables)
+        store.append(RolloutBatch(groups, step_row(groups, **where)))
+
+    return job
+
+
+class _Column(Sequence):
+    """One key of the dataset rows, read by index (only the rows that are looked at)."""
+
+    def __init__(self, rows: Sequence[Mapping[str, Any]], key: str) -> None:
+        self.rows, self.key = rows, key
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: Any) -> Any:
+        return self.rows[i].get(self.key)
+
+
+def _concat(tables: list[pa.Table]) -> pa.Table:
+    """Rounds of one step as one table; a column only some rounds have is null in the others,
+    and ``group_index`` runs over all of them."""
+    table = pa.concat_tables(tables, promote_options="default")
+    p = table.num_rows
+    return table.set_column(
+        table.schema.get_field_index("group_index"),
+        "group_index",
+        pa.array(np.arange(p, dtype=np.int32)),
+    )
+
+
+class RecordingGRPOTrainer(RolloutRecorder, GRPOTrainer):
+    """``trl.GRPOTrainer`` that records every generation round into a rollout store: the
+    trainer's arguments plus ``rollout_store=`` and ``record_eval=``
+    (:class:`RolloutRecorder`)."""

@@ -1,0 +1,761 @@
+"""verl's ``DataProto`` to and from the store's group rows (``pip install
+'maxent-arrow[verl]'``; written against verl 0.9).
+
+:func:`from_dataproto` turns a rollout batch, as verl's trainer holds it after generation,
+rewards and advantages, into a :class:`~maxent_arrow.rollout.RolloutBatch` that a
+:class:`~maxent_arrow.store.RolloutStore` appends; :func:`to_dataproto` gives the
+``DataProto`` back: the same keys, shapes, dtypes and row order, every value equal at the
+positions its mask covers and the recorded pad value elsewhere, the non-tensor values equal
+after JSON, and ``meta_info`` (JSON). Nothing is pickled: a non-tensor value that JSON cannot
+hold (an image, a tensor, an object) is refused with a
+:class:`~maxent_arrow.errors.SchemaError` naming its key and row.
+
+The layout (verl's conventions: ``prompts`` left-padded to ``P``, ``responses``
+right-padded to ``R``, ``attention_mask`` over ``[prompt | response]``):
+
+- one row per prompt group, from the ``uid`` non-tensor key (``group_id``), in the order of
+  each uid's first row; the groups need not be contiguous (``balance_batch`` reorders rows).
+  ``verl_row`` (per completion) is each row's place in the ``DataProto``;
+  ``completion_index`` its place in its group;
+- ``prompt_ids`` (the group's prompt, un-padded; ``sample_prompt_ids`` per completion when
+  the rows of a group have different prompts) and ``completion_ids`` (un-padded);
+- every ``[B, R]`` tensor as a per-token column over the response's tokens
+  (``attention_mask[:, P:]``): ``ref_log_prob`` -> ``ref_token_logp``, ``old_log_probs`` ->
+  ``behavior_token_logp``, ``rollout_log_probs`` -> ``sampling_token_logp``, ``advantages`` ->
+  ``token_advantages``, ``returns`` -> ``token_returns``, ``values`` -> ``token_values``; others
+  (``response_mask``, ``token_level_scores``, ``token_level_rewards``, ``rm_scores``, ...)
+  under their own names. Every ``[B, P + R]`` tensor (a 2-D or the ``[B, C, P + R]`` rope form
+  of ``position_ids``) as a per-token column over the sequence's tokens; ``input_ids``,
+  ``attention_mask`` and 2-D ``position_ids`` are not stored when they are what verl derives
+  from the prompts and responses (``cat``, the padding, ``clip(cumsum(mask) - 1, 0)``), and
+  are rebuilt; a tensor of any other shape whole per completion (``dummy_tensor``);
+- a padded position comes back as one recorded value per tensor: the padding's own when it
+  holds one (verl pads with the pad token and 0), else 0 (verl's log-probs of padded
+  positions are whatever the forward gave there, and no loss reads them; the layout's
+  ``pad_kept`` is false then); masks (a name ending in ``mask``) are stored as int8 and
+  token ids as int32 when their values fit; a dtype Arrow has no type for (bfloat16,
+  float16) is stored as float32 and restored;
+- ``total_utils``: the sequence reward verl's GRPO uses (``token_level_rewards`` summed, or
+  ``token_level_scores``, or ``rm_scores``); ``advantages``: verl's advantage per completion
+  when it is constant over each response's ``response_mask`` (outcome estimators such as
+  GRPO);
+- non-tensor keys per completion: numeric, bool and text arrays as typed columns, anything
+  else as JSON text; ``raw_prompt`` chat messages as typed ``prompt_messages`` when a group's
+  rows share them;
+- the layout (keys, dtypes, shapes, pad values, column names) and ``meta_info`` in the step
+  row's :class:`~maxent_arrow.rollout.RunConfig`, ``extra["verl_dataproto"]``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import torch
+
+from maxent_arrow.arrow import schema as S
+from maxent_arrow.arrow.lists import list_offsets, single_array
+from maxent_arrow.errors import LayoutError, MissingExtraError, SchemaError
+from maxent_arrow.integrations.messages import (
+    conversation_list,
+    is_conversation,
+    json_text,
+    messages_array,
+)
+from maxent_arrow.integrations.steps import step_row
+from maxent_arrow.rollout import RolloutBatch, RunConfig
+
+__all__ = ["LAYOUT_KEY", "from_dataproto", "to_dataproto"]
+
+# Where the layout lives in the step row's RunConfig.extra.
+LAYOUT_KEY = "verl_dataproto"
+LAYOUT_VERSION = 1
+
+# DataProto keys with a home in the group schema (or a name that would collide with one).
+_RENAMES = {
+    "prompts": "prompt_ids",
+    "responses": "completion_ids",
+    "ref_log_prob": "ref_token_logp",
+    "old_log_probs": "behavior_token_logp",
+    "rollout_log_probs": "sampling_token_logp",
+    "advantages": "token_advantages",
+    "returns": "token_returns",
+    "values": "token_values",
+    "uid": "group_id",
+}
+_SCHEMA_NAMES = {f.name for f in S.GROUP_FIELDS}
+_RESERVED = _SCHEMA_NAMES | set(_RENAMES.values()) | {"verl_row", "sample_prompt_ids"}
+# Schema columns whose type (float32 tokens) a tensor must already have to be stored there.
+_FLOAT32_COLUMNS = {"ref_token_logp", "behavior_token_logp"}
+_REWARD_KEYS = ("token_level_rewards", "token_level_scores", "rm_scores")
+# Arrow types of torch dtypes; the narrower float types are stored as float32.
+_ARROW_TYPES = {
+    torch.bool: pa.bool_(),
+    torch.uint8: pa.uint8(),
+    torch.int8: pa.int8(),
+    torch.int16: pa.int16(),
+    torch.int32: pa.int32(),
+    torch.int64: pa.int64(),
+    torch.float16: pa.float32(),
+    torch.bfloat16: pa.float32(),
+    torch.float32: pa.float32(),
+    torch.float64: pa.float64(),
+}
+
+
+def _list(kind: pa.DataType) -> pa.DataType:
+    return pa.list_(pa.field("item", kind, nullable=False))
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+# ---------------------------------------------------------------------------- from_dataproto
+def from_dataproto(
+    data: Any,
+    *,
+    step: int,
+    rank: int = 0,
+    kind: str = "train",
+    config: RunConfig | Mapping[str, Any] | None = None,
+    tokenizer: Any = None,
+) -> RolloutBatch:
+    """A verl ``DataProto`` rollout batch as one step of one rank (see the module doc).
+
+    Parameters
+    ----------
+    data:
+        The ``DataProto``: tensors ``prompts`` ``[B, P]`` (left-padded), ``responses``
+        ``[B, R]`` (right-padded) and ``attention_mask`` ``[B, P + R]`` are required, and the
+        non-tensor ``uid`` (one per prompt group).
+    step, rank, kind:
+        Where the batch belongs in the store.
+    config:
+        The run's settings (:class:`~maxent_arrow.rollout.RunConfig` or a dict); the layout is
+        added to its ``extra``. Default: ``RunConfig(trainer="verl")``.
+    tokenizer:
+        When given, the completions' text (``completions``) is decoded with it
+        (``skip_special_tokens=True``); otherwise ``completions`` holds empty strings.
+
+    Raises
+    ------
+    SchemaError
+        A required key is missing, a non-tensor value is not JSON-able (naming the key and
+        row), or a tensor's dtype or nesting has no Arrow form.
+    LayoutError
+        Shapes that do not match, or an ``attention_mask`` that is not a left-padded prompt
+        followed by a right-padded response (naming the row).
+    """
+    tensors, non_tensors, meta_info = _parts(data)
+    prompts, responses = tensors["prompts"], tensors["responses"]
+    b, p_len, r_len = prompts.shape[0], prompts.shape[1], responses.shape[1]
+    attention = tensors.get("attention_mask")
+    if attention is None:
+        raise SchemaError("from_dataproto: the batch has no 'attention_mask' tensor")
+    if tuple(attention.shape) != (b, p_len + r_len) or responses.shape[0] != b:
+        raise LayoutError(
+            f"from_dataproto: attention_mask: expected shape {(b, p_len + r_len)} (prompts "
+            f"{tuple(prompts.shape)} and responses {tuple(responses.shape)}), got "
+            f"{tuple(attention.shape)}"
+        )
+    lp, lr = _lengths(attention, p_len, r_len)
+    groups = _Groups(non_tensors, b)
+    masks = _Masks(lp, lr, p_len, r_len, groups.torch_order)
+
+    columns: dict[str, pa.Array] = {}
+    layout: dict[str, Any] = {
+        "version": LAYOUT_VERSION,
+        "batch_size": b,
+        "prompt_length": p_len,
+        "response_length": r_len,
+        "tensors": [],
+        "non_tensors": [],
+        "meta_info": json.loads(json_text(meta_info, where="from_dataproto: meta_info")),
+    }
+    used: set[str] = set()
+    for key, tensor in tensors.items():
+        entry = _tensor_entry(key, tensor, tensors, masks, groups, columns, used)
+        layout["tensors"].append(entry)
+    for key, values in non_tensors.items():
+        if key == "uid":
+            entry = {"key": key, "column": "group_id", "encoding": "uid", "dtype": values.dtype.str}
+            layout["non_tensors"].append(entry)
+            continue
+        entry = _non_tensor_entry(key, values, groups, columns, used)
+        layout["non_tensors"].append(entry)
+
+    table = _group_table(groups, columns, step=step, rank=rank, kind=kind)
+    table = _add_summaries(table, tensors, masks, groups, tokenizer, responses)
+    run_config = _with_layout(config, layout)
+    row = step_row(
+        table, step=step, rank=rank, kind=kind, config=run_config, max_completion_len=r_len
+    )
+    return RolloutBatch(table, row)
+
+
+def _parts(data: Any) -> tuple[dict[str, torch.Tensor], dict[str, np.ndarray], dict]:
+    batch = getattr(data, "batch", None)
+    non_tensors = getattr(data, "non_tensor_batch", None)
+    if batch is None or non_tensors is None:
+        raise SchemaError(
+            f"from_dataproto: expected a verl DataProto with tensors, got {type(data).__name__}"
+        )
+    tensors = {}
+    for key in batch.keys():
+        value = batch[key]
+        if not isinstance(value, torch.Tensor):
+            raise SchemaError(
+                f"from_dataproto: batch[{key!r}]: expected a tensor, got {type(value).__name__}"
+            )
+        tensors[key] = value.detach().cpu()
+    for key in ("prompts", "responses"):
+        if key not in tensors:
+            raise SchemaError(f"from_dataproto: the batch has no {key!r} tensor")
+    if "uid" not in non_tensors:
+        raise SchemaError("from_dataproto: the non-tensor batch has no 'uid' (the groups)")
+    return tensors, dict(non_tensors), dict(getattr(data, "meta_info", None) or {})
+
+
+def _lengths(attention: torch.Tensor, p_len: int, r_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompt and response lengths; the mask must be 0/1, left-padded then right-padded."""
+    lp, lr = attention[:, :p_len].ne(0).sum(dim=1), attention[:, p_len:].ne(0).sum(dim=1)
+    expected = torch.cat(
+        [
+            torch.arange(p_len)[None, :] >= (p_len - lp)[:, None],
+            torch.arange(r_len)[None, :] < lr[:, None],
+        ],
+        dim=1,
+    )
+    bad = attention.ne(expected).any(dim=1)  # also a value other than 0 and 1
+    if bool(bad.any()):
+        row = int(torch.nonzero(bad)[0, 0])
+        raise LayoutError(
+            f"from_dataproto: attention_mask row {row}: expected a left-padded prompt followed "
+            "by a right-padded response (0/1 values)"
+        )
+    return lp, lr
+
+
+class _Groups:
+    """The uid groups: rows sorted by group (first-appearance order), stable within."""
+
+    def __init__(self, non_tensors: Mapping[str, np.ndarray], b: int):
+        uid = non_tensors["uid"]
+        if len(uid) != b:
+            raise LayoutError(f"from_dataproto: uid: expected {b} values, got {len(uid)}")
+        try:
+            ids = pa.array(np.asarray(uid, dtype=object), pa.string())
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            raise SchemaError("from_dataproto: non_tensor_batch['uid']: expected strings") from None
+        if ids.null_count:
+            raise SchemaError("from_dataproto: non_tensor_batch['uid']: a uid is None")
+        encoded = ids.dictionary_encode()  # dictionary in order of first appearance
+        codes = np.asarray(encoded.indices.to_numpy(), dtype=np.int64)
+        self.names = encoded.dictionary
+        self.order = np.argsort(codes, kind="stable")
+        self.sizes = np.bincount(codes, minlength=len(self.names))
+        self.offsets = np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
+        self.firsts = self.order[self.offsets[:-1]]  # each group's first row
+        self.count = len(self.names)
+        self.torch_order = torch.from_numpy(self.order)
+
+    def grouped(self, per_completion: pa.Array) -> pa.Array:
+        return pa.ListArray.from_arrays(pa.array(self.offsets.astype(np.int32)), per_completion)
+
+
+class _Masks:
+    """Each level's mask (in the DataProto's row order) and, computed once per level, where
+    its tokens are: the flat positions of the masked-in values of a row-major ``[B, X]``
+    tensor in stored (group) order, the first padded position, and the token offsets."""
+
+    def __init__(
+        self,
+        lp: torch.Tensor,
+        lr: torch.Tensor,
+        p_len: int,
+        r_len: int,
+        order: torch.Tensor | None = None,
+    ):
+        self.lp, self.lr, self.p_len, self.r_len = lp, lr, p_len, r_len
+        self.order = torch.arange(len(lp)) if order is None else order
+        self.prompt = torch.arange(p_len)[None, :] >= (p_len - lp)[:, None]
+        self.response = torch.arange(r_len)[None, :] < lr[:, None]
+        self.sequence = torch.cat([self.prompt, self.response], dim=1)
+        self._where: dict[str, tuple[torch.Tensor, int | None, pa.Array]] = {}
+
+    def of(self, level: str) -> torch.Tensor:
+        return {"prompt": self.prompt, "response": self.response, "sequence": self.sequence}[level]
+
+    def lengths(self, level: str) -> torch.Tensor:
+        return {"prompt": self.lp, "response": self.lr, "sequence": self.lp + self.lr}[level]
+
+    def where(self, level: str) -> tuple[torch.Tensor, int | None, pa.Array]:
+        """``(flat positions of the tokens in stored order, first padded position or None,
+        token offsets per completion)``."""
+        found = self._where.get(level)
+        if found is None:
+            mask = self.of(level)
+            width = mask.shape[1]
+            rows, cols = mask.index_select(0, self.order).nonzero(as_tuple=True)
+            flat = self.order[rows] * width + cols
+            padded = (~mask).reshape(-1)
+            first = int(padded.to(torch.uint8).argmax()) if bool(padded.any()) else None
+            lengths = self.lengths(level).index_select(0, self.order).numpy()
+            offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
+            found = self._where[level] = (flat, first, offsets)
+        return found
+
+
+def _column_name(key: str, used: set[str]) -> str:
+    name = _RENAMES.get(key) or (key if key not in _RESERVED else f"verl_{key}")
+    if name in used:
+        name = f"verl_{key}"
+    if name in used:
+        raise SchemaError(f"from_dataproto: key {key!r}: no free column name (tried {name!r})")
+    used.add(name)
+    return name
+
+
+def _level(key: str, tensor: torch.Tensor, p_len: int, r_len: int) -> str:
+    """Which positions a tensor's last dimension covers."""
+    if key == "prompts":
+        return "prompt"
+    if key == "responses":
+        return "response"
+    if tensor.dim() == 2 and tensor.shape[1] == r_len:
+        return "response"
+    if tensor.dim() in (2, 3) and tensor.shape[-1] == p_len + r_len:
+        return "sequence"
+    if tensor.dim() == 2 and tensor.shape[1] == p_len:
+        return "prompt"
+    return "sample"
+
+
+def _storage_type(key: str, dtype: torch.dtype, values: torch.Tensor) -> pa.DataType:
+    """The Arrow type a tensor's ``values`` (what is stored of it) are stored as: narrowed
+    for masks and token ids when the values fit."""
+    kind = _ARROW_TYPES.get(dtype)
+    if kind is None:
+        raise SchemaError(f"from_dataproto: batch[{key!r}]: dtype {dtype} has no Arrow type")
+    if dtype == torch.int64 and values.numel():
+        low, high = (int(v) for v in torch.aminmax(values))
+        if key.endswith("mask") and -128 <= low and high <= 127:
+            return pa.int8()
+        if key in ("prompts", "responses", "input_ids", "position_ids") and (
+            -(2**31) <= low and high < 2**31
+        ):
+            return pa.int32()
+    return kind
+
+
+def _numpy(tensor: torch.Tensor, kind: pa.DataType) -> np.ndarray:
+    if tensor.dtype in (torch.float16, torch.bfloat16):
+        tensor = tensor.float()
+    return tensor.contiguous().numpy().astype(kind.to_pandas_dtype(), copy=False)
+
+
+def _derived(key: str, tensor: torch.Tensor, tensors: Mapping[str, torch.Tensor]) -> bool:
+    """Whether verl's own rule rebuilds this tensor exactly from prompts and responses."""
+    if key == "attention_mask":
+        return True  # checked by _lengths: the left/right padding of the two lengths
+    if key == "input_ids":
+        rebuilt = torch.cat([tensors["prompts"], tensors["responses"]], dim=1)
+        return rebuilt.shape == tensor.shape and torch.equal(rebuilt.to(tensor.dtype), tensor)
+    if key == "position_ids" and tensor.dim() == 2:
+        mask = tensors["attention_mask"]
+        rebuilt = torch.clip(torch.cumsum(mask, dim=-1) - 1, min=0)
+        return rebuilt.shape == tensor.shape and torch.equal(rebuilt.to(tensor.dtype), tensor)
+    return False
+
+
+def _tensor_entry(
+    key: str,
+    tensor: torch.Tensor,
+    tensors: Mapping[str, torch.Tensor],
+    masks: _Masks,
+    groups: _Groups,
+    columns: dict[str, pa.Array],
+    used: set[str],
+) -> dict[str, Any]:
+    """Store one tensor (its column into ``columns``); returns its layout entry."""
+    b = groups.order.shape[0]
+    if tensor.shape[0] != b:
+        raise LayoutError(
+            f"from_dataproto: batch[{key!r}]: expected {b} rows, got {tensor.shape[0]}"
+        )
+    entry: dict[str, Any] = {
+        "key": key,
+        "dtype": _dtype_name(tensor.dtype),
+        "shape": list(tensor.shape[1:]),
+    }
+    if key in ("attention_mask", "input_ids", "position_ids") and _derived(key, tensor, tensors):
+        entry["level"] = "derived"
+        return entry
+    level = _level(key, tensor, masks.p_len, masks.r_len)
+    if level == "sample":
+        kind = _storage_type(key, tensor.dtype, tensor)
+        name = _free_name(key, kind, level, used)
+        entry.update(level=level, column=name)
+        width = int(np.prod(tensor.shape[1:], dtype=np.int64))
+        ordered = tensor.index_select(0, groups.torch_order)
+        flat = pa.array(_numpy(ordered.reshape(b, width), kind).reshape(-1))
+        values = pa.FixedSizeListArray.from_arrays(flat, width) if tensor.dim() > 1 else flat
+        columns[name] = groups.grouped(values)
+        return entry
+    flat_index, first_pad, offsets = masks.where(level)
+    if tensor.dim() == 2:
+        rows = tensor.reshape(-1)  # a view when contiguous
+        tokens = rows.index_select(0, flat_index)
+    else:  # [B, C, L] (the rope form of position_ids): C values per token
+        channels = tensor.shape[1]
+        rows = tensor.transpose(1, 2).reshape(-1, channels)
+        tokens = rows.index_select(0, flat_index)
+    # What a padded position holds is restored as one recorded value: the padding's own when
+    # it has one, else 0 (verl's log-probs of padded positions are whatever the forward gave
+    # there; no loss reads them). `pad_kept` says which.
+    pad, constant = 0, True
+    if first_pad is not None:
+        first = rows[first_pad].reshape(-1)[0]
+        on = masks.of(level) if tensor.dim() == 2 else masks.of(level)[:, None, :]
+        constant = bool((tensor.eq(first) | on).all())
+        pad = first.item() if constant else 0
+    if not constant and key in ("prompts", "responses"):
+        raise LayoutError(
+            f"from_dataproto: batch[{key!r}]: its padding holds more than one value (not "
+            "verl's padding with the pad token)"
+        )
+    kind = _storage_type(key, tensor.dtype, tokens)
+    name = _free_name(key, kind, level, used)
+    entry.update(level=level, pad=pad, pad_kept=constant, column=name)
+    if tensor.dim() == 2:
+        per_token = pa.array(_numpy(tokens, kind))
+        item: pa.DataType = kind
+    else:
+        per_token = pa.FixedSizeListArray.from_arrays(
+            pa.array(_numpy(tokens, kind).reshape(-1)), tensor.shape[1]
+        )
+        item = per_token.type
+    inner = pa.ListArray.from_arrays(offsets, per_token).cast(_list(item))
+    columns[name] = groups.grouped(inner)
+    return entry
+
+
+def _free_name(key: str, kind: pa.DataType, level: str, used: set[str]) -> str:
+    """The column of a tensor: its schema home only when its type is the schema's."""
+    name = _column_name(key, used)
+    if (name in _FLOAT32_COLUMNS and kind != pa.float32()) or (
+        level == "sample" and name in _SCHEMA_NAMES
+    ):
+        used.discard(name)
+        name = _column_name(f"verl_{key}", used)
+    return name
+
+
+def _non_tensor_entry(
+    key: str,
+    values: np.ndarray,
+    groups: _Groups,
+    columns: dict[str, pa.Array],
+    used: set[str],
+) -> dict[str, Any]:
+    """Store one non-tensor key (typed, text, typed chat messages or JSON); returns its
+    layout entry."""
+    where = f"from_dataproto: non_tensor_batch[{key!r}]"
+    if not isinstance(values, np.ndarray) or values.shape[:1] != groups.order.shape:
+        raise LayoutError(f"{where}: expected a numpy array of {len(groups.order)} values")
+    entry: dict[str, Any] = {"key": key, "dtype": values.dtype.str}
+    ordered = values[groups.order]
+    if values.ndim == 1 and values.dtype.kind in "biuf":
+        entry["encoding"] = "typed"
+        array: pa.Array = pa.array(ordered)
+    elif values.ndim == 1 and values.dtype.kind in "US":
+        entry["encoding"] = "typed"
+        array = pa.array(ordered.astype(str), pa.string())
+    elif values.ndim == 1 and all(isinstance(v, str) for v in values):
+        entry["encoding"] = "text"
+        array = pa.array(ordered, pa.string())
+    elif key == "raw_prompt" and _shared_chat(values, groups):
+        entry["encoding"] = "prompt_messages"
+        entry["column"] = "prompt_messages"
+        columns["prompt_messages"] = messages_array([values[i] for i in groups.firsts], where=where)
+        used.add("prompt_messages")
+        return entry
+    else:
+        entry["encoding"] = "json"
+        array = pa.array(_json_rows(values, where), pa.string()).take(pa.array(groups.order))
+    name = _column_name(key, used)
+    entry["column"] = name
+    columns[name] = groups.grouped(array)
+    return entry
+
+
+def _json_rows(values: np.ndarray, where: str) -> list[str]:
+    """JSON text of each value, in the ``DataProto``'s row order (a refusal names the row)."""
+    out = []
+    for i, value in enumerate(values):
+        try:
+            out.append(json_text(value, where=where))
+        except SchemaError as exc:
+            raise SchemaError(str(exc).replace(where, f"{where} row {i}", 1)) from None
+    return out
+
+
+def _shared_chat(values: np.ndarray, groups: _Groups) -> bool:
+    """Every value a chat whose messages have text ``role`` and ``content``, the same within
+    each group (so one typed copy per group gives every row back)."""
+    if values.ndim != 1 or not all(
+        is_conversation(v)
+        and all(isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in v)
+        for v in values
+    ):
+        return False
+    texts = pa.array(_json_rows(values, "raw_prompt"), pa.string())
+    codes = np.repeat(np.arange(groups.count), groups.sizes)
+    first = np.empty(len(values), dtype=np.int64)
+    first[groups.order] = groups.firsts[codes]
+    return bool(pc.all(pc.equal(texts, texts.take(pa.array(first)))).as_py())
+
+
+def _group_table(
+    groups: _Groups, columns: dict[str, pa.Array], *, step: int, rank: int, kind: str
+) -> pa.Table:
+    """The group rows: identity, per-completion index and DataProto row, the prompts, and the
+    columns of the keys."""
+    p = groups.count
+    sizes = groups.sizes.astype(np.int32)
+    b = len(groups.order)
+    index = (np.arange(b) - np.repeat(groups.offsets[:-1], groups.sizes)).astype(np.int32)
+    base = {
+        "step": pa.array(np.full(p, step, np.int64)),
+        "rank": pa.array(np.full(p, rank, np.int32)),
+        "kind": pa.array([kind] * p, pa.string()),
+        "group_index": pa.array(np.arange(p, dtype=np.int32)),
+        "group_id": groups.names.cast(pa.string()),
+        "group_size": pa.array(sizes),
+        "num_completions": pa.array(sizes),
+        "completion_index": groups.grouped(pa.array(index)),
+        "verl_row": groups.grouped(pa.array(groups.order.astype(np.int32))),
+    }
+    prompt_ids = columns.pop("prompt_ids")
+    base["prompt_ids"], sample_prompts = _group_prompts(prompt_ids, groups)
+    if sample_prompts is not None:
+        base["sample_prompt_ids"] = sample_prompts
+    return pa.table({**base, **columns})
+
+
+def _group_prompts(per_sample: pa.Array, groups: _Groups) -> tuple[pa.Array, pa.Array | None]:
+    """The group's prompt (its first row's); the per-completion prompts too when a group's
+    rows differ."""
+    rows = single_array(per_sample).flatten()  # one prompt per completion, stored order
+    first = rows.take(pa.array(groups.offsets[:-1]))
+    codes = np.repeat(np.arange(groups.count), groups.sizes)
+    same = pc.all(pc.equal(_as_text(rows), _as_text(first.take(pa.array(codes))))).as_py()
+    return first, (None if same else per_sample)
+
+
+def _as_text(lists: pa.Array) -> pa.Array:
+    """List values as comparable strings (pyarrow compares lists element-wise only)."""
+    return pc.binary_join(pc.cast(lists, pa.list_(pa.string())), ",")
+
+
+def _add_summaries(
+    table: pa.Table,
+    tensors: Mapping[str, torch.Tensor],
+    masks: _Masks,
+    groups: _Groups,
+    tokenizer: Any,
+    responses: torch.Tensor,
+) -> pa.Table:
+    """``completions``, ``total_utils`` and the per-completion ``advantages``."""
+    b = len(groups.order)
+    order = groups.torch_order
+    if tokenizer is not None:
+        ids = responses.index_select(0, order)
+        keep = masks.response.index_select(0, order)
+        texts = tokenizer.batch_decode(
+            [row[m].tolist() for row, m in zip(ids, keep)], skip_special_tokens=True
+        )
+    else:
+        texts = [""] * b
+    table = table.append_column("completions", groups.grouped(pa.array(texts, pa.string())))
+    reward_key = next((k for k in _REWARD_KEYS if k in tensors), None)
+    if reward_key is not None:
+        total = tensors[reward_key].double().sum(dim=-1).index_select(0, order)
+        table = table.append_column("total_utils", groups.grouped(pa.array(total.numpy())))
+    adv, rmask = tensors.get("advantages"), tensors.get("response_mask")
+    if adv is not None and adv.dim() == 2 and rmask is not None and rmask.shape == adv.shape:
+        on = rmask != 0
+        high = torch.where(on, adv, -torch.inf).amax(dim=1)
+        low = torch.where(on, adv, torch.inf).amin(dim=1)
+        if bool(((high == low) | ~on.any(dim=1)).all()):
+            value = torch.where(on.any(dim=1), high, 0.0).double().index_select(0, order)
+            table = table.append_column("advantages", groups.grouped(pa.array(value.numpy())))
+    return table
+
+
+def _with_layout(config: Any, layout: dict[str, Any]) -> RunConfig:
+    if config is None:
+        config = RunConfig(trainer="verl")
+    elif not isinstance(config, RunConfig):
+        config = RunConfig.from_dict(dict(config))
+    return config.replace(extra={**dict(config.extra), LAYOUT_KEY: layout})
+
+
+# ---------------------------------------------------------------------------- to_dataproto
+def to_dataproto(batch: RolloutBatch) -> Any:
+    """The ``DataProto`` that :func:`from_dataproto` stored as ``batch`` (see the module doc).
+
+    Raises
+    ------
+    SchemaError
+        ``batch`` was not written by :func:`from_dataproto` (no layout in its config), or a
+        column the layout names is missing.
+    """
+    try:
+        from verl import DataProto
+    except ImportError:
+        raise MissingExtraError("verl", "verl") from None
+    layout = batch.run_config.extra.get(LAYOUT_KEY)
+    if not isinstance(layout, Mapping):
+        raise SchemaError(
+            f"to_dataproto: step {batch.step} has no {LAYOUT_KEY!r} layout in its config; was it "
+            "written by from_dataproto?"
+        )
+    view = _StoredRows(batch, layout)
+    tensors = {entry["key"]: view.tensor(entry) for entry in layout["tensors"]}
+    for entry in layout["tensors"]:  # after the others: they rebuild from prompts/responses
+        if entry["level"] == "derived":
+            tensors[entry["key"]] = view.derived(entry, tensors)
+    non_tensors = {entry["key"]: view.non_tensor(entry) for entry in layout["non_tensors"]}
+    meta_info = json.loads(json.dumps(layout["meta_info"]))
+    return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors, meta_info=meta_info)
+
+
+class _StoredRows:
+    """The stored columns of a batch, put back in the ``DataProto``'s row order."""
+
+    def __init__(self, batch: RolloutBatch, layout: Mapping[str, Any]):
+        self.batch = batch
+        self.b = int(layout["batch_size"])
+        self.p_len, self.r_len = int(layout["prompt_length"]), int(layout["response_length"])
+        rows = self._flat("verl_row")
+        if len(rows) != self.b:
+            raise LayoutError(
+                f"to_dataproto: expected {self.b} completions (the DataProto's rows), got "
+                f"{len(rows)}"
+            )
+        self.rows = torch.from_numpy(np.asarray(rows.to_numpy(), dtype=np.int64))
+        sizes = np.diff(batch.group_offsets)
+        self.group_of = np.repeat(np.arange(len(sizes)), sizes)
+        lr = self._lengths_of(self._column("completion_ids").flatten())
+        if self.batch.column("sample_prompt_ids") is not None:
+            lp = self._lengths_of(self._column("sample_prompt_ids").flatten())
+        else:
+            lp = self._lengths_of(self._column("prompt_ids"))[self.group_of]
+        self.lp, self.lr = torch.from_numpy(lp), torch.from_numpy(lr)
+        self.masks = _Masks(self.lp, self.lr, self.p_len, self.r_len)
+
+    def _column(self, name: str) -> pa.Array:
+        column = self.batch.column(name)
+        if column is None:
+            raise SchemaError(f"to_dataproto: the layout names column {name!r}, which is missing")
+        return column
+
+    def _flat(self, name: str) -> pa.Array:
+        return self._column(name).flatten()
+
+    @staticmethod
+    def _lengths_of(lists: pa.Array) -> np.ndarray:
+        return np.diff(list_offsets(lists)).astype(np.int64)
+
+    def _in_place(self, stored: torch.Tensor) -> torch.Tensor:
+        """Rows in stored order to the DataProto's order."""
+        out = torch.empty_like(stored)
+        out[self.rows] = stored
+        return out
+
+    def tensor(self, entry: Mapping[str, Any]) -> torch.Tensor | None:
+        level = entry["level"]
+        if level == "derived":
+            return None
+        dtype = getattr(torch, entry["dtype"])
+        shape = [self.b, *entry["shape"]]
+        key, name = entry["key"], entry["column"]
+        if key == "prompts" and self.batch.column("sample_prompt_ids") is None:
+            values = self._prompt_values()
+        elif key == "prompts":
+            values = self._flat("sample_prompt_ids").flatten()
+        else:
+            values = self._flat(name)
+        if level == "sample":
+            flat = values.flatten() if pa.types.is_fixed_size_list(values.type) else values
+            array = torch.from_numpy(np.asarray(flat.to_numpy(zero_copy_only=False)).copy())
+            return self._in_place(array.to(dtype).reshape(shape))
+        if key not in ("prompts",):
+            values = values.flatten()  # per completion -> per token
+        if pa.types.is_fixed_size_list(values.type):
+            values = values.flatten()
+        tokens = torch.from_numpy(np.asarray(values.to_numpy(zero_copy_only=False)).copy())
+        mask = self.masks.of(level)
+        if len(shape) == 2:
+            out = torch.full(shape, entry["pad"], dtype=dtype)
+            out[mask] = tokens.to(dtype)
+            return self._in_place(out)
+        channels = shape[1]
+        out = torch.full([self.b, shape[2], channels], entry["pad"], dtype=dtype)
+        out[mask] = tokens.to(dtype).reshape(-1, channels)
+        return self._in_place(out.transpose(1, 2).contiguous())
+
+    def _prompt_values(self) -> pa.Array:
+        """Each completion's prompt tokens, flat: the group's prompt repeated per completion."""
+        prompts = self._column("prompt_ids")
+        offsets = list_offsets(prompts)
+        starts = offsets[:-1][self.group_of]
+        lengths = np.diff(offsets)[self.group_of]
+        within = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        return prompts.flatten().take(pa.array(np.repeat(starts, lengths) + within))
+
+    def derived(self, entry: Mapping[str, Any], tensors: dict[str, Any]) -> torch.Tensor:
+        dtype = getattr(torch, entry["dtype"])
+        key = entry["key"]
+        if key == "attention_mask":
+            return self._in_place(self.masks.sequence.to(dtype))
+        if key == "input_ids":
+            return torch.cat([tensors["prompts"], tensors["responses"]], dim=1).to(dtype)
+        mask = tensors.get("attention_mask")
+        if mask is None:
+            mask = self._in_place(self.masks.sequence.to(torch.int64))
+        return torch.clip(torch.cumsum(mask, dim=-1) - 1, min=0).to(dtype)
+
+    def non_tensor(self, entry: Mapping[str, Any]) -> np.ndarray:
+        encoding = entry["encoding"]
+        dtype = np.dtype(entry["dtype"]) if "dtype" in entry else np.dtype(object)
+        if encoding == "uid":
+            values = self.batch.column("group_id").to_numpy(zero_copy_only=False)[self.group_of]
+            return self._restore(np.asarray(values, dtype=dtype))
+        if encoding == "prompt_messages":
+            conversations = conversation_list(self._column("prompt_messages"))
+            stored = np.empty(len(self.group_of), dtype=object)
+            stored[:] = [conversations[g] for g in self.group_of]
+            return self._restore(stored)
+        flat = self._flat(entry["column"])
+        if encoding == "typed":
+            return self._restore(np.asarray(flat.to_numpy(zero_copy_only=False), dtype=dtype))
+        if encoding == "text":
+            return self._restore(np.asarray(flat.to_numpy(zero_copy_only=False), dtype=object))
+        decoded = [json.loads(text) for text in flat.to_pylist()]
+        if dtype != np.dtype(object):
+            return self._restore(np.asarray(decoded, dtype=dtype))
+        stored = np.empty(len(decoded), dtype=object)
+        stored[:] = decoded
+        return self._restore(stored)
+
+    def _restore(self, stored: np.ndarray) -> np.ndarray:
+        out = np.empty_like(stored)
+        out[self.rows.numpy()] = stored
+        return out

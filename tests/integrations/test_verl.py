@@ -1,0 +1,269 @@
+"""verl's ``DataProto`` through the store (maxent_arrow.integrations.verl): a rollout batch
+built the way verl 0.9's trainer builds one (dataloader columns, a uid per prompt,
+``repeat(n, interleave=True)``, left-padded prompts and right-padded responses, log-probs of a
+real tiny model, rewards on the last token, verl's own KL penalty, GRPO advantages and
+``balance_batch`` reordering), round-tripped through a store and a Parquet file."""
+
+from __future__ import annotations
+
+import json
+import uuid
+import warnings
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+pytest.importorskip("verl")
+warnings.filterwarnings("ignore", module="verl")  # missing optional engines on a CPU box
+
+from transformers import ByT5Tokenizer, GPT2Config, GPT2LMHeadModel  # noqa: E402
+from verl import DataProto  # noqa: E402
+from verl.trainer.ppo import core_algos  # noqa: E402
+from verl.trainer.ppo.ray_trainer import apply_kl_penalty, compute_advantage  # noqa: E402
+from verl.utils.model import compute_position_id_with_mask  # noqa: E402
+from verl.utils.seqlen_balancing import (  # noqa: E402
+    calculate_workload,
+    get_seqlen_balanced_partitions,
+)
+from verl.utils.torch_functional import logprobs_from_logits  # noqa: E402
+
+from maxent_arrow import RolloutBatch, RolloutStore  # noqa: E402
+from maxent_arrow.errors import LayoutError, SchemaError  # noqa: E402
+from maxent_arrow.integrations.verl import LAYOUT_KEY, from_dataproto, to_dataproto  # noqa: E402
+
+P, R, N = 12, 8, 4  # rollout.prompt_length, rollout.response_length, rollout.n
+QUESTIONS = [("1+2=", "3"), ("12+30=", "42"), ("7+8=", "15")]
+
+
+def _pad(ids: list[int], length: int, side: str, pad: int) -> tuple[list[int], list[int]]:
+    ids = ids[-length:] if side == "left" else ids[:length]
+    fill = [pad] * (length - len(ids))
+    if side == "left":
+        return fill + ids, [0] * len(fill) + [1] * len(ids)
+    return ids + fill, [1] * len(ids) + [0] * len(fill)
+
+
+def rollout_batch(*, rope: bool = False, seed: int = 0) -> DataProto:
+    """A DataProto as verl's RayPPOTrainer.fit holds it after rollout, rewards and GRPO
+    advantages (verl 0.9.1; the steps of ray_trainer.py and agent_loop.py)."""
+    torch.manual_seed(seed)
+    tok = ByT5Tokenizer()
+    rows = len(QUESTIONS)
+    batch = DataProto.from_single_dict(
+        {
+            "dummy_tensor": torch.zeros(rows, 1, dtype=torch.uint8),
+            # np.fromiter, as verl's collate_fn: np.array would make a 2-D array of dicts
+            "raw_prompt": np.fromiter(
+                ([{"role": "user", "content": q}] for q, _ in QUESTIONS), dtype=object, count=rows
+            ),
+            "data_source": np.array(["arith"] * rows, dtype=object),
+            "reward_model": np.array(
+                [{"style": "rule", "ground_truth": a} for _, a in QUESTIONS], dtype=object
+            ),
+            "extra_info": np.array([{"index": i, "split": "train"} for i in range(rows)], object),
+            "index": np.array(list(range(rows)), dtype=object),
+        }
+    )
+    batch.meta_info["temperature"] = 1.0
+    batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(rows)], object)
+    batch = batch.repeat(repeat_times=N, interleave=True)
+
+    g = torch.Generator().manual_seed(seed + 1)
+    prompts, p_masks, responses, r_masks, rollout_lps = [], [], [], [], []
+    for messages in batch.non_tensor_batch["raw_prompt"]:
+        p_ids = tok(messages[-1]["content"], add_special_tokens=False)["input_ids"]
+        n = int(torch.randint(2, R + 3, (1,), generator=g))
+        r_ids = torch.randint(3, 259, (min(n, R),), generator=g).tolist()
+        if n < R:
+            r_ids[-1] = tok.eos_token_id
+        pp, pm = _pad(p_ids, P, "left", tok.pad_token_id)
+        rr, rm = _pad(r_ids, R, "right", tok.pad_token_id)
+        prompts.append(pp), p_masks.append(pm), responses.append(rr), r_masks.append(rm)
+        lps = (-torch.rand(len(r_ids), generator=g) * 5).tolist()
+        rollout_lps.append(lps + [0.0] * (R - len(r_ids)))
+    prompts, responses = torch.tensor(prompts), torch.tensor(responses)
+    attention_mask = torch.cat([torch.tensor(p_masks), torch.tensor(r_masks)], dim=1)
+    input_ids = torch.cat([prompts, responses], dim=1)
+    if rope:
+        # verl's _compute_position_ids for mrope models: a text row (arange over the tokens,
+        # 1 on padding) and 3 vision rows (text only: the same positions) -> [B, 4, L].
+        text = torch.ones_like(attention_mask)
+        text[attention_mask.bool()] = torch.cat(
+            [torch.arange(int(m.sum())) for m in attention_mask]
+        )
+        position_ids = text[:, None, :].repeat(1, 4, 1)
+    else:
+        position_ids = compute_position_id_with_mask(attention_mask)
+    response_mask = torch.tensor(r_masks)
+    response_mask[1, :2] = 0  # tool tokens in a multi-turn response: not the model's
+    gen = DataProto.from_dict(
+        tensors={
+            "prompts": prompts,
+            "responses": responses,
+            "response_mask": response_mask,
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "position_ids": position_ids,
+            "rollout_log_probs": torch.tensor(rollout_lps, dtype=torch.float32),
+        },
+        non_tensors={"__num_turns__": np.full(len(batch), 2, dtype=np.int32)},
+        meta_info={"metrics": [{"generate_sequences": 0.1}] * len(batch)},
+    )
+    batch = batch.union(gen)
+
+    model = GPT2LMHeadModel(
+        GPT2Config(vocab_size=384, n_layer=1, n_embd=32, n_head=2, bos_token_id=None,
+                   eos_token_id=1, pad_token_id=0)
+    ).eval()  # fmt: skip
+    with torch.no_grad():
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
+        old = logprobs_from_logits(logits[:, -R - 1 : -1], responses)
+    batch.batch["old_log_probs"] = old.float()
+    batch.batch["ref_log_prob"] = (old + 0.01 * torch.randn_like(old)).float()
+    scores = torch.tensor([0.1 * (i % 5) for i in range(len(batch))])
+    rm_scores = torch.zeros(len(batch), R)
+    last = attention_mask[:, P:].sum(1) - 1
+    rm_scores[torch.arange(len(batch)), last] = scores
+    batch.batch["token_level_scores"] = rm_scores
+    batch.non_tensor_batch["acc"] = (scores >= 0.3).numpy()
+    batch, _ = apply_kl_penalty(
+        batch, kl_ctrl=core_algos.FixedKLController(kl_coef=0.001), kl_penalty="kl"
+    )
+    batch = compute_advantage(batch, adv_estimator=core_algos.AdvantageEstimator.GRPO)
+    # balance_batch: verl reorders rows by sequence length, so uid groups are not contiguous.
+    workload = calculate_workload(batch.batch["attention_mask"].sum(-1))
+    parts = get_seqlen_balanced_partitions(workload.tolist(), k_partitions=2, equal_size=True)
+    batch.reorder(torch.tensor([i for part in parts for i in part]))
+    return batch
+
+
+def masked_in(want: DataProto, key: str) -> torch.Tensor:
+    """Where ``key``'s values count: its part of the attention mask."""
+    mask = want.batch["attention_mask"].bool()
+    tensor = want.batch[key]
+    if tensor.shape[-1] == R:
+        return mask[:, P:]
+    return mask if tensor.dim() == 2 else mask[:, None, :].expand_as(tensor)
+
+
+def assert_same(got: DataProto, want: DataProto, layout: dict) -> None:
+    """Same keys in the same order, shapes, dtypes and row order; tensors equal where their
+    mask is on and equal to the recorded pad value elsewhere (exactly equal when the padding
+    held one value); non-tensors equal after JSON; the same meta_info."""
+    assert list(got.batch.keys()) == list(want.batch.keys())
+    pads = {e["key"]: e for e in layout["tensors"]}
+    for key in want.batch.keys():
+        a, b = got.batch[key], want.batch[key]
+        assert a.dtype == b.dtype and a.shape == b.shape, key
+        entry = pads[key]
+        if entry.get("pad_kept", True):
+            assert torch.equal(a, b), key
+        else:
+            on = masked_in(want, key)
+            assert torch.equal(a[on], b[on]), key
+            assert bool((a[~on] == entry["pad"]).all()), key
+    assert list(got.non_tensor_batch) == list(want.non_tensor_batch)
+    for key, values in want.non_tensor_batch.items():
+        other = got.non_tensor_batch[key]
+        assert other.dtype == values.dtype and other.shape == values.shape, key
+        assert json.dumps(other.tolist()) == json.dumps(values.tolist()), key
+    assert json.loads(json.dumps(got.meta_info)) == json.loads(json.dumps(want.meta_info))
+
+
+@pytest.fixture(scope="module")
+def data() -> DataProto:
+    return rollout_batch()
+
+
+def test_groups_come_from_uid_not_from_row_order(data):
+    uids = data.non_tensor_batch["uid"]
+    spans = {u: np.flatnonzero(uids == u) for u in set(uids)}
+    assert any(rows[-1] - rows[0] + 1 != len(rows) for rows in spans.values())  # interleaved
+    batch = from_dataproto(data, step=7)
+    assert batch.num_groups == 3 and batch.num_samples == 12
+    rows = batch.groups.column("verl_row").to_pylist()
+    for group_id, group_rows in zip(batch.groups.column("group_id").to_pylist(), rows):
+        assert [uids[r] for r in group_rows] == [group_id] * N
+    assert sorted(r for g in rows for r in g) == list(range(12))
+    # Un-padded tokens: the prompt once per group, each response up to its length.
+    prompt_ids = batch.groups.column("prompt_ids").to_pylist()
+    for group_rows, prompt in zip(rows, prompt_ids):
+        mask = data.batch["attention_mask"][group_rows[0], :P].bool()
+        assert prompt == data.batch["prompts"][group_rows[0]][mask].tolist()
+    for group_rows, completions in zip(rows, batch.groups.column("completion_ids").to_pylist()):
+        for r, ids in zip(group_rows, completions):
+            mask = data.batch["attention_mask"][r, P:].bool()
+            assert ids == data.batch["responses"][r][mask].tolist()
+    # GRPO advantages are one value per completion over its response_mask.
+    adv = batch.groups.column("advantages").to_pylist()
+    for group_rows, values in zip(rows, adv):
+        for r, a in zip(group_rows, values):
+            on = data.batch["response_mask"][r].bool()
+            assert torch.allclose(data.batch["advantages"][r][on], torch.tensor(a).float())
+    total = [x for g in batch.groups.column("total_utils").to_pylist() for x in g]
+    want = data.batch["token_level_rewards"].double().sum(-1)[[r for g in rows for r in g]]
+    assert total == pytest.approx(want.tolist())
+    # Derived tensors are not stored; the rest are typed columns.
+    names = batch.groups.schema.names
+    assert not {"input_ids", "attention_mask", "position_ids"} & set(names)
+    assert {"ref_token_logp", "behavior_token_logp", "sampling_token_logp"} <= set(names)
+    assert batch.groups.schema.field("prompt_messages").type.value_type.num_fields == 3
+
+
+def test_round_trip_through_a_store_and_a_parquet_file(data, tmp_path):
+    batch = from_dataproto(data, step=3, rank=1)
+    layout = batch.run_config.extra[LAYOUT_KEY]
+    # verl's log-probs of padded response positions are the forward's, not a pad value.
+    assert [e["key"] for e in layout["tensors"] if not e.get("pad_kept", True)] == [
+        "old_log_probs",
+        "ref_log_prob",
+    ]
+    assert_same(to_dataproto(batch), data, layout)
+    store = RolloutStore.create(tmp_path / "store")
+    store.append(batch)
+    assert store.verify().problems == []
+    replayed = next(iter(store.replay(steps=[3])))
+    assert_same(to_dataproto(replayed), data, layout)
+    path = tmp_path / "step.parquet"
+    pq.write_table(batch.to_arrow(), path)
+    assert_same(to_dataproto(RolloutBatch.from_arrow(pq.read_table(path))), data, layout)
+
+
+def test_rope_position_ids_and_odd_dtypes_round_trip(tmp_path):
+    data = rollout_batch(rope=True, seed=1)
+    assert data.batch["position_ids"].shape == (12, 4, P + R)
+    data.batch["entropys"] = torch.randn(12, R).to(torch.bfloat16)
+    data.batch["values"] = torch.randn(12, R, dtype=torch.float64)
+    data.non_tensor_batch["score_matrix"] = np.arange(24, dtype=np.float32).reshape(12, 2)
+    batch = from_dataproto(data, step=0)
+    kind = batch.groups.schema.field("position_ids").type
+    assert str(kind.value_type.value_type) == "fixed_size_list<item: int32>[4]"
+    store = RolloutStore.create(tmp_path / "store")
+    store.append(batch)
+    layout = batch.run_config.extra[LAYOUT_KEY]
+    assert_same(to_dataproto(next(iter(store.replay(steps=[0])))), data, layout)
+
+
+def test_a_value_json_cannot_hold_is_refused_naming_its_key(data):
+    bad = data.select_idxs(np.arange(len(data)))
+    bad.non_tensor_batch["multi_modal_inputs"] = np.array(
+        [{"pixel_values": torch.zeros(2)}] * len(bad), dtype=object
+    )
+    with pytest.raises(
+        SchemaError, match=r"non_tensor_batch\['multi_modal_inputs'\] row 0.*Tensor"
+    ):
+        from_dataproto(bad, step=0)
+    no_uid = data.select_idxs(np.arange(len(data)))
+    del no_uid.non_tensor_batch["uid"]
+    with pytest.raises(SchemaError, match="no 'uid'"):
+        from_dataproto(no_uid, step=0)
+
+
+def test_an_attention_mask_with_holes_is_refused_naming_the_row(data):
+    holes = data.select_idxs(np.arange(len(data)))
+    holes.batch["attention_mask"][5, P + 1] = 0
+    holes.batch["attention_mask"][5, P + 2] = 1
+    with pytest.raises(LayoutError, match="attention_mask row 5"):
+        from_dataproto(holes, step=0)
