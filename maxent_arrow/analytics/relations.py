@@ -108,7 +108,7 @@ class RunRelations:
 
     def rebuild(self) -> None:
         """Re-read the views' schema and reward names (after :meth:`SqlViews.refresh`)."""
-        self.group_columns = set(self.views.group_schema.names)
+        self.group_columns = set(self.views.data_columns)  # padding-only columns left out
         self.reward_names: list[str] = list(self.views.reward_names)
         self.flat_exprs = flat_columns(self.group_columns, self.reward_names)
         if self.materialized:

@@ -102,7 +102,7 @@ class RunAnalytics(ReadyMadeQueries):
 
     @property
     def step_schema(self) -> pa.Schema:
-        return self.views.step_rows.schema
+        return self.views.step_schema
 
     def sql(self, query: str, params: Sequence[Any] | dict[str, Any] | None = None) -> pa.Table:
         """Run one read-only query over the views (checked and sandboxed); Arrow back."""
@@ -128,8 +128,9 @@ class RunAnalytics(ReadyMadeQueries):
 
     def describe(self) -> dict[str, Any]:
         """What ``maxent-arrow inspect`` prints: schema version, steps, ranks, rows, sizes,
-        config. Reads only the step files (already checked) and file sizes."""
+        config. Reads the step files, file sizes and group file footers (all checked)."""
         manifest = self.store.manifest
+        self.views.check_footers()
         steps = self.rel.sql(
             "SELECT kind, count(DISTINCT step) AS steps, min(step) AS first, max(step) AS last, "
             "count(*) AS step_rows, sum(num_groups)::BIGINT AS groups, "

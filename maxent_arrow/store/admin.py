@@ -8,6 +8,7 @@ exist on local stores only (``docs/commit-protocol.md``).
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from maxent_arrow.arrow import schema as S
 from maxent_arrow.arrow.upgrade import needs_upgrade, upgrade_groups
 from maxent_arrow.errors import StoreError
 from maxent_arrow.store.backend import Backend, crash_point, is_temp_name, writer_alive
+from maxent_arrow.store.cache import CACHE_META_KEY, unit_group_crc32
 from maxent_arrow.store.catalog import Catalog, StepFile, Unit
 from maxent_arrow.store.checksums import check_chunks, check_seal
 from maxent_arrow.store.layout import (
@@ -28,8 +30,10 @@ from maxent_arrow.store.layout import (
     MANIFEST,
     QUARANTINE,
     STEPS,
+    cache_name,
     compact_name,
     parse_name,
+    unit_name,
 )
 from maxent_arrow.store.manifest import read as read_manifest
 from maxent_arrow.store.parquet import group_file_settings, write_parquet
@@ -108,9 +112,9 @@ def verify(catalog: Catalog) -> VerifyReport:
 def _verify_step(report: VerifyReport, backend: Backend, step: StepFile) -> None:
     path = backend.path(f"{STEPS}/{step.name}")
     parsed = parse_name(step.name)
-    rows = step.table.select(["step", "rank", "kind", "num_groups"]).to_pydict()
+    rows = {c: step.column(c) for c in ("step", "rank", "kind", "num_groups")}
     if not parsed.compacted and (
-        step.table.num_rows != 1
+        len(rows["step"]) != 1
         or rows["step"][0] != parsed.first_step
         or rows["rank"][0] != parsed.first_rank
         or rows["kind"][0] != parsed.kind
@@ -143,9 +147,24 @@ def _verify_step(report: VerifyReport, backend: Backend, step: StepFile) -> None
                     group_path, f"holds steps {sorted(steps)}, expected {parsed.first_step}"
                 )
             )
-    if parsed.compacted or not backend.local:
+    if not backend.local:
         return
-    cache = f"{CACHE}/{step.name.removesuffix('.parquet')}.arrow"
+    units = zip(rows["step"], rows["rank"], rows["kind"], rows["num_groups"], step.starts)
+    for number, rank, kind, count, start in units:
+        _verify_cache(report, backend, step, unit_name(number, rank, kind), groups, start, count)
+
+
+def _verify_cache(
+    report: VerifyReport,
+    backend: Backend,
+    step: StepFile,
+    unit: str,
+    groups: pa.Table,
+    start: int,
+    count: int,
+) -> None:
+    """A unit's IPC cache copy, if any: its seal, and its rows against the archive's."""
+    cache = f"{CACHE}/{cache_name(unit)}"
     if backend.stat(cache) is None:
         return
     report.checked += 1
@@ -154,11 +173,21 @@ def _verify_step(report: VerifyReport, backend: Backend, step: StepFile) -> None
         if check_seal(data) is False:
             raise StoreError("IPC cache CRC-32 differs from the one sealed in it (corrupt)")
         cached = ipc.open_file(pa.BufferReader(data)).read_all()
+        recorded = json.loads((cached.schema.metadata or {}).get(CACHE_META_KEY, b"{}"))
+        if recorded.get("group_crc32") not in (None, unit_group_crc32(step, unit)):
+            report.notes.append(
+                StoreProblem(backend.path(cache), "copy of another commit of its unit (not served)")
+            )
+            return
         if needs_upgrade((cached.schema.metadata or {}).get(S.METADATA_KEY)):
-            cached = upgrade_groups(cached, kind=parsed.kind)
-        if not cached.equals(groups.select(cached.column_names)):
-            raise StoreError("IPC cache differs from the Parquet archive")
-    except (StoreError, pa.ArrowException, OSError) as exc:
+            cached = upgrade_groups(cached, kind=unit.split(".")[2])
+        archived = groups.slice(start, count)
+        for name in cached.column_names:
+            if name not in archived.column_names or not cached.column(name).equals(
+                archived.column(name)
+            ):
+                raise StoreError(f"IPC cache differs from the Parquet archive (column {name!r})")
+    except (StoreError, pa.ArrowException, OSError, ValueError) as exc:
         report.problems.append(StoreProblem(backend.path(cache), str(exc)))
 
 
@@ -204,15 +233,20 @@ def compact(
     max_steps: int | None,
     compression: str,
     compression_level: int | None,
+    loose_only: bool = False,
 ) -> list[Any]:
     """Merge committed files (per kind; ``max_steps`` distinct steps per segment) into
     segments, each committed atomically: readers see the inputs or the segment, never both
-    and never neither, also after a crash at any point. Returns the new step files."""
+    and never neither, also after a crash at any point. ``loose_only`` merges one-step files
+    only (segments stay as they are: the writer's policy never rewrites data twice). Returns
+    the new step files."""
     backend = catalog.backend
     _local_only(backend, "compact")
     if max_steps is not None and max_steps < 1:
         raise StoreError(f"compact: max_steps must be >= 1, got {max_steps}")
     units = catalog.units(kind=kind, steps=steps, ranks=ranks)
+    if loose_only:
+        units = [u for u in units if not parse_name(u.step_file).compacted]
     by_kind: dict[str, list[Unit]] = {}
     for unit in units:
         by_kind.setdefault(unit.kind, []).append(unit)
@@ -292,9 +326,30 @@ def _compact_files(
     reward_names = sorted(
         {n for step in steps.values() for n in step.meta.get("reward_names") or []}
     )
+    # Each unit's rows are those of the group file it was appended in: its IPC cache copy,
+    # tied to that file's CRC-32, stays valid in the segment.
+    unit_crc32 = {}
+    for unit in units:
+        source = steps[unit.step_file].meta
+        unit_crc32[unit.name] = (source.get("unit_crc32") or {}).get(
+            unit.name, source.get("group_crc32")
+        )
+    # The columns any input carried data in (unknown when an input did not record them).
+    recorded = [steps[n].meta.get("columns") for n in inputs]
+    columns = (
+        None
+        if any(c is None for c in recorded)
+        else list(dict.fromkeys(c for names in recorded for c in names))
+    )
     try:
         meta = group_file_meta(
-            backend, group, group_rows=starts, replaces=replaces, reward_names=reward_names
+            backend,
+            group,
+            group_rows=starts,
+            replaces=replaces,
+            reward_names=reward_names,
+            unit_crc32=unit_crc32,
+            **({} if columns is None else {"columns": columns}),
         )
         step_rows = _keep_nullability(pa.concat_tables(rows), step_schema)
         step = backend.write_temp(f"{STEPS}/{name}", step_file_bytes(step_rows, meta))

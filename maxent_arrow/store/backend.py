@@ -38,11 +38,13 @@ import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 import pyarrow as pa
-import pyarrow.fs as pafs
+
+if TYPE_CHECKING:
+    import pyarrow.fs as pafs
 
 from maxent_arrow.errors import StoreError
 
@@ -340,6 +342,7 @@ class LocalBackend(Backend):
         self.uri = str(path)
         self._fs: pafs.FileSystem | None = None
         self._inside: dict[str, bool] = {}  # directory -> resolves inside the store
+        self._root = str(path)
 
     def __reduce__(self):
         return (LocalBackend, (str(self.root),))
@@ -347,23 +350,26 @@ class LocalBackend(Backend):
     @property
     def filesystem(self) -> pafs.FileSystem:
         if self._fs is None:
-            self._fs = pafs.LocalFileSystem()
+            self._fs = _pafs().LocalFileSystem()
         return self._fs
 
     def path(self, rel: str) -> Path:
         """The absolute path of ``rel``; a name that resolves outside the store (a symlink
         out, of the file or of a directory above it) is refused, never read or written."""
-        path = self.root / rel
+        return Path(self.fs_path(rel))
+
+    def fs_path(self, rel: str) -> str:
+        """:meth:`path` as a string (the readers' fast path: no ``pathlib`` objects)."""
+        path = os.path.join(self._root, rel)
         directory = rel.rpartition("/")[0]
         inside = self._inside.get(directory)
         if inside is None:
             root = self.root.resolve()
-            inside = self._inside[directory] = (
-                (self.root / directory).resolve().is_relative_to(root)
-            )
+            inside = (self.root / directory).resolve().is_relative_to(root)
+            self._inside[directory] = inside
         # The file itself: one lstat; only a symlink is resolved.
         if not inside or os.path.islink(path):
-            resolved = path.resolve()
+            resolved = Path(path).resolve()
             if not resolved.is_relative_to(self.root.resolve()):
                 raise StoreError(f"{path}: resolves to {resolved}, outside the store {self.root}")
         return path
@@ -401,14 +407,15 @@ class LocalBackend(Backend):
         return (self.root / rel).is_dir()
 
     def read(self, rel: str) -> pa.Buffer:
-        path = self.path(rel)
+        path = self.fs_path(rel)
         try:
-            return pa.py_buffer(path.read_bytes())
+            with open(path, "rb") as f:
+                return pa.py_buffer(f.read())
         except OSError as exc:
-            raise os_error("cannot read", path, exc) from exc
+            raise os_error("cannot read", Path(path), exc) from exc
 
     def read_ranges(self, rel: str, ranges: list[tuple[int, int]]) -> list[bytes]:
-        path = self.path(rel)
+        path = self.fs_path(rel)
         try:
             fd = os.open(path, os.O_RDONLY)
         except OSError as exc:
@@ -547,7 +554,7 @@ class ArrowFsBackend(Backend):
         return self._fs
 
     def list(self, directory: str) -> dict[str, FileInfo]:
-        selector = pafs.FileSelector(str(self.root / directory), allow_not_found=True)
+        selector = _pafs().FileSelector(str(self.root / directory), allow_not_found=True)
         try:
             infos = self._fs.get_file_info(selector)
         except (pa.ArrowException, OSError) as exc:
@@ -555,7 +562,7 @@ class ArrowFsBackend(Backend):
         return {
             i.base_name: FileInfo(i.base_name, i.size, i.mtime_ns or 0)
             for i in infos
-            if i.type == pafs.FileType.File
+            if i.type == _pafs().FileType.File
         }
 
     def _info(self, rel: str) -> pafs.FileInfo:
@@ -566,12 +573,12 @@ class ArrowFsBackend(Backend):
 
     def stat(self, rel: str) -> FileInfo | None:
         info = self._info(rel)
-        if info.type != pafs.FileType.File:
+        if info.type != _pafs().FileType.File:
             return None
         return FileInfo(info.base_name, info.size, info.mtime_ns or 0)
 
     def is_dir(self, rel: str) -> bool:
-        return self._info(rel).type == pafs.FileType.Directory
+        return self._info(rel).type == _pafs().FileType.Directory
 
     def read(self, rel: str) -> pa.Buffer:
         try:
@@ -630,6 +637,14 @@ class ArrowFsBackend(Backend):
             raise StoreError(f"cannot create {self.root / rel}: {exc}") from None
 
 
+def _pafs() -> Any:
+    """``pyarrow.fs``, imported when first needed: it costs ~0.1 s (TLS for S3), which a
+    local store and the command line never pay."""
+    import pyarrow.fs
+
+    return pyarrow.fs
+
+
 def open_backend(
     root: str | os.PathLike[str] | Backend, filesystem: pafs.FileSystem | None = None
 ) -> Backend:
@@ -643,7 +658,7 @@ def open_backend(
     if not text or "\x00" in text:
         raise StoreError(f"invalid store root {text!r}")
     if filesystem is not None:
-        if isinstance(filesystem, pafs.LocalFileSystem):
+        if isinstance(filesystem, _pafs().LocalFileSystem):
             return LocalBackend(text)
         parsed = urlparse(text)
         path = parsed.netloc + parsed.path if parsed.scheme and len(parsed.scheme) > 1 else text
@@ -651,7 +666,7 @@ def open_backend(
     if "://" not in text or text.startswith("file://"):
         return LocalBackend(text)
     try:
-        fs, path = pafs.FileSystem.from_uri(text)
+        fs, path = _pafs().FileSystem.from_uri(text)
     except (pa.ArrowException, ValueError, OSError) as exc:
         raise StoreError(f"{text}: no pyarrow file system for this URI ({exc})") from None
     return ArrowFsBackend(fs, path, text)

@@ -23,10 +23,16 @@ from maxent_arrow.store.catalog import StepFile
 from maxent_arrow.store.checksums import SEAL_KEY, SEAL_PLACEHOLDER, check_seal, seal
 from maxent_arrow.store.layout import CACHE, cache_name
 
-__all__ = ["CACHE_META_KEY", "read_cache", "write_cache"]
+__all__ = ["CACHE_META_KEY", "read_cache", "unit_group_crc32", "write_cache"]
 
 # JSON in a cache file's schema metadata: the unit and the CRC of the group file it copies.
 CACHE_META_KEY = b"maxent_arrow.cache"
+
+
+def unit_group_crc32(step: StepFile, unit: str) -> int | None:
+    """The CRC-32 of the group file ``unit`` was appended in: what its cache copy is tied to
+    (a compacted segment records it per unit, so copies stay valid through compaction)."""
+    return (step.meta.get("unit_crc32") or {}).get(unit, step.meta.get("group_crc32"))
 
 
 def write_cache(
@@ -66,12 +72,12 @@ def read_cache(
         batch = reader.get_batch(0)
     except StoreError:
         raise
-    except (pa.ArrowException, OSError) as exc:
+    except (pa.ArrowException, OSError, ValueError) as exc:  # damaged bytes
         raise StoreError(f"{path}: unreadable IPC cache file ({exc})") from None
     recorded = json.loads((batch.schema.metadata or {}).get(CACHE_META_KEY, b"{}"))
-    expected = step.meta.get("group_crc32")
+    expected = unit_group_crc32(step, unit)
     if recorded.get("group_crc32") is not None and recorded["group_crc32"] != expected:
-        return None  # a copy of another commit of this unit (e.g. before a compaction)
+        return None  # a copy of another commit of this unit
     version = (batch.schema.metadata or {}).get(S.METADATA_KEY)
     if needs_upgrade(version):
         table = upgrade_groups(pa.Table.from_batches([batch]), kind=unit.split(".")[2])

@@ -9,6 +9,7 @@ checked against the CRC-32 sealed in it, and its schema-1.x rows are upgraded.
 
 from __future__ import annotations
 
+import functools
 import json
 import warnings
 from collections.abc import Iterable, Iterator
@@ -24,8 +25,18 @@ from maxent_arrow.errors import StoreError
 from maxent_arrow.store.backend import Backend, FileInfo
 from maxent_arrow.store.checksums import check_seal
 from maxent_arrow.store.layout import GROUPS, STEPS, STORE_META_KEY, UnitName, parse_name
+from maxent_arrow.store.parquet import footer_value
 
-__all__ = ["Catalog", "OnError", "StepFile", "Unit", "check_on_error", "fail"]
+__all__ = [
+    "Catalog",
+    "OnError",
+    "StepFile",
+    "Unit",
+    "check_on_error",
+    "fail",
+    "rows_table",
+    "step_rows_json",
+]
 
 OnError = Literal["raise", "skip"]
 
@@ -43,14 +54,66 @@ def fail(on_error: OnError, exc: StoreError) -> None:
     warnings.warn(f"skipping damaged file: {exc}", stacklevel=3)
 
 
+def step_rows_json(table: pa.Table) -> dict[str, list]:
+    """The step rows as JSON-ready columns (timestamps as integers), recorded in the step
+    file's metadata so that the catalog can read a step file without decoding its Parquet."""
+    out = {}
+    for name, column in zip(table.column_names, table.columns):
+        if pa.types.is_timestamp(column.type):
+            column = column.cast(pa.int64())
+        out[name] = column.to_pylist()
+    return out
+
+
+@functools.lru_cache(maxsize=64)
+def _layout_schema(names: tuple[str, ...]) -> pa.Schema:
+    """The step layout's fields of ``names`` (one object per set of names)."""
+    layout = S.step_schema()
+    return pa.schema([layout.field(name) for name in names])
+
+
+def rows_table(rows: dict[str, list], layout: pa.Schema) -> pa.Table | None:
+    """The step rows recorded by :func:`step_rows_json` as a table of ``layout``'s types, or
+    ``None`` when they hold a column outside the layout (then the Parquet is decoded)."""
+    if not set(rows) <= set(layout.names):
+        return None
+    fields = [layout.field(name) for name in rows]
+    arrays = [pa.array(values, type=f.type) for f, values in zip(fields, rows.values())]
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+
+
 @dataclass(frozen=True)
 class StepFile:
-    """A committed step file: its step rows (current layout) and its store metadata."""
+    """A committed step file: its step rows (current layout) and its store metadata.
+
+    Files written by this version record their step rows as JSON in the metadata: the rows
+    are then built from it on first use (:attr:`table`), and the Parquet is never decoded.
+    """
 
     name: str
-    table: pa.Table
     meta: dict[str, Any]
     version: str
+    decoded: pa.Table | None = None
+
+    @functools.cached_property
+    def table(self) -> pa.Table:
+        if self.decoded is not None:
+            return self.decoded
+        return rows_table(self.meta["rows"], S.step_schema())
+
+    @functools.cached_property
+    def schema(self) -> pa.Schema:
+        """The schema of the step rows (without building them from JSON)."""
+        if self.decoded is not None:
+            return self.decoded.schema
+        return _layout_schema(tuple(self.meta["rows"]))
+
+    def column(self, name: str) -> list:
+        """One column of the step rows as a list (from the JSON rows when recorded)."""
+        rows = self.meta.get("rows")
+        if rows is not None and self.decoded is None:
+            return list(rows[name])
+        return self.table.column(name).to_pylist()
 
     @property
     def group_file(self) -> str:
@@ -127,11 +190,16 @@ class Catalog:
     def _read_step_file(self, rel: str, name: str) -> StepFile:
         path = self.backend.path(rel)
         data = self.backend.read(rel).to_pybytes()
-        if check_seal(data) is False:
+        sealed = check_seal(data)
+        if sealed is False:
             raise StoreError(f"{path}: CRC-32 differs from the one sealed in the file (corrupt)")
+        if sealed:
+            fast = self._fast_step_file(data, name, str(path))
+            if fast is not None:
+                return fast
         try:
             table = pq.ParquetFile(pa.BufferReader(data), page_checksum_verification=True).read()
-        except (pa.ArrowException, OSError) as exc:
+        except (pa.ArrowException, OSError, ValueError) as exc:  # damaged bytes
             raise StoreError(f"{path}: unreadable step file ({exc})") from None
         raw = (table.schema.metadata or {}).get(S.METADATA_KEY)
         version = S.check_version(raw, where=str(path))
@@ -147,7 +215,34 @@ class Catalog:
                 raise StoreError(f"{path}: step file without the {column!r} column")
         if needs_upgrade(version):
             table = upgrade_steps(table)
-        return StepFile(name, table, meta, version)
+        meta.pop("rows", None)  # the decoded table is the one used
+        return StepFile(name, meta, version, table)
+
+    @staticmethod
+    def _fast_step_file(data: bytes, name: str, where: str) -> StepFile | None:
+        """A sealed step file of the current layout read from the JSON in its footer (the
+        bytes are the writer's: the seal is checked), or ``None`` to decode it instead."""
+        raw_version = footer_value(data, S.METADATA_KEY)
+        raw_meta = footer_value(data, STORE_META_KEY)
+        if raw_version is None or raw_meta is None:
+            return None
+        version = S.check_version(raw_version, where=where)
+        if needs_upgrade(version):
+            return None
+        try:
+            meta = json.loads(raw_meta)
+        except ValueError:
+            return None
+        rows = meta.get("rows")
+        layout = S.step_schema()
+        if (
+            "group_file" not in meta
+            or not isinstance(rows, dict)
+            or not set(S.STEP_REQUIRED) <= set(rows)
+            or not set(rows) <= set(layout.names)
+        ):
+            return None
+        return StepFile(name, meta, version)
 
     # ------------------------------------------------------------------ the commit rule
     def hidden(self, names: Iterable[str], on_error: OnError) -> set[str]:
@@ -203,11 +298,9 @@ class Catalog:
             except StoreError as exc:
                 fail(on_error, exc)
                 continue
-            rows = step_file.table.select(["step", "rank", "kind", "num_groups"]).to_pydict()
+            columns = [step_file.column(c) for c in ("step", "rank", "kind", "num_groups")]
             starts = step_file.starts
-            for i, (step, rank, knd, count) in enumerate(
-                zip(rows["step"], rows["rank"], rows["kind"], rows["num_groups"])
-            ):
+            for i, (step, rank, knd, count) in enumerate(zip(*columns)):
                 if wanted is not None and step not in wanted:
                     continue
                 if wanted_ranks is not None and rank not in wanted_ranks:

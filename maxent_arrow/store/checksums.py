@@ -129,8 +129,11 @@ def check_seal(data: bytes) -> bool | None:
         expected = int(stored, 16)
     except ValueError:
         return False
-    zeroed = data[:start] + b"00000000" + data[start + 8 :]
-    return crc32_of(zeroed) == expected
+    view = memoryview(data)
+    crc = zlib.crc32(view[:start])
+    crc = zlib.crc32(b"00000000", crc)
+    crc = zlib.crc32(view[start + 8 :], crc)
+    return crc & 0xFFFFFFFF == expected
 
 
 # ---------------------------------------------------------------------------- group files

@@ -215,8 +215,9 @@ def _load(
         table = read_group_file(catalog.backend, step, options.columns, crc=crc)
         if unit.start or unit.num_groups != table.num_rows:
             table = table.slice(unit.start, unit.num_groups)
-        groups = strip_padding(_as_batch(table), S.group_schema())
-    return groups, step_row
+        groups = _as_batch(table)
+    # Padding of the run-wide layout reads as absent (also in caches built from the archive).
+    return strip_padding(groups, S.group_schema()), step_row
 
 
 def _partial_step_row(step_row: pa.RecordBatch, part: pa.RecordBatch) -> pa.RecordBatch:

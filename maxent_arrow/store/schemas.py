@@ -28,7 +28,7 @@ def file_schema(catalog: Catalog, rel: str) -> pa.Schema:
     try:
         with backend.open(rel) as source:
             schema = pq.read_schema(source)
-    except (pa.ArrowException, OSError) as exc:
+    except (pa.ArrowException, OSError, ValueError) as exc:  # damaged bytes
         raise StoreError(f"{backend.path(rel)}: unreadable Parquet footer ({exc})") from None
     version = S.check_version(
         (schema.metadata or {}).get(S.METADATA_KEY), where=str(backend.path(rel))
@@ -74,7 +74,7 @@ class UnifiedSchemas:
         if name in self.catalog.listing(STEPS, fresh=False):
             step = self.catalog.step_file(name)
             if table == STEPS:
-                return step.table.schema
+                return step.schema
             key = step.meta.get("schema_key")
             if key is not None and key in self._by_key:
                 return self._by_key[key]
@@ -112,6 +112,7 @@ class UnifiedSchemas:
         if not schemas:
             return S.group_schema() if table == GROUPS else S.step_schema()
         root = self.catalog.backend.path(table if table in (GROUPS, STEPS) else "")
-        unified = S.unify_schemas(schemas, where=str(root))
+        distinct = list({id(s): s for s in schemas}.values())  # files share schema objects
+        unified = S.unify_schemas(distinct, where=str(root))
         self._unified[table] = (frozenset(done), unified)
         return unified

@@ -39,14 +39,14 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as pads
 
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.arrow.upgrade import needs_upgrade
 from maxent_arrow.errors import MissingExtraError, QueryError, StoreError
+from maxent_arrow.store.backend import FileInfo
 from maxent_arrow.store.catalog import Catalog, OnError, StepFile, fail
 from maxent_arrow.store.checksums import check_chunks, crc32_of
-from maxent_arrow.store.layout import GROUPS
+from maxent_arrow.store.layout import GROUPS, STEPS
 from maxent_arrow.store.reader import conform, read_group_file
 from maxent_arrow.store.schemas import UnifiedSchemas
 
@@ -157,29 +157,30 @@ def samples_view_sql(
     )
 
 
-def _duck_types(con: Any, schema: pa.Schema) -> dict[str, str]:
-    """DuckDB's spelling of each column type."""
-    empty = pa.table({f.name: pa.array([], f.type) for f in schema})
+def _duck_types(con: Any, *schemas: pa.Schema) -> dict[pa.DataType, str]:
+    """DuckDB's spelling of each column type of ``schemas``. Asked only when a file lacks a
+    column or types differ: handing DuckDB an Arrow table imports pandas (~0.7 s)."""
+    types = list({f.type: None for schema in schemas for f in schema})
+    empty = pa.table({f"c{i}": pa.array([], t) for i, t in enumerate(types)})
     con.register("_maxent_types", empty)
     try:
-        return {row[0]: row[1] for row in con.execute("DESCRIBE _maxent_types").fetchall()}
+        rows = con.execute("DESCRIBE _maxent_types").fetchall()
+        return {types[int(row[0][1:])]: row[1] for row in rows}
     finally:
         con.unregister("_maxent_types")
 
 
-def _projection(unified: pa.Schema, file: pa.Schema, types: dict[str, str]) -> list[str] | None:
+def _projection(unified: pa.Schema, file: pa.Schema, null, cast) -> list[str]:
     """SQL that maps a file's columns onto the unified schema (NULLs where absent)."""
     out = []
     for field in unified:
         name = quote(field.name)
-        if field.name not in file.names:
-            out.append(f"NULL::{types[field.name]} AS {name}")
+        if field.name not in file.names or pa.types.is_null(file.field(field.name).type):
+            out.append(null(field))
         elif file.field(field.name).type == field.type:
             out.append(name)
-        elif pa.types.is_null(file.field(field.name).type):
-            out.append(f"NULL::{types[field.name]} AS {name}")
         else:
-            out.append(f"{name}::{types[field.name]} AS {name}")
+            out.append(cast(field))
     return out
 
 
@@ -195,6 +196,9 @@ class SqlViews:
         ``"skip"`` (left out of the views with a warning).
     threads:
         DuckDB worker threads (default: DuckDB's, all cores).
+    crc:
+        Check footers and column chunks against the CRC-32s recorded at append (``False``:
+        sizes only; the store's ``check_crc``).
     """
 
     def __init__(
@@ -204,11 +208,13 @@ class SqlViews:
         *,
         on_error: OnError,
         threads: int | None = None,
+        crc: bool = True,
     ):
         self.catalog = catalog
         self.schemas = schemas
         self.on_error = on_error
         self.threads = threads
+        self.crc = crc
         self.con: Any = None
         self._checked: set[tuple[str, str]] = set()
         self.refresh()
@@ -220,12 +226,15 @@ class SqlViews:
         if self.con is not None:
             self.con.close()
         self.con = duckdb.connect(database=":memory:")
+        self._types: dict[pa.DataType, str] | None = None  # asked for when first needed
+        self.step_paths: list[str] = []
         self.con.execute("SET parquet_metadata_cache = true")
         if self.threads is not None:
             self.con.execute(f"SET threads = {int(self.threads)}")
         self._checked.clear()
         backend = self.catalog.backend
         steps = list(self.catalog.committed_steps(self.on_error))
+        listing = self.catalog.listing(GROUPS)
         self.files: list[tuple[str, StepFile]] = []  # (relative path, step file) read by DuckDB
         legacy: list[pa.Table] = []
         for step in steps:
@@ -234,23 +243,26 @@ class SqlViews:
                 if needs_upgrade(step.version):
                     legacy.append(read_group_file(backend, step, None, crc=True))
                 else:
-                    self._check_file(rel, step)
+                    self._check_file(rel, step, listing.get(step.group_file))
                     self.files.append((rel, step))
             except StoreError as exc:
                 fail(self.on_error, exc)
         self.group_schema = self.schemas.get(GROUPS, self.on_error)
+        self.data_columns = self._data_columns(legacy)
         self.reward_names = self._reward_names(steps, legacy)
-        self._register_steps(steps)
+        self._create_steps(steps)
         self._create_groups(legacy)
         columns = set(self.group_schema.names)
         self.con.execute(f"CREATE VIEW samples AS {samples_view_sql(columns, self.reward_names)}")
         self._sandbox()
 
-    def _check_file(self, rel: str, step: StepFile) -> None:
-        """Size and footer of a group file as its step file recorded them."""
+    def _check_file(self, rel: str, step: StepFile, info: FileInfo | None) -> None:
+        """The size of a group file (``info``: from the directory listing) as its step file
+        recorded it. Its footer is checked with the chunks before the first query that reads
+        it (and the footer DuckDB binds a view to, when the view is made); a file written
+        before chunk CRCs were recorded is checked whole, once."""
         backend = self.catalog.backend
-        path = backend.path(rel)
-        info = backend.stat(rel)
+        path = backend.fs_path(rel)
         if info is None:
             raise StoreError(f"{path}: group file missing (its step file is committed)")
         expected = step.meta.get("group_size")
@@ -258,14 +270,29 @@ class SqlViews:
             raise StoreError(
                 f"{path}: size {info.size} bytes, expected {expected} (truncated or changed)"
             )
-        chunks = step.meta.get("chunks")
-        if chunks is not None:
-            check_chunks(str(path), chunks, lambda r: backend.read_ranges(rel, r), columns=())
-        elif step.meta.get("group_crc32") is not None:
+        if (
+            self.crc
+            and step.meta.get("chunks") is None
+            and step.meta.get("group_crc32") is not None
+        ):
             # Written before chunk CRCs were recorded: check the whole file once.
             if crc32_of(backend.read(rel)) != step.meta["group_crc32"]:
                 raise StoreError(f"{path}: CRC-32 differs from the recorded one (corrupt)")
             self._checked.add((rel, "*"))
+
+    def _data_columns(self, legacy: list[pa.Table]) -> set[str]:
+        """Group columns that some file carries data in: those its batch had when appended
+        (recorded in its step file); the rest of a file's columns are the run-wide layout's
+        padding (``store/padding.py``). A file without the record counts with all of its."""
+        if not self.files and not legacy:
+            return set(self.group_schema.names)  # an empty store: the layout's typed views
+        found: set[str] = set()
+        for rel, step in self.files:
+            recorded = step.meta.get("columns")
+            found.update(recorded if recorded is not None else self.schemas.file(rel).names)
+        for table in legacy:
+            found.update(table.column_names)
+        return found & set(self.group_schema.names)
 
     def _reward_names(self, steps: list[StepFile], legacy: list[pa.Table]) -> list[str]:
         names: dict[str, None] = {}
@@ -279,39 +306,67 @@ class SqlViews:
                     names.setdefault(name)
         return list(names)
 
-    def _register_steps(self, steps: list[StepFile]) -> None:
-        unified = self.schemas.get("steps", self.on_error).remove_metadata()
-        alike: dict[pa.Schema, list[pa.Table]] = {}  # step files of one schema, conformed once
-        for step in steps:
-            alike.setdefault(step.table.schema.remove_metadata(), []).append(step.table)
-        parts = [
-            conform(pa.concat_tables([t.replace_schema_metadata() for t in tables]), unified)
-            for tables in alike.values()
-        ]
-        table = pa.concat_tables(parts) if parts else unified.empty_table()
-        self.step_rows = table
-        self.con.register("_maxent_step_rows", table)
-        self.con.execute("CREATE VIEW steps AS SELECT * FROM _maxent_step_rows")
+    def _create_steps(self, steps: list[StepFile]) -> None:
+        """The ``steps`` view: DuckDB reads the current step files itself (they were read
+        and their seals checked already); schema-1.x rows, upgraded here, and step files on
+        object stores are handed over as Arrow tables."""
+        unified = self.schemas.get(STEPS, self.on_error).remove_metadata()
+        self.step_schema = unified
+        local = self.catalog.backend.local
+        direct = [s for s in steps if local and not needs_upgrade(s.version)]
+        handed = [s for s in steps if not (local and not needs_upgrade(s.version))]
+        parts = []
+        if direct:
+            present = {name for s in direct for name in s.schema.names}
+            cols = ", ".join(quote(f.name) if f.name in present else self._null(f) for f in unified)
+            rels = [f"{STEPS}/{s.name}" for s in direct]
+            self.step_paths = [self.catalog.backend.fs_path(rel) for rel in rels]
+            listing = "[" + ", ".join(sql_string(p) for p in self.step_paths) + "]"
+            parts.append(f"SELECT {cols} FROM read_parquet({listing}, union_by_name = true)")
+        if handed or not parts:
+            tables = [conform(s.table.replace_schema_metadata(), unified) for s in handed]
+            table = pa.concat_tables(tables) if tables else unified.empty_table()
+            self.con.register("_maxent_step_rows", table)
+            parts.append(
+                f"SELECT {', '.join(quote(f.name) for f in unified)} FROM _maxent_step_rows"
+            )
+        self.con.execute(f"CREATE VIEW steps AS {' UNION ALL '.join(parts)}")
+
+    def _cast(self, field: pa.Field) -> str:
+        if self._types is None:
+            self._types = _duck_types(self.con, self.group_schema, self.step_schema)
+        return f"{quote(field.name)}::{self._types[field.type]} AS {quote(field.name)}"
+
+    def _null(self, field: pa.Field) -> str:
+        """A typed NULL for a column some files lack (DuckDB's spelling of its type)."""
+        if self._types is None:
+            self._types = _duck_types(self.con, self.group_schema, self.step_schema)
+        return f"NULL::{self._types[field.type]} AS {quote(field.name)}"
 
     def _create_groups(self, legacy: list[pa.Table]) -> None:
         unified = self.group_schema.remove_metadata()
-        types = _duck_types(self.con, unified)
         parts = []
-        sets: dict[str, tuple[pa.Schema, list[str]]] = {}
-        for rel, _ in self.files:
+        sets: dict[str, tuple[pa.Schema, list[tuple[str, StepFile]]]] = {}
+        for rel, step in self.files:
             schema = self.schemas.file(rel)
             key = schema.to_string(show_field_metadata=False, show_schema_metadata=False)
-            sets.setdefault(key, (schema, []))[1].append(self.catalog.backend.fs_path(rel))
+            sets.setdefault(key, (schema, []))[1].append((rel, step))
         cols = ", ".join(quote(f.name) for f in unified)
         backend = self.catalog.backend
-        for i, (schema, paths) in enumerate(sets.values()):
-            projection = ", ".join(_projection(unified, schema, types))
+        for i, (schema, members) in enumerate(sets.values()):
+            members = self._bindable(members)
+            if not members:
+                continue
+            paths = [backend.fs_path(rel) for rel, _ in members]
+            projection = ", ".join(_projection(unified, schema, self._null, self._cast))
             if backend.local:
                 listing = "[" + ", ".join(sql_string(p) for p in paths) + "]"
                 parts.append(f"SELECT {projection} FROM read_parquet({listing})")
             else:
                 # Object stores: DuckDB scans them through pyarrow datasets on the store's own
                 # file system (projections and filters pushed down; no DuckDB extension).
+                import pyarrow.dataset as pads  # only here: it costs ~0.7 s to import
+
                 source = pads.dataset(
                     paths, schema=schema, format="parquet", filesystem=backend.filesystem
                 )
@@ -326,10 +381,31 @@ class SqlViews:
             parts.append(f"SELECT {cols} FROM _maxent_no_groups")
         self.con.execute(f"CREATE VIEW groups AS {' UNION ALL '.join(parts)}")
 
+    def _bindable(self, members: list[tuple[str, StepFile]]) -> list[tuple[str, StepFile]]:
+        """``members`` from the first whose footer is sound: DuckDB binds a view over a set of
+        files to the first file's footer, so that one is checked now (the others before the
+        first query that reads them). A damaged one is raised, or skipped with a warning."""
+        backend = self.catalog.backend
+        for at, (rel, step) in enumerate(members):
+            chunks = step.meta.get("chunks")
+            if chunks is None or not self.crc:
+                return members[at:]
+            try:
+                check_chunks(
+                    backend.fs_path(rel), chunks, lambda r, rel=rel: backend.read_ranges(rel, r), ()
+                )
+            except StoreError as exc:
+                fail(self.on_error, exc)
+                self.files.remove((rel, step))
+                continue
+            return members[at:]
+        return []
+
     def _sandbox(self) -> None:
         """Only the committed files may be read; nothing written, attached or installed."""
-        if self.catalog.backend.local and self.files:
+        if self.catalog.backend.local and (self.files or self.step_paths):
             paths = [self.catalog.backend.fs_path(rel) for rel, _ in self.files]
+            paths += self.step_paths
             self.con.execute(f"SET allowed_paths = [{', '.join(sql_string(p) for p in paths)}]")
         self.con.execute("SET enable_external_access = false")
         self.con.execute("SET lock_configuration = true")
@@ -373,9 +449,12 @@ class SqlViews:
         ok = all(walk(plan) for plan in (plans if isinstance(plans, list) else [plans]))
         return found if ok else None
 
-    def check_columns(self, columns: set[str] | None) -> None:
-        """Check the chunks of ``columns`` (``None``: all) in every file the views read; a
-        damaged file is raised, or left out (the views rebuilt without it) with a warning."""
+    def check_columns(self, columns: set[str] | None, *, footers: bool = False) -> None:
+        """Check the footer and the chunks of ``columns`` (``None``: all) in every file the
+        views read (``footers``: the footers even where no column is asked for); a damaged
+        file is raised, or left out (the views rebuilt without it) with a warning."""
+        if not self.crc:
+            return
         backend = self.catalog.backend
         damaged = False
         for rel, step in self.files:
@@ -386,11 +465,12 @@ class SqlViews:
                 if (rel, c) not in self._checked and (rel, "*") not in self._checked
             }
             chunks = step.meta.get("chunks")
-            if not todo or chunks is None:
+            footer = footers and (rel, "(footer)") not in self._checked
+            if (not todo and not footer) or chunks is None:
                 continue
             try:
                 check_chunks(
-                    str(backend.path(rel)),
+                    backend.fs_path(rel),
                     chunks,
                     lambda r, rel=rel: backend.read_ranges(rel, r),
                     todo,
@@ -399,17 +479,21 @@ class SqlViews:
                 fail(self.on_error, exc)
                 damaged = True
                 continue
-            self._checked.update((rel, c) for c in todo)
+            self._checked.update((rel, c) for c in todo | {"(footer)"})
         if damaged:
             # Leave the damaged files out: rebuild without them (skip mode only).
             bad = {rel for rel, step in self.files if not self._file_ok(rel, step, columns)}
             self._exclude(bad)
 
+    def check_footers(self) -> None:
+        """Check the footer of every file the views read (what ``inspect`` vouches for)."""
+        self.check_columns(set(), footers=True)
+
     def _file_ok(self, rel: str, step: StepFile, columns: set[str] | None) -> bool:
         backend = self.catalog.backend
         try:
             check_chunks(
-                str(backend.path(rel)),
+                backend.fs_path(rel),
                 step.meta["chunks"],
                 lambda r: backend.read_ranges(rel, r),
                 columns,
@@ -424,11 +508,13 @@ class SqlViews:
         duckdb = duckdb_module()
         self.con.close()
         self.con = duckdb.connect(database=":memory:")
+        self._types: dict[pa.DataType, str] | None = None  # asked for when first needed
+        self.step_paths: list[str] = []
         self.con.execute("SET parquet_metadata_cache = true")
         if self.threads is not None:
             self.con.execute(f"SET threads = {int(self.threads)}")
         steps = [step for _, step in keep]
-        self._register_steps(steps)
+        self._create_steps(steps)
         self._create_groups([])
         columns = set(self.group_schema.names)
         self.con.execute(f"CREATE VIEW samples AS {samples_view_sql(columns, self.reward_names)}")
@@ -443,7 +529,8 @@ class SqlViews:
         """
         if not trusted:
             check_query(query)
-        self.check_columns(self._scanned_columns(query))
+        if self.crc:
+            self.check_columns(self._scanned_columns(query))
         return self._run(query, params)
 
     def _run(self, query: str, params: Any) -> pa.Table:

@@ -14,20 +14,22 @@ aside only by :meth:`RolloutStore.repair`.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.fs as pafs
 
+from maxent_arrow.arrow import schema as S
 from maxent_arrow.errors import StoreError
 from maxent_arrow.rollout import RolloutBatch
 from maxent_arrow.store import admin, manifest
 from maxent_arrow.store.backend import Backend, open_backend
-from maxent_arrow.store.cache import write_cache
+from maxent_arrow.store.cache import unit_group_crc32, write_cache
 from maxent_arrow.store.catalog import Catalog, OnError, Unit, check_on_error
-from maxent_arrow.store.layout import GROUPS, STEPS, cache_name
+from maxent_arrow.store.layout import GROUPS, STEPS, cache_name, parse_name
+from maxent_arrow.store.padding import strip_padding
 from maxent_arrow.store.parquet import check_compression
 from maxent_arrow.store.reader import GroupFileRead, read_group_file, read_table
 from maxent_arrow.store.replay import ReplayOptions, replay
@@ -35,7 +37,13 @@ from maxent_arrow.store.schemas import UnifiedSchemas
 from maxent_arrow.store.sql import SqlViews
 from maxent_arrow.store.writer import Writer
 
-__all__ = ["RolloutStore"]
+if TYPE_CHECKING:
+    import pyarrow.fs as pafs
+
+__all__ = ["DEFAULT_COMPACT_EVERY", "RolloutStore"]
+
+# One-step files per rank and kind that the writer merges into one segment (``compact_every``).
+DEFAULT_COMPACT_EVERY = 100
 
 
 class RolloutStore:
@@ -62,6 +70,14 @@ class RolloutStore:
     compression, compression_level:
         Parquet codec of the group files this object writes (default zstd level 1; ``"lz4"``
         or ``"none"`` write faster and larger files).
+    compact_every:
+        The small-file policy of this writer (local stores): once a rank has this many
+        committed one-step files of a kind, the append that made it so merges them into one
+        segment (:meth:`compact`, atomic and crash-safe), so that a long run is a few files
+        per rank rather than one per step, for every reader. The append is committed before
+        the merge starts; a merge that fails is a warning, retried at the next append.
+        ``None`` never merges. Each row is written twice in all (once per append, once in its
+        segment); segments are never merged again.
     """
 
     def __init__(
@@ -74,8 +90,14 @@ class RolloutStore:
         check_crc: bool = True,
         compression: str = "zstd",
         compression_level: int | None = 1,
+        compact_every: int | None = DEFAULT_COMPACT_EVERY,
     ):
         self.backend = open_backend(root, filesystem)
+        every = compact_every
+        bad = isinstance(every, bool) or not isinstance(every, int) or every < 2
+        if every is not None and bad:
+            raise StoreError(f"compact_every: expected None or an int >= 2, got {compact_every!r}")
+        self.compact_every = compact_every
         self.manifest = manifest.read(self.backend)
         self.cache_enabled = bool(cache)
         self.on_error = check_on_error(on_error)
@@ -212,7 +234,44 @@ class RolloutStore:
         committed (``docs/commit-protocol.md``). A (step, rank, kind) already in the store, a
         column whose type conflicts with the store's, a full disk or a read-only directory
         raise (:class:`StoreError`, :class:`SchemaError`) and leave the store as it was."""
-        return self.writer.append(batch)
+        path = self.writer.append(batch)
+        if self.compact_every is not None and self.backend.local:
+            self._merge_small_files(batch.rank, batch.kind)
+        return path
+
+    def _merge_small_files(self, rank: int, kind: str) -> None:
+        """The ``compact_every`` policy: merge the rank's one-step files of ``kind`` once
+        there are enough of them."""
+        loose = [
+            name
+            for name in self.catalog.committed("skip")
+            if (parsed := parse_name(name)) is not None
+            and not parsed.compacted
+            and parsed.first_rank == rank
+            and parsed.kind == kind
+        ]
+        if len(loose) < self.compact_every:
+            return
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # a damaged file is verify's to report
+                admin.compact(
+                    self.catalog,
+                    self.schemas,
+                    kind=kind,
+                    steps=None,
+                    ranks=[rank],
+                    max_steps=None,
+                    compression=self.compression,
+                    compression_level=self.compression_level,
+                    loose_only=True,
+                )
+        except (StoreError, OSError) as exc:
+            warnings.warn(
+                f"{self.uri}: the append is committed, but merging the {len(loose)} one-step "
+                f"files of rank {rank} ({kind}) failed and is retried at the next append: {exc}",
+                stacklevel=3,
+            )
 
     def build_cache(self, *, steps: Iterable[int] | None = None, kind: str | None = None) -> int:
         """Write IPC cache copies of committed units that have none; returns how many."""
@@ -222,9 +281,10 @@ class RolloutStore:
                 continue
             step = self.catalog.step_file(unit.step_file)
             table = read_group_file(self.backend, step, None, crc=self.check_crc)
-            groups = table.slice(unit.start, unit.num_groups)
-            batch = RolloutBatch(groups, step.table.slice(unit.row, 1), validate=False)
-            write_cache(self.backend, batch, unit.name, step.meta.get("group_crc32"))
+            groups = strip_padding(table.slice(unit.start, unit.num_groups), S.group_schema())
+            step_row = strip_padding(step.table.slice(unit.row, 1), S.step_schema())
+            batch = RolloutBatch(groups, step_row, validate=False)
+            write_cache(self.backend, batch, unit.name, unit_group_crc32(step, unit.name))
             made += 1
         return made
 
@@ -299,7 +359,11 @@ class RolloutStore:
         committed files, checked and sandboxed (:class:`~maxent_arrow.store.sql.SqlViews`);
         close it when done."""
         return SqlViews(
-            self.catalog, self.schemas, on_error=self._on_error(on_error), threads=threads
+            self.catalog,
+            self.schemas,
+            on_error=self._on_error(on_error),
+            threads=threads,
+            crc=self.check_crc,
         )
 
     def sql(self, query: str, *, on_error: OnError | None = None) -> pa.Table:

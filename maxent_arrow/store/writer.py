@@ -34,7 +34,7 @@ from maxent_arrow.errors import SchemaError, StoreError
 from maxent_arrow.rollout import BATCH_META_KEY, RolloutBatch
 from maxent_arrow.store.backend import Backend, Pending, crash_point
 from maxent_arrow.store.cache import write_cache
-from maxent_arrow.store.catalog import Catalog
+from maxent_arrow.store.catalog import Catalog, step_rows_json
 from maxent_arrow.store.checksums import chunk_crcs
 from maxent_arrow.store.layout import CONFIG_META_KEY, GROUPS, STEPS, STORE_META_KEY, unit_name
 from maxent_arrow.store.padding import pad_to_layout
@@ -66,7 +66,9 @@ def group_file_meta(backend: Backend, pending: Pending, **extra: Any) -> dict[st
 
 
 def step_file_bytes(step_rows: pa.Table, meta: dict[str, Any]) -> bytes:
-    """A sealed step file: the step rows, with the store metadata in the file metadata."""
+    """A sealed step file: the step rows, with the store metadata (and the rows again, as
+    JSON, for the catalog) in the file metadata."""
+    meta = {**meta, "rows": step_rows_json(step_rows)}
     return parquet_bytes(
         step_rows,
         {STORE_META_KEY: json.dumps(meta).encode(), S.METADATA_KEY: S.SCHEMA_VERSION.encode()},
@@ -116,7 +118,12 @@ class Writer:
         )
         crash_point("append:group-written")
         try:
-            meta = group_file_meta(self.backend, group, reward_names=_reward_names(batch.groups))
+            meta = group_file_meta(
+                self.backend,
+                group,
+                reward_names=_reward_names(batch.groups),
+                columns=batch.groups.schema.names,  # the rest is padding (store/padding.py)
+            )
             step_rows = pad_to_layout(pa.Table.from_batches([batch.step_row]), S.step_schema())
             step_bytes = step_file_bytes(step_rows, meta)
             step = self.backend.write_temp(f"{STEPS}/{name}", step_bytes)

@@ -158,6 +158,34 @@ def test_ipc_cache_replay_is_zero_copy(tmp_path):
     assert pa.total_allocated_bytes() - before > tokens.values.numel() * 4
 
 
+def test_ipc_cache_copies_stay_served_after_compaction(tmp_path):
+    """A segment records the CRC of the group file each unit was appended in, so the copies
+    tied to it are still served (memory-mapped) after ``compact``; verify checks them."""
+    store = RolloutStore.create(tmp_path / "s", cache=True)
+    batches = [make_batch(s, groups=16, k=(8, 8), max_tokens=64) for s in range(3)]
+    for b in batches:
+        store.append(b)
+    (segment,) = store.compact()
+    assert [p.name for p in store.committed_files()] == [segment.name]
+    before = pa.total_allocated_bytes()
+    got = list(store.replay(source="cache"))
+    assert pa.total_allocated_bytes() - before < sum(b.groups.nbytes for b in batches) / 50
+    assert [b.groups.equals(o.groups) for b, o in zip(got, batches)] == [True] * 3
+    report = store.verify()
+    assert report.ok and report.checked == 1 + 1 + 3, str(report)  # step, group, 3 copies
+    # A copy that is not of the committed rows is refused by verify and never served.
+    cache = store.root / "cache" / "step-0000000001.rank-00000.train.arrow"
+    other = RolloutStore.create(tmp_path / "other", cache=True)
+    other.append(make_batch(1, seed=99, groups=16, k=(8, 8), max_tokens=64))
+    cache.write_bytes((other.root / "cache" / cache.name).read_bytes())
+    assert [b.step for b in store.replay(source="auto")] == [0, 1, 2]
+    assert next(b for b in store.replay(source="auto") if b.step == 1).groups.equals(
+        batches[1].groups
+    )
+    notes = {n.path: n.problem for n in store.verify().notes}
+    assert "not served" in notes[cache]
+
+
 def test_build_cache_and_source_choice(store):
     with pytest.raises(StoreError, match="no IPC cache"):
         list(store.replay(source="cache"))
@@ -445,3 +473,50 @@ def test_schema_is_unified_incrementally(tmp_path):
     assert store.schema().names == [*first.names, "extra"]
     store.compact()
     assert store.schema().equals(RolloutStore(store.root).schema())
+
+
+def test_writer_merges_small_files_by_policy(tmp_path):
+    """``compact_every``: once a rank has that many one-step files of a kind, the append that
+    made it so merges them into one segment; other ranks and kinds keep theirs, segments are
+    never merged again, and every batch reads back as appended."""
+    store = RolloutStore.create(tmp_path / "s", compact_every=3, cache=True)
+    appended = [make_batch(s) for s in range(7)] + [make_batch(0, rank=1), make_batch(1, rank=1)]
+    appended.append(make_batch(7, kind="eval"))
+    for batch in appended:
+        store.append(batch)
+    names = sorted(p.name for p in store.committed_files("steps"))
+    segments = [n for n in names if n.startswith("compact-")]
+    assert len(segments) == 2 and len(names) == 2 + 1 + 2 + 1, names
+    assert sorted(os.listdir(store.root / "groups")) == sorted(
+        p.name for p in store.committed_files()
+    )
+    got = {(b.step, b.rank, b.kind): b for b in store.replay(kind=None, source="parquet")}
+    assert len(got) == len(appended)
+    for batch in appended:
+        assert got[(batch.step, batch.rank, batch.kind)].groups.equals(batch.groups)
+    assert store.verify().ok
+    # Three more loose files: one more segment; the two earlier ones are left as they are.
+    for s in range(7, 10):
+        store.append(make_batch(s))
+    again = sorted(p.name for p in store.committed_files("steps"))
+    assert set(segments) <= set(again) and len([n for n in again if n.startswith("compact-")]) == 3
+    off = RolloutStore.create(tmp_path / "off", compact_every=None)
+    for batch in appended[:7]:
+        off.append(batch)
+    assert len(off.committed_files()) == 7
+    with pytest.raises(StoreError, match="compact_every"):
+        RolloutStore(tmp_path / "off", compact_every=1)
+
+
+def test_a_failed_merge_warns_and_keeps_the_append(tmp_path):
+    store = RolloutStore.create(tmp_path / "s", compact_every=2)
+    store.append(make_batch(0))
+    damaged = store.committed_files()[0]
+    data = bytearray(damaged.read_bytes())
+    data[len(data) // 3] ^= 0xFF
+    damaged.write_bytes(bytes(data))
+    with pytest.warns(UserWarning, match="the append is committed, but merging the 2 one-step"):
+        store.append(make_batch(1))
+    assert store.steps() == [0, 1]
+    assert [p.name for p in store.committed_files()][1].startswith("step-0000000001")
+    assert [p.path for p in store.verify().problems] == [damaged]
