@@ -310,8 +310,23 @@ class Ragged:
         return padded, mask
 
     def to_nested(self) -> torch.Tensor:
-        """A jagged-layout nested tensor that views ``values`` (no copy)."""
-        return torch.nested.nested_tensor_from_jagged(self.values, self.offsets)
+        """A jagged-layout nested tensor that views ``values`` (no copy).
+
+        Its ``min_seqlen`` / ``max_seqlen`` are the shortest and longest rows, so
+        ``to_padded_tensor`` pads to the longest row. Without them torch takes the total value
+        count as the longest row: a 3-row toy padded to ``[3, 6]`` instead of ``[3, 3]``, a
+        4096-row batch asked for 43 GB (docs/arrow-layout.md, "Traps"). Reading the two
+        lengths synchronises once on a GPU. For padding on a hot path prefer
+        :meth:`to_padded` (one vectorised pass, and a mask).
+        """
+        if len(self):
+            lengths = self.lengths()
+            shortest, longest = (int(x) for x in torch.aminmax(lengths))
+        else:
+            shortest = longest = 0
+        return torch.nested.nested_tensor_from_jagged(
+            self.values, self.offsets, min_seqlen=shortest, max_seqlen=longest
+        )
 
     def to(self, device: torch.device | str, *, non_blocking: bool = False) -> Ragged:
         """Move values and offsets (two copies of the ragged bytes, no padding crosses)."""

@@ -297,6 +297,36 @@ def test_to_nested_views_values_and_keeps_rows():
     assert [t.tolist() for t in nested.unbind()] == ragged.tolist()
 
 
+def test_to_nested_pads_to_the_longest_row_not_the_total_value_count():
+    # Built without max_seqlen, torch padded this toy to [3, 6] (the value count).
+    ragged = Ragged.from_lists([[1, 2, 3], [4, 5], [6]])
+    padded = ragged.to_nested().to_padded_tensor(0)
+    assert padded.shape == (3, 3)
+    assert torch.equal(padded, torch.tensor([[1, 2, 3], [4, 5, 0], [6, 0, 0]]))
+
+
+def test_to_nested_of_a_realistic_batch_pads_like_to_padded():
+    # The shape of bench_ragged (b): 4096 completions of 128..512 tokens. Without max_seqlen
+    # the padded tensor was [4096, ~1.3M] (43 GB).
+    rng = np.random.default_rng(3)
+    lengths = torch.from_numpy(rng.integers(128, 513, 4096))
+    values = torch.from_numpy(rng.integers(0, 151_936, int(lengths.sum())))
+    ragged = Ragged.from_lengths(values, lengths)
+    nested = ragged.to_nested()
+    assert nested.values().data_ptr() == values.data_ptr()
+    padded = nested.to_padded_tensor(-1)
+    assert padded.shape == (4096, int(lengths.max()))
+    expected, _ = ragged.to_padded(-1)
+    assert torch.equal(padded, expected)
+
+
+def test_to_nested_keeps_trailing_dimensions_and_empty_batches():
+    ragged = Ragged(torch.arange(6.0).reshape(3, 2), torch.tensor([0, 1, 1, 3]))
+    assert ragged.to_nested().to_padded_tensor(0.0).shape == (3, 2, 2)
+    empty = Ragged(torch.zeros(0), torch.zeros(1, dtype=torch.int64))
+    assert empty.to_nested().to_padded_tensor(0.0).shape == (0, 0)
+
+
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.float32, torch.float64])
 def test_to_arrow_round_trip_shares_cpu_values(dtype):
     ragged = Ragged.from_lists([[1, 2], [], [3]], dtype=dtype)
