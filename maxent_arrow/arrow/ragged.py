@@ -419,7 +419,8 @@ def prefix_mask(
             table = np.less(columns, table)
         else:
             table = np.greater_equal(columns, width - table)
-        np.take(table, lengths, axis=0, out=out)
+        # mode="clip": with out= and the default mode="raise", numpy buffers the whole output.
+        np.take(table, lengths, axis=0, out=out, mode="clip")
     elif side == "right":
         np.less(columns, lengths.astype(small)[:, None], out=out)
     else:
