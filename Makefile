@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # requirement with no torch installed would pull a multi-GB CUDA build.
 TORCH_PIN := torch==2.13.0
 
-.PHONY: demo test test-fast bench lint venv clean
+.PHONY: demo test test-fast bench bench-quick lint venv clean
 
 venv: $(STAMP)
 
@@ -28,8 +28,13 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"
 
+# Every benchmarks/bench_*.py, all of them even after a miss; a summary, benchmarks/results.json
+# and the README's table regenerated from it; fails at the end if any script missed a target.
 bench: $(STAMP)
-	for b in benchmarks/bench_*.py; do $(PY) $$b || exit 1; done
+	$(PY) benchmarks/run_all.py --readme README.md
+
+bench-quick: $(STAMP)
+	$(PY) benchmarks/run_all.py --quick
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check maxent_arrow tests benchmarks examples data

@@ -22,6 +22,14 @@ from maxent_arrow.errors import LayoutError, SchemaError
 __all__ = ["Ragged", "arrow_to_torch", "torch_to_arrow"]
 
 _INT32_MAX = 2**31 - 1
+_DLPACK_TYPE_IDS = frozenset(
+    t.id
+    for t in (
+        pa.int8(), pa.int16(), pa.int32(), pa.int64(),
+        pa.uint8(), pa.uint16(), pa.uint32(), pa.uint64(),
+        pa.float32(), pa.float64(),
+    )
+)  # fmt: skip
 
 
 def arrow_to_torch(array: pa.Array | pa.ChunkedArray, *, field: str = "values") -> torch.Tensor:
@@ -32,6 +40,10 @@ def arrow_to_torch(array: pa.Array | pa.ChunkedArray, *, field: str = "values") 
     """
     if isinstance(array, pa.ChunkedArray):
         array = single_array(array)
+    # The common case first (a null-free integer or float array): within ~0.1 us of a bare
+    # ``torch.from_dlpack`` (benchmarks/bench_ragged.py (a)).
+    if array.type.id in _DLPACK_TYPE_IDS and not array.null_count:
+        return torch.from_dlpack(array)
     if array.null_count:
         where = first_null(array)
         raise LayoutError(f"{field}: expected no nulls, got a null at position {where}")
@@ -254,15 +266,17 @@ class Ragged:
         max_len: int | None = None,
         dtype: torch.dtype | None = None,
         side: Literal["right", "left"] = "right",
+        out: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Pad the rows into ``[rows, width, *trailing]`` and return ``(padded, mask)``.
 
-        One vectorised pass, never a loop over rows: the mask is built run-length from the
-        lengths, the output is filled with ``pad_value`` and the values are scattered through
-        the mask (converted to ``dtype`` on the way). ``mask`` is ``torch.bool``, True on real
-        entries. On CPU the scatter runs in numpy (``Tensor.masked_scatter_`` makes a prefix-sum
-        pass first); on other devices, for bfloat16, and for values that require grad, it runs
-        in torch on the values' device.
+        One vectorised pass, never a loop over rows: the mask is built from the lengths (rows
+        of a small prefix table copied, see :func:`prefix_mask`), the output is filled with
+        ``pad_value`` and the values are scattered through the mask (converted to ``dtype`` on
+        the way). ``mask`` is ``torch.bool``, True on real entries. On CPU the scatter runs in
+        numpy (``Tensor.masked_scatter_`` makes a prefix-sum pass first, and torch's parallel
+        kernels wait for a free core on a busy machine); on other devices, for bfloat16, and for
+        values that require grad, it runs in torch on the values' device.
 
         Parameters
         ----------
@@ -275,43 +289,72 @@ class Ragged:
             Dtype of ``padded`` (default: the values' dtype), e.g. ``torch.int64`` for token ids.
         side:
             ``"right"`` puts the values first (completions); ``"left"`` right-aligns them (prompts).
+        out:
+            ``(padded, mask)`` tensors to write into instead of allocating (a training loop
+            reuses them step after step; fresh pages cost about as much as the writes): exactly
+            ``[rows, width, *trailing]`` of ``dtype`` and ``[rows, width]`` bool, contiguous,
+            on the values' device. They are returned.
         """
         if side not in ("right", "left"):
             raise LayoutError(f"Ragged.to_padded: side must be 'right' or 'left', got {side!r}")
         lengths = self.lengths()
         rows = len(self)
-        longest = int(lengths.max()) if rows else 0
+        if self.device.type == "cpu":
+            lens = lengths.numpy()
+            longest = int(lens.max()) if rows else 0
+        else:
+            longest = int(lengths.max()) if rows else 0
         width = longest if max_len is None else int(max_len)
         if width < 0:
             raise LayoutError(f"Ragged.to_padded: max_len must be >= 0, got {max_len}")
         out_dtype = dtype or self.values.dtype
+        shape = (rows, width, *self.values.shape[1:])
+        if out is not None:
+            _check_out(out, shape, out_dtype, self.values.device)
         if _numpy_can_pad(self.values, out_dtype):
-            return _pad_numpy(self.values, lengths, width, longest, pad_value, out_dtype, side)
+            return _pad_numpy(self.values, lens, width, longest, pad_value, out_dtype, side, out)
         values = self.values
         if width < longest:
             keep = self.positions() < width
             values = values[keep]
             lengths = lengths.clamp(max=width)
-        trailing = tuple(values.shape[1:])
-        padded = torch.full(
-            (rows, width, *trailing), pad_value, dtype=out_dtype, device=values.device
-        )
+        if out is None:
+            padded = torch.full(shape, pad_value, dtype=out_dtype, device=values.device)
+            mask = torch.empty((rows, width), dtype=torch.bool, device=values.device)
+        else:
+            padded, mask = out
+            padded.fill_(pad_value)
         columns = torch.arange(width, device=values.device)
         if side == "right":
-            mask = columns < lengths[:, None]
+            torch.lt(columns, lengths[:, None], out=mask)
         else:
-            mask = columns >= (width - lengths)[:, None]
+            torch.ge(columns, (width - lengths)[:, None], out=mask)
         if values.numel():
             source = values.to(out_dtype)
-            if trailing:
+            if len(shape) > 2:
                 padded[mask] = source
             else:
                 padded.masked_scatter_(mask, source)
         return padded, mask
 
     def to_nested(self) -> torch.Tensor:
-        """A jagged-layout nested tensor that views ``values`` (no copy)."""
-        return torch.nested.nested_tensor_from_jagged(self.values, self.offsets)
+        """A jagged-layout nested tensor that views ``values`` (no copy).
+
+        Its ``min_seqlen`` / ``max_seqlen`` are the shortest and longest rows, so
+        ``to_padded_tensor`` pads to the longest row. Without them torch takes the total value
+        count as the longest row: a 3-row toy padded to ``[3, 6]`` instead of ``[3, 3]``, a
+        4096-row batch asked for 43 GB (docs/arrow-layout.md, "Traps"). Reading the two
+        lengths synchronises once on a GPU. For padding on a hot path prefer
+        :meth:`to_padded` (one vectorised pass, and a mask).
+        """
+        if len(self):
+            lengths = self.lengths()
+            shortest, longest = (int(x) for x in torch.aminmax(lengths))
+        else:
+            shortest = longest = 0
+        return torch.nested.nested_tensor_from_jagged(
+            self.values, self.offsets, min_seqlen=shortest, max_seqlen=longest
+        )
 
     def to(self, device: torch.device | str, *, non_blocking: bool = False) -> Ragged:
         """Move values and offsets (two copies of the ragged bytes, no padding crosses)."""
@@ -347,52 +390,116 @@ def _numpy_can_pad(values: torch.Tensor, out_dtype: torch.dtype) -> bool:
     )
 
 
-def _runs(first: np.ndarray, second: np.ndarray, lead: bool) -> np.ndarray:
-    """``first[i]`` times ``lead`` then ``second[i]`` times ``not lead``, for every i, flat.
+def prefix_mask(
+    lengths: np.ndarray,
+    width: int,
+    *,
+    side: Literal["right", "left"] = "right",
+    out: np.ndarray | None = None,
+) -> np.ndarray:
+    """``bool [rows, width]``, True in the first ``lengths[i]`` columns of row ``i`` (the last
+    ones for ``side="left"``); ``lengths`` must lie in ``[0, width]``.
 
-    A run-length decode (``np.repeat`` over 2 * rows runs): for the padding mask it is ~5x
-    faster than comparing an ``arange`` against the lengths, which touches every cell twice.
+    With more rows than columns (the usual shape of a batch) row ``i`` is a copy of row
+    ``lengths[i]`` of a ``[width + 1, width]`` table of prefixes (``np.take`` copies whole
+    rows: ~0.2 ms for 8192 x 512, where comparing an ``arange`` against the lengths takes
+    ~0.8 ms and a run-length ``np.repeat`` ~3 ms on this project's CPU); otherwise the
+    comparison. Written into ``out`` when given (C-contiguous bool of that shape).
     """
+    rows = int(lengths.shape[0])
+    if out is None:
+        out = np.empty((rows, width), dtype=bool)
+    if rows == 0 or width == 0:
+        return out
+    small = np.int32 if width < _INT32_MAX else np.int64
+    columns = np.arange(width, dtype=small)
+    if rows > width:
+        table = np.arange(width + 1, dtype=small)[:, None]
+        if side == "right":
+            table = np.less(columns, table)
+        else:
+            table = np.greater_equal(columns, width - table)
+        # mode="clip": with out= and the default mode="raise", numpy buffers the whole output.
+        np.take(table, lengths, axis=0, out=out, mode="clip")
+    elif side == "right":
+        np.less(columns, lengths.astype(small)[:, None], out=out)
+    else:
+        np.greater_equal(columns, (width - lengths).astype(small)[:, None], out=out)
+    return out
+
+
+def _runs(first: np.ndarray, second: np.ndarray) -> np.ndarray:
+    """``first[i]`` times True then ``second[i]`` times False, for every i, flat (a run-length
+    decode over the ragged values, for head truncation)."""
     counts = np.empty(2 * first.size, dtype=np.int64)
     counts[0::2] = first
     counts[1::2] = second
-    pattern = np.tile(np.array([lead, not lead]), first.size)
-    return np.repeat(pattern, counts)
+    return np.repeat(np.tile(np.array([True, False]), first.size), counts)
+
+
+def _check_out(
+    out: tuple[torch.Tensor, torch.Tensor],
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    device: torch.device,
+) -> None:
+    padded, mask = out
+    for name, tensor, want_shape, want_dtype in (
+        ("padded", padded, shape, dtype),
+        ("mask", mask, shape[:2], torch.bool),
+    ):
+        if (
+            tuple(tensor.shape) != tuple(want_shape)
+            or tensor.dtype != want_dtype
+            or tensor.device != device
+            or not tensor.is_contiguous()
+        ):
+            raise LayoutError(
+                f"Ragged.to_padded: out {name} must be a contiguous {want_dtype} tensor of shape "
+                f"{tuple(want_shape)} on {device}, got {tensor.dtype} {tuple(tensor.shape)} on "
+                f"{tensor.device}{'' if tensor.is_contiguous() else ' (not contiguous)'}"
+            )
 
 
 def _pad_numpy(
     values: torch.Tensor,
-    lengths: torch.Tensor,
+    lens: np.ndarray,
     width: int,
     longest: int,
     pad_value: float | int,
     out_dtype: torch.dtype,
     side: str,
+    out: tuple[torch.Tensor, torch.Tensor] | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """CPU padding: numpy boolean-mask assignment walks mask and values once, in order."""
-    rows = lengths.numel()
-    lens = lengths.numpy()
+    rows = lens.shape[0]
     source = values.detach().numpy()
-    kept = np.minimum(lens, width) if width < longest else lens
     if width < longest:
+        kept = np.minimum(lens, width)
         # Head truncation: keep the first `width` values of each row (one compaction pass).
-        source = source[_runs(kept, lens - kept, True)]
-    if side == "right":
-        flat_mask = _runs(kept, width - kept, True)
+        source = source[_runs(kept, lens - kept)]
     else:
-        flat_mask = _runs(width - kept, kept, False)
-    mask = flat_mask.reshape(rows, width)
-    # numpy's single-threaded fill, not torch.full: on a busy machine torch's parallel fill
-    # waits for a worker thread to be scheduled (measured 15 ms instead of 0.1 ms for 1 MiB).
-    numpy_dtype = torch.empty(0, dtype=out_dtype).numpy().dtype
+        kept = lens
     shape = (rows, width, *values.shape[1:])
-    # A zero pad needs no fill pass: calloc'd pages arrive zeroed from the kernel.
-    padded = (
-        np.zeros(shape, numpy_dtype) if pad_value == 0 else np.full(shape, pad_value, numpy_dtype)
-    )
+    if out is None:
+        mask = prefix_mask(kept, width, side=side)
+        # numpy's single-threaded fill, not torch.full: on a busy machine torch's parallel fill
+        # waits for a worker thread to be scheduled (measured 15 ms instead of 0.1 ms for
+        # 1 MiB). A zero pad needs no fill pass: calloc'd pages arrive zeroed from the kernel.
+        numpy_dtype = torch.empty(0, dtype=out_dtype).numpy().dtype
+        if pad_value == 0:
+            padded = np.zeros(shape, numpy_dtype)
+        else:
+            padded = np.full(shape, pad_value, numpy_dtype)
+    else:
+        padded, mask = out[0].numpy(), out[1].numpy()
+        prefix_mask(kept, width, side=side, out=mask)
+        padded.fill(pad_value)
     if source.shape[0]:
         padded[mask] = source
-    return torch.from_numpy(padded), torch.from_numpy(mask)
+    return torch.from_numpy(padded) if out is None else out[0], (
+        torch.from_numpy(mask) if out is None else out[1]
+    )
 
 
 def _check_offsets(offsets: torch.Tensor, values: torch.Tensor) -> None:

@@ -41,6 +41,7 @@ from maxent_arrow.compute.segments import (
     finite_range,
     flat_values,
     grouped_input,
+    log2,
     shift_,
     shift_mode,
     work_dtype,
@@ -526,7 +527,7 @@ def maxent_weights(
     d = tau + beta if denominator == "tau+beta" else tau
     # The logits in base 2: (log2 max(q, 1e-12) + β log2(e) ρ) / D, for exp2 below. The clamp
     # pass runs only when some q is below the floor.
-    logits = torch.log2(qv.clamp(min=_MIN_Q) if q_low < _MIN_Q else qv, out=out)
+    logits = log2(qv.clamp(min=_MIN_Q) if q_low < _MIN_Q else qv, out=out)
     if beta != 0.0:
         logits.add_(rho, alpha=beta * LOG2E)
     logits.mul_(1.0 / d)

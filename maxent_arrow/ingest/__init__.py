@@ -1,9 +1,9 @@
 """Trainer ingestion: Arrow group rows to the tensors a model scores.
 
 :func:`build_score_batch` (a ``ScoreBatch`` in one vectorised pass, optionally on the GPU after
-one pinned copy), packing into padded slices or padding-free rows (:mod:`.packing`), the
-collate step of a data loader (:class:`GroupCollator`) and the prompt-token cache
-(:class:`PromptCache`).
+one pinned copy, optionally into the reused buffers of a :class:`ScoreBatchWorkspace`),
+packing into padded slices or padding-free rows (:mod:`.packing`), the collate step of a data
+loader (:class:`GroupCollator`) and the prompt-token cache (:class:`PromptCache`).
 """
 
 from maxent_arrow import lazy
@@ -13,6 +13,7 @@ __all__, __getattr__, __dir__ = lazy.exports(
     {
         ".score_batch": [
             "build_score_batch",
+            "ScoreBatchWorkspace",
             "ragged_to_device",
             "resolve_device",
             "resolve_pad_token_id",

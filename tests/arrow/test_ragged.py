@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -261,6 +262,51 @@ def test_to_padded_matches_a_plain_loop(rng, n_rows, longest, max_len, side, dty
     assert torch.equal(mask, expected_mask)
 
 
+@pytest.mark.parametrize("n_rows, longest, max_len, side, dtype, trailing", CASES)
+@pytest.mark.parametrize("kind", ["int32", "bfloat16"])  # the numpy path and the torch path
+def test_to_padded_into_out_buffers_equals_fresh_and_reuses_them(
+    rng, n_rows, longest, max_len, side, dtype, trailing, kind
+):
+    lengths = rng.integers(0, longest + 1, n_rows)
+    data = torch.from_numpy(rng.normal(size=(int(lengths.sum()), *trailing)) * 100)
+    values = data.to(torch.int32) if kind == "int32" else data.to(torch.bfloat16)
+    ragged = Ragged.from_lengths(values, lengths.tolist())
+    fresh, fresh_mask = ragged.to_padded(-7, max_len=max_len, dtype=dtype, side=side)
+    # Buffers holding garbage from an earlier step: everything must be overwritten.
+    buffers = (torch.full_like(fresh, 99), torch.ones_like(fresh_mask))
+    pointers = [b.data_ptr() for b in buffers]
+    padded, mask = ragged.to_padded(-7, max_len=max_len, dtype=dtype, side=side, out=buffers)
+    assert padded is buffers[0] and mask is buffers[1]
+    assert [padded.data_ptr(), mask.data_ptr()] == pointers
+    assert torch.equal(padded, fresh) and torch.equal(mask, fresh_mask)
+
+
+def test_to_padded_refuses_out_buffers_of_another_shape_or_dtype():
+    ragged = Ragged.from_lists([[1, 2, 3], [4]], dtype=torch.int32)
+    good = (torch.empty(2, 3, dtype=torch.int64), torch.empty(2, 3, dtype=torch.bool))
+    ragged.to_padded(dtype=torch.int64, out=good)
+    with pytest.raises(LayoutError, match=r"out padded must be a contiguous torch.int64 tensor"):
+        ragged.to_padded(dtype=torch.int64, out=(torch.empty(2, 4, dtype=torch.int64), good[1]))
+    with pytest.raises(LayoutError, match=r"out mask must be a contiguous torch.bool tensor"):
+        ragged.to_padded(dtype=torch.int64, out=(good[0], torch.empty(2, 3, dtype=torch.int64)))
+    with pytest.raises(LayoutError, match="not contiguous"):
+        ragged.to_padded(dtype=torch.int64, out=(torch.empty(3, 2, dtype=torch.int64).T, good[1]))
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+@pytest.mark.parametrize("rows, width", [(50, 7), (3, 40), (0, 4), (5, 0)])
+def test_prefix_mask_by_table_and_by_comparison_agree(rng, side, rows, width):
+    from maxent_arrow.arrow.ragged import prefix_mask
+
+    lengths = rng.integers(0, width + 1, rows)
+    columns = np.arange(width)[None, :]
+    want = columns < lengths[:, None] if side == "right" else columns >= (width - lengths)[:, None]
+    assert np.array_equal(prefix_mask(lengths, width, side=side), want)
+    out = np.ones((rows, width), dtype=bool)
+    assert prefix_mask(lengths, width, side=side, out=out) is out
+    assert np.array_equal(out, want)
+
+
 def test_to_padded_keeps_gradients_flowing():
     values = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
     padded, mask = Ragged.from_lengths(values, [2, 1]).to_padded(0.0)
@@ -295,6 +341,36 @@ def test_to_nested_views_values_and_keeps_rows():
     assert nested.values().data_ptr() == ragged.values.data_ptr()
     assert torch.equal(nested.offsets(), ragged.offsets)
     assert [t.tolist() for t in nested.unbind()] == ragged.tolist()
+
+
+def test_to_nested_pads_to_the_longest_row_not_the_total_value_count():
+    # Built without max_seqlen, torch padded this toy to [3, 6] (the value count).
+    ragged = Ragged.from_lists([[1, 2, 3], [4, 5], [6]])
+    padded = ragged.to_nested().to_padded_tensor(0)
+    assert padded.shape == (3, 3)
+    assert torch.equal(padded, torch.tensor([[1, 2, 3], [4, 5, 0], [6, 0, 0]]))
+
+
+def test_to_nested_of_a_realistic_batch_pads_like_to_padded():
+    # The shape of bench_ragged (b): 4096 completions of 128..512 tokens. Without max_seqlen
+    # the padded tensor was [4096, ~1.3M] (43 GB).
+    rng = np.random.default_rng(3)
+    lengths = torch.from_numpy(rng.integers(128, 513, 4096))
+    values = torch.from_numpy(rng.integers(0, 151_936, int(lengths.sum())))
+    ragged = Ragged.from_lengths(values, lengths)
+    nested = ragged.to_nested()
+    assert nested.values().data_ptr() == values.data_ptr()
+    padded = nested.to_padded_tensor(-1)
+    assert padded.shape == (4096, int(lengths.max()))
+    expected, _ = ragged.to_padded(-1)
+    assert torch.equal(padded, expected)
+
+
+def test_to_nested_keeps_trailing_dimensions_and_empty_batches():
+    ragged = Ragged(torch.arange(6.0).reshape(3, 2), torch.tensor([0, 1, 1, 3]))
+    assert ragged.to_nested().to_padded_tensor(0.0).shape == (3, 2, 2)
+    empty = Ragged(torch.zeros(0), torch.zeros(1, dtype=torch.int64))
+    assert empty.to_nested().to_padded_tensor(0.0).shape == (0, 0)
 
 
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.float32, torch.float64])
@@ -380,13 +456,30 @@ def test_torch_to_arrow_shares_cpu_memory_and_widens_bfloat16():
 
 
 # ---------------------------------------------------------------------------- benchmark
-def test_bench_ragged_quick_run_checks_itself():
+def test_bench_ragged_quick_run_checks_itself(tmp_path):
     script = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_ragged.py"
+    out = tmp_path / "ragged.json"
     done = subprocess.run(
-        [sys.executable, str(script), "--quick"], capture_output=True, text=True, timeout=300
+        [sys.executable, str(script), "--quick", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr
-    out = done.stdout
-    assert "(a) column -> torch" in out and "(b) Arrow token column -> padded" in out
-    assert re.search(r"ours at N=100,000 / ours at N=1,000: [\d.]+x", out)
-    assert len(re.findall(r">= 30x base, <= 3x memcpy: (PASS|MISS)", out)) == 2
+    assert (
+        "(a) column -> torch" in done.stdout and "(b) Arrow token column -> padded" in done.stdout
+    )
+    rows = json.loads(out.read_text())["rows"]
+    column = [r for r in rows if r["name"].startswith("column → torch")]
+    assert [r["detail"] for r in column] == [True, True, False]
+    assert any(t["label"].startswith("ours at N=1e+05 / at N=1e+03") for t in column[-1]["targets"])
+    padded = [r for r in rows if r["name"].startswith("token column → padded") and r["targets"]]
+    assert len(padded) == 2
+    for row in padded:
+        assert row["baseline"] and row["peer"] and row["floor"]
+        assert {t["label"] for t in row["targets"]} == {
+            ">= 30x baseline",
+            ">= 1x peer",
+            "<= 3x floor",
+        }
+        assert re.search(r"(MET|MISSED)", done.stdout)

@@ -804,3 +804,25 @@ def test_out_buffers_are_checked():
     with pytest.raises(SchemaError, match=r"q_distribution: out: expected a tensor, got list"):
         C.q_distribution(r, out=[0.0, 0.0, 0.0])
     assert rho.tolist() == [0.0, 0.0, 0.0] and r.values.tolist() == [0.0, 1.0, 2.0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_log2_helper_matches_torch_with_and_without_out(dtype):
+    from maxent_arrow.compute.segments import log2
+
+    x = torch.rand(1000, dtype=dtype) + 1e-3
+    expected = torch.log2(x)
+    assert torch.allclose(log2(x), expected, rtol=4 * torch.finfo(dtype).eps, atol=0)
+    out = torch.empty_like(x)
+    assert log2(x, out=out) is out
+    assert torch.allclose(out, expected, rtol=4 * torch.finfo(dtype).eps, atol=0)
+    strided = x[::2]
+    assert torch.allclose(log2(strided), torch.log2(strided), rtol=4 * torch.finfo(dtype).eps)
+
+
+def test_log2_helper_keeps_gradients_through_torch():
+    from maxent_arrow.compute.segments import log2
+
+    x = (torch.rand(5, dtype=torch.float64) + 0.5).requires_grad_()
+    log2(x).sum().backward()
+    assert torch.allclose(x.grad, 1 / (x.detach() * math.log(2)))

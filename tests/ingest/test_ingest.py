@@ -230,24 +230,158 @@ def test_cuda_build_pads_on_the_device_and_matches_cpu():
     assert gpu.completion_ids.is_cuda and gpu.completion_attention_mask.is_cuda
     assert torch.equal(gpu.completion_ids.cpu(), cpu.completion_ids)
     assert torch.equal(gpu.completion_attention_mask.cpu(), cpu.completion_attention_mask)
+    from maxent_arrow.ingest import ScoreBatchWorkspace
+
+    workspace = ScoreBatchWorkspace()
+    for table in workspace_tables():
+        options = dict(pad_token_id=0, max_prompt_len=8, slice_size=2, eos_token_id=EOS)
+        reused = build_score_batch(table, device="cuda", workspace=workspace, **options)
+        fresh = build_score_batch(table, **options)
+        assert reused.completion_ids.is_cuda
+        assert torch.equal(reused.completion_ids.cpu(), fresh.completion_ids)
+        assert torch.equal(reused.completion_attention_mask.cpu(), fresh.completion_attention_mask)
 
 
 @pytest.mark.slow
-def test_bench_ingest_quick_runs_and_checks_itself():
+def test_bench_ingest_quick_runs_and_checks_itself(tmp_path):
+    import json
     import subprocess
     import sys
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
+    rows = tmp_path / "ingest.json"
     out = subprocess.run(
-        [sys.executable, str(root / "benchmarks" / "bench_ingest.py"), "--quick"],
+        [sys.executable, str(root / "benchmarks" / "bench_ingest.py"), "--quick", "--json", rows],
         capture_output=True,
         text=True,
         timeout=120,
         check=True,
     )
-    assert "vs baseline" in out.stdout and "packing saves" in out.stdout
-    assert "targets:" in out.stdout
+    assert "packing saves" in out.stdout and "into a reused workspace" in out.stdout
+    first, fresh = json.loads(rows.read_text())["rows"][:2]
+    assert all(first[ref] for ref in ("baseline", "peer", "floor"))
+    assert [t["label"] for t in first["targets"]] == [
+        "<= 2x floor",
+        ">= 3x peer",
+        ">= 30x baseline",
+    ]
+    assert fresh["name"] == "same, fresh outputs" and fresh["targets"] == []
+
+
+# ---------------------------------------------------------------------------- workspace
+def workspace_tables():
+    """Two steps of different shapes (the second wider and longer), with EOS inside rows."""
+    first_prompts, first = groups(5)
+    first[0][0] = [7, EOS, 9, 10]
+    second_prompts, second = groups(6, sizes=(5, 2, 3, 4))
+    second[1][1] = list(range(3, 40)) + [EOS]
+    return [
+        pa.table({"prompt_ids": first_prompts, "completion_ids": first}),
+        pa.table({"prompt_ids": second_prompts, "completion_ids": second}),
+        pa.table({"prompt_ids": first_prompts, "completion_ids": first}),
+    ]
+
+
+def assert_same_batch(a: ScoreBatch, b: ScoreBatch) -> None:
+    assert torch.equal(a.completion_ids, b.completion_ids)
+    assert torch.equal(a.completion_attention_mask, b.completion_attention_mask)
+    assert a.column("prompt_ids").equals(b.column("prompt_ids"))
+    assert a.column("prompt_attention_mask").equals(b.column("prompt_attention_mask"))
+    assert a.prompt_entries == b.prompt_entries
+    assert (a.total_sequences, a.slice_size, a.pad_token_id) == (
+        b.total_sequences,
+        b.slice_size,
+        b.pad_token_id,
+    )
+
+
+@pytest.mark.parametrize("max_completion_len", [None, 6])
+def test_workspace_results_equal_fresh_ones_step_after_step(max_completion_len):
+    from maxent_arrow.ingest import ScoreBatchWorkspace
+
+    workspace = ScoreBatchWorkspace()
+    options = dict(
+        pad_token_id=2, max_prompt_len=5, slice_size=3, eos_token_id=EOS,
+        max_completion_len=max_completion_len,
+    )  # fmt: skip
+    for table in workspace_tables():
+        reused = build_score_batch(table, workspace=workspace, **options)
+        assert_same_batch(reused, build_score_batch(table, **options))
+    assert workspace.nbytes > 0 and "completion_ids" in repr(workspace)
+
+
+def test_workspace_reuses_its_storage_when_the_next_step_fits():
+    from maxent_arrow.ingest import ScoreBatchWorkspace
+
+    big, small = workspace_tables()[1], workspace_tables()[0]
+    workspace = ScoreBatchWorkspace()
+    options = dict(pad_token_id=0, max_prompt_len=8, slice_size=2, eos_token_id=EOS)
+
+    def storage(sb):
+        prompt_values = sb.column("prompt_ids").flatten().buffers()[1].address
+        return (
+            sb.completion_ids.untyped_storage().data_ptr(),
+            sb.completion_attention_mask.untyped_storage().data_ptr(),
+            prompt_values,
+        )
+
+    first = storage(build_score_batch(big, workspace=workspace, **options))
+    held = workspace.nbytes
+    batch = build_score_batch(small, workspace=workspace, **options)  # smaller: same buffers
+    assert storage(batch) == first and workspace.nbytes == held
+    assert_same_batch(batch, build_score_batch(small, **options))
+    again = build_score_batch(big, workspace=workspace, **options)
+    assert storage(again) == first
+    # A fresh build shares nothing with the workspace.
+    assert not set(storage(build_score_batch(big, **options))) & set(first)
+
+
+def test_workspace_grows_when_a_step_needs_more():
+    from maxent_arrow.ingest import ScoreBatchWorkspace
+
+    small, big = workspace_tables()[:2]
+    workspace = ScoreBatchWorkspace()
+    options = dict(pad_token_id=0, max_prompt_len=8, slice_size=2, eos_token_id=EOS)
+    build_score_batch(small, workspace=workspace, **options)
+    held = workspace.nbytes
+    batch = build_score_batch(big, workspace=workspace, **options)
+    assert workspace.nbytes > held
+    assert_same_batch(batch, build_score_batch(big, **options))
+    workspace.clear()
+    assert workspace.nbytes == 0
+
+
+def test_workspace_buffer_views_keep_one_storage_per_name():
+    from maxent_arrow.ingest import ScoreBatchWorkspace
+
+    workspace = ScoreBatchWorkspace()
+    a = workspace.buffer("x", (4, 5), torch.int64)
+    b = workspace.buffer("x", (2, 3), torch.int64)
+    assert b.is_contiguous() and b.shape == (2, 3)
+    assert a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+    ones = workspace.buffer("ones", (6,), torch.int8, fill=1)
+    assert ones.tolist() == [1] * 6
+    grown = workspace.buffer("x", (5, 5), torch.int64)  # 25 > 20: grown by a quarter at least
+    assert grown.untyped_storage().nbytes() >= 25 * 8
+
+
+def test_score_batch_from_a_generation_batch_with_a_workspace():
+    from maxent_arrow.ingest import ScoreBatchWorkspace
+
+    gen = GenerationBatch(
+        prompts=["ab", "cde"],
+        answers=["1", "2"],
+        grouped_completions=[["x", "y"], ["z"]],
+        grouped_ref_meta=None,
+        grouped_completion_info=[
+            [{"token_ids": [5, 6, EOS]}, {"token_ids": [7]}],
+            [{"token_ids": [8, 9]}],
+        ],
+    )
+    options = dict(pad_token_id=0, max_prompt_len=4, slice_size=0, tokenizer=TOK)
+    reused = build_score_batch(gen, workspace=ScoreBatchWorkspace(), **options)
+    assert_same_batch(reused, build_score_batch(gen, **options))
 
 
 def test_gpu_check_exits_cleanly_without_cuda():

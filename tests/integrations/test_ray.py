@@ -400,5 +400,6 @@ def test_benchmark_quick_run() -> None:
         [sys.executable, str(script), "--quick"], capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    for label in ("ours", "baseline", "iteration floor", "memcpy of tokens", "target ours"):
+    for label in ("ours", "baseline", "peer", "iteration floor", "memcpy of tokens"):
         assert label in done.stdout
+    assert "Ray Data training input, warm (materialized)" in done.stdout
