@@ -40,6 +40,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -252,7 +253,8 @@ def duckdb_ready_made(root: Path) -> tuple[pa.Table, pa.Table]:
     )
     curve = con.sql(
         f"SELECT step, {stats} FROM (SELECT step, unnest(total_utils) AS u, "
-        "unnest(list_transform(reward_values, v -> v[list_position(reward_names, 'accuracy')])) "
+        "unnest(list_transform(reward_values, "
+        "lambda v: v[list_position(reward_names, 'accuracy')])) "
         f"AS a FROM read_parquet({files}) WHERE kind = 'train') GROUP BY step ORDER BY step"
     ).to_arrow_table()
     lengths = con.sql(
@@ -302,7 +304,7 @@ def check_same_results(root: Path) -> None:
     np.testing.assert_allclose(ours.column("reward"), pl_out["total_utils"].to_numpy(), 1e-12)
     curve, lengths = ours_ready_made(root)
     peer_curve, peer_lengths = duckdb_ready_made(root)
-    total = curve.filter(curve.column("reward") == pa.scalar("total_utils"))
+    total = curve.filter(pc.equal(curve.column("reward"), "total_utils"))
     np.testing.assert_allclose(total.column("mean"), peer_curve.column("mean_u"), rtol=1e-12)
     np.testing.assert_allclose(total.column("std"), peer_curve.column("std_u"), rtol=1e-9)
     p95 = [row[-1] for row in peer_curve.column("q_u").to_pylist()]

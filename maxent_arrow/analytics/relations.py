@@ -25,7 +25,10 @@ from maxent_arrow.store.sql import quote, sql_string
 
 __all__ = ["GROUP_KEY", "RunRelations", "flat_columns"]
 
-GROUP_KEY = "step, rank, kind, group_index"
+# A group is (step, kind, group_id): the parts of a group that ranks stored separately
+# (TRL spreads a prompt's completions over processes) count as one group.
+GROUP_KEY = "step, kind, group_id"
+_ROW_KEY = "step, rank, kind, group_index, group_id"
 # User-facing score names (group-table column names) -> flat aliases.
 SCORE_ALIASES = {
     "total_utils": "total_util",
@@ -89,6 +92,8 @@ def _flatten_groups(rows: pa.Table, aliases: list[str]) -> pa.Table:
         "step": rows.column("step").take(owner),
         "rank": rows.column("rank").take(owner),
         "group_index": rows.column("group_index").take(owner),
+        # Dictionary-encoded: one small string per group, an int per completion.
+        "group_id": rows.column("group_id").dictionary_encode().take(owner),
         "sample_index": pa.array(np.arange(len(owner)) - starts[owner.to_numpy()]),
     }
     for alias in aliases:
@@ -153,14 +158,14 @@ class RunRelations:
     def flat(
         self, aliases: Sequence[str], *, kind: str | None, steps: int | Iterable[int] | None = None
     ) -> str:
-        """A relation with ``step, rank, kind, group_index`` and the given per-completion
-        scalars, one row per completion."""
+        """A relation with ``step, rank, kind, group_index, group_id`` and the given
+        per-completion scalars, one row per completion."""
         where = self.where(kind=kind, steps=steps)
         if self.materialized and set(aliases) <= self._materialized:
             cols = ", ".join(quote(a) for a in aliases)
-            return f"(SELECT {GROUP_KEY}, {cols} FROM sample_scalars {where})"
+            return f"(SELECT {_ROW_KEY}, {cols} FROM sample_scalars {where})"
         cols = ", ".join(f"unnest({self.flat_exprs[a]}) AS {quote(a)}" for a in aliases)
-        return f"(SELECT {GROUP_KEY}, {cols} FROM groups {where})"
+        return f"(SELECT {_ROW_KEY}, {cols} FROM groups {where})"
 
     def materialize(self) -> None:
         """Build the in-memory ``sample_scalars`` table (one scan of the scalar list columns)
@@ -180,7 +185,8 @@ class RunRelations:
         parts = []
         for i, kind in enumerate(kinds):
             rows = self.sql(
-                f"SELECT step, rank, group_index, num_completions AS _k{lists} FROM groups "
+                f"SELECT step, rank, group_index, group_id, num_completions AS _k{lists} "
+                "FROM groups "
                 f"WHERE kind = {sql_string(kind)}"
             )
             table = _flatten_groups(rows, [a for a, _ in exprs])
@@ -195,7 +201,8 @@ class RunRelations:
             cols = ", ".join(f"NULL::DOUBLE AS {quote(a)}" for a, _ in exprs)
             parts.append(
                 "SELECT NULL::BIGINT AS step, NULL::INTEGER AS rank, NULL::VARCHAR AS kind, "
-                "NULL::INTEGER AS group_index, NULL::BIGINT AS sample_index"
+                "NULL::INTEGER AS group_index, NULL::VARCHAR AS group_id, "
+                "NULL::BIGINT AS sample_index"
                 f"{', ' + cols if cols else ''} WHERE FALSE"
             )
         self.views.con.execute(

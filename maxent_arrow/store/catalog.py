@@ -9,6 +9,7 @@ checked against the CRC-32 sealed in it, and its schema-1.x rows are upgraded.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import warnings
@@ -159,13 +160,26 @@ class Catalog:
         self.backend = backend
         self._steps: dict[str, tuple[tuple[int, int], StepFile]] = {}
         self._listing: dict[str, dict[str, FileInfo]] = {}
+        self._frozen = False
 
     # ------------------------------------------------------------------ listing
     def listing(self, directory: str, *, fresh: bool = True) -> dict[str, FileInfo]:
-        """The files of ``groups/`` or ``steps/`` (one LIST on object stores)."""
-        if fresh or directory not in self._listing:
+        """The files of ``groups/`` or ``steps/`` (one LIST on object stores); within
+        :meth:`snapshot`, listed once."""
+        if (fresh and not self._frozen) or directory not in self._listing:
             self._listing[directory] = self.backend.list(directory)
         return self._listing[directory]
+
+    @contextlib.contextmanager
+    def snapshot(self) -> Iterator[None]:
+        """List each directory once for everything done inside (a reader building one view
+        of the store asks for the committed files several times)."""
+        self._listing.clear()
+        self._frozen = True
+        try:
+            yield
+        finally:
+            self._frozen = False
 
     def step_names(self) -> list[str]:
         """Names in ``steps/`` that are store file names, in (step, kind, rank) order."""

@@ -222,6 +222,10 @@ class SqlViews:
     # ------------------------------------------------------------------ building
     def refresh(self) -> None:
         """List the committed files again and rebuild the views (a new connection)."""
+        with self.catalog.snapshot():
+            self._build()
+
+    def _build(self) -> None:
         duckdb = duckdb_module()
         if self.con is not None:
             self.con.close()
@@ -316,13 +320,15 @@ class SqlViews:
         direct = [s for s in steps if local and not needs_upgrade(s.version)]
         handed = [s for s in steps if not (local and not needs_upgrade(s.version))]
         parts = []
-        if direct:
-            present = {name for s in direct for name in s.schema.names}
-            cols = ", ".join(quote(f.name) if f.name in present else self._null(f) for f in unified)
-            rels = [f"{STEPS}/{s.name}" for s in direct]
-            self.step_paths = [self.catalog.backend.fs_path(rel) for rel in rels]
-            listing = "[" + ", ".join(sql_string(p) for p in self.step_paths) + "]"
-            parts.append(f"SELECT {cols} FROM read_parquet({listing}, union_by_name = true)")
+        sets: dict[tuple[str, ...], list[str]] = {}  # DuckDB binds a set to its first file
+        for step in direct:
+            path = self.catalog.backend.fs_path(f"{STEPS}/{step.name}")
+            sets.setdefault(tuple(step.schema.names), []).append(path)
+            self.step_paths.append(path)
+        for names, paths in sets.items():
+            cols = ", ".join(quote(f.name) if f.name in names else self._null(f) for f in unified)
+            listing = "[" + ", ".join(sql_string(p) for p in paths) + "]"
+            parts.append(f"SELECT {cols} FROM read_parquet({listing})")
         if handed or not parts:
             tables = [conform(s.table.replace_schema_metadata(), unified) for s in handed]
             table = pa.concat_tables(tables) if tables else unified.empty_table()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -576,10 +577,21 @@ def test_reward_curve_in_memory_histogram_path_matches_numpy(tmp_path):
                 assert r[col] == pytest.approx(np.quantile(values, q), rel=1e-12, abs=1e-12)
 
 
-def test_step_rows_come_from_the_checked_step_files(store):
+def test_step_rows_come_from_the_checked_step_files(store, tmp_path):
+    """DuckDB reads the committed step files itself, once the catalog has read them and
+    checked their sealed CRCs; a damaged one stops the open, naming it."""
     with RunAnalytics(store.root) as run:
-        # The steps view is the step files the store already read and checked (their sealed
-        # CRCs): DuckDB reads no step file.
-        assert "READ_PARQUET" not in run.explain("SELECT * FROM steps").upper()
+        assert "READ_PARQUET" in run.explain("SELECT * FROM steps").upper()
         rows = run.sql("SELECT count(*) AS n FROM steps").column("n")[0].as_py()
         assert rows == len(store.step_rows)
+        assert sorted(run.views.step_paths) == sorted(
+            str(p) for p in RolloutStore(store.root).committed_files("steps")
+        )
+    copy = tmp_path / "copy"
+    shutil.copytree(store.root, copy)
+    victim = sorted((copy / "steps").glob("*.parquet"))[1]
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    victim.write_bytes(bytes(data))
+    with pytest.raises(StoreError, match=victim.name):
+        RunAnalytics(copy).sql("SELECT count(*) FROM steps")
