@@ -19,7 +19,7 @@ import pyarrow as pa
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.arrow.lists import list_offsets
 from maxent_arrow.errors import StoreError
-from maxent_arrow.rollout import RolloutBatch
+from maxent_arrow.rollout import RolloutBatch, reassemble
 from maxent_arrow.store.cache import read_cache
 from maxent_arrow.store.catalog import Catalog, OnError, Unit, check_on_error, fail
 from maxent_arrow.store.padding import strip_padding
@@ -54,6 +54,12 @@ class ReplayOptions:
     on_error:
         ``"raise"`` on a damaged file (naming it) or ``"skip"`` it with a warning; default
         the store's.
+    whole_groups:
+        One batch per (step, kind) holding every rank's rows, with the parts of a group that
+        ranks stored separately merged into one row
+        (:func:`~maxent_arrow.rollout.reassemble`; TRL spreads a prompt's completions over
+        processes). Not with ``batch_groups`` (a step's group count is known once merged);
+        ``shuffle`` shuffles the batches and the groups inside each.
     """
 
     steps: Iterable[int] | int | None = None
@@ -67,8 +73,14 @@ class ReplayOptions:
     columns: list[str] | None = None
     source: Literal["auto", "cache", "parquet"] = "auto"
     on_error: OnError | None = None
+    whole_groups: bool = False
 
     def __post_init__(self) -> None:
+        if self.whole_groups and self.batch_groups is not None:
+            raise StoreError(
+                "replay: whole_groups gives one batch per step; batch_groups cannot split it "
+                "(its group count is known once the ranks' parts are merged)"
+            )
         b = self.batch_groups
         if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < 1):
             raise StoreError(f"replay: batch_groups must be a positive int, got {b!r}")
@@ -144,10 +156,56 @@ def replay(
         rank=o.rank,
         world=o.world_size,
     )
+    if o.whole_groups:
+        fingerprint = _fingerprint(units, whole_groups=True, shuffle=o.shuffle, seed=o.seed)
+        merged = _by_step(units, o.shuffle, o.seed)
+        if o.world_size is not None:
+            merged = merged[o.rank :: o.world_size]
+        position = _position(o.start, fingerprint)
+        return _iterate_whole(catalog, merged, position, fingerprint, o, on_error, crc)
     if o.world_size is not None:
         items = items[o.rank :: o.world_size]
     position = _position(o.start, fingerprint)
     return _iterate(catalog, units, items, position, fingerprint, o, on_error, crc)
+
+
+def _by_step(units: list[Unit], shuffle: bool, seed: int) -> list[list[Unit]]:
+    """The units of each (step, kind), in plan order (shuffled when asked)."""
+    steps: dict[tuple[int, str], list[Unit]] = {}
+    for unit in units:
+        steps.setdefault((unit.step, unit.kind), []).append(unit)
+    merged = list(steps.values())
+    if shuffle:
+        order = np.random.default_rng(seed).permutation(len(merged))
+        merged = [merged[i] for i in order]
+    return merged
+
+
+def _iterate_whole(
+    catalog: Catalog,
+    merged: list[list[Unit]],
+    position: int,
+    fingerprint: str,
+    options: ReplayOptions,
+    on_error: OnError,
+    crc: bool,
+) -> Iterator[RolloutBatch]:
+    for index in range(position, len(merged)):
+        try:
+            loaded = [_load(catalog, unit, options, crc) for unit in merged[index]]
+        except StoreError as exc:
+            fail(on_error, exc)
+            continue
+        parts = [pa.Table.from_batches([groups]) for groups, _ in loaded]
+        groups = _as_batch(reassemble(pa.concat_tables(parts, promote_options="default")))
+        if options.shuffle:
+            order = np.random.default_rng([options.seed, index]).permutation(groups.num_rows)
+            groups = groups.take(pa.array(order))
+        step_row = _partial_step_row(loaded[0][1], groups)  # the lowest rank's scalars
+        batch = RolloutBatch(groups, step_row, validate=False)
+        batch.cursor = {"position": index + 1, "fingerprint": fingerprint}
+        yield batch
+        del batch, groups, parts, loaded
 
 
 def _iterate(

@@ -343,8 +343,9 @@ class RolloutStore:
 
         Options are those of :class:`~maxent_arrow.store.replay.ReplayOptions` (``steps``,
         ``kind`` (default ``"train"``), ``batch_groups``, ``shuffle``, ``seed``, ``start``,
-        ``rank``, ``world_size``, ``columns``, ``source``, ``on_error``), as keywords or one
-        object.
+        ``rank``, ``world_size``, ``columns``, ``source``, ``on_error``, ``whole_groups``),
+        as keywords or one object. ``whole_groups=True`` gives one batch per step with the
+        parts of each group that ranks stored separately merged (TRL runs).
         """
         if options is None:
             options = ReplayOptions(**kwargs)

@@ -520,3 +520,78 @@ def test_a_failed_merge_warns_and_keeps_the_append(tmp_path):
     assert store.steps() == [0, 1]
     assert [p.name for p in store.committed_files()][1].startswith("step-0000000001")
     assert [p.path for p in store.verify().problems] == [damaged]
+
+
+def _split_by_rank(batch: RolloutBatch, ranks: int = 2) -> list[RolloutBatch]:
+    """The parts of ``batch``'s groups that ``ranks`` processes would hold (completion i of
+    each group on rank i % ranks), as TRL's sampler spreads them."""
+    from maxent_arrow.arrow import schema as S
+
+    rows = batch.groups.to_pylist()
+    per_completion = [c for c in S.PER_COMPLETION_COLUMNS if c in batch.groups.column_names]
+    out = []
+    for rank in range(ranks):
+        part = []
+        for row in rows:
+            keep = [i for i in range(row["num_completions"]) if i % ranks == rank]
+            new = dict(row, rank=rank, num_completions=len(keep), completion_index=keep)
+            for column in per_completion:
+                if column != "completion_index" and row[column] is not None:
+                    new[column] = [row[column][i] for i in keep]
+            part.append(new)
+        groups = pa.Table.from_pylist(part, schema=batch.groups.schema)
+        step_row = batch.step_row.to_pylist()[0]
+        step_row.update(rank=rank, num_samples=sum(len(p["completions"]) for p in part))
+        out.append(
+            RolloutBatch(groups, pa.Table.from_pylist([step_row], schema=batch.step_row.schema))
+        )
+    return out
+
+
+@pytest.mark.parametrize("source", ["parquet", "cache"])
+def test_replay_whole_groups_merges_what_ranks_stored_of_each_group(tmp_path, source):
+    store = RolloutStore.create(tmp_path / "s", cache=True)
+    whole = {s: make_batch(s, groups=4, k=(3, 5)) for s in range(3)}
+    for batch in whole.values():
+        for part in _split_by_rank(batch):
+            store.append(part)
+    plain = list(store.replay(source=source))
+    assert [(b.step, b.rank) for b in plain] == [(s, r) for s in range(3) for r in (0, 1)]
+    merged = list(store.replay(source=source, whole_groups=True))
+    assert [b.step for b in merged] == [0, 1, 2]
+    for batch in merged:
+        expected = whole[batch.step]
+        for name in ("group_id", "completions", "completion_ids", "advantages", "q"):
+            assert batch.groups.column(name).to_pylist() == expected.column(name).to_pylist()
+        assert batch.step_row.column("num_groups")[0].as_py() == expected.groups.num_rows
+    # Resumable and shardable like any replay; shuffling keeps each group whole.
+    first = list(store.replay(source=source, whole_groups=True, start=merged[0].cursor))
+    assert [b.step for b in first] == [1, 2]
+    shards = [
+        [b.step for b in store.replay(whole_groups=True, rank=r, world_size=2)] for r in (0, 1)
+    ]
+    assert sorted(shards[0] + shards[1]) == [0, 1, 2] and not set(shards[0]) & set(shards[1])
+    shuffled = list(store.replay(whole_groups=True, shuffle=True, seed=3))
+    for batch in shuffled:
+        got = dict(
+            zip(batch.column("group_id").to_pylist(), batch.column("completions").to_pylist())
+        )
+        want = dict(
+            zip(
+                whole[batch.step].column("group_id").to_pylist(),
+                whole[batch.step].column("completions").to_pylist(),
+            )
+        )
+        assert got == want
+    with pytest.raises(StoreError, match="batch_groups"):
+        store.replay(whole_groups=True, batch_groups=2)
+    # The SQL views count a group once, whichever ranks hold its parts.
+    n = store.sql("SELECT count(DISTINCT group_id) AS n FROM samples WHERE step = 0")
+    assert n.column("n")[0].as_py() == 4
+    from maxent_arrow.analytics.run import RunAnalytics
+
+    with RunAnalytics(store) as run:
+        for table in (run.success_rate(), run.zero_variance_groups()):
+            assert table.column("num_groups").to_pylist() == [4, 4, 4]
+        run.materialize()  # the in-memory path groups the same way
+        assert run.zero_variance_groups().column("num_groups").to_pylist() == [4, 4, 4]
