@@ -118,18 +118,23 @@ def seal(data: bytes) -> bytes:
     return bytes(out)
 
 
-def check_seal(data: bytes) -> bool | None:
-    """Whether ``data`` matches the CRC-32 sealed into it (``None``: the file has no seal)."""
-    at = data.rfind(_SEAL_MARK)
+def check_seal(data: Any, *, tail: int | None = None) -> bool | None:
+    """Whether ``data`` (bytes, or any buffer: a memory map is not copied) matches the
+    CRC-32 sealed into it (``None``: the file has no seal). ``tail``: the seal lies in the
+    last ``tail`` bytes (an IPC file's footer), so only they are searched."""
+    view = memoryview(data).cast("B")
+    base = max(0, len(view) - tail) if tail is not None else 0
+    at = bytes(view[base:]).rfind(_SEAL_MARK)
+    if at < 0 and base > 0:  # a footer larger than ``tail``: search everything
+        base, at = 0, bytes(view).rfind(_SEAL_MARK)
     if at < 0:
         return None
-    start = at + len(_SEAL_MARK)
-    stored = data[start : start + 8]
+    start = base + at + len(_SEAL_MARK)
+    stored = bytes(view[start : start + 8])
     try:
         expected = int(stored, 16)
     except ValueError:
         return False
-    view = memoryview(data)
     crc = zlib.crc32(view[:start])
     crc = zlib.crc32(b"00000000", crc)
     crc = zlib.crc32(view[start + 8 :], crc)
