@@ -19,8 +19,9 @@ the CRC of the bytes between two boundaries follows from the two running CRCs
 
 from __future__ import annotations
 
+import threading
 import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import pyarrow.parquet as pq
@@ -34,6 +35,7 @@ __all__ = [
     "check_seal",
     "chunk_crcs",
     "chunk_ranges",
+    "crc32_in_background",
     "crc32_of",
     "crc_between",
     "footer_range",
@@ -43,6 +45,20 @@ __all__ = [
 
 def crc32_of(data: Any) -> int:
     return zlib.crc32(memoryview(data).cast("B")) & 0xFFFFFFFF
+
+
+def crc32_in_background(data: Any) -> Callable[[], int]:
+    """Start the CRC-32 of ``data`` in a thread (zlib releases the GIL); the returned call
+    waits for it and gives it."""
+    result: list[int] = []
+    thread = threading.Thread(target=lambda: result.append(crc32_of(data)), daemon=True)
+    thread.start()
+
+    def wait() -> int:
+        thread.join()
+        return result[0]
+
+    return wait
 
 
 # ---------------------------------------------------------------------------- CRC algebra

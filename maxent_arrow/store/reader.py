@@ -21,7 +21,7 @@ from maxent_arrow.arrow.upgrade import needs_upgrade, upgrade_groups
 from maxent_arrow.errors import SchemaError, StoreError
 from maxent_arrow.store.backend import Backend
 from maxent_arrow.store.catalog import Catalog, OnError, StepFile, fail
-from maxent_arrow.store.checksums import check_chunks, crc32_of
+from maxent_arrow.store.checksums import check_chunks, crc32_in_background
 from maxent_arrow.store.layout import GROUPS, parse_name
 
 __all__ = ["GroupFileRead", "conform", "read_group_file", "read_table"]
@@ -69,6 +69,9 @@ def read_group_file(
         )
     upgrade = needs_upgrade(step.version)
     wanted = None if columns is None else list(dict.fromkeys(columns))
+    # Parquet page CRCs are checked only where no CRC recorded at commit covers the bytes.
+    pages = crc
+    pending = None
     try:
         source: Any
         chunks = step.meta.get("chunks")
@@ -77,18 +80,16 @@ def read_group_file(
         if crc and partial and chunks is not None and not upgrade:
             # Only the columns read, and the footer: no pass over the rest of the file.
             check_chunks(str(path), chunks, lambda r: backend.read_ranges(rel, r), wanted)
-            source = backend.open(rel)
+            source, pages = backend.open(rel), False
         elif crc and step.meta.get("group_crc32") is not None:
             data = backend.read(rel)
-            got = crc32_of(data)
-            if got != step.meta["group_crc32"]:
-                raise StoreError(
-                    f"{path}: CRC-32 {got:08x}, expected {step.meta['group_crc32']:08x} (corrupt)"
-                )
-            source = pa.BufferReader(data)
+            # The CRC pass runs beside the decode (both release the GIL); nothing decoded is
+            # returned before it has matched.
+            pending = crc32_in_background(data)
+            source, pages = pa.BufferReader(data), False
         else:
             source = backend.open(rel)
-        reader = pq.ParquetFile(source, page_checksum_verification=True)
+        reader = pq.ParquetFile(source, page_checksum_verification=pages)
         present = reader.schema_arrow.names
         if wanted is not None:
             # A 1.x file has `rewards`, not reward_names/reward_values; read what upgrades.
@@ -101,13 +102,25 @@ def read_group_file(
     except StoreError:
         raise
     except (pa.ArrowException, OSError, ValueError) as exc:
+        if pending is not None:
+            _check_whole(pending, step, path)  # damage explains an unreadable file best
         raise StoreError(f"{path}: unreadable group file ({exc})") from None
+    if pending is not None:
+        _check_whole(pending, step, path)
     S.check_version((table.schema.metadata or {}).get(S.METADATA_KEY), where=str(path))
     if upgrade:
         table = upgrade_groups(table, kind=_kind_of(step))
         if columns is not None:
             table = table.select([c for c in dict.fromkeys(columns) if c in table.column_names])
     return table
+
+
+def _check_whole(pending, step: StepFile, path: Any) -> None:
+    got = pending()
+    if got != step.meta["group_crc32"]:
+        raise StoreError(
+            f"{path}: CRC-32 {got:08x}, expected {step.meta['group_crc32']:08x} (corrupt)"
+        )
 
 
 class GroupFileRead:
