@@ -452,3 +452,49 @@ def test_exempted_import_is_gone(import_graph, importer, imported):
 )
 def test_skipped_package_has_no_cycle(import_graph, package):
     assert import_graph.nominate_cycle_breakers(package) == set()
+
+
+# Modules a command may not load: torch (seconds), and for the SQL path pandas (~0.7 s, which
+# DuckDB imports when handed a Python object) and pyarrow.dataset (~0.7 s, object stores only).
+_HEAVY = {
+    "inspect": ("torch", "pandas", "pyarrow.dataset"),
+    "query": ("torch", "pandas", "pyarrow.dataset"),
+    "verify": ("torch", "pandas", "pyarrow.dataset"),
+    "compact": ("torch", "pyarrow.dataset"),  # pyarrow imports pandas building arrays
+    "export": ("torch", "pyarrow.dataset"),
+    "report": ("torch",),
+}
+
+
+@pytest.mark.parametrize("command", sorted(_HEAVY))
+def test_commands_on_a_real_store_import_no_torch(tmp_path, command):
+    """Each command run for real, in a new interpreter, on a store with data: the modules it
+    imported (``-X importtime``) include none of the heavy ones it does not need."""
+    from store_fixtures import make_batch
+
+    from maxent_arrow import RolloutStore
+
+    store = RolloutStore.create(tmp_path / "store")
+    for step in range(3):
+        store.append(make_batch(step))
+    argv = {
+        "inspect": ["inspect", str(store.root)],
+        "query": ["query", str(store.root), "SELECT step, avg(total_util) FROM samples GROUP BY 1"],
+        "verify": ["verify", str(store.root)],
+        "compact": ["compact", str(store.root)],
+        "export": ["export", str(store.root), "--to", "ipc", str(tmp_path / "out")],
+        "report": ["report", str(store.root), "--out", str(tmp_path / "report")],
+    }[command]
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "maxent_arrow.cli", *argv],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    imported = _imported_modules(result.stderr)
+    assert "maxent_arrow.store.catalog" in imported  # the log is real
+    heavy = sorted(n for n in imported for h in _HEAVY[command] if n == h or n.startswith(h + "."))
+    assert heavy == [], (command, heavy)

@@ -20,7 +20,7 @@ from maxent_arrow.errors import StoreError
 from maxent_arrow.rollout import STEP_META_KEY, RolloutBatch, step_row_to_json
 from maxent_arrow.store.backend import Backend
 from maxent_arrow.store.catalog import StepFile
-from maxent_arrow.store.checksums import SEAL_KEY, SEAL_PLACEHOLDER, check_seal, seal
+from maxent_arrow.store.checksums import SEAL_KEY, SEAL_PLACEHOLDER, check_seal_file, seal
 from maxent_arrow.store.layout import CACHE, cache_name
 
 __all__ = ["CACHE_META_KEY", "read_cache", "unit_group_crc32", "write_cache"]
@@ -62,13 +62,14 @@ def read_cache(
         return None
     path = backend.path(rel)
     try:
-        source = pa.memory_map(str(path), "r")
-        # The seal is in the IPC footer's schema metadata, at the end of the file.
-        if check and check_seal(source.read_buffer(), tail=1 << 16) is False:
+        # The seal is in the IPC footer's schema metadata, at the end of the file; the
+        # check reads the file in blocks, not through the mapping (which would keep every
+        # page resident for as long as the batch lives).
+        if check and check_seal_file(str(path)) is False:
             raise StoreError(
                 f"{path}: IPC cache CRC-32 differs from the one sealed in it (corrupt)"
             )
-        source.seek(0)
+        source = pa.memory_map(str(path), "r")
         reader = ipc.open_file(source)
         batch = reader.get_batch(0)
     except StoreError:

@@ -79,7 +79,13 @@ def rows_table(rows: dict[str, list], layout: pa.Schema) -> pa.Table | None:
     if not set(rows) <= set(layout.names):
         return None
     fields = [layout.field(name) for name in rows]
-    arrays = [pa.array(values, type=f.type) for f, values in zip(fields, rows.values())]
+    arrays = [
+        # Timestamps from their integers: pa.array of ints as a timestamp imports pandas.
+        pa.array(values, pa.int64()).cast(f.type)
+        if pa.types.is_timestamp(f.type)
+        else pa.array(values, type=f.type)
+        for f, values in zip(fields, rows.values())
+    ]
     return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
 
 

@@ -19,6 +19,7 @@ the CRC of the bytes between two boundaries follows from the two running CRCs
 
 from __future__ import annotations
 
+import os
 import threading
 import zlib
 from collections.abc import Callable, Iterable, Mapping
@@ -33,9 +34,10 @@ __all__ = [
     "SEAL_PLACEHOLDER",
     "check_chunks",
     "check_seal",
+    "check_seal_file",
     "chunk_crcs",
     "chunk_ranges",
-    "crc32_in_background",
+    "in_background",
     "crc32_of",
     "crc_between",
     "footer_range",
@@ -47,16 +49,25 @@ def crc32_of(data: Any) -> int:
     return zlib.crc32(memoryview(data).cast("B")) & 0xFFFFFFFF
 
 
-def crc32_in_background(data: Any) -> Callable[[], int]:
-    """Start the CRC-32 of ``data`` in a thread (zlib releases the GIL); the returned call
-    waits for it and gives it."""
-    result: list[int] = []
-    thread = threading.Thread(target=lambda: result.append(crc32_of(data)), daemon=True)
+def in_background(work: Callable[[], Any]) -> Callable[[], Any]:
+    """Start ``work`` (a checksum pass: zlib and file reads release the GIL) in a thread;
+    the returned call waits for it and gives its result, or raises what it raised."""
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["value"] = work()
+        except BaseException as exc:  # re-raised in the caller's thread
+            out["error"] = exc
+
+    thread = threading.Thread(target=run, name="maxent-arrow-check", daemon=True)
     thread.start()
 
-    def wait() -> int:
+    def wait() -> Any:
         thread.join()
-        return result[0]
+        if "error" in out:
+            raise out["error"]
+        return out["value"]
 
     return wait
 
@@ -155,6 +166,40 @@ def check_seal(data: Any, *, tail: int | None = None) -> bool | None:
     crc = zlib.crc32(b"00000000", crc)
     crc = zlib.crc32(view[start + 8 :], crc)
     return crc & 0xFFFFFFFF == expected
+
+
+def check_seal_file(path: str, *, tail: int = 1 << 16, block: int = 1 << 22) -> bool | None:
+    """:func:`check_seal` of the file at ``path``, read in ``block``-sized pieces into one
+    reused buffer: the pass adds no more than a block to the process's memory (a memory map
+    read through would keep every page of the file resident)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        base = max(0, size - tail)
+        at = os.pread(fd, size - base, base).rfind(_SEAL_MARK)
+        if at < 0:  # a footer larger than ``tail``, or no seal: the plain check decides
+            with open(path, "rb") as f:
+                return check_seal(f.read())
+        start = base + at + len(_SEAL_MARK)
+        try:
+            expected = int(os.pread(fd, 8, start), 16)
+        except ValueError:
+            return False
+        buffer = bytearray(block)
+        view = memoryview(buffer)
+        crc = 0
+        for lo, hi in ((0, start), (start + 8, size)):
+            if lo == start + 8:
+                crc = zlib.crc32(b"00000000", crc)
+            while lo < hi:
+                got = os.preadv(fd, [view[: min(block, hi - lo)]], lo)
+                if got <= 0:
+                    return False
+                crc = zlib.crc32(view[:got], crc)
+                lo += got
+        return crc & 0xFFFFFFFF == expected
+    finally:
+        os.close(fd)
 
 
 # ---------------------------------------------------------------------------- group files

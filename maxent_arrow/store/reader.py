@@ -21,7 +21,7 @@ from maxent_arrow.arrow.upgrade import needs_upgrade, upgrade_groups
 from maxent_arrow.errors import SchemaError, StoreError
 from maxent_arrow.store.backend import Backend
 from maxent_arrow.store.catalog import Catalog, OnError, StepFile, fail
-from maxent_arrow.store.checksums import check_chunks, crc32_in_background
+from maxent_arrow.store.checksums import check_chunks, crc32_of, in_background
 from maxent_arrow.store.layout import GROUPS, parse_name
 
 __all__ = ["GroupFileRead", "conform", "read_group_file", "read_table"]
@@ -78,14 +78,19 @@ def read_group_file(
         stored = {path.split(".")[0] for rg in (chunks or {}).get("row_groups", []) for path in rg}
         partial = wanted is not None and not stored <= set(wanted)
         if crc and partial and chunks is not None and not upgrade:
-            # Only the columns read, and the footer: no pass over the rest of the file.
-            check_chunks(str(path), chunks, lambda r: backend.read_ranges(rel, r), wanted)
+            # Only the columns read, and the footer: no pass over the rest of the file; the
+            # pass runs beside the decode, and nothing is returned before it has matched.
+            pending = in_background(
+                lambda: check_chunks(
+                    str(path), chunks, lambda r: backend.read_ranges(rel, r), wanted
+                )
+            )
             source, pages = backend.open(rel), False
         elif crc and step.meta.get("group_crc32") is not None:
             data = backend.read(rel)
             # The CRC pass runs beside the decode (both release the GIL); nothing decoded is
             # returned before it has matched.
-            pending = crc32_in_background(data)
+            pending = in_background(lambda: _whole_crc(data, step, path))
             source, pages = pa.BufferReader(data), False
         else:
             source = backend.open(rel)
@@ -103,10 +108,10 @@ def read_group_file(
         raise
     except (pa.ArrowException, OSError, ValueError) as exc:
         if pending is not None:
-            _check_whole(pending, step, path)  # damage explains an unreadable file best
+            pending()  # damage explains an unreadable file best
         raise StoreError(f"{path}: unreadable group file ({exc})") from None
     if pending is not None:
-        _check_whole(pending, step, path)
+        pending()
     S.check_version((table.schema.metadata or {}).get(S.METADATA_KEY), where=str(path))
     if upgrade:
         table = upgrade_groups(table, kind=_kind_of(step))
@@ -115,8 +120,8 @@ def read_group_file(
     return table
 
 
-def _check_whole(pending, step: StepFile, path: Any) -> None:
-    got = pending()
+def _whole_crc(data: Any, step: StepFile, path: Any) -> None:
+    got = crc32_of(data)
     if got != step.meta["group_crc32"]:
         raise StoreError(
             f"{path}: CRC-32 {got:08x}, expected {step.meta['group_crc32']:08x} (corrupt)"

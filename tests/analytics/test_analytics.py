@@ -441,16 +441,23 @@ def test_benchmark_quick_runs(tmp_path):
 
     bench = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_analytics.py"
     env = {**os.environ, "MAXENT_ARROW_BENCH_CACHE": str(tmp_path)}
+    out = tmp_path / "analytics.json"
     done = subprocess.run(
-        [sys.executable, str(bench), "--quick"],
+        [sys.executable, str(bench), "--quick", "--json", str(out)],
         capture_output=True,
         text=True,
         env=env,
-        timeout=300,
+        timeout=600,
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    for label in ("reward curve", "length stats", "vs pandas", "floor"):
-        assert label in done.stdout
+    rows = json.loads(out.read_text())["rows"]
+    names = [r["name"] for r in rows]
+    for store in ("40 files", "100 files", "100 steps, writer policy (compact_every=100)"):
+        for kind in ("sql() over samples", "reward_curve + length_stats from files"):
+            row = next(r for r in rows if kind in r["name"] and r["name"].endswith(store))
+            assert "DuckDB" in row["peer"]["label"] and row["targets"][0]["label"] == "<= 1.1x peer"
+    assert sum("maxent-arrow query, end to end" in n for n in names) == 2
+    assert sum("cost of verifying on read" in n for n in names) == 6
 
 
 def test_reward_names_that_need_quoting(tmp_path):

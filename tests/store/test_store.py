@@ -437,16 +437,26 @@ def test_store_root_path_types(tmp_path):
 @pytest.mark.slow
 def test_benchmark_quick_runs(tmp_path):
     bench = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_store.py"
+    out = tmp_path / "store.json"
     done = subprocess.run(
-        [sys.executable, str(bench), "--quick"],
+        [sys.executable, str(bench), "--quick", "--json", str(out)],
         capture_output=True,
         text=True,
         timeout=300,
         cwd=tmp_path,
     )
     assert done.returncode == 0, done.stderr
-    for figure in ("torch.save padded", "JSONL", "from IPC cache", "peak growth"):
-        assert figure in done.stdout
+    rows = {r["name"].split(" (")[0]: r for r in json.loads(out.read_text())["rows"]}
+    append = rows["append one step, durable"]
+    assert append["baseline"]["label"].startswith("torch.save of padded")
+    assert append["peer"]["label"].startswith("torch.save of the ragged")
+    assert append["floor"]["label"].startswith("write + fsync")
+    assert {t["label"] for t in append["targets"]} == {">= 2x baseline", "<= 2x floor"}
+    for name in (
+        "replay one step from Parquet, token values used",
+        "replay one step from the IPC cache, token values used",
+    ):
+        assert rows[name]["peer"]["value"] > 0 and len(rows[name]["targets"]) == 1
 
 
 def test_compression_option(tmp_path):
