@@ -273,6 +273,21 @@ def _imported_modules(importtime_stderr: str) -> set[str]:
     return names
 
 
+def _importtime(*args: str, timeout: int = 120) -> tuple[str, set[str]]:
+    """Run ``python -X importtime *args`` from the repository; its stdout and the modules it
+    imported (it must exit 0)."""
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", *args],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout, _imported_modules(result.stderr)
+
+
 def _torch_modules(names: set[str]) -> list[str]:
     return sorted(n for n in names if n == "torch" or n.startswith("torch."))
 
@@ -284,16 +299,7 @@ def test_importing_the_light_packages_imports_no_torch_and_no_module():
         "assert 'torch' not in sys.modules\n"
         + "".join(f"import maxent_arrow.{name}\n" for name in SUBPACKAGES)
     )
-    result = subprocess.run(
-        [sys.executable, "-X", "importtime", "-c", code],
-        cwd=ROOT,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    imported = _imported_modules(result.stderr)
+    _, imported = _importtime("-c", code)
     assert "maxent_arrow.cli" in imported  # the import log is real
     assert _torch_modules(imported) == []
     # Importing a package imports none of its modules (the lazy-export rule): only the
@@ -305,17 +311,8 @@ def test_importing_the_light_packages_imports_no_torch_and_no_module():
 
 def test_maxent_arrow_help_imports_no_torch():
     # The console script's own path: `main()` with the arguments from sys.argv.
-    result = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "maxent_arrow.cli", "--help"],
-        cwd=ROOT,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "usage: maxent-arrow" in result.stdout
-    imported = _imported_modules(result.stderr)
+    out, imported = _importtime("-m", "maxent_arrow.cli", "--help")
+    assert "usage: maxent-arrow" in out
     assert "maxent_arrow.errors" in imported
     assert _torch_modules(imported) == []
 
@@ -330,17 +327,9 @@ def test_subcommand_help_imports_no_torch():
         "    assert main([command, '--help']) == 0, command\n"
         "    assert 'torch' not in sys.modules, command\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-X", "importtime", "-c", code],
-        cwd=ROOT,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.count("usage: maxent-arrow") == len(commands)
-    assert _torch_modules(_imported_modules(result.stderr)) == []
+    out, imported = _importtime("-c", code)
+    assert out.count("usage: maxent-arrow") == len(commands)
+    assert _torch_modules(imported) == []
 
 
 # ---------------------------------------------------------------------------- import-linter
@@ -408,50 +397,11 @@ def _exemptions() -> list[tuple[str, str]]:
     return sorted(entries)
 
 
-@pytest.fixture(scope="module")
-def import_graph():
-    grimp = pytest.importorskip("grimp")
-    return grimp.build_graph("maxent_arrow", exclude_type_checking_imports=False, cache_dir=None)
-
-
-@pytest.mark.parametrize(
-    ("importer", "imported"),
-    [
-        pytest.param(
-            importer,
-            imported,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason=f"{importer} -> {imported} is exempted in pyproject.toml "
-                "[tool.importlinter] until the rewrite of "
-                f"{'/'.join(importer.split('.')[1:2])}/ removes it",
-            ),
-        )
-        for importer, imported in _exemptions()
-    ],
-)
-def test_exempted_import_is_gone(import_graph, importer, imported):
-    assert not import_graph.direct_import_exists(importer=importer, imported=imported)
-
-
-@pytest.mark.parametrize(
-    "package",
-    [
-        pytest.param(
-            package,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason=f"{package} is left out of the acyclic contract in pyproject.toml: "
-                "types/base.py <-> types/records.py <-> types/rewards.py import each other "
-                "in functions (types/ rewrite)",
-            ),
-        )
-        for contract in CONFIG["contracts"]
-        for package in contract.get("skip_descendants", [])
-    ],
-)
-def test_skipped_package_has_no_cycle(import_graph, package):
-    assert import_graph.nominate_cycle_breakers(package) == set()
+def test_the_import_contracts_have_no_exemptions():
+    """Every import rule holds without exceptions: no ``ignore_imports`` and no package left
+    out of a contract (the redesign removed the last ones)."""
+    assert _exemptions() == []
+    assert [p for c in CONFIG["contracts"] for p in c.get("skip_descendants", [])] == []
 
 
 # Modules a command may not load: torch (seconds), and for the SQL path pandas (~0.7 s, which
@@ -485,16 +435,7 @@ def test_commands_on_a_real_store_import_no_torch(tmp_path, command):
         "export": ["export", str(store.root), "--to", "ipc", str(tmp_path / "out")],
         "report": ["report", str(store.root), "--out", str(tmp_path / "report")],
     }[command]
-    result = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "maxent_arrow.cli", *argv],
-        cwd=ROOT,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    imported = _imported_modules(result.stderr)
+    _, imported = _importtime("-m", "maxent_arrow.cli", *argv, timeout=180)
     assert "maxent_arrow.store.catalog" in imported  # the log is real
     heavy = sorted(n for n in imported for h in _HEAVY[command] if n == h or n.startswith(h + "."))
     assert heavy == [], (command, heavy)
