@@ -360,7 +360,7 @@ def bench_store(bench: harness.Bench, label: str, root: Path, repeats: int) -> N
         },
         repeats=repeats,
     )
-    base = harness.measure({"pandas": lambda: pandas_means(root)}, repeats=max(3, repeats // 3))
+    base = harness.measure({"pandas": lambda: pandas_means(root)}, repeats=2)
     bench.row(
         f"per-step mean reward and length, sql() over samples, {label}",
         ours=Figure(t["ours"], "RolloutStore(root).sql(...): open, checks, query"),
@@ -397,9 +397,7 @@ def bench_store(bench: harness.Bench, label: str, root: Path, repeats: int) -> N
         },
         repeats=repeats,
     )
-    base = harness.measure(
-        {"pandas": lambda: pandas_ready_made(root)}, repeats=max(3, repeats // 3)
-    )
+    base = harness.measure({"pandas": lambda: pandas_ready_made(root)}, repeats=2)
     bench.row(
         f"reward_curve + length_stats from files, {label}",
         ours=Figure(ready["ours"], "RunAnalytics(root): open, checks, both queries"),
@@ -481,7 +479,7 @@ def main(argv: list[str] | None = None) -> int:
     harness.add_arguments(parser)
     args = parser.parse_args(argv)
     bench = harness.Bench("analytics", args)
-    repeats = bench.repeats(9, quick=3)
+    repeats = bench.repeats(7, quick=3)
     small, large = (40, 100) if bench.quick else (200, 1000)
     cache = _cache_dir()
     stores = [
