@@ -21,6 +21,7 @@ to this library's readers (``docs/commit-protocol.md``).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from dataclasses import dataclass
@@ -100,8 +101,10 @@ def compact_name(kind: str, steps: tuple[int, int], ranks: tuple[int, int], inpu
     )
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def parse_name(name: str) -> UnitName | None:
-    """What ``name`` says, or ``None`` if it is not a store file name."""
+    """What ``name`` says, or ``None`` if it is not a store file name (a pure function of
+    the name: cached, as every reader asks it of every file several times)."""
     match = _UNIT_RE.match(name)
     if match:
         step, rank = int(match[1]), int(match[2])

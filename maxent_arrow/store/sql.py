@@ -231,8 +231,8 @@ class SqlViews:
             self.con.close()
         self.con = duckdb.connect(database=":memory:")
         self._types: dict[pa.DataType, str] | None = None  # asked for when first needed
-        self.step_paths: list[str] = []
-        self.con.execute("SET parquet_metadata_cache = true")
+        self.step_paths: list[str] = []  # what DuckDB may read
+        self.group_paths: list[str] = []
         if self.threads is not None:
             self.con.execute(f"SET threads = {int(self.threads)}")
         self._checked.clear()
@@ -353,9 +353,13 @@ class SqlViews:
         unified = self.group_schema.remove_metadata()
         parts = []
         sets: dict[str, tuple[pa.Schema, list[tuple[str, StepFile]]]] = {}
+        keys: dict[int, str] = {}  # files of one schema share the schema object
         for rel, step in self.files:
             schema = self.schemas.file(rel)
-            key = schema.to_string(show_field_metadata=False, show_schema_metadata=False)
+            key = keys.get(id(schema))
+            if key is None:
+                key = schema.to_string(show_field_metadata=False, show_schema_metadata=False)
+                keys[id(schema)] = key
             sets.setdefault(key, (schema, []))[1].append((rel, step))
         cols = ", ".join(quote(f.name) for f in unified)
         backend = self.catalog.backend
@@ -364,6 +368,7 @@ class SqlViews:
             if not members:
                 continue
             paths = [backend.fs_path(rel) for rel, _ in members]
+            self.group_paths.extend(paths)
             projection = ", ".join(_projection(unified, schema, self._null, self._cast))
             if backend.local:
                 listing = "[" + ", ".join(sql_string(p) for p in paths) + "]"
@@ -409,9 +414,8 @@ class SqlViews:
 
     def _sandbox(self) -> None:
         """Only the committed files may be read; nothing written, attached or installed."""
-        if self.catalog.backend.local and (self.files or self.step_paths):
-            paths = [self.catalog.backend.fs_path(rel) for rel, _ in self.files]
-            paths += self.step_paths
+        if self.catalog.backend.local and (self.group_paths or self.step_paths):
+            paths = self.group_paths + self.step_paths
             self.con.execute(f"SET allowed_paths = [{', '.join(sql_string(p) for p in paths)}]")
         self.con.execute("SET enable_external_access = false")
         self.con.execute("SET lock_configuration = true")
@@ -515,8 +519,8 @@ class SqlViews:
         self.con.close()
         self.con = duckdb.connect(database=":memory:")
         self._types: dict[pa.DataType, str] | None = None  # asked for when first needed
-        self.step_paths: list[str] = []
-        self.con.execute("SET parquet_metadata_cache = true")
+        self.step_paths: list[str] = []  # what DuckDB may read
+        self.group_paths: list[str] = []
         if self.threads is not None:
             self.con.execute(f"SET threads = {int(self.threads)}")
         steps = [step for _, step in keep]
