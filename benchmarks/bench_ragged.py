@@ -215,7 +215,7 @@ def padded_ids(bench: harness.Bench, shapes: list[tuple[int, int, int]]) -> None
         others = ", ".join(
             f"{name} {harness.fmt_value(t[name].median)}" for name in PEERS if name != best
         )
-        bench.row(
+        row = bench.row(
             f"token column → padded int64 ids + mask, {label}",
             ours=Figure(t["ours"], "`Ragged.from_arrow(col).to_padded()`"),
             baseline=Figure(t["baseline"], "lists + `pad_sequence`"),
@@ -228,9 +228,15 @@ def padded_ids(bench: harness.Bench, shapes: list[tuple[int, int, int]]) -> None
             ],
             note=f"fresh outputs; other peers: {others}; output "
             f"{out_bytes / 2**20:.1f} MiB, width {ids.shape[1]}",
-            reason="a fresh output's first-touch page faults (the kernel maps and zeroes it) "
-            "cost about as much as the writes; the reused-buffer row beside shows the rest",
         )
+        why = {
+            "baseline": f"{rows} rows: the baseline's Python work is per row, so with few long "
+            "rows most of its time is the same padded copy ours makes",
+            "peer": "the peer makes the same passes (a mask, a fill, one numpy scatter)",
+            "floor": "a fresh output's first-touch page faults (the kernel maps and zeroes it) "
+            "cost about as much as the writes; the reused-buffer row beside shows the rest",
+        }
+        row.reason = "; ".join(why[target.ref] for target in row.missed())
         bench.row(
             f"same, {label}, into reused `out=` buffers",
             ours=Figure(t["reused"], "`to_padded(out=(ids, mask))`"),

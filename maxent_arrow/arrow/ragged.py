@@ -10,6 +10,7 @@ the seed's ``pad_sequence`` and a memcpy of the output.
 
 from __future__ import annotations
 
+import ctypes
 from typing import Literal
 
 import numpy as np
@@ -437,6 +438,17 @@ def _runs(first: np.ndarray, second: np.ndarray) -> np.ndarray:
     return np.repeat(np.tile(np.array([True, False]), first.size), counts)
 
 
+def _fill(array: np.ndarray, value: float | int) -> None:
+    """``array.fill(value)``, by ``memset`` when every byte of ``value`` is the same (0, -1):
+    glibc's memset writes a large buffer 2x faster than numpy's fill loop (0.35 vs 0.79 ms
+    for 32 MiB on this project's CPU)."""
+    pattern = np.array(value, dtype=array.dtype).tobytes()
+    if array.flags.c_contiguous and pattern.count(pattern[:1]) == len(pattern):
+        ctypes.memset(array.ctypes.data, pattern[0], array.nbytes)
+    else:
+        array.fill(value)
+
+
 def _check_out(
     out: tuple[torch.Tensor, torch.Tensor],
     shape: tuple[int, ...],
@@ -487,14 +499,14 @@ def _pad_numpy(
         # waits for a worker thread to be scheduled (measured 15 ms instead of 0.1 ms for
         # 1 MiB). A zero pad needs no fill pass: calloc'd pages arrive zeroed from the kernel.
         numpy_dtype = torch.empty(0, dtype=out_dtype).numpy().dtype
-        if pad_value == 0:
+        if not np.array(pad_value, dtype=numpy_dtype).tobytes().strip(b"\0"):  # 0, not -0.0
             padded = np.zeros(shape, numpy_dtype)
         else:
             padded = np.full(shape, pad_value, numpy_dtype)
     else:
         padded, mask = out[0].numpy(), out[1].numpy()
         prefix_mask(kept, width, side=side, out=mask)
-        padded.fill(pad_value)
+        _fill(padded, pad_value)
     if source.shape[0]:
         padded[mask] = source
     return torch.from_numpy(padded) if out is None else out[0], (

@@ -18,7 +18,7 @@ completion info, prompts as text). Flat order is prompt-major (sample ``i = g*K 
   crosses PCIe.
 - A :class:`ScoreBatchWorkspace` passed as ``workspace=`` keeps the output buffers from one
   call to the next (a trainer building one ``ScoreBatch`` per step): on CPU the build is then
-  a few passes over memory that is already mapped, within 2x a memcpy of the output
+  a few passes over memory that is already mapped, about 2x a memcpy of the output
   (``benchmarks/bench_ingest.py``); fresh pages cost about as much as the writes themselves.
 
 On CPU every pass runs in numpy, single-threaded: torch's parallel kernels wait for a free core
@@ -293,9 +293,11 @@ def _sample_prompts(
 ) -> pa.RecordBatch:
     """Each group's prompt repeated for its samples, head-truncated: the ``prompt_ids`` and
     ``prompt_attention_mask`` columns of the ``ScoreBatch`` layout (its prompt entries)."""
+    if prompt_ids.type.value_type != pa.int32():
+        # A checked cast (an id beyond int32 raises, as before), not a silent wrap.
+        list_type = pa.large_list if pa.types.is_large_list(prompt_ids.type) else pa.list_
+        prompt_ids = prompt_ids.cast(list_type(pa.int32()))
     groups = Ragged.from_arrow(prompt_ids)  # nulls were filled from text before
-    if groups.dtype != torch.int32:
-        groups = groups.with_values(groups.values.to(torch.int32))
     values, offsets = groups.values.numpy(), groups.offsets.numpy()
     raw = np.diff(offsets)
     glen = np.minimum(raw, max_prompt_len)
@@ -317,10 +319,11 @@ def _sample_prompts(
         # then each row's real tokens in order (a boolean index): ~3x faster than a gather
         # through an int64 index of every output token.
         padded = groups.to_padded(0, max_len=width)[0].numpy()
-        keep = (
-            None if workspace is None else workspace.buffer("prompt_keep", (n, width), torch.bool)
-        )
-        keep = prefix_mask(slen, width, out=None if keep is None else keep.numpy())
+        if workspace is None:
+            keep = prefix_mask(slen, width)
+        else:
+            keep = workspace.buffer("prompt_keep", (n, width), torch.bool).numpy()
+            prefix_mask(slen, width, out=keep)
         k = int(sizes[0])
         if (sizes == k).all():
             # K samples in every group: each group's row is broadcast to them, not copied.

@@ -281,6 +281,19 @@ def test_to_padded_into_out_buffers_equals_fresh_and_reuses_them(
     assert torch.equal(padded, fresh) and torch.equal(mask, fresh_mask)
 
 
+@pytest.mark.parametrize(
+    "pad, dtype", [(0, torch.int64), (-1, torch.int64), (0.0, torch.float32), (-0.0, torch.float64)]
+)
+def test_to_padded_into_out_buffers_with_a_memset_pad(pad, dtype):
+    ragged = Ragged.from_lists([[1, 2, 3], [], [4]], dtype=torch.int32)
+    fresh, fresh_mask = ragged.to_padded(pad, dtype=dtype)
+    out = (torch.full((3, 3), 99, dtype=dtype), torch.ones(3, 3, dtype=torch.bool))
+    padded, mask = ragged.to_padded(pad, dtype=dtype, out=out)
+    assert torch.equal(padded, fresh) and torch.equal(mask, fresh_mask)
+    # the bytes too: -0.0 is not memset to +0.0
+    assert padded.numpy().tobytes() == fresh.numpy().tobytes()
+
+
 def test_to_padded_refuses_out_buffers_of_another_shape_or_dtype():
     ragged = Ragged.from_lists([[1, 2, 3], [4]], dtype=torch.int32)
     good = (torch.empty(2, 3, dtype=torch.int64), torch.empty(2, 3, dtype=torch.bool))
