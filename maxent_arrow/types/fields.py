@@ -482,29 +482,40 @@ def _token_id_lists(ids: list) -> pa.Array | None:
 
 
 def decode_info(structs: pa.Array) -> list:
-    """Completion-info dicts back: typed fields that hold a value, then the ``extra`` keys."""
-    rows = structs.to_pylist()
-    if not rows:
-        return rows
-    names = [f.name for f in structs.type]
-    # Fields null everywhere are dropped in one pass; only partly null ones are tested per row.
-    everywhere = [n for n in names if structs.field(n).null_count == len(structs)]
-    partly = [n for n in names if n not in everywhere and structs.field(n).null_count]
-    has_extra = "extra" in names and "extra" not in everywhere
-    out = []
-    for row in rows:
-        if row is None:
+    """Completion-info dicts back: typed fields that hold a value, then the ``extra`` keys.
+
+    Column by column: each field converted once, the ``extra`` JSON of all rows parsed in one
+    call, and each dict built with only its keys (no dict built and then pruned).
+    """
+    n = len(structs)
+    if n == 0:
+        return []
+    children = dict(zip((f.name for f in structs.type), structs.flatten()))
+    extra = children.pop("extra", None)
+    # Fields null everywhere are left out at once; only partly null ones are tested per row.
+    kept = {name: a for name, a in children.items() if a.null_count < n}
+    full = [(name, a.to_pylist()) for name, a in kept.items() if not a.null_count]
+    partly = [(name, a.to_pylist()) for name, a in kept.items() if a.null_count]
+    extras: dict[int, dict] = {}
+    if extra is not None and extra.null_count < n:
+        texts = extra.to_pylist()
+        at = [i for i, text in enumerate(texts) if text]
+        if at:
+            parsed = json.loads("[" + ",".join(texts[i] for i in at) + "]")
+            extras = dict(zip(at, parsed))
+    valid = structs.is_valid().to_pylist() if structs.null_count else None
+    names = [name for name, _ in full]
+    out: list = []
+    for i, values in enumerate(zip(*(v for _, v in full)) if full else ([()] * n)):
+        if valid is not None and not valid[i]:
             out.append(None)
             continue
-        for name in everywhere:
-            del row[name]
-        for name in partly:
-            if row[name] is None:
-                del row[name]
-        if has_extra:
-            extra = row.pop("extra", None)
-            if extra:
-                row.update(json.loads(extra))
+        row = dict(zip(names, values))
+        for name, column in partly:
+            if column[i] is not None:
+                row[name] = column[i]
+        if i in extras:
+            row.update(extras[i])
         out.append(row)
     return out
 
