@@ -19,12 +19,12 @@ import pyarrow.parquet as pq
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.arrow.upgrade import needs_upgrade, upgrade_groups
 from maxent_arrow.errors import SchemaError, StoreError
-from maxent_arrow.store.backend import Backend
+from maxent_arrow.store.backend import Backend, FileInfo
 from maxent_arrow.store.catalog import Catalog, OnError, StepFile, fail
 from maxent_arrow.store.checksums import check_chunks, crc32_of, in_background
 from maxent_arrow.store.layout import GROUPS, parse_name
 
-__all__ = ["GroupFileRead", "conform", "read_group_file", "read_table"]
+__all__ = ["GroupFileRead", "check_group_size", "conform", "read_group_file", "read_table"]
 
 
 def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
@@ -49,6 +49,17 @@ def _kind_of(step: StepFile) -> str:
     return kinds[0] if kinds else "train"
 
 
+def check_group_size(path: Any, step: StepFile, info: FileInfo | None) -> None:
+    """The group file of ``step`` is there (``info``), of the size its step file recorded."""
+    if info is None:
+        raise StoreError(f"{path}: group file missing (its step file is committed)")
+    expected = step.meta.get("group_size")
+    if expected is not None and info.size != expected:
+        raise StoreError(
+            f"{path}: size {info.size} bytes, expected {expected} (truncated or changed)"
+        )
+
+
 def read_group_file(
     backend: Backend,
     step: StepFile,
@@ -59,14 +70,7 @@ def read_group_file(
     """The group rows of ``step``'s group file (``columns`` of them, or all), checked."""
     rel = f"{GROUPS}/{step.group_file}"
     path = backend.path(rel)
-    info = backend.stat(rel)
-    if info is None:
-        raise StoreError(f"{path}: group file missing (its step file is committed)")
-    expected = step.meta.get("group_size")
-    if expected is not None and info.size != expected:
-        raise StoreError(
-            f"{path}: size {info.size} bytes, expected {expected} (truncated or changed)"
-        )
+    check_group_size(path, step, backend.stat(rel))
     upgrade = needs_upgrade(step.version)
     wanted = None if columns is None else list(dict.fromkeys(columns))
     # Parquet page CRCs are checked only where no CRC recorded at commit covers the bytes.

@@ -47,7 +47,7 @@ from maxent_arrow.store.backend import FileInfo
 from maxent_arrow.store.catalog import Catalog, OnError, StepFile, fail
 from maxent_arrow.store.checksums import check_chunks, crc32_of
 from maxent_arrow.store.layout import GROUPS, STEPS
-from maxent_arrow.store.reader import conform, read_group_file
+from maxent_arrow.store.reader import check_group_size, conform, read_group_file
 from maxent_arrow.store.schemas import UnifiedSchemas
 
 __all__ = ["SqlViews", "check_query", "duckdb_module", "quote", "samples_view_sql", "sql_string"]
@@ -225,16 +225,19 @@ class SqlViews:
         with self.catalog.snapshot():
             self._build()
 
-    def _build(self) -> None:
-        duckdb = duckdb_module()
+    def _connect(self) -> None:
+        """A new connection (the old one closed), with nothing registered yet."""
         if self.con is not None:
             self.con.close()
-        self.con = duckdb.connect(database=":memory:")
+        self.con = duckdb_module().connect(database=":memory:")
         self._types: dict[pa.DataType, str] | None = None  # asked for when first needed
         self.step_paths: list[str] = []  # what DuckDB may read
         self.group_paths: list[str] = []
         if self.threads is not None:
             self.con.execute(f"SET threads = {int(self.threads)}")
+
+    def _build(self) -> None:
+        self._connect()
         self._checked.clear()
         backend = self.catalog.backend
         steps = list(self.catalog.committed_steps(self.on_error))
@@ -267,13 +270,7 @@ class SqlViews:
         before chunk CRCs were recorded is checked whole, once."""
         backend = self.catalog.backend
         path = backend.fs_path(rel)
-        if info is None:
-            raise StoreError(f"{path}: group file missing (its step file is committed)")
-        expected = step.meta.get("group_size")
-        if expected is not None and info.size != expected:
-            raise StoreError(
-                f"{path}: size {info.size} bytes, expected {expected} (truncated or changed)"
-            )
+        check_group_size(path, step, info)
         if (
             self.crc
             and step.meta.get("chunks") is None
@@ -515,14 +512,7 @@ class SqlViews:
     def _exclude(self, bad: set[str]) -> None:
         keep = [(rel, step) for rel, step in self.files if rel not in bad]
         self.files = keep
-        duckdb = duckdb_module()
-        self.con.close()
-        self.con = duckdb.connect(database=":memory:")
-        self._types: dict[pa.DataType, str] | None = None  # asked for when first needed
-        self.step_paths: list[str] = []  # what DuckDB may read
-        self.group_paths: list[str] = []
-        if self.threads is not None:
-            self.con.execute(f"SET threads = {int(self.threads)}")
+        self._connect()
         steps = [step for _, step in keep]
         self._create_steps(steps)
         self._create_groups([])
