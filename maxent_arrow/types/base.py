@@ -25,6 +25,7 @@ unchanged list field of an Arrow-born record is equal in both objects, not the s
 
 from __future__ import annotations
 
+import abc
 import copy
 import dataclasses
 import io
@@ -165,7 +166,7 @@ def peek(obj: Any, name: str) -> Any:
     return type(obj)._layout.field(obj, source, name, cache=False)
 
 
-class Layout:
+class Layout(abc.ABC):
     """How one seed class lives in Arrow: checks a batch, decodes a field, encodes a record.
 
     Subclasses implement :meth:`check` (the cheap schema checks of ``from_arrow``),
@@ -181,18 +182,20 @@ class Layout:
     # Field name -> (column, flatten): the Arrow array of a list-typed field.
     field_columns: ClassVar[dict[str, tuple[str, bool]]] = {}
 
-    def bind(self, cls: type) -> None:
+    def bind(self, cls: type) -> None:  # noqa: B027 - an optional hook, empty by default
         """Called once with the class the layout belongs to."""
 
+    @abc.abstractmethod
     def check(self, cls: type, batch: pa.RecordBatch, meta: dict[str, Any], given=()) -> None:
         """The cheap checks of ``from_arrow`` (columns and types; ``given`` fields skipped)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def field(self, obj: Any, source: Source, name: str, *, cache: bool = True) -> Any:
-        raise NotImplementedError
+        """Field ``name`` of ``obj`` decoded from ``source`` (kept on ``obj`` when ``cache``)."""
 
+    @abc.abstractmethod
     def encode(self, obj: Any) -> pa.RecordBatch:
-        raise NotImplementedError
+        """``obj`` as one checked record batch (untouched columns reused)."""
 
     def encode_column(self, obj: Any, name: str) -> pa.Array | None:
         """Column ``name`` alone, checked, when it can be made without the whole record
@@ -206,6 +209,11 @@ class Record:
     _layout: ClassVar[Layout]
 
     __hash__ = None  # mutable records are unhashable, like the seed's dataclasses
+
+    def __post_init__(self) -> None:
+        # One cheap test: fields `dataclasses.replace` passed on without reading them.
+        if _PENDING[0]:
+            _adopt(self)
 
     # ------------------------------------------------------------------ Arrow
     def to_arrow(self) -> pa.RecordBatch:
@@ -343,38 +351,17 @@ def _rebuild(cls: type, ipc: bytes | None, state: dict[str, Any]):
 
 # ---------------------------------------------------------------------------- the decorator
 def record(layout: Layout):
-    """Class decorator (under ``@dataclass(init=False, eq=False, repr=False)``): attach the
-    layout, drop the class-level field defaults (``fields()`` keeps them) and write the
-    ``__init__``.
+    """Class decorator (over ``@dataclass(eq=False, repr=False)``): attach the layout and drop
+    the class-level field defaults (``fields()`` and the generated ``__init__`` keep them).
 
-    The ``__init__`` stores each argument as given, like the one ``dataclass`` writes, plus one
-    cheap test that adopts fields ``dataclasses.replace`` passed on without reading.
+    ``__init__`` is the one ``dataclass`` writes: it stores each argument as given; then
+    :meth:`Record.__post_init__` adopts fields ``dataclasses.replace`` passed on unread.
     """
 
     def decorate(cls: type) -> type:
         cls._layout = layout
         layout.bind(cls)
         fields = dataclasses.fields(cls)
-        namespace: dict[str, Any] = {"_PENDING": _PENDING, "_adopt": _adopt}
-        params, body = [], []
-        for f in fields:
-            if f.default is dataclasses.MISSING:
-                params.append(f.name)
-            else:
-                namespace[f"_default_{f.name}"] = f.default
-                params.append(f"{f.name}=_default_{f.name}")
-            body.append(f"    self.{f.name} = {f.name}")
-        source = (
-            f"def __init__(self, {', '.join(params)}):\n"
-            + "\n".join(body)
-            + "\n    if _PENDING[0]:\n        _adopt(self)\n"
-        )
-        exec(source, namespace)  # noqa: S102 - a generated __init__, as dataclasses does
-        init = namespace["__init__"]
-        init.__qualname__ = f"{cls.__qualname__}.__init__"
-        init.__module__ = cls.__module__
-        init.__doc__ = f"Store the fields of {cls.__name__} as given (no checks, no copies)."
-        cls.__init__ = init
         layout.field_names = frozenset(f.name for f in fields)
         for f in fields:
             # No class attribute may shadow a field: a missing field must reach __getattr__

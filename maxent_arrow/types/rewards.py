@@ -67,7 +67,7 @@ __all__ = [
 ]
 
 
-DATACLASS = dataclass(init=False, eq=False, repr=False)
+DATACLASS = dataclass(eq=False, repr=False)
 
 
 # ---------------------------------------------------------------------------- PromptCacheEntry

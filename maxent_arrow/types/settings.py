@@ -10,6 +10,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
+from maxent_arrow.errors import LayoutError
+
 __all__ = [
     "EvaluationSettings",
     "GenerationFn",
@@ -54,8 +56,6 @@ class RewardSpec:
 
     def __post_init__(self) -> None:
         if len(self.reward_weights) != len(self.reward_funcs):
-            from maxent_arrow.errors import LayoutError
-
             raise LayoutError(
                 f"RewardSpec.reward_weights: expected {len(self.reward_funcs)} weights (one per "
                 f"reward function), got {len(self.reward_weights)}"
