@@ -91,6 +91,22 @@ class _TensorLayout(BoundLayout):
             return matrix_column(tensor), how, tensor.shape[0]
         return tensor_column(tensor), how, tensor.shape[0]
 
+    def encode_vectors(
+        self, obj, kinds: dict[str, str], *, optional=(), **scalars: Any
+    ) -> tuple[dict[str, pa.Array | None], dict[str, Any], dict[str, int | None]]:
+        """The vector fields ``kinds`` (name -> kind) as ``(columns, scalars, rows)``: each
+        column reused or converted (:meth:`vector`) and its dtype recorded in ``scalars``,
+        which starts with ``scalars`` given."""
+        columns: dict[str, pa.Array | None] = {}
+        meta: dict[str, Any] = {"dtypes": {}, **scalars}
+        rows: dict[str, int | None] = {}
+        for field, kind in kinds.items():
+            columns[field], how, rows[field] = self.vector(
+                obj, field, kind=kind, optional=field in optional
+            )
+            _record_how(meta, field, how)
+        return columns, meta, rows
+
     def decode_vector(self, source: Source, name: str, *, matrix: bool = False):
         how = _how(source.meta, name)
         array = source.column(name)
@@ -359,13 +375,9 @@ class ScoresLayout(_TensorLayout):
         if source is not None:
             return source.batch
         name = self.name
-        columns: dict[str, pa.Array | None] = {}
-        scalars: dict[str, Any] = {"dtypes": {}, "widths": {}}
-        rows: dict[str, int | None] = {}
-        for field, kind in _SCORE_KINDS.items():
-            optional = field == "policy_entropy_sum"
-            columns[field], how, rows[field] = self.vector(obj, field, kind=kind, optional=optional)
-            _record_how(scalars, field, how)
+        columns, scalars, rows = self.encode_vectors(
+            obj, _SCORE_KINDS, optional=("policy_entropy_sum",), widths={}
+        )
         columns["pooled_hidden"], how, rows["pooled_hidden"] = self.vector(
             obj, "pooled_hidden", kind="float", optional=True, ndim=2
         )
@@ -473,12 +485,7 @@ class ReferenceLayout(_TensorLayout):
             return source.batch
         name, state = self.name, obj.__dict__
         source = state.get(SOURCE)
-        columns: dict[str, pa.Array | None] = {}
-        scalars: dict[str, Any] = {"dtypes": {}}
-        rows = {}
-        for field, kind in _REF_KINDS.items():
-            columns[field], how, rows[field] = self.vector(obj, field, kind=kind)
-            _record_how(scalars, field, how)
+        columns, scalars, rows = self.encode_vectors(obj, _REF_KINDS)
         for field in ("ref_logp_mean", "avg_completion_tokens"):
             if lazy(obj, field) is not None:
                 scalars[field] = source.meta.get(field)
@@ -567,12 +574,7 @@ class LossLayout(_TensorLayout):
             return source.batch
         name, state = self.name, obj.__dict__
         source = state.get(SOURCE)
-        columns: dict[str, pa.Array | None] = {}
-        scalars: dict[str, Any] = {"dtypes": {}}
-        rows = {}
-        for field, kind in self._KINDS.items():
-            columns[field], how, rows[field] = self.vector(obj, field, kind=kind)
-            _record_how(scalars, field, how)
+        columns, scalars, rows = self.encode_vectors(obj, self._KINDS)
         if lazy(obj, "loss") is not None:
             scalars["loss"] = source.meta.get("loss")
             _record_how(scalars, "loss", _how(source.meta, "loss"))
