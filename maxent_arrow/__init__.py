@@ -47,6 +47,7 @@ _lazy_names, __getattr__, __dir__ = lazy.exports(
             "ValidationContext",
         ],
         ".errors": [
+            "ArgumentError",
             "ComputeError",
             "LayoutError",
             "MaxentArrowError",
@@ -54,6 +55,7 @@ _lazy_names, __getattr__, __dir__ = lazy.exports(
             "QueryError",
             "SchemaError",
             "SchemaVersionError",
+            "ShapeError",
             "StoreError",
         ],
         ".arrow": ["Ragged"],

@@ -32,7 +32,6 @@ import argparse
 import contextlib
 import io
 import json
-import math
 import os
 import sys
 import threading
@@ -42,7 +41,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from maxent_arrow import analytics, demo, store
-from maxent_arrow.errors import MaxentArrowError, MissingExtraError, QueryError
+from maxent_arrow.errors import ArgumentError, MaxentArrowError, MissingExtraError, QueryError
 
 __all__ = [
     "EXIT_DATA",
@@ -60,10 +59,6 @@ EXIT_USAGE = 2
 EXIT_MISSING_EXTRA = 3
 EXIT_INTERNAL = 4
 EXIT_INTERRUPTED = 130
-
-
-class _UsageError(Exception):
-    """A bad argument found after parsing (exit code 2)."""
 
 
 def _progress(args: argparse.Namespace) -> bool:
@@ -102,7 +97,12 @@ def _print_json(value: Any) -> None:
 
 
 def _store(args: argparse.Namespace) -> Any:
-    """An existing rollout store (never creates one: these commands only read or tidy)."""
+    """An existing rollout store, opened for reading (nothing of the write side loads)."""
+    return store.ReadOnlyStore(args.run, on_error=args.on_error)
+
+
+def _writable_store(args: argparse.Namespace) -> Any:
+    """An existing rollout store, opened to tidy (``compact``, ``repair``); never created."""
     return store.RolloutStore(args.run, on_error=args.on_error)
 
 
@@ -160,14 +160,8 @@ def _csv(table: Any) -> str:
     return sink.getvalue().decode()
 
 
-def _readable(table: Any, max_rows: int) -> str:
-    import duckdb
-
-    con = duckdb.connect()
-    try:
-        text = str(con.from_arrow(table.slice(0, max_rows)))
-    finally:
-        con.close()
+def _readable(run: Any, table: Any, max_rows: int) -> str:
+    text = run.views.render(table, max_rows=max_rows)
     if table.num_rows > max_rows:
         text += f"({table.num_rows:,} rows, showing {max_rows}; --json or --csv give all)\n"
     return text
@@ -177,22 +171,16 @@ def _cmd_query(args: argparse.Namespace) -> int:
     store.check_query(args.sql)  # a usage error, before the store is opened
     with analytics.RunAnalytics(_store(args), materialize=args.materialize) as run:
         table = run.sql(args.sql)
-    if args.json:
-        _print_json(_jsonable_rows(table))
-    elif args.csv:
-        sys.stdout.write(_csv(table))
-    else:
-        sys.stdout.write(_readable(table, args.max_rows))
+        if args.json:
+            _print_json(_jsonable_rows(table))
+        elif args.csv:
+            sys.stdout.write(_csv(table))
+        else:
+            sys.stdout.write(_readable(run, table, args.max_rows))
     return EXIT_OK
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    if args.bins < 1:
-        raise _UsageError(f"--bins must be >= 1, got {args.bins}")
-    if any(k < 1 for k in args.k):
-        raise _UsageError(f"--k values must be >= 1, got {args.k}")
-    if not math.isfinite(args.threshold):
-        raise _UsageError(f"--threshold must be a finite number, got {args.threshold}")
     report = analytics.build_report(
         _store(args),
         args.out,
@@ -237,10 +225,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_compact(args: argparse.Namespace) -> int:
-    if args.max_steps is not None and args.max_steps < 2:
-        raise _UsageError(f"--max-steps must be >= 2, got {args.max_steps}")
     with _busy("compacting", _progress(args)):
-        made = _store(args).compact(kind=args.kind, max_steps=args.max_steps)
+        made = _writable_store(args).compact(kind=args.kind, max_steps=args.max_steps)
     if args.json:
         _print_json({"compacted": [str(p) for p in made]})
     else:
@@ -249,7 +235,7 @@ def _cmd_compact(args: argparse.Namespace) -> int:
 
 
 def _cmd_repair(args: argparse.Namespace) -> int:
-    report = _store(args).repair()
+    report = _writable_store(args).repair()
     if args.json:
         _print_json(
             {
@@ -430,7 +416,7 @@ def _exit_code(command: str, exc: Exception) -> int:
         return EXIT_INTERRUPTED
     try:
         raise exc
-    except (_UsageError, QueryError):
+    except (QueryError, ArgumentError):
         _error(command, str(exc))
         return EXIT_USAGE
     except MissingExtraError:

@@ -14,7 +14,9 @@ from __future__ import annotations
 __all__ = [
     "MaxentArrowError",
     "SchemaError",
+    "ShapeError",
     "LayoutError",
+    "ArgumentError",
     "ComputeError",
     "StoreError",
     "SchemaVersionError",
@@ -32,9 +34,18 @@ class SchemaError(MaxentArrowError, TypeError):
     mistyped Arrow column, a tensor of the wrong dtype, metadata that is not JSON."""
 
 
-class LayoutError(MaxentArrowError, ValueError):
+class ShapeError(MaxentArrowError, ValueError):
     """Values have the right types but the wrong shape or content: groups whose fields
     disagree in length, offsets that are not monotone, nulls inside lists, negative ids."""
+
+
+#: The earlier name of :class:`ShapeError` (the same class; kept for code that catches it).
+LayoutError = ShapeError
+
+
+class ArgumentError(MaxentArrowError, ValueError):
+    """An option of a call is out of its range: ``max_steps=0``, ``bins=-1``, a shard index
+    past the shard count. The command line reports it as a usage error (exit code 2)."""
 
 
 class ComputeError(MaxentArrowError, ValueError):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import importlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -39,6 +40,7 @@ TOP_MODULES = ["cli", "errors", "lazy"]
 
 PUBLIC_SURFACE = [
     "AdvantageStats",
+    "ArgumentError",
     "BatchDiagnostics",
     "ComputeError",
     "GenerationBatch",
@@ -65,6 +67,7 @@ PUBLIC_SURFACE = [
     "SchemaVersionError",
     "ScoreBatch",
     "SequenceScores",
+    "ShapeError",
     "StoreError",
     "ValidationContext",
     "__version__",
@@ -406,18 +409,24 @@ def test_the_import_contracts_have_no_exemptions():
 
 # Modules a command may not load: torch (seconds), and for the SQL path pandas (~0.7 s, which
 # DuckDB imports when handed a Python object) and pyarrow.dataset (~0.7 s, object stores only).
+# The commands that only read load none of the write side either (the store's read side is
+# ReadOnlyStore): no writer, commit, compaction, repair, replay or RolloutStore module.
+_WRITE_SIDE = tuple(
+    f"maxent_arrow.store.{m}"
+    for m in ("store", "writer", "commit", "compaction", "repair", "replay")
+)
 _HEAVY = {
-    "inspect": ("torch", "pandas", "pyarrow.dataset"),
-    "query": ("torch", "pandas", "pyarrow.dataset"),
-    "verify": ("torch", "pandas", "pyarrow.dataset"),
+    "inspect": ("torch", "pandas", "pyarrow.dataset", *_WRITE_SIDE),
+    "query": ("torch", "pandas", "pyarrow.dataset", *_WRITE_SIDE),
+    "verify": ("torch", "pandas", "pyarrow.dataset", *_WRITE_SIDE),
     "compact": ("torch", "pyarrow.dataset"),  # pyarrow imports pandas building arrays
-    "export": ("torch", "pyarrow.dataset"),
-    "report": ("torch",),
+    "export": ("torch", "pyarrow.dataset", *_WRITE_SIDE),
+    "report": ("torch", *_WRITE_SIDE),
 }
 
 
 @pytest.mark.parametrize("command", sorted(_HEAVY))
-def test_commands_on_a_real_store_import_no_torch(tmp_path, command):
+def test_commands_on_a_real_store_import_only_what_they_need(tmp_path, command):
     """Each command run for real, in a new interpreter, on a store with data: the modules it
     imported (``-X importtime``) include none of the heavy ones it does not need."""
     from store_fixtures import make_batch
@@ -439,3 +448,94 @@ def test_commands_on_a_real_store_import_no_torch(tmp_path, command):
     assert "maxent_arrow.store.catalog" in imported  # the log is real
     heavy = sorted(n for n in imported for h in _HEAVY[command] if n == h or n.startswith(h + "."))
     assert heavy == [], (command, heavy)
+
+
+# ---------------------------------------------------------------------------- the maps
+_DOTTED = re.compile(r"(?<![\w./])maxent_arrow(?:\.[A-Za-z_][A-Za-z0-9_]*)+")
+_PATH = re.compile(r"(?<![\w./])maxent_arrow/[A-Za-z0-9_/]+\.py\b")
+_MOD_ROLE = re.compile(r":mod:`~?(\.?[A-Za-z_][A-Za-z0-9_.]*)`")
+
+
+def _resolves(dotted: str) -> bool:
+    """Whether ``dotted`` names a module of the package, or an attribute of one (a class, a
+    function, a method)."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            value = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        try:
+            for name in parts[cut:]:
+                value = getattr(value, name)
+        except AttributeError:
+            return False
+        return True
+    return False
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = list(rel.parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _metadata_keys() -> set[str]:
+    """Names of the package's file-metadata keys (``b"maxent_arrow.schema_version"``...):
+    dotted like a module, but keys, not references."""
+    found = set()
+    for path in PACKAGE.rglob("*.py"):
+        found.update(
+            re.findall(r'b"(maxent_arrow\.[a-z0-9_.]+)"', path.read_text(encoding="utf-8"))
+        )
+    return found
+
+
+def _documents() -> list[tuple[Path, str]]:
+    files = sorted(PACKAGE.rglob("*.py")) + sorted((ROOT / "docs").glob("*.md"))
+    return [(p, p.read_text(encoding="utf-8")) for p in [*files, ROOT / "README.md"]]
+
+
+def test_every_reference_to_the_package_in_docs_and_docstrings_resolves():
+    """``maxent_arrow.x.y`` names, ``maxent_arrow/x/y.py`` paths and ``:mod:`` roles (also
+    relative ones, ``:mod:`.names```) in the docs, the README and the package's own source
+    point at modules and names that exist: a map that names a module that is gone misleads."""
+    keys = _metadata_keys()
+    assert "maxent_arrow.schema_version" in keys  # the key scan is real
+    broken = []
+    for path, text in _documents():
+        where = path.relative_to(ROOT)
+        for match in _DOTTED.finditer(text):
+            name = match.group(0).rstrip(".")
+            placeholder = any(len(part) == 1 for part in name.split(".")[1:])  # maxent_arrow.x
+            if name not in keys and not placeholder and not _resolves(name):
+                broken.append(f"{where}: {name}")
+        for match in _PATH.finditer(text):
+            if not (ROOT / match.group(0)).is_file():
+                broken.append(f"{where}: {match.group(0)}")
+        if path.suffix != ".py":
+            continue
+        package = _module_name(path)
+        if path.name != "__init__.py":
+            package = package.rpartition(".")[0]
+        for match in _MOD_ROLE.finditer(text):
+            ref = match.group(1)
+            if ref.startswith("."):
+                ref = package + ref
+            if not _resolves(ref):
+                broken.append(f"{where}: :mod:`{match.group(1)}`")
+    assert broken == [], "\n".join(broken)
+
+
+def test_the_architecture_doc_names_every_module():
+    """``docs/architecture.md`` is the map of the tree: every module of every subpackage is
+    named there (as ``name`` in its package's paragraph, or by its dotted path)."""
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    missing = []
+    for package in SUBPACKAGES:
+        for module in sorted((PACKAGE / package).glob("*.py")):
+            if module.name == "__init__.py":
+                continue
+            if f"`{module.stem}`" not in text and f"{package}/{module.stem}" not in text:
+                missing.append(f"{package}/{module.name}")
+    assert missing == [], missing

@@ -24,8 +24,9 @@ from typing import Any
 
 import pyarrow as pa
 
+from maxent_arrow.arrow import schema as S
 from maxent_arrow.errors import MissingExtraError, StoreError
-from maxent_arrow.store import RolloutStore, conform
+from maxent_arrow.store import ReadOnlyStore
 
 __all__ = ["export_hf", "export_ipc"]
 
@@ -48,14 +49,14 @@ def _progress(items: list, enabled: bool, what: str) -> Any:
 
 
 def export_ipc(
-    root: str | os.PathLike[str] | RolloutStore, out: str | Path, *, progress: bool = False
+    root: str | os.PathLike[str] | ReadOnlyStore, out: str | Path, *, progress: bool = False
 ) -> list[Path]:
     """Write the run as Arrow IPC files under ``out`` (must be empty or new); returns them."""
-    store = root if isinstance(root, RolloutStore) else RolloutStore(root)
+    store = root if isinstance(root, ReadOnlyStore) else ReadOnlyStore(root)
     out = Path(out)
     _check_out(out)
     # Every column nullable, as conform makes them (an older file may lack one).
-    schema = conform(store.schema("groups").empty_table(), store.schema("groups")).schema
+    schema = S.conform(store.schema("groups").empty_table(), store.schema("groups")).schema
     schema = schema.remove_metadata()
     written: list[Path] = []
     kinds = sorted({u.kind for u in store.units()})
@@ -65,7 +66,7 @@ def export_ipc(
             for read in _progress(store.file_reads(kind=kind), progress, kind):
                 table = read.read(None, crc=store.check_crc)
                 for _, start, count in read.units:
-                    writer.write_table(conform(table.slice(start, count), schema))
+                    writer.write_table(S.conform(table.slice(start, count), schema))
         written.append(target)
     steps = store.read_steps().replace_schema_metadata(None)
     target = out / "steps.arrow"
@@ -76,7 +77,7 @@ def export_ipc(
 
 
 def export_hf(
-    root: str | os.PathLike[str] | RolloutStore, out: str | Path, *, progress: bool = False
+    root: str | os.PathLike[str] | ReadOnlyStore, out: str | Path, *, progress: bool = False
 ) -> list[Path]:
     """Write the run as Hugging Face ``datasets`` on disk under ``out``; returns the dataset
     directories (``out/groups``, ``out/steps``)."""
@@ -84,7 +85,7 @@ def export_hf(
         import datasets
     except ImportError:
         raise MissingExtraError("datasets", "dev") from None
-    store = root if isinstance(root, RolloutStore) else RolloutStore(root)
+    store = root if isinstance(root, ReadOnlyStore) else ReadOnlyStore(root)
     out = Path(out)
     _check_out(out)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-export-", dir=out))

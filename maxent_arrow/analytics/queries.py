@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 from maxent_arrow.analytics.relations import GROUP_KEY, RunRelations
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.errors import LayoutError, SchemaError
-from maxent_arrow.store.sql import quote, sql_string
+from maxent_arrow.store.sqlplan import quote, sql_string
 
 __all__ = ["DEFAULT_QUANTILES", "ReadyMadeQueries"]
 

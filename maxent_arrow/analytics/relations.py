@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.errors import LayoutError
 from maxent_arrow.store import SqlViews
-from maxent_arrow.store.sql import quote, sql_string
+from maxent_arrow.store.sqlplan import SAMPLE_ALIASES, quote, reward_alias, sql_string
 
 __all__ = ["GROUP_KEY", "RunRelations", "flat_columns"]
 
@@ -29,14 +29,9 @@ __all__ = ["GROUP_KEY", "RunRelations", "flat_columns"]
 # (TRL spreads a prompt's completions over processes) count as one group.
 GROUP_KEY = "step, kind, group_id"
 _ROW_KEY = "step, rank, kind, group_index, group_id"
-# User-facing score names (group-table column names) -> flat aliases.
-SCORE_ALIASES = {
-    "total_utils": "total_util",
-    "advantages": "advantage",
-    "q": "q",
-    "weights": "weight",
-    "policy_entropy_sum": "policy_entropy_sum",
-}
+# User-facing score names (group-table column names) -> flat aliases: the samples view's.
+SCORE_COLUMNS = ("total_utils", "advantages", "q", "weights", "policy_entropy_sum")
+SCORE_ALIASES = {column: SAMPLE_ALIASES[column] for column in SCORE_COLUMNS}
 # What `materialize` keeps in memory: the scalars the ready-made queries use.
 _MATERIALIZED = ("total_util", "advantage", "q", "weight", "length")
 
@@ -48,22 +43,13 @@ def flat_columns(columns: set[str], reward_names: Sequence[str]) -> dict[str, st
     (``ref_tok_counts``, else the generator's token count).
     """
     out: dict[str, str] = {}
-    simple = {
-        "total_util": "total_utils",
-        "advantage": "advantages",
-        "q": "q",
-        "weight": "weights",
-        "ref_logp_sum_raw": "ref_logp_sum_raw",
-        "behavior_logp_sum": "behavior_logp_sum",
-        "policy_entropy_sum": "policy_entropy_sum",
-    }
-    for alias, column in simple.items():
+    for column in (*SCORE_COLUMNS, "ref_logp_sum_raw", "behavior_logp_sum"):
         if column in columns:
-            out[alias] = quote(column)
+            out[SAMPLE_ALIASES[column]] = quote(column)
     if "reward_values" in columns:
         for name in reward_names:
             at = f"list_position(reward_names, {sql_string(name)})"
-            out[f"reward_{name}"] = f"list_transform(reward_values, lambda x: x[{at}])"
+            out[reward_alias(name)] = f"list_transform(reward_values, lambda x: x[{at}])"
     info = "completion_info" in columns
     if "ref_tok_counts" in columns:
         out["length"] = "ref_tok_counts"
@@ -150,8 +136,8 @@ class RunRelations:
         alias = SCORE_ALIASES.get(name, name)
         if alias in self.flat_exprs:
             return alias
-        if f"reward_{name}" in self.flat_exprs:
-            return f"reward_{name}"
+        if reward_alias(name) in self.flat_exprs:
+            return reward_alias(name)
         known = [c for c, a in SCORE_ALIASES.items() if a in self.flat_exprs] + self.reward_names
         raise LayoutError(f"{what}: unknown score {name!r}; expected one of {known}")
 
@@ -192,7 +178,7 @@ class RunRelations:
             table = _flatten_groups(rows, [a for a, _ in exprs])
             # One Arrow table per kind, combined by a view with `kind` as a constant: a filter
             # on kind then drops whole tables instead of comparing a string per completion.
-            self.views.con.register(f"_sample_scalars_{i}", table)
+            self.views.register(f"_sample_scalars_{i}", table)
             rest = ", ".join(quote(c) for c in table.column_names if c not in ("step", "rank"))
             parts.append(
                 f"SELECT step, rank, {sql_string(kind)} AS kind, {rest} FROM _sample_scalars_{i}"
@@ -205,8 +191,6 @@ class RunRelations:
                 "NULL::BIGINT AS sample_index"
                 f"{', ' + cols if cols else ''} WHERE FALSE"
             )
-        self.views.con.execute(
-            f"CREATE OR REPLACE VIEW sample_scalars AS {' UNION ALL '.join(parts)}"
-        )
+        self.views.execute(f"CREATE OR REPLACE VIEW sample_scalars AS {' UNION ALL '.join(parts)}")
         self.materialized = True
         self._materialized = {a for a, _ in exprs}

@@ -22,7 +22,7 @@ from __future__ import annotations
 import html
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,7 +32,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from maxent_arrow.analytics.run import RunAnalytics
-from maxent_arrow.errors import LayoutError, MissingExtraError, SchemaError, StoreError
+from maxent_arrow.errors import (
+    ArgumentError,
+    LayoutError,
+    MissingExtraError,
+    SchemaError,
+    StoreError,
+)
 
 __all__ = ["Report", "build_report"]
 
@@ -332,6 +338,28 @@ def _write_pages(report: Report, extremes: pa.Table | None) -> None:
     (report.out / "summary.json").write_text(json.dumps(s, indent=2, default=str) + "\n")
 
 
+# Bounds of the report's options: a histogram of more bins than this draws nothing more a
+# reader can see and costs memory in proportion; pass@k past this many samples is not a
+# question the stored groups (K completions each) can answer.
+MAX_BINS = 10_000
+MAX_K = 1024
+
+
+def check_report_options(*, threshold: float, k: Sequence[int], bins: int) -> tuple[int, ...]:
+    """The report's options checked (an :class:`ArgumentError` naming the bad one); the
+    pass@k values as ints."""
+    if isinstance(bins, bool) or not isinstance(bins, int) or not 1 <= bins <= MAX_BINS:
+        raise ArgumentError(f"report: bins must be an int in [1, {MAX_BINS}], got {bins!r}")
+    ks = tuple(k)
+    if not ks or any(
+        isinstance(x, bool) or not isinstance(x, int) or not 1 <= x <= MAX_K for x in ks
+    ):
+        raise ArgumentError(f"report: k must be ints in [1, {MAX_K}], got {list(ks)!r}")
+    if not isinstance(threshold, int | float) or not math.isfinite(threshold):
+        raise ArgumentError(f"report: threshold must be a finite number, got {threshold!r}")
+    return ks
+
+
 def build_report(
     root: str | Path,
     out: str | Path,
@@ -356,13 +384,13 @@ def build_report(
     progress
         A tqdm bar over the reading and plotting tasks.
     """
+    ks = check_report_options(threshold=threshold, k=k, bins=bins)
     out = Path(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise StoreError(f"{out}: cannot create the report directory ({exc})") from None
     report = Report(out=out)
-    ks = tuple(int(x) for x in k)
     with RunAnalytics(root, progress=progress) as run:
         tasks: list[tuple[str, Callable[[], Any]]] = [
             ("reading scalars", run.materialize),

@@ -31,9 +31,9 @@ import pyarrow as pa
 
 from maxent_arrow.analytics.queries import DEFAULT_QUANTILES, ReadyMadeQueries
 from maxent_arrow.analytics.relations import RunRelations
-from maxent_arrow.store import RolloutStore
+from maxent_arrow.store import ReadOnlyStore
 from maxent_arrow.store.catalog import OnError
-from maxent_arrow.store.layout import GROUPS, STEPS
+from maxent_arrow.store.names import GROUPS, STEPS
 
 __all__ = ["DEFAULT_QUANTILES", "RunAnalytics", "open_run"]
 
@@ -64,14 +64,14 @@ class RunAnalytics(ReadyMadeQueries):
 
     def __init__(
         self,
-        root: str | os.PathLike[str] | RolloutStore,
+        root: str | os.PathLike[str] | ReadOnlyStore,
         *,
         on_error: OnError | None = None,
         threads: int | None = None,
         materialize: bool = False,
         progress: bool = False,
     ) -> None:
-        self.store = root if isinstance(root, RolloutStore) else RolloutStore(root)
+        self.store = root if isinstance(root, ReadOnlyStore) else ReadOnlyStore(root)
         self.root = self.store.root
         self.views = self.store.sql_views(on_error=on_error, threads=threads)
         self.rel = RunRelations(self.views)
@@ -165,7 +165,7 @@ class RunAnalytics(ReadyMadeQueries):
 
 
 def open_run(
-    root: str | os.PathLike[str] | RolloutStore, *, materialize: bool = False
+    root: str | os.PathLike[str] | ReadOnlyStore, *, materialize: bool = False
 ) -> RunAnalytics:
     """Open a store for analytics (see :class:`RunAnalytics`)."""
     return RunAnalytics(root, materialize=materialize)

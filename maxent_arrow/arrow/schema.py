@@ -38,6 +38,7 @@ __all__ = [
     "KIND_PATTERN",
     "KL_LENGTH_BUCKETS",
     "check_kind",
+    "conform",
     "group_schema",
     "step_schema",
     "check_version",
@@ -333,3 +334,17 @@ def _is_var_list(kind: pa.DataType) -> bool:
 
 def _is_text(kind: pa.DataType) -> bool:
     return pa.types.is_string(kind) or pa.types.is_large_string(kind)
+
+
+def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``table`` with exactly ``schema``'s columns: cast where types widened, nulls where a
+    column is missing (a file written before the column existed)."""
+    arrays = []
+    for f in schema:
+        if f.name in table.column_names:
+            column = table.column(f.name)
+            arrays.append(column if column.type == f.type else column.cast(f.type))
+        else:
+            arrays.append(pa.nulls(table.num_rows, f.type))
+    fields = [pa.field(f.name, f.type, nullable=True) for f in schema]
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields, metadata=schema.metadata))

@@ -7,7 +7,7 @@ Input is one row per prompt group (the v1 group table, :mod:`maxent_arrow.arrow.
 completion info, prompts as text). Flat order is prompt-major (sample ``i = g*K + k``).
 
 - Prompt ids come from the stored ``prompt_ids`` column; prompts stored only as text go
-  through a :class:`~maxent_arrow.prompt_cache.PromptCache` (one batched tokenizer call for
+  through a :class:`~maxent_arrow.ingest.prompt_cache.PromptCache` (one batched tokenizer call for
   the misses; never silently empty, semantics §6 item 3). They are repeated per sample and
   head-truncated to ``max_prompt_len`` with numpy index arithmetic (no loop over samples).
 - Completion ids stay ragged (a zero-copy torch view of the Arrow child buffer) until one

@@ -8,7 +8,7 @@ into training tensors (``pip install 'maxent-arrow[ray]'``).
   commit are checked, and every block is conformed to the store's unified schema, so blocks
   from files written before a column existed carry it as nulls. Blocks are Arrow tables; no
   row is turned into Python objects. Local directories and ``pyarrow.fs`` URIs (``s3://``)
-  both work (:mod:`maxent_arrow.store.objects`).
+  both work (:mod:`maxent_arrow.store.backend`).
 - :func:`recompute_dataset` runs :func:`recompute_group_math` (advantages, q and MaxEnt weights from
   the stored utilities and reference log-probs, :mod:`maxent_arrow.compute.group_math`) as
   ``map_batches(batch_format="pyarrow")``; :func:`write_store` groups the rows back into one
@@ -40,12 +40,13 @@ import torch
 
 from maxent_arrow import compute as C
 from maxent_arrow.arrow import Ragged, torch_to_arrow
+from maxent_arrow.arrow import schema as S
 from maxent_arrow.arrow.lists import list_offsets
 from maxent_arrow.errors import ComputeError, MissingExtraError, SchemaError, StoreError
 from maxent_arrow.ingest.collate import GroupCollator
 from maxent_arrow.rollout import RolloutBatch, recompute, step_row_from_json, step_row_to_json
-from maxent_arrow.rollout.layout import rewards_by_name
-from maxent_arrow.store import GroupFileRead, RolloutStore, conform, unit_name
+from maxent_arrow.rollout.checks import rewards_by_name
+from maxent_arrow.store import GroupFileRead, RolloutStore, unit_name
 
 __all__ = [
     "UNIT_COLUMN",
@@ -90,7 +91,7 @@ def _read_blocks(
         table = read.read(schema.names, crc=crc)
         for name, start, count in read.units:
             part = table if (start, count) == (0, table.num_rows) else table.slice(start, count)
-            part = conform(part, schema)
+            part = S.conform(part, schema)
             if row_filter is not None:
                 part = part.filter(row_filter).select(keep)
             if with_unit:

@@ -18,7 +18,7 @@ __all__, __getattr__, __dir__ = lazy.exports(
     {
         ".batch": ["RolloutBatch"],
         ".config": ["RunConfig"],
-        ".layout": ["BATCH_META_KEY", "STEP_META_KEY", "step_row_from_json", "step_row_to_json"],
+        ".checks": ["BATCH_META_KEY", "STEP_META_KEY", "step_row_from_json", "step_row_to_json"],
         ".reassembly": ["reassemble"],
         ".recompute": ["recompute", "recompute_kl"],
     },

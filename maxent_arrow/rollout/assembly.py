@@ -28,7 +28,7 @@ from maxent_arrow.arrow.identity import identity_columns
 from maxent_arrow.arrow.lists import list_offsets, regroup
 from maxent_arrow.arrow.upgrade import reward_lists
 from maxent_arrow.errors import LayoutError, SchemaError
-from maxent_arrow.rollout.layout import BATCH_META_KEY, config_json, int_arg
+from maxent_arrow.rollout.checks import BATCH_META_KEY, config_json, int_arg
 
 __all__ = ["GroupColumns", "check_parts", "step_values"]
 

@@ -28,8 +28,7 @@ from maxent_arrow.arrow.lists import list_offsets, single_array
 from maxent_arrow.errors import LayoutError, SchemaError
 from maxent_arrow.rollout import seeds
 from maxent_arrow.rollout.assembly import GroupColumns, check_parts, step_values
-from maxent_arrow.rollout.config import RunConfig
-from maxent_arrow.rollout.layout import (  # BATCH_META_KEY: imported from here by store/
+from maxent_arrow.rollout.checks import (  # BATCH_META_KEY: imported from here by store/
     BATCH_META_KEY,  # noqa: F401
     STEP_META_KEY,
     config_json,
@@ -38,6 +37,7 @@ from maxent_arrow.rollout.layout import (  # BATCH_META_KEY: imported from here 
     step_row_from_json,
     step_row_to_json,
 )
+from maxent_arrow.rollout.config import RunConfig
 
 if TYPE_CHECKING:
     from maxent_arrow.arrow import Ragged

@@ -27,8 +27,8 @@ from maxent_arrow import arrow as A
 from maxent_arrow import compute as C
 from maxent_arrow.errors import ComputeError, SchemaError
 from maxent_arrow.rollout.batch import RolloutBatch
+from maxent_arrow.rollout.checks import rewards_by_name
 from maxent_arrow.rollout.config import RunConfig
-from maxent_arrow.rollout.layout import rewards_by_name
 
 if TYPE_CHECKING:
     import torch

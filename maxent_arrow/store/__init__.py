@@ -2,7 +2,8 @@
 Parquet files, one pair per append, with atomic commits, checksums on every read path,
 replay, sandboxed SQL and maintenance.
 
-Names load on first use; importing this package imports no torch.
+Names load on first use; importing this package imports no torch. :class:`ReadOnlyStore`
+(the read side) imports none of the write side.
 """
 
 from maxent_arrow import lazy
@@ -11,13 +12,16 @@ __all__, __getattr__, __dir__ = lazy.exports(
     __name__,
     {
         ".store": ["RolloutStore"],
-        ".admin": ["RepairReport", "StoreProblem", "VerifyReport"],
+        ".readonly": ["ReadOnlyStore"],
+        ".verify": ["StoreProblem", "VerifyReport"],
+        ".repair": ["RepairReport"],
         ".backend": ["open_backend"],
         ".catalog": ["Unit"],
         ".dataset": ["ReplayDataset", "process_shard"],
-        ".layout": ["FORMAT_NAME", "unit_name"],
-        ".reader": ["GroupFileRead", "conform"],
+        ".names": ["FORMAT_NAME", "unit_name"],
+        ".reader": ["GroupFileRead"],
         ".replay": ["ReplayOptions"],
-        ".sql": ["SqlViews", "check_query", "samples_view_sql"],
+        ".session": ["check_query"],
+        ".sql": ["SqlViews"],
     },
 )

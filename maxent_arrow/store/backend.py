@@ -51,6 +51,7 @@ from maxent_arrow.errors import StoreError
 __all__ = [
     "ArrowFsBackend",
     "Backend",
+    "DuckSource",
     "FileInfo",
     "LocalBackend",
     "Pending",
@@ -105,6 +106,15 @@ def writer_alive(name: str, mtime_ns: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+@dataclass(frozen=True)
+class DuckSource:
+    """What :meth:`Backend.duckdb_source` gives: the ``paths`` DuckDB reads itself (and its
+    sandbox allows), or a ``dataset`` to register with the connection instead."""
+
+    paths: tuple[str, ...]
+    dataset: Any = None
 
 
 @dataclass(frozen=True)
@@ -226,12 +236,58 @@ def os_error(action: str, path: Any, exc: OSError) -> StoreError:
 
 
 class Backend(abc.ABC):
-    """What the store needs of a file system. Paths are relative to the root."""
+    """What the store needs of a file system. Paths are relative to the root.
 
-    #: Local stores can rename atomically, create exclusively and lock; object stores cannot.
-    local: bool = False
+    Callers ask a backend what it can do, never which kind it is:
+
+    - :attr:`can_lock`: :meth:`lock` serialises commits across processes (``flock``);
+    - :attr:`exclusive_create`: :meth:`publish` with ``exclusive=True`` is atomic against a
+      concurrent writer of the same name (``link``); without it, an exclusive publish is a
+      check then a write, safe only under the one-writer-per-rank protocol;
+    - :attr:`can_rewrite`: files other writers committed may be replaced and moved aside
+      (``compact``, ``repair``): it needs both of the above;
+    - :attr:`can_mmap`: files can be memory-mapped (the IPC cache);
+    - :meth:`duckdb_source`: how DuckDB reads a set of Parquet files of the store, and which
+      paths its sandbox must allow.
+    """
+
+    can_lock: bool = False
+    exclusive_create: bool = False
+    can_mmap: bool = False
     root: Any  # Path (local) or PurePosixPath (object store), for display and for pyarrow
     uri: str
+
+    @property
+    def can_rewrite(self) -> bool:
+        """Whether files committed by other writers may be replaced (compaction) or moved
+        aside (repair): it takes a lock and an atomic exclusive create."""
+        return self.can_lock and self.exclusive_create
+
+    def require(self, ability: str, what: str) -> None:
+        """Raise a :class:`StoreError` saying that ``what`` needs ``ability`` (an attribute
+        such as ``"can_rewrite"``) when this backend lacks it."""
+        if not getattr(self, ability):
+            needs = {
+                "can_rewrite": "atomic renames and a lock",
+                "can_lock": "a lock",
+                "can_mmap": "memory-mapped files",
+                "exclusive_create": "an atomic exclusive create",
+            }.get(ability, ability)
+            raise StoreError(
+                f"{self.uri}: {what} needs a store on a local file system ({needs}); on object "
+                "storage each rank is the only writer of its own files"
+            )
+
+    def duckdb_source(self, rels: list[str], schema: pa.Schema) -> DuckSource:
+        """How DuckDB reads the Parquet files ``rels`` (one schema): on a file system DuckDB
+        can open, by path, and the sandbox allows exactly those paths; otherwise through a
+        ``pyarrow`` dataset on this backend's file system (projections and filters pushed
+        down; no DuckDB extension), registered with the connection."""
+        import pyarrow.dataset as pads  # only here: it costs ~0.7 s to import
+
+        paths = [self.fs_path(rel) for rel in rels]
+        dataset = pads.dataset(paths, schema=schema, format="parquet", filesystem=self.filesystem)
+        return DuckSource(paths=(), dataset=dataset)
 
     def path(self, rel: str) -> Any:
         """The full path of ``rel`` (a ``Path`` locally, a ``PurePosixPath`` on ``fs``)."""
@@ -329,7 +385,12 @@ class Backend(abc.ABC):
 class LocalBackend(Backend):
     """A store directory on a local (POSIX) file system."""
 
-    local = True
+    can_lock = True
+    exclusive_create = True
+    can_mmap = True
+
+    def duckdb_source(self, rels: list[str], schema: pa.Schema) -> DuckSource:
+        return DuckSource(paths=tuple(self.fs_path(rel) for rel in rels))
 
     def __init__(self, root: str | os.PathLike[str]):
         text = os.fspath(root)
@@ -535,8 +596,6 @@ class LocalBackend(Backend):
 
 class ArrowFsBackend(Backend):
     """A store on a ``pyarrow.fs`` file system (object storage): one writer per rank."""
-
-    local = False
 
     def __init__(self, filesystem: pafs.FileSystem, root: str, uri: str):
         root = root.rstrip("/")

@@ -21,7 +21,7 @@ from maxent_arrow.rollout import STEP_META_KEY, RolloutBatch, step_row_to_json
 from maxent_arrow.store.backend import Backend
 from maxent_arrow.store.catalog import StepFile
 from maxent_arrow.store.checksums import SEAL_KEY, SEAL_PLACEHOLDER, check_seal_file, seal
-from maxent_arrow.store.layout import CACHE, cache_name
+from maxent_arrow.store.names import CACHE, cache_name
 
 __all__ = ["CACHE_META_KEY", "read_cache", "unit_group_crc32", "write_cache"]
 
@@ -58,7 +58,7 @@ def read_cache(
     is no cache copy of the committed file. ``check`` verifies the copy's own CRC-32 (one pass
     over its bytes); a damaged copy is a :class:`StoreError`."""
     rel = f"{CACHE}/{cache_name(unit)}"
-    if not backend.local or backend.stat(rel) is None:
+    if not backend.can_mmap or backend.stat(rel) is None:
         return None
     path = backend.path(rel)
     try:

@@ -2,7 +2,7 @@
 committed; and the policy for damaged files.
 
 Every reader of the store (``read``, ``replay``, SQL, ``verify``, the Ray reader) asks the
-catalog which group files are committed, so the commit rule of :mod:`.layout` is applied in
+catalog which group files are committed, so the commit rule of :mod:`.names` is applied in
 one place. Step files are small; each is read once per process (cached by size and mtime),
 checked against the CRC-32 sealed in it, and its schema-1.x rows are upgraded.
 """
@@ -25,7 +25,7 @@ from maxent_arrow.arrow.upgrade import needs_upgrade, upgrade_steps
 from maxent_arrow.errors import StoreError
 from maxent_arrow.store.backend import Backend, FileInfo
 from maxent_arrow.store.checksums import check_seal
-from maxent_arrow.store.layout import GROUPS, STEPS, STORE_META_KEY, UnitName, parse_name
+from maxent_arrow.store.names import GROUPS, STEPS, STORE_META_KEY, UnitName, parse_name
 from maxent_arrow.store.parquet import footer_value
 
 __all__ = [

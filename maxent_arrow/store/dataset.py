@@ -4,15 +4,16 @@
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import torch.distributed
 import torch.utils.data
 
-from maxent_arrow.errors import StoreError
+from maxent_arrow.errors import ArgumentError
 from maxent_arrow.rollout import RolloutBatch
+from maxent_arrow.store.replay import check_shard
 from maxent_arrow.store.store import RolloutStore
 
 __all__ = ["ReplayDataset", "process_shard"]
@@ -46,12 +47,15 @@ class ReplayDataset(torch.utils.data.IterableDataset):
     Parameters
     ----------
     root:
-        The store directory (the store is opened inside each worker).
+        The store: a directory or a URI such as ``s3://…`` (opened inside each worker).
     transform:
         Applied to each :class:`RolloutBatch` in the worker (e.g. to build padded tensors);
         default: the batch itself.
+    shard:
+        ``(index, count)`` of this process among the consumers (default: the process rank
+        and count, :func:`process_shard`); each data-loader worker takes its part of it.
     rank, world_size:
-        Override the process shard.
+        Deprecated spelling of ``shard=(rank, world_size)``.
     **replay_kwargs:
         ``steps``, ``batch_groups``, ``shuffle``, ``seed``, ``kind``, ``columns``, ``source``.
     """
@@ -61,30 +65,39 @@ class ReplayDataset(torch.utils.data.IterableDataset):
         root: str | os.PathLike[str],
         *,
         transform: Callable[[RolloutBatch], Any] | None = None,
+        shard: tuple[int, int] | None = None,
         rank: int | None = None,
         world_size: int | None = None,
         **replay_kwargs: Any,
     ):
         super().__init__()
-        self.root = Path(root)
+        # A URI stays a string: a Path would turn ``s3://b/run`` into a local ``s3:/b/run``.
+        self.root = os.fspath(root)
         self.transform = transform
-        self.rank = rank
-        self.world_size = world_size
+        if rank is not None or world_size is not None:
+            if shard is not None or rank is None:
+                raise ArgumentError("ReplayDataset: give shard=(index, count) only")
+            warnings.warn(
+                "ReplayDataset(rank=, world_size=) is deprecated: use shard=(index, count)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            shard = (rank, world_size or 1)
+        self.shard = None if shard is None else check_shard(shard, where="ReplayDataset")
         self.replay_kwargs = replay_kwargs
-        for bad in ("rank", "world_size", "start"):
+        for bad in ("shard", "rank", "world_size", "start"):
             if bad in replay_kwargs:
-                raise StoreError(f"ReplayDataset: {bad} is set per process/worker, not in kwargs")
+                raise ArgumentError(
+                    f"ReplayDataset: {bad} is set per process and worker, not in kwargs"
+                )
 
     def __iter__(self) -> Iterator[Any]:
-        if self.rank is None:
-            rank, world = process_shard()
-        else:
-            rank, world = self.rank, self.world_size or 1
+        index, count = process_shard() if self.shard is None else self.shard
         info = torch.utils.data.get_worker_info()
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
         store = RolloutStore(self.root)
         stream = store.replay(
-            rank=rank * workers + worker, world_size=world * workers, **self.replay_kwargs
+            shard=(index * workers + worker, count * workers), **self.replay_kwargs
         )
         for batch in stream:
             yield batch if self.transform is None else self.transform(batch)

@@ -17,7 +17,7 @@ from typing import Any
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.errors import SchemaError, StoreError
 from maxent_arrow.store.backend import Backend, is_temp_name
-from maxent_arrow.store.layout import CACHE, FORMAT_NAME, GROUPS, MANIFEST, STEPS
+from maxent_arrow.store.names import CACHE, FORMAT_NAME, GROUPS, MANIFEST, STEPS
 
 __all__ = ["create", "jsonable_config", "read"]
 

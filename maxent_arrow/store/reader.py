@@ -22,23 +22,9 @@ from maxent_arrow.errors import SchemaError, StoreError
 from maxent_arrow.store.backend import Backend, FileInfo
 from maxent_arrow.store.catalog import Catalog, OnError, StepFile, fail
 from maxent_arrow.store.checksums import check_chunks, crc32_of, in_background
-from maxent_arrow.store.layout import GROUPS, parse_name
+from maxent_arrow.store.names import GROUPS, parse_name
 
-__all__ = ["GroupFileRead", "check_group_size", "conform", "read_group_file", "read_table"]
-
-
-def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
-    """``table`` with exactly ``schema``'s columns: cast where types widened, nulls where a
-    column is missing (a file written before the column existed)."""
-    arrays = []
-    for f in schema:
-        if f.name in table.column_names:
-            column = table.column(f.name)
-            arrays.append(column if column.type == f.type else column.cast(f.type))
-        else:
-            arrays.append(pa.nulls(table.num_rows, f.type))
-    fields = [pa.field(f.name, f.type, nullable=True) for f in schema]
-    return pa.Table.from_arrays(arrays, schema=pa.schema(fields, metadata=schema.metadata))
+__all__ = ["GroupFileRead", "check_group_size", "read_group_file", "read_table"]
 
 
 def _kind_of(step: StepFile) -> str:
@@ -206,7 +192,7 @@ def read_table(
         except StoreError as exc:
             fail(on_error, exc)
             continue
-        parts.append(conform(data, target))
+        parts.append(S.conform(data, target))
     result = pa.concat_tables(parts) if parts else target.empty_table()
     if filter is not None:
         result = result.filter(filter).select(wanted)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -18,14 +19,14 @@ import pyarrow as pa
 
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.arrow.lists import list_offsets
-from maxent_arrow.errors import StoreError
+from maxent_arrow.errors import ArgumentError, StoreError
 from maxent_arrow.rollout import RolloutBatch, reassemble
 from maxent_arrow.store.cache import read_cache
 from maxent_arrow.store.catalog import Catalog, OnError, Unit, check_on_error, fail
 from maxent_arrow.store.padding import strip_padding
 from maxent_arrow.store.reader import read_group_file
 
-__all__ = ["ReplayOptions", "replay"]
+__all__ = ["ReplayOptions", "check_shard", "replay"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,8 +45,12 @@ class ReplayOptions:
     start:
         A cursor (``batch.cursor`` of a batch yielded earlier by the same replay) to resume
         after that batch; the plan (store contents and arguments) must be the same.
+    shard:
+        ``(index, count)``: keep only this consumer's share of the batches (round robin),
+        disjoint across the ``count`` consumers (ranks times data-loader workers). Not the
+        rank that *wrote* a step (``RolloutStore.read(ranks=)``).
     rank, world_size:
-        Keep only this rank's share of the batches (round robin), disjoint across ranks.
+        Deprecated spelling of ``shard=(rank, world_size)``.
     columns:
         Group columns to read (default all).
     source:
@@ -67,6 +72,7 @@ class ReplayOptions:
     shuffle: bool = False
     seed: int = 0
     start: Any = None
+    shard: tuple[int, int] | None = None
     rank: int | None = None
     world_size: int | None = None
     kind: str | None = "train"
@@ -84,16 +90,41 @@ class ReplayOptions:
         b = self.batch_groups
         if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < 1):
             raise StoreError(f"replay: batch_groups must be a positive int, got {b!r}")
-        if (self.rank is None) != (self.world_size is None):
-            raise StoreError("replay: give both rank and world_size, or neither")
-        if self.world_size is not None and not 0 <= self.rank < self.world_size:
-            raise StoreError(f"replay: rank must be in [0, {self.world_size}), got {self.rank}")
+        if self.rank is not None or self.world_size is not None:
+            if self.shard is not None:
+                raise ArgumentError("replay: give shard=(index, count), not also rank/world_size")
+            if self.rank is None or self.world_size is None:
+                raise ArgumentError("replay: give both rank and world_size, or neither")
+            warnings.warn(
+                "replay(rank=, world_size=) is deprecated: use shard=(index, count) (the "
+                "consumer's share; `rank` elsewhere means the rank that wrote a step)",
+                DeprecationWarning,
+                stacklevel=4,
+            )
+            object.__setattr__(self, "shard", (self.rank, self.world_size))
+        if self.shard is not None:
+            object.__setattr__(self, "shard", check_shard(self.shard, where="replay"))
         if self.source not in ("auto", "cache", "parquet"):
             raise StoreError(
                 f"replay: source must be 'auto', 'cache' or 'parquet', got {self.source!r}"
             )
         if self.on_error is not None:
             check_on_error(self.on_error)
+
+
+def check_shard(shard: Any, *, where: str) -> tuple[int, int]:
+    """``shard`` as ``(index, count)`` with ``0 <= index < count``, else an
+    :class:`ArgumentError` naming ``where``."""
+    try:
+        index, count = shard
+    except (TypeError, ValueError):
+        raise ArgumentError(f"{where}: shard must be (index, count), got {shard!r}") from None
+    ints = all(isinstance(x, int) and not isinstance(x, bool) for x in (index, count))
+    if not ints or count < 1 or not 0 <= index < count:
+        raise ArgumentError(
+            f"{where}: shard must be (index, count) with 0 <= index < count, got {shard!r}"
+        )
+    return index, count
 
 
 @dataclass(frozen=True)
@@ -135,8 +166,8 @@ def _position(start: Any, fingerprint: str) -> int:
     if start.get("fingerprint") not in (None, fingerprint):
         raise StoreError(
             "replay: the cursor was made by a different replay (other steps, arguments or store "
-            "contents); pass the same steps=, batch_groups=, shuffle=, seed=, rank= and "
-            "world_size= to resume"
+            "contents); pass the same steps=, batch_groups=, shuffle=, seed= and shard= to "
+            "resume"
         )
     return int(start["position"])
 
@@ -153,18 +184,17 @@ def replay(
         batch_groups=o.batch_groups,
         shuffle=o.shuffle,
         seed=o.seed,
-        rank=o.rank,
-        world=o.world_size,
+        shard=o.shard,
     )
     if o.whole_groups:
         fingerprint = _fingerprint(units, whole_groups=True, shuffle=o.shuffle, seed=o.seed)
         merged = _by_step(units, o.shuffle, o.seed)
-        if o.world_size is not None:
-            merged = merged[o.rank :: o.world_size]
+        if o.shard is not None:
+            merged = merged[o.shard[0] :: o.shard[1]]
         position = _position(o.start, fingerprint)
         return _iterate_whole(catalog, merged, position, fingerprint, o, on_error, crc)
-    if o.world_size is not None:
-        items = items[o.rank :: o.world_size]
+    if o.shard is not None:
+        items = items[o.shard[0] :: o.shard[1]]
     position = _position(o.start, fingerprint)
     return _iterate(catalog, units, items, position, fingerprint, o, on_error, crc)
 

@@ -17,7 +17,7 @@ from maxent_arrow.arrow import schema as S
 from maxent_arrow.arrow.upgrade import needs_upgrade, upgrade_groups, upgrade_steps
 from maxent_arrow.errors import StoreError
 from maxent_arrow.store.catalog import Catalog, OnError, fail
-from maxent_arrow.store.layout import GROUPS, STEPS
+from maxent_arrow.store.names import GROUPS, STEPS
 
 __all__ = ["UnifiedSchemas", "file_schema", "schema_key"]
 

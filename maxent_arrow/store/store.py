@@ -2,9 +2,10 @@
 
 A store is a directory of plain Parquet files (``docs/arrow-layout.md``): per append, a group
 file (one row per prompt group) and a step file (its step row and the commit record). The
-store object composes the parts that do the work: the file-system seam (:mod:`.backend`), the
-commit record (:mod:`.catalog`), the checked reader (:mod:`.reader`), the writer
-(:mod:`.writer`), replay (:mod:`.replay`), SQL (:mod:`.sql`) and maintenance (:mod:`.admin`).
+read side (opening, listing, reading, SQL, ``verify``) is :class:`.readonly.ReadOnlyStore`;
+this class adds the writer (:mod:`.writer`, built on the first append, committing through
+:mod:`.commit`), replay (:mod:`.replay`), the IPC cache (:mod:`.cache`) and maintenance
+(:mod:`.compaction`, :mod:`.repair`).
 
 Opening a store only reads: it creates nothing and removes nothing. :meth:`RolloutStore.create`
 creates one. Leftovers of crashed writes are invisible to every reader here and are moved
@@ -13,28 +14,27 @@ aside only by :meth:`RolloutStore.repair`.
 
 from __future__ import annotations
 
+import functools
 import os
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, Literal
-
-import pyarrow as pa
-import pyarrow.compute as pc
+from typing import TYPE_CHECKING, Any
 
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.errors import StoreError
 from maxent_arrow.rollout import RolloutBatch
-from maxent_arrow.store import admin, manifest
+from maxent_arrow.store import manifest
 from maxent_arrow.store.backend import Backend, open_backend
 from maxent_arrow.store.cache import unit_group_crc32, write_cache
-from maxent_arrow.store.catalog import Catalog, OnError, Unit, check_on_error
-from maxent_arrow.store.layout import GROUPS, STEPS, cache_name, parse_name
+from maxent_arrow.store.catalog import OnError
+from maxent_arrow.store.compaction import compact
+from maxent_arrow.store.names import cache_name, parse_name
 from maxent_arrow.store.padding import strip_padding
 from maxent_arrow.store.parquet import check_compression
-from maxent_arrow.store.reader import GroupFileRead, read_group_file, read_table
+from maxent_arrow.store.reader import read_group_file
+from maxent_arrow.store.readonly import ReadOnlyStore
+from maxent_arrow.store.repair import RepairReport, repair
 from maxent_arrow.store.replay import ReplayOptions, replay
-from maxent_arrow.store.schemas import UnifiedSchemas
-from maxent_arrow.store.sql import SqlViews
 from maxent_arrow.store.writer import Writer
 
 if TYPE_CHECKING:
@@ -46,8 +46,8 @@ __all__ = ["DEFAULT_COMPACT_EVERY", "RolloutStore"]
 DEFAULT_COMPACT_EVERY = 100
 
 
-class RolloutStore:
-    """An existing rollout store at ``root``.
+class RolloutStore(ReadOnlyStore):
+    """An existing rollout store at ``root``, to read, append to, replay and maintain.
 
     Parameters
     ----------
@@ -92,20 +92,20 @@ class RolloutStore:
         compression_level: int | None = 1,
         compact_every: int | None = DEFAULT_COMPACT_EVERY,
     ):
-        self.backend = open_backend(root, filesystem)
+        super().__init__(root, filesystem=filesystem, on_error=on_error, check_crc=check_crc)
         every = compact_every
         bad = isinstance(every, bool) or not isinstance(every, int) or every < 2
         if every is not None and bad:
             raise StoreError(f"compact_every: expected None or an int >= 2, got {compact_every!r}")
         self.compact_every = compact_every
-        self.manifest = manifest.read(self.backend)
         self.cache_enabled = bool(cache)
-        self.on_error = check_on_error(on_error)
-        self.check_crc = bool(check_crc)
         self.compression, self.compression_level = check_compression(compression, compression_level)
-        self.catalog = Catalog(self.backend)
-        self.schemas = UnifiedSchemas(self.catalog)
-        self.writer = Writer(
+
+    @functools.cached_property
+    def writer(self) -> Writer:
+        """The writer of this store object, built on the first append (a store only read
+        never builds one)."""
+        return Writer(
             self.catalog,
             self.schemas,
             compression=self.compression,
@@ -134,100 +134,6 @@ class RolloutStore:
         manifest.create(backend, config)
         return cls(backend, **options)
 
-    # ------------------------------------------------------------------ identity
-    @property
-    def root(self) -> Any:
-        """The store's path: a ``Path`` for a local store, a ``PurePosixPath`` on
-        :attr:`filesystem` otherwise."""
-        return self.backend.root
-
-    @property
-    def uri(self) -> str:
-        return self.backend.uri
-
-    @property
-    def filesystem(self) -> pafs.FileSystem:
-        return self.backend.filesystem
-
-    @property
-    def config(self) -> dict[str, Any]:
-        """The run config recorded in the manifest."""
-        return dict(self.manifest.get("config") or {})
-
-    def __repr__(self) -> str:
-        return f"RolloutStore({self.uri!r})"
-
-    def _on_error(self, on_error: OnError | None) -> OnError:
-        return check_on_error(on_error or self.on_error)
-
-    # ------------------------------------------------------------------ listing
-    def units(
-        self,
-        *,
-        kind: str | None = None,
-        steps: Iterable[int] | int | None = None,
-        ranks: Iterable[int] | None = None,
-        on_error: OnError | None = None,
-    ) -> list[Unit]:
-        """The committed units (step, rank, kind) and where their rows are."""
-        return self.catalog.units(
-            kind=kind, steps=steps, ranks=ranks, on_error=self._on_error(on_error)
-        )
-
-    def steps(
-        self, *, kind: str | None = None, rank: int | None = None, on_error: OnError | None = None
-    ) -> list[int]:
-        """The distinct committed steps (of ``kind`` and ``rank``, if given), ascending."""
-        ranks = None if rank is None else [rank]
-        return sorted({u.step for u in self.units(kind=kind, ranks=ranks, on_error=on_error)})
-
-    def __len__(self) -> int:
-        return len(self.units())
-
-    def committed_files(
-        self, table: Literal["groups", "steps"] = "groups", *, on_error: OnError | None = None
-    ) -> list[Any]:
-        """Paths (``Path`` locally, ``PurePosixPath`` on :attr:`filesystem`) of the committed
-        files of ``table``, in step order: what a plain reader should read. A committed group
-        file that is missing raises (or is skipped with a warning)."""
-        return [
-            self.backend.path(rel)
-            for rel in self.catalog.committed_files(table, self._on_error(on_error))
-        ]
-
-    def file_reads(
-        self,
-        *,
-        steps: Iterable[int] | int | None = None,
-        kind: str | None = None,
-        ranks: Iterable[int] | None = None,
-        on_error: OnError | None = None,
-    ) -> list[GroupFileRead]:
-        """One picklable, checked read per committed group file (with the row ranges of its
-        units): what a reader in another process (a Ray task) needs."""
-        by_file: dict[str, list[Unit]] = {}
-        for unit in self.units(kind=kind, steps=steps, ranks=ranks, on_error=on_error):
-            by_file.setdefault(unit.step_file, []).append(unit)
-        return [
-            GroupFileRead(
-                self.backend,
-                self.catalog.step_file(name),
-                [(u.name, u.start, u.num_groups) for u in members],
-            )
-            for name, members in by_file.items()
-        ]
-
-    # ------------------------------------------------------------------ schema
-    def schema(
-        self, table: Literal["groups", "steps"] = "groups", *, on_error: OnError | None = None
-    ) -> pa.Schema:
-        """One schema over all committed files of ``table``, unified by column name (a column
-        missing from older files reads as nulls in them); with no files yet, the current
-        layout's."""
-        if table not in (GROUPS, STEPS):
-            raise StoreError(f"schema: table must be 'groups' or 'steps', got {table!r}")
-        return self.schemas.get(table, self._on_error(on_error))
-
     # ------------------------------------------------------------------ writing
     def append(self, batch: RolloutBatch) -> Any:
         """Write one step of one rank; returns the step file's path once it is durable and
@@ -235,7 +141,7 @@ class RolloutStore:
         column whose type conflicts with the store's, a full disk or a read-only directory
         raise (:class:`StoreError`, :class:`SchemaError`) and leave the store as it was."""
         path = self.writer.append(batch)
-        if self.compact_every is not None and self.backend.local:
+        if self.compact_every is not None and self.backend.can_rewrite:
             self._merge_small_files(batch.rank, batch.kind)
         return path
 
@@ -255,7 +161,7 @@ class RolloutStore:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # a damaged file is verify's to report
-                admin.compact(
+                compact(
                     self.catalog,
                     self.schemas,
                     kind=kind,
@@ -288,54 +194,7 @@ class RolloutStore:
             made += 1
         return made
 
-    # ------------------------------------------------------------------ reading
-    def read(
-        self,
-        *,
-        steps: Iterable[int] | int | None = None,
-        columns: list[str] | None = None,
-        filter: pc.Expression | None = None,
-        kind: str | None = None,
-        ranks: Iterable[int] | None = None,
-        on_error: OnError | None = None,
-    ) -> pa.Table:
-        """Group rows of the committed steps as one table over the unified schema.
-
-        ``filter`` is a ``pyarrow.compute`` expression over the flat columns (``step``,
-        ``rank``, ``kind``, ``group_index``, ``prompt``, ``answer``, ``seed_*``) or any column
-        in ``columns``. A damaged file raises :class:`StoreError` naming it, or is skipped
-        with a warning under ``on_error="skip"``.
-        """
-        return self._read("groups", steps, columns, filter, kind, ranks, on_error)
-
-    def read_steps(
-        self,
-        *,
-        steps: Iterable[int] | int | None = None,
-        columns: list[str] | None = None,
-        filter: pc.Expression | None = None,
-        kind: str | None = None,
-        ranks: Iterable[int] | None = None,
-        on_error: OnError | None = None,
-    ) -> pa.Table:
-        """The step table (one row per step, rank and kind) over the unified step schema."""
-        return self._read("steps", steps, columns, filter, kind, ranks, on_error)
-
-    def _read(self, table, steps, columns, filter, kind, ranks, on_error) -> pa.Table:
-        on_error = self._on_error(on_error)
-        return read_table(
-            self.catalog,
-            self.schemas.get(table, on_error),
-            table,
-            steps=steps,
-            columns=columns,
-            filter=filter,
-            kind=kind,
-            ranks=ranks,
-            on_error=on_error,
-            crc=self.check_crc,
-        )
-
+    # ------------------------------------------------------------------ replay
     def replay(
         self, options: ReplayOptions | None = None, /, **kwargs: Any
     ) -> Iterator[RolloutBatch]:
@@ -343,7 +202,7 @@ class RolloutStore:
 
         Options are those of :class:`~maxent_arrow.store.replay.ReplayOptions` (``steps``,
         ``kind`` (default ``"train"``), ``batch_groups``, ``shuffle``, ``seed``, ``start``,
-        ``rank``, ``world_size``, ``columns``, ``source``, ``on_error``, ``whole_groups``),
+        ``shard``, ``columns``, ``source``, ``on_error``, ``whole_groups``),
         as keywords or one object. ``whole_groups=True`` gives one batch per step with the
         parts of each group that ranks stored separately merged (TRL runs).
         """
@@ -355,33 +214,7 @@ class RolloutStore:
             self.catalog, options, on_error=self._on_error(options.on_error), crc=self.check_crc
         )
 
-    def sql_views(self, *, on_error: OnError | None = None, threads: int | None = None) -> SqlViews:
-        """A DuckDB connection with the views ``groups``, ``samples`` and ``steps`` over the
-        committed files, checked and sandboxed (:class:`~maxent_arrow.store.sql.SqlViews`);
-        close it when done."""
-        return SqlViews(
-            self.catalog,
-            self.schemas,
-            on_error=self._on_error(on_error),
-            threads=threads,
-            crc=self.check_crc,
-        )
-
-    def sql(self, query: str, *, on_error: OnError | None = None) -> pa.Table:
-        """Run one read-only DuckDB query over the views ``groups`` (one row per group),
-        ``samples`` (one row per completion) and ``steps``; the result as Arrow."""
-        views = self.sql_views(on_error=on_error)
-        try:
-            return views.query(query)
-        finally:
-            views.close()
-
     # ------------------------------------------------------------------ maintenance
-    def verify(self) -> admin.VerifyReport:
-        """Check every file: readable, sizes and checksums as recorded, rows as the step rows
-        say, caches equal to the archive. Names each damaged file in ``problems``."""
-        return admin.verify(self.catalog)
-
     def compact(
         self,
         *,
@@ -394,7 +227,7 @@ class RolloutStore:
         ``max_steps`` steps per segment) into segments, each committed atomically with the
         list of files it replaces: readers see the old files or the segment, never both and
         never neither, also after a crash. Local stores only. Returns the new step files."""
-        return admin.compact(
+        return compact(
             self.catalog,
             self.schemas,
             kind=kind,
@@ -405,8 +238,8 @@ class RolloutStore:
             compression_level=self.compression_level,
         )
 
-    def repair(self) -> admin.RepairReport:
+    def repair(self) -> RepairReport:
         """Move leftovers of crashed writes (temp files of writers that are gone, uncommitted
         group files, files a committed compaction replaced) into ``quarantine/``; says what it
         moved. Local stores only."""
-        return admin.repair(self.catalog)
+        return repair(self.catalog)

@@ -159,8 +159,12 @@ def test_compact_keeps_every_answer(capsys, tmp_path):
     assert len(list((w.root / "groups").glob("*.parquet"))) < files_before
     _, after, _ = run(capsys, "query", w.root, sql, "--json")
     assert json.loads(after) == json.loads(before)
-    code, _, _ = run(capsys, "compact", w.root, "--max-steps", 1)
-    assert code == EXIT_USAGE
+    # The command line takes what the library takes (max_steps >= 1) and reports the
+    # library's refusal of the rest as a usage error.
+    code, out, _ = run(capsys, "compact", w.root, "--max-steps", 1, "--json")
+    assert code == EXIT_OK and json.loads(out) == {"compacted": []}
+    code, _, err = run(capsys, "compact", w.root, "--max-steps", 0)
+    assert code == EXIT_USAGE and "max_steps must be None or an int >= 1" in err
 
 
 def test_export_ipc(capsys, store, tmp_path):

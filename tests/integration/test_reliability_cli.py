@@ -147,7 +147,7 @@ def test_query_reads_no_file_outside_the_views(capsys, tmp_path, run_dir, sql):
         ["report", "STORE", "--out", "OUT", "--threshold", "nan"],
         ["report", "STORE", "--out", "OUT", "--threshold", "inf"],
         ["report", "STORE", "--out", "OUT", "--bins", "0"],
-        ["compact", "STORE", "--max-steps", "1"],
+        ["compact", "STORE", "--max-steps", "0"],
         ["query", "STORE", "SELECT 1", "--on-error", "maybe"],
         ["demo", "--steps", "-1"],
         ["demo", "--k", "zero"],

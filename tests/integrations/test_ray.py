@@ -25,7 +25,7 @@ from maxent_arrow.errors import ComputeError, LayoutError, SchemaError  # noqa: 
 from maxent_arrow.ingest.collate import GroupCollator  # noqa: E402
 from maxent_arrow.ingest.packing import iter_chunks, sequence_layout  # noqa: E402
 from maxent_arrow.ingest.score_batch import build_score_batch  # noqa: E402
-from maxent_arrow.rollout.layout import rewards_by_name  # noqa: E402
+from maxent_arrow.rollout.checks import rewards_by_name  # noqa: E402
 from maxent_arrow.store.store import RolloutStore  # noqa: E402
 
 MATH = ("advantages", "q", "weights")
@@ -380,7 +380,7 @@ def test_read_store_over_s3(ray_cluster, tmp_path: Path, monkeypatch) -> None:
         from maxent_arrow.integrations.ray import recompute_store
 
         target = recompute_store(remote, "s3://runs/recomputed", target_filesystem=fs, tau=0.3)
-        assert isinstance(target, RolloutStore) and not target.backend.local
+        assert isinstance(target, RolloutStore) and not target.backend.can_rewrite
         assert target.steps() == [0, 1] and target.config["tau"] == 0.3
         here = recompute_store(local, tmp_path / "recomputed", tau=0.3)
         for name in MATH:

@@ -30,7 +30,7 @@ def test_object_store_backend_files_are_local_store_files(tmp_path: Path) -> Non
     remote = RolloutStore.create(
         ArrowFsBackend(pafs.LocalFileSystem(), str(root), str(root)), config=CONFIG
     )
-    assert not remote.backend.local
+    assert not remote.backend.can_rewrite and not remote.backend.can_mmap
     batches = [make_batch(step, rank=rank) for step in range(2) for rank in range(2)]
     for batch in batches:
         remote.append(batch)
@@ -86,7 +86,7 @@ def test_replay_sharded_by_rank_reads_each_group_once(pair) -> None:
             out += [(b.step, b.rank, g) for g in ids]
         return out
 
-    shards = [keys(remote.replay(rank=r, world_size=2, batch_groups=2)) for r in range(2)]
+    shards = [keys(remote.replay(shard=(r, 2), batch_groups=2)) for r in range(2)]
     assert not set(shards[0]) & set(shards[1])
     everything = local.read(kind="train", columns=["step", "rank", "group_index"]).to_pydict()
     expected = set(zip(everything["step"], everything["rank"], everything["group_index"]))
@@ -94,8 +94,8 @@ def test_replay_sharded_by_rank_reads_each_group_once(pair) -> None:
     assert len(shards[0]) + len(shards[1]) == len(expected)
     # The same plan as the local store's replay, batch by batch.
     for r in range(2):
-        ours = list(remote.replay(rank=r, world_size=2, batch_groups=2, shuffle=True, seed=3))
-        theirs = list(local.replay(rank=r, world_size=2, batch_groups=2, shuffle=True, seed=3))
+        ours = list(remote.replay(shard=(r, 2), batch_groups=2, shuffle=True, seed=3))
+        theirs = list(local.replay(shard=(r, 2), batch_groups=2, shuffle=True, seed=3))
         assert len(ours) == len(theirs)
         for a, b in zip(ours, theirs):
             assert a.groups.equals(b.groups) and a.step_row.equals(b.step_row)
@@ -191,9 +191,9 @@ def test_commit_rule_refusals_and_damage(s3) -> None:
     with pytest.raises(StoreError, match="bucket or file system root"):
         RolloutStore("s3://", filesystem=fs)
     # Compaction and repair rewrite other writers' files: local stores only.
-    with pytest.raises(StoreError, match="needs a local store"):
+    with pytest.raises(StoreError, match="needs a store on a local file system"):
         store.compact()
-    with pytest.raises(StoreError, match="needs a local store"):
+    with pytest.raises(StoreError, match="needs a store on a local file system"):
         store.repair()
 
 

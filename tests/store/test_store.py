@@ -15,7 +15,14 @@ import pyarrow.parquet as pq
 import pytest
 from store_fixtures import make_batch, make_parts
 
-from maxent_arrow import RolloutBatch, RolloutStore, SchemaError, SchemaVersionError, StoreError
+from maxent_arrow import (
+    ArgumentError,
+    RolloutBatch,
+    RolloutStore,
+    SchemaError,
+    SchemaVersionError,
+    StoreError,
+)
 from maxent_arrow.arrow.schema import NO_DICTIONARY_COLUMNS
 
 
@@ -134,10 +141,25 @@ def test_replay_resumes_from_a_cursor(store):
 def test_replay_shards_are_disjoint_and_complete(store):
     seen = []
     for rank in range(3):
-        for b in store.replay(batch_groups=1, shuffle=True, rank=rank, world_size=3):
+        for b in store.replay(batch_groups=1, shuffle=True, shard=(rank, 3)):
             seen += [(b.step, b.rank, g) for g in b.groups.column("group_index").to_pylist()]
             assert b.num_samples == len(b.column("completions").flatten())
     assert len(seen) == len(set(seen)) == 12
+
+
+def test_replay_rank_and_world_size_are_a_deprecated_spelling_of_shard(store):
+    """The consumer's share is ``shard=(index, count)``; the old ``rank=``/``world_size=``
+    (a word the store also uses for the writer's rank) still gives the same stream, with a
+    DeprecationWarning, and a bad shard is an ArgumentError naming it."""
+    new = [(b.step, b.rank) for b in store.replay(batch_groups=1, shard=(1, 3))]
+    with pytest.warns(DeprecationWarning, match="shard="):
+        old = [(b.step, b.rank) for b in store.replay(batch_groups=1, rank=1, world_size=3)]
+    assert old == new and new
+    for bad in [(3, 3), (-1, 2), (0, 0), (True, 2), "01", (0, 1, 2)]:
+        with pytest.raises(ArgumentError, match="shard"):
+            store.replay(shard=bad)
+    with pytest.raises(ArgumentError, match="not also rank"):
+        store.replay(shard=(0, 2), rank=0, world_size=2)
 
 
 def test_ipc_cache_replay_is_zero_copy(tmp_path):
@@ -578,7 +600,7 @@ def test_replay_whole_groups_merges_what_ranks_stored_of_each_group(tmp_path, so
     first = list(store.replay(source=source, whole_groups=True, start=merged[0].cursor))
     assert [b.step for b in first] == [1, 2]
     shards = [
-        [b.step for b in store.replay(whole_groups=True, rank=r, world_size=2)] for r in (0, 1)
+        [b.step for b in store.replay(whole_groups=True, shard=(r, 2))] for r in (0, 1)
     ]
     assert sorted(shards[0] + shards[1]) == [0, 1, 2] and not set(shards[0]) & set(shards[1])
     shuffled = list(store.replay(whole_groups=True, shuffle=True, seed=3))

@@ -16,7 +16,7 @@ import pytest
 import torch
 from store_fixtures import CONFIG, derived, make_batch
 
-from maxent_arrow import ComputeError, RolloutStore, StoreError
+from maxent_arrow import ArgumentError, ComputeError, RolloutStore
 from maxent_arrow.rollout import recompute
 from maxent_arrow.store import ReplayDataset, process_shard
 
@@ -38,7 +38,7 @@ def _keys(batch):
 
 
 def test_dataloader_workers_see_every_group_once(store):
-    dataset = ReplayDataset(store.root, batch_groups=2, shuffle=True, seed=5, rank=0, world_size=1)
+    dataset = ReplayDataset(store.root, batch_groups=2, shuffle=True, seed=5, shard=(0, 1))
     loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2)
     seen = [k for batch in loader for k in _keys(batch)]
     assert len(seen) == len(set(seen)) == 4 * 2 * 5
@@ -49,7 +49,7 @@ def test_dataset_transform_builds_tensors(store):
         ids, mask = batch.ragged("completion_ids").to_padded(0, dtype=torch.int64)
         return {"ids": ids, "mask": mask, "step": batch.step}
 
-    dataset = ReplayDataset(store.root, transform=pad, rank=0, world_size=1, steps=[2])
+    dataset = ReplayDataset(store.root, transform=pad, shard=(0, 1), steps=[2])
     loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=0)
     items = list(loader)
     assert [i["step"] for i in items] == [2, 2]
@@ -63,7 +63,7 @@ def test_process_shard_default_is_single_process():
 
 
 def test_dataset_refuses_per_process_kwargs(store):
-    with pytest.raises(StoreError, match="start"):
+    with pytest.raises(ArgumentError, match="start"):
         ReplayDataset(store.root, start={"position": 1})
 
 
@@ -137,7 +137,7 @@ def test_recompute_equals_stored_values(store, source):
 
 
 def test_recompute_against_the_independent_formulas(store):
-    (batch,) = store.replay(steps=[3], rank=0, world_size=2, kind="train")
+    (batch,) = store.replay(steps=[3], shard=(0, 2), kind="train")
     offsets = batch.group_offsets
     utils = batch.column("total_utils").flatten().to_numpy()
     raw = batch.column("ref_logp_sum_raw").flatten().to_numpy()

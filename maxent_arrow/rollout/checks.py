@@ -1,4 +1,4 @@
-"""The layout rules of a :class:`~maxent_arrow.rollout.RolloutBatch`, without torch: the
+"""The checks and codecs of a :class:`~maxent_arrow.rollout.RolloutBatch`, without torch: the
 metadata keys, the column types, the checks of ``RolloutBatch(groups, step_row)`` and the step
 row as JSON.
 

@@ -1,0 +1,121 @@
+"""The checksum ledger of a SQL session: which parts of which group files have been checked.
+
+DuckDB and Polars ignore Parquet page CRCs, so before DuckDB reads a group file the store
+checks it against what its step file recorded at commit (``docs/commit-protocol.md``):
+
+- when the views are built, every file's size (from the directory listing), and the footer
+  of the first file of each schema set (DuckDB binds a view to that footer);
+- before each query, the footer and the chunks of the columns the query reads, in every
+  file (each (file, column) once per ledger);
+- a file written before chunk CRCs were recorded, whole, once.
+
+A damaged file raises a :class:`StoreError` naming it, or is reported back to the caller
+(``on_error="skip"``) so the views can be rebuilt without it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from maxent_arrow.errors import StoreError
+from maxent_arrow.store.backend import Backend, FileInfo
+from maxent_arrow.store.catalog import OnError, StepFile, fail
+from maxent_arrow.store.checksums import check_chunks, crc32_of
+from maxent_arrow.store.reader import check_group_size
+
+__all__ = ["ChecksumLedger", "FOOTER", "WHOLE"]
+
+# Ledger entries besides column names: a file's footer, and a file checked whole.
+FOOTER = "(footer)"
+WHOLE = "*"
+
+
+class ChecksumLedger:
+    """What has been checked of each group file (by relative path), and the checks.
+
+    Parameters
+    ----------
+    backend:
+        The store's file-system seam.
+    on_error:
+        ``"raise"`` a damaged file, or ``"skip"`` it with a warning.
+    crc:
+        Check CRCs at all (``False``: sizes only).
+    """
+
+    def __init__(self, backend: Backend, *, on_error: OnError, crc: bool):
+        self.backend = backend
+        self.on_error = on_error
+        self.crc = crc
+        self.checked: set[tuple[str, str]] = set()
+
+    def clear(self) -> None:
+        self.checked.clear()
+
+    def admit(self, rel: str, step: StepFile, info: FileInfo | None) -> None:
+        """Check the group file ``rel`` before a view may read it: there, of the size its
+        step file recorded (``info``: from the directory listing), and, when it was written
+        before chunk CRCs were recorded, its whole-file CRC-32 (once). Raises
+        :class:`StoreError`."""
+        path = self.backend.fs_path(rel)
+        check_group_size(path, step, info)
+        recorded = step.meta.get("group_crc32")
+        if self.crc and step.meta.get("chunks") is None and recorded is not None:
+            if crc32_of(self.backend.read(rel)) != recorded:
+                raise StoreError(f"{path}: CRC-32 differs from the recorded one (corrupt)")
+            self.checked.add((rel, WHOLE))
+
+    def first_sound(self, members: list[tuple[str, StepFile]]) -> list[tuple[str, StepFile]]:
+        """``members`` from the first whose footer is sound (DuckDB binds a view over a set
+        of files to its first file's footer); each damaged one before it is raised, or
+        skipped with a warning."""
+        for at, (rel, step) in enumerate(members):
+            if not self.crc or step.meta.get("chunks") is None or (rel, FOOTER) in self.checked:
+                return members[at:]
+            try:
+                self._check(rel, step, ())
+            except StoreError as exc:
+                fail(self.on_error, exc)
+                continue
+            self.checked.add((rel, FOOTER))
+            return members[at:]
+        return []
+
+    def check(
+        self,
+        files: Iterable[tuple[str, StepFile]],
+        columns: Iterable[str] | None,
+        *,
+        all_columns: Iterable[str],
+        footers: bool = False,
+    ) -> set[str]:
+        """Check the footer and the chunks of ``columns`` (``None``: ``all_columns``) of each
+        of ``files`` not checked yet (``footers``: the footer even where no column is asked
+        for). Returns the damaged files (``on_error="skip"``; ``"raise"`` raises the first)."""
+        if not self.crc:
+            return set()
+        wanted = set(all_columns) if columns is None else set(columns)
+        damaged: set[str] = set()
+        for rel, step in files:
+            if (rel, WHOLE) in self.checked or step.meta.get("chunks") is None:
+                continue
+            todo = {c for c in wanted if (rel, c) not in self.checked}
+            if not todo and not (footers and (rel, FOOTER) not in self.checked):
+                continue
+            try:
+                self._check(rel, step, todo)
+            except StoreError as exc:
+                fail(self.on_error, exc)
+                damaged.add(rel)
+                continue
+            self.checked.update((rel, c) for c in todo | {FOOTER})
+        return damaged
+
+    def _check(self, rel: str, step: StepFile, columns: Iterable[str] | None) -> None:
+        backend = self.backend
+        check_chunks(
+            backend.fs_path(rel),
+            step.meta["chunks"],
+            lambda ranges: backend.read_ranges(rel, ranges),
+            columns,
+        )

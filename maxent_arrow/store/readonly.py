@@ -1,0 +1,237 @@
+"""``ReadOnlyStore``: what can be done with a store without writing to it.
+
+Opening, listing, reading, SQL and ``verify``: the read side of
+:class:`~maxent_arrow.store.RolloutStore`, which adds appending, replay and maintenance. The
+commands that only read (``maxent-arrow inspect``, ``query``, ``report``, ``export``,
+``verify``) and the analytics open a store through this class, so they import none of the
+write side: no writer, commit, compaction, repair or replay module (a subprocess test in
+``tests/test_architecture.py`` checks it).
+
+Opening a store only reads ``manifest.json``: it creates nothing and removes nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Literal
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from maxent_arrow.errors import StoreError
+from maxent_arrow.store import manifest
+from maxent_arrow.store.backend import Backend, open_backend
+from maxent_arrow.store.catalog import Catalog, OnError, Unit, check_on_error
+from maxent_arrow.store.names import GROUPS, STEPS
+from maxent_arrow.store.reader import GroupFileRead, read_table
+from maxent_arrow.store.schemas import UnifiedSchemas
+from maxent_arrow.store.sql import SqlViews
+from maxent_arrow.store.verify import VerifyReport, verify
+
+if TYPE_CHECKING:
+    import pyarrow.fs as pafs
+
+__all__ = ["ReadOnlyStore"]
+
+
+class ReadOnlyStore:
+    """An existing rollout store at ``root``, opened for reading.
+
+    Parameters
+    ----------
+    root:
+        A local directory (a path or ``file://``), a ``pyarrow.fs`` URI such as
+        ``s3://bucket/run?endpoint_override=127.0.0.1:9000&scheme=http``, or a path on an
+        explicit ``filesystem``. A directory without a ``manifest.json`` is refused (the error
+        names ``root/store`` when the store is one level down).
+    filesystem:
+        An explicit ``pyarrow.fs.FileSystem`` for ``root``.
+    on_error:
+        Default for the readers when a committed file is damaged or missing: ``"raise"`` a
+        :class:`StoreError` naming it, or ``"skip"`` it with a warning.
+    check_crc:
+        Check what is read against the CRC-32s recorded at commit (whole files for
+        ``read``/``replay``, the footer and the column chunks a query reads for SQL).
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str] | Backend,
+        *,
+        filesystem: pafs.FileSystem | None = None,
+        on_error: OnError = "raise",
+        check_crc: bool = True,
+    ):
+        self.backend = open_backend(root, filesystem)
+        self.manifest = manifest.read(self.backend)
+        self.on_error = check_on_error(on_error)
+        self.check_crc = bool(check_crc)
+        self.catalog = Catalog(self.backend)
+        self.schemas = UnifiedSchemas(self.catalog)
+
+    # ------------------------------------------------------------------ identity
+    @property
+    def root(self) -> Any:
+        """The store's path: a ``Path`` for a local store, a ``PurePosixPath`` on
+        :attr:`filesystem` otherwise."""
+        return self.backend.root
+
+    @property
+    def uri(self) -> str:
+        return self.backend.uri
+
+    @property
+    def filesystem(self) -> pafs.FileSystem:
+        return self.backend.filesystem
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The run config recorded in the manifest."""
+        return dict(self.manifest.get("config") or {})
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.uri!r})"
+
+    def _on_error(self, on_error: OnError | None) -> OnError:
+        return check_on_error(on_error or self.on_error)
+
+    # ------------------------------------------------------------------ listing
+    def units(
+        self,
+        *,
+        kind: str | None = None,
+        steps: Iterable[int] | int | None = None,
+        ranks: Iterable[int] | None = None,
+        on_error: OnError | None = None,
+    ) -> list[Unit]:
+        """The committed units (step, rank, kind) and where their rows are."""
+        return self.catalog.units(
+            kind=kind, steps=steps, ranks=ranks, on_error=self._on_error(on_error)
+        )
+
+    def steps(
+        self, *, kind: str | None = None, rank: int | None = None, on_error: OnError | None = None
+    ) -> list[int]:
+        """The distinct committed steps (of ``kind`` and ``rank``, if given), ascending."""
+        ranks = None if rank is None else [rank]
+        return sorted({u.step for u in self.units(kind=kind, ranks=ranks, on_error=on_error)})
+
+    def __len__(self) -> int:
+        return len(self.units())
+
+    def committed_files(
+        self, table: Literal["groups", "steps"] = "groups", *, on_error: OnError | None = None
+    ) -> list[Any]:
+        """Paths (``Path`` locally, ``PurePosixPath`` on :attr:`filesystem`) of the committed
+        files of ``table``, in step order: what a plain reader should read. A committed group
+        file that is missing raises (or is skipped with a warning)."""
+        return [
+            self.backend.path(rel)
+            for rel in self.catalog.committed_files(table, self._on_error(on_error))
+        ]
+
+    def file_reads(
+        self,
+        *,
+        steps: Iterable[int] | int | None = None,
+        kind: str | None = None,
+        ranks: Iterable[int] | None = None,
+        on_error: OnError | None = None,
+    ) -> list[GroupFileRead]:
+        """One picklable, checked read per committed group file (with the row ranges of its
+        units): what a reader in another process (a Ray task) needs."""
+        by_file: dict[str, list[Unit]] = {}
+        for unit in self.units(kind=kind, steps=steps, ranks=ranks, on_error=on_error):
+            by_file.setdefault(unit.step_file, []).append(unit)
+        return [
+            GroupFileRead(
+                self.backend,
+                self.catalog.step_file(name),
+                [(u.name, u.start, u.num_groups) for u in members],
+            )
+            for name, members in by_file.items()
+        ]
+
+    # ------------------------------------------------------------------ schema
+    def schema(
+        self, table: Literal["groups", "steps"] = "groups", *, on_error: OnError | None = None
+    ) -> pa.Schema:
+        """One schema over all committed files of ``table``, unified by column name (a column
+        missing from older files reads as nulls in them); with no files yet, the current
+        layout's."""
+        if table not in (GROUPS, STEPS):
+            raise StoreError(f"schema: table must be 'groups' or 'steps', got {table!r}")
+        return self.schemas.get(table, self._on_error(on_error))
+
+    # ------------------------------------------------------------------ reading
+    def read(
+        self,
+        *,
+        steps: Iterable[int] | int | None = None,
+        columns: list[str] | None = None,
+        filter: pc.Expression | None = None,
+        kind: str | None = None,
+        ranks: Iterable[int] | None = None,
+        on_error: OnError | None = None,
+    ) -> pa.Table:
+        """Group rows of the committed steps as one table over the unified schema.
+
+        ``filter`` is a ``pyarrow.compute`` expression over the flat columns (``step``,
+        ``rank``, ``kind``, ``group_index``, ``prompt``, ``answer``, ``seed_*``) or any column
+        in ``columns``. A damaged file raises :class:`StoreError` naming it, or is skipped
+        with a warning under ``on_error="skip"``.
+        """
+        return self._read("groups", steps, columns, filter, kind, ranks, on_error)
+
+    def read_steps(
+        self,
+        *,
+        steps: Iterable[int] | int | None = None,
+        columns: list[str] | None = None,
+        filter: pc.Expression | None = None,
+        kind: str | None = None,
+        ranks: Iterable[int] | None = None,
+        on_error: OnError | None = None,
+    ) -> pa.Table:
+        """The step table (one row per step, rank and kind) over the unified step schema."""
+        return self._read("steps", steps, columns, filter, kind, ranks, on_error)
+
+    def _read(self, table, steps, columns, filter, kind, ranks, on_error) -> pa.Table:
+        on_error = self._on_error(on_error)
+        return read_table(
+            self.catalog,
+            self.schemas.get(table, on_error),
+            table,
+            steps=steps,
+            columns=columns,
+            filter=filter,
+            kind=kind,
+            ranks=ranks,
+            on_error=on_error,
+            crc=self.check_crc,
+        )
+
+    def sql_views(self, *, on_error: OnError | None = None, threads: int | None = None) -> SqlViews:
+        """A DuckDB connection with the views ``groups``, ``samples`` and ``steps`` over the
+        committed files, checked and sandboxed (:class:`~maxent_arrow.store.sql.SqlViews`);
+        close it when done."""
+        return SqlViews(
+            self.catalog,
+            self.schemas,
+            on_error=self._on_error(on_error),
+            threads=threads,
+            crc=self.check_crc,
+        )
+
+    def sql(self, query: str, *, on_error: OnError | None = None) -> pa.Table:
+        """Run one read-only DuckDB query over the views ``groups`` (one row per group),
+        ``samples`` (one row per completion) and ``steps``; the result as Arrow."""
+        with self.sql_views(on_error=on_error) as views:
+            return views.query(query)
+
+    # ------------------------------------------------------------------ checking
+    def verify(self) -> VerifyReport:
+        """Check every file: readable, sizes and checksums as recorded, rows as the step rows
+        say, caches equal to the archive. Names each damaged file in ``problems``."""
+        return verify(self.catalog)

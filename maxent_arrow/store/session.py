@@ -1,0 +1,209 @@
+"""A DuckDB connection for the store's views: sandboxed, interruptible, a context manager.
+
+The sandbox: once the views are created, the connection may read only the files the views
+read by path (``allowed_paths``), has external access off and its configuration locked, so a
+query can neither read nor write a file outside the store nor attach or install anything.
+Allowed paths alone would not be enough (``COPY … TO '<allowed file>' (USE_TMP_FILE false)``
+overwrites it), hence the statement check of :func:`check_query` before any user query runs.
+
+A query runs in a worker thread so that Ctrl-C (delivered to the main thread) interrupts it:
+DuckDB's own call does not return to Python until it is done.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+import threading
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import pyarrow as pa
+
+from maxent_arrow.errors import MissingExtraError, QueryError, StoreError
+from maxent_arrow.store.sqlplan import ViewPlan, sql_string
+
+__all__ = ["SqlSession", "check_query", "duckdb_module"]
+
+
+def duckdb_module() -> Any:
+    """``duckdb``, or a :class:`MissingExtraError` naming the extra to install."""
+    try:
+        import duckdb
+    except ImportError:
+        raise MissingExtraError("duckdb", "analytics") from None
+    return duckdb
+
+
+_EXPLAIN = re.compile(r"^\s*explain\s+(analyze\s+)?(\([^)]*\)\s*)?", re.IGNORECASE)
+
+
+def check_query(query: str) -> str:
+    """``query`` if it is one read-only statement, else a :class:`QueryError` saying why."""
+    duckdb = duckdb_module()
+    if not isinstance(query, str) or not query.strip().rstrip(";").strip():
+        raise QueryError("query: expected one SQL statement, got an empty query")
+    try:
+        statements = duckdb.extract_statements(query)
+    except duckdb.Error as exc:
+        raise QueryError(f"query: {str(exc).splitlines()[0]}") from None
+    if len(statements) != 1:
+        raise QueryError(f"query: expected exactly one SQL statement, got {len(statements)}")
+    statement = statements[0]
+    kind = statement.type
+    if kind == duckdb.StatementType.EXPLAIN:
+        inner = _EXPLAIN.sub("", statement.query, count=1)
+        inner_statements = duckdb.extract_statements(inner) if inner.strip() else []
+        if len(inner_statements) != 1 or inner_statements[0].type != duckdb.StatementType.SELECT:
+            raise QueryError("query: EXPLAIN is allowed of a SELECT only")
+    elif kind != duckdb.StatementType.SELECT:
+        name = str(kind).rsplit(".", 1)[-1]
+        raise QueryError(
+            f"query: only SELECT (or EXPLAIN/DESCRIBE of one) may run; got a {name} statement"
+        )
+    return query
+
+
+class SqlSession:
+    """One in-memory DuckDB connection holding the store's views.
+
+    Parameters
+    ----------
+    threads:
+        DuckDB worker threads (default: DuckDB's, all cores).
+
+    :meth:`install` creates a :class:`~.sqlplan.ViewPlan`'s views and then sets the
+    sandbox, which cannot be changed afterwards; :meth:`register` adds a table for this
+    library's own (trusted) queries.
+    """
+
+    def __init__(self, *, threads: int | None = None):
+        self.con: Any = duckdb_module().connect(database=":memory:")
+        self.sandboxed = False
+        if threads is not None:
+            self.con.execute(f"SET threads = {int(threads)}")
+
+    def install(self, plan: ViewPlan) -> None:
+        """Register the plan's tables, create its views, then lock the connection down:
+        only the plan's paths may be read, no external access, configuration locked."""
+        if self.sandboxed:
+            raise StoreError("SqlSession.install: the session is sandboxed already")
+        for name, table in plan.tables.items():
+            self.con.register(name, table)
+        for name, sql in plan.views.items():
+            self.con.execute(f"CREATE VIEW {name} AS {sql}")
+        if plan.allowed_paths:
+            paths = ", ".join(sql_string(p) for p in plan.allowed_paths)
+            self.con.execute(f"SET allowed_paths = [{paths}]")
+        self.con.execute("SET enable_external_access = false")
+        self.con.execute("SET lock_configuration = true")
+        self.sandboxed = True
+
+    def __enter__(self) -> SqlSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def register(self, name: str, table: Any) -> None:
+        """Make ``table`` (Arrow) queryable as ``name`` (this library's own tables)."""
+        self.con.register(name, table)
+
+    def execute(self, sql: str) -> None:
+        """Run a statement of this library's own (``CREATE VIEW`` over registered tables)."""
+        self.con.execute(sql)
+
+    def spell(self, types: Iterable[pa.DataType]) -> dict[pa.DataType, str]:
+        """DuckDB's name of each Arrow type (handing DuckDB an Arrow table imports pandas,
+        ~0.7 s: asked only when a file lacks a column or stores another type)."""
+        return spell_types(self.con, types)
+
+    def run(self, query: str, params: Any = None) -> pa.Table:
+        """Run ``query`` (already checked, or trusted) and return its result as Arrow; Ctrl-C
+        interrupts it (``KeyboardInterrupt``); a DuckDB error is a :class:`StoreError`."""
+        duckdb = duckdb_module()
+        result: dict[str, Any] = {}
+
+        def work() -> None:
+            relation = None
+            try:
+                relation = self.con.sql(query, params=params)
+                result["table"] = pa.table({}) if relation is None else relation.to_arrow_table()
+            except BaseException as exc:  # re-raised in the caller's thread
+                # Without its traceback: the frames would keep the relation, and with it the
+                # connection, busy after an interrupt.
+                result["error"] = exc.with_traceback(None)
+            finally:
+                del relation
+
+        thread = threading.Thread(target=work, name="maxent-arrow-query", daemon=True)
+        thread.start()
+        try:
+            while thread.is_alive():
+                thread.join(0.1)
+        except KeyboardInterrupt:
+            # Interrupt until the worker is done: an interrupt that lands between DuckDB
+            # planning the statement and starting to execute it is cleared by the start.
+            while thread.is_alive():
+                self.con.interrupt()
+                thread.join(0.1)
+            raise
+        error = result.get("error")
+        if error is not None:
+            if isinstance(error, duckdb.Error):
+                raise StoreError(f"query failed: {str(error).splitlines()[0]}") from None
+            raise error
+        return result["table"]
+
+    def plan_json(self, query: str) -> str | None:
+        """DuckDB's plan of ``query`` as JSON text, or ``None`` if it cannot be planned."""
+        try:
+            rows = self.con.execute("EXPLAIN (FORMAT JSON) " + query).fetchall()
+            return rows[0][1]
+        except Exception:
+            return None
+
+    def explain(self, query: str) -> str:
+        """DuckDB's physical plan of ``query`` (already checked)."""
+        return "\n".join(row[1] for row in self.con.execute(f"EXPLAIN {query}").fetchall())
+
+    def render(self, table: pa.Table, *, max_rows: int) -> str:
+        """``table``'s first ``max_rows`` rows as DuckDB's box table, drawn on this
+        connection (no second one is opened to print)."""
+        relation = self.con.from_arrow(table.slice(0, max_rows))
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            relation.show(max_rows=max(max_rows, 1))
+        return out.getvalue()
+
+    def close(self) -> None:
+        """Close the connection. After an interrupt DuckDB may still be winding the statement
+        down for a moment ("connection is busy"): interrupt again and retry, and never let a
+        close error hide the interrupt that caused it."""
+        con, self.con = self.con, None
+        if con is None:
+            return
+        duckdb = duckdb_module()
+        for _ in range(50):
+            try:
+                con.close()
+                return
+            except duckdb.Error:
+                con.interrupt()
+                time.sleep(0.02)
+
+
+def spell_types(con: Any, types: Iterable[pa.DataType]) -> dict[pa.DataType, str]:
+    """DuckDB's name of each Arrow type in ``types``, asked of connection ``con``."""
+    distinct = list(dict.fromkeys(types))
+    if not distinct:
+        return {}
+    empty = pa.table({f"c{i}": pa.array([], t) for i, t in enumerate(distinct)})
+    con.register("_maxent_types", empty)
+    try:
+        rows = con.execute("DESCRIBE _maxent_types").fetchall()
+        return {distinct[int(row[0][1:])]: row[1] for row in rows}
+    finally:
+        con.unregister("_maxent_types")

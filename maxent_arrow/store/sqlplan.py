@@ -1,0 +1,206 @@
+"""The SQL of a store's views, planned from its files and schemas, without DuckDB.
+
+A plan says what :class:`~maxent_arrow.store.sql.SqlViews` creates: the view statements
+(``steps``, ``groups``, ``samples``), the Arrow tables or datasets to register under a name
+(rows this library decoded itself: schema-1.x files, step rows on object stores, files on a
+file system DuckDB cannot open), and the paths the sandbox allows. Everything here is a pure
+function of its inputs (a type speller is passed in), so the plan is tested without a
+connection.
+
+The naming rule of the ``samples`` view (one row per completion, each per-completion list
+column under its singular alias, one ``reward_<name>`` column per reward function) is
+:data:`SAMPLE_ALIASES` and :func:`reward_alias`: the analytics use the same table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from maxent_arrow.arrow import schema as S
+from maxent_arrow.store.backend import DuckSource
+
+__all__ = [
+    "GROUP_SCALARS",
+    "SAMPLE_ALIASES",
+    "FileSet",
+    "ViewPlan",
+    "plan_views",
+    "quote",
+    "reward_alias",
+    "samples_view_sql",
+    "sql_string",
+]
+
+# A per-completion list column -> its name in the ``samples`` view (one value per row).
+SAMPLE_ALIASES: dict[str, str] = {
+    column: {
+        "completions": "completion",
+        "completion_messages": "completion_message",
+        "total_utils": "total_util",
+        "advantages": "advantage",
+        "weights": "weight",
+        "ref_tok_counts": "ref_tok_count",
+    }.get(column, column)
+    for column in S.PER_COMPLETION_COLUMNS
+}
+# Group columns repeated on each of the group's completion rows in ``samples``.
+GROUP_SCALARS = (
+    "step",
+    "rank",
+    "kind",
+    "group_index",
+    "group_id",
+    "group_size",
+    "prompt",
+    "prompt_messages",
+    "answer",
+    "seed_semantic_entropy",
+    "seed_advantage_scale",
+)
+
+
+def reward_alias(name: str) -> str:
+    """The ``samples`` column of reward function ``name``."""
+    return "reward_" + name
+
+
+def quote(name: str) -> str:
+    """A DuckDB identifier, quoted (column and reward names come from user data)."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def sql_string(text: str) -> str:
+    """A DuckDB string literal."""
+    return "'" + str(text).replace("'", "''") + "'"
+
+
+def samples_view_sql(
+    columns: Iterable[str], reward_names: Sequence[str], source: str = "groups"
+) -> str:
+    """SQL of the ``samples`` view over ``source`` (group rows): one row per completion.
+
+    Subscripts come from ``generate_series(1, num_completions)`` and every column is indexed
+    with the same subscript, so the lists stay aligned by construction and projection
+    pushdown still reaches the Parquet scan (DuckDB does not push projections through a
+    multi-column ``UNNEST``).
+    """
+    cols = set(columns)
+    out = [f"g.{quote(c)}" for c in GROUP_SCALARS if c in cols]
+    out.append("g._i - 1 AS sample_index")
+    for column, alias in SAMPLE_ALIASES.items():
+        if column not in cols:
+            continue
+        if column == "completion_info":
+            for sub in S.COMPLETION_INFO_TYPE:
+                out.append(f"g.completion_info[g._i].{quote(sub.name)} AS {quote(sub.name)}")
+            continue
+        out.append(f"g.{quote(column)}[g._i] AS {quote(alias)}")
+    if "reward_names" in cols:
+        out.append("g.reward_names AS reward_names")
+        for name in reward_names:
+            at = f"list_position(g.reward_names, {sql_string(name)})"
+            out.append(f"g.reward_values[g._i][{at}] AS {quote(reward_alias(name))}")
+    k = "num_completions" if "num_completions" in cols else "len(completions)"
+    return (
+        f"SELECT {', '.join(out)} FROM (SELECT *, unnest(generate_series(1, {k})) AS _i "
+        f"FROM {source}) g"
+    )
+
+
+@dataclass(frozen=True)
+class FileSet:
+    """Parquet files of one schema and how DuckDB reads them (its paths, or a dataset)."""
+
+    schema: pa.Schema
+    source: DuckSource
+
+
+@dataclass
+class ViewPlan:
+    """What to create on a connection: ``views`` (name -> ``SELECT``, in creation order),
+    ``tables`` to register first (name -> Arrow table or dataset) and the ``allowed_paths``
+    of the sandbox (the files the views read by path)."""
+
+    views: dict[str, str] = field(default_factory=dict)
+    tables: dict[str, Any] = field(default_factory=dict)
+    allowed_paths: list[str] = field(default_factory=list)
+
+
+Speller = Callable[[pa.DataType], str]
+
+
+def _null(field_: pa.Field, spell: Speller) -> str:
+    """A typed NULL for a column some files lack."""
+    return f"NULL::{spell(field_.type)} AS {quote(field_.name)}"
+
+
+def _projection(unified: pa.Schema, file: pa.Schema, spell: Speller) -> str:
+    """SQL that maps a file's columns onto the unified schema (NULLs where absent)."""
+    out = []
+    for f in unified:
+        name = quote(f.name)
+        if f.name not in file.names or pa.types.is_null(file.field(f.name).type):
+            out.append(_null(f, spell))
+        elif file.field(f.name).type == f.type:
+            out.append(name)
+        else:
+            out.append(f"{name}::{spell(f.type)} AS {name}")
+    return ", ".join(out)
+
+
+def _union(
+    name: str,
+    unified: pa.Schema,
+    sets: list[FileSet],
+    rows: pa.Table | None,
+    plan: ViewPlan,
+    spell: Speller,
+) -> None:
+    """The view ``name`` over ``unified``: one ``SELECT`` per file set, and the rows decoded
+    here (``rows``, registered as a table) or an empty table when there is nothing."""
+    parts = []
+    for i, files in enumerate(sets):
+        projection = _projection(unified, files.schema, spell)
+        if files.source.paths:
+            plan.allowed_paths.extend(files.source.paths)
+            listing = "[" + ", ".join(sql_string(p) for p in files.source.paths) + "]"
+            parts.append(f"SELECT {projection} FROM read_parquet({listing})")
+        elif files.source.dataset is not None:
+            table = f"_maxent_{name}_set_{i}"
+            plan.tables[table] = files.source.dataset
+            parts.append(f"SELECT {projection} FROM {table}")
+    if rows is not None or not parts:
+        table = f"_maxent_{name}_rows"
+        plan.tables[table] = S.conform(rows, unified) if rows is not None else unified.empty_table()
+        parts.append(f"SELECT {', '.join(quote(f.name) for f in unified)} FROM {table}")
+    plan.views[name] = " UNION ALL ".join(parts)
+
+
+def plan_views(
+    *,
+    group_schema: pa.Schema,
+    step_schema: pa.Schema,
+    group_sets: list[FileSet],
+    step_sets: list[FileSet],
+    group_rows: pa.Table | None,
+    step_rows: pa.Table | None,
+    reward_names: Sequence[str],
+    spell: Speller,
+) -> ViewPlan:
+    """The plan of the views ``steps``, ``groups`` and ``samples``.
+
+    ``group_sets`` / ``step_sets`` are the files DuckDB reads (one set per schema: DuckDB
+    binds a set to its first file's footer); ``group_rows`` / ``step_rows`` the rows decoded
+    by this library instead (``None`` when there are none). ``spell`` gives DuckDB's name of
+    an Arrow type (asked only for a column some files lack or store with another type).
+    """
+    plan = ViewPlan()
+    group_schema, step_schema = group_schema.remove_metadata(), step_schema.remove_metadata()
+    _union("steps", step_schema, step_sets, step_rows, plan, spell)
+    _union("groups", group_schema, group_sets, group_rows, plan, spell)
+    plan.views["samples"] = samples_view_sql(group_schema.names, reward_names)
+    return plan

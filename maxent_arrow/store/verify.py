@@ -1,0 +1,206 @@
+"""``verify``: find damage in a store, reading only.
+
+Every file is checked: the manifest; each step file (its seal, its name against its rows);
+each committed group file (size, CRC-32 of the whole file and of every chunk, row count);
+each IPC cache copy (seal, rows against the archive). Damage is a *problem*; harmless
+leftovers of crashed writes (temp files, uncommitted or replaced files) are *notes*.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from maxent_arrow.arrow import schema as S
+from maxent_arrow.arrow.upgrade import needs_upgrade, upgrade_groups
+from maxent_arrow.errors import StoreError
+from maxent_arrow.store.backend import Backend, is_temp_name
+from maxent_arrow.store.cache import CACHE_META_KEY, unit_group_crc32
+from maxent_arrow.store.catalog import Catalog, StepFile
+from maxent_arrow.store.checksums import check_chunks, check_seal
+from maxent_arrow.store.manifest import read as read_manifest
+from maxent_arrow.store.names import (
+    CACHE,
+    GROUPS,
+    MANIFEST,
+    STEPS,
+    cache_name,
+    parse_name,
+    unit_name,
+)
+from maxent_arrow.store.reader import read_group_file
+
+__all__ = ["StoreProblem", "VerifyReport", "verify"]
+
+
+@dataclass(frozen=True)
+class StoreProblem:
+    path: Any
+    problem: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.problem}"
+
+
+@dataclass
+class VerifyReport:
+    """What :meth:`RolloutStore.verify` found: ``problems`` (damage) and ``notes`` (harmless
+    leftovers such as uncommitted group files of a crashed append)."""
+
+    checked: int = 0
+    problems: list[StoreProblem] = field(default_factory=list)
+    notes: list[StoreProblem] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    def __str__(self) -> str:
+        lines = [f"{self.checked} files checked, {len(self.problems)} problems"]
+        lines += [f"  PROBLEM {p}" for p in self.problems]
+        lines += [f"  note {p}" for p in self.notes]
+        return "\n".join(lines)
+
+
+def verify(catalog: Catalog) -> VerifyReport:
+    """Check every file: the manifest; each step file (seal, name, rows); each committed
+    group file (size, CRC-32 of the whole file and of every chunk, rows); each cache copy.
+    Leftovers (temp files, uncommitted or replaced files) are notes, not problems."""
+    report = VerifyReport()
+    backend = catalog.backend
+    try:
+        read_manifest(backend)
+    except StoreError as exc:
+        report.problems.append(StoreProblem(backend.path(MANIFEST), str(exc)))
+    names = catalog.step_names()
+    replaced = catalog.hidden(names, "skip")
+    committed: set[str] = set()
+    for name in names:
+        path = backend.path(f"{STEPS}/{name}")
+        if name in replaced:
+            report.notes.append(
+                StoreProblem(path, "replaced by a compaction; `repair` moves it aside")
+            )
+            continue
+        report.checked += 1
+        try:
+            step = catalog.step_file(name)
+        except StoreError as exc:
+            report.problems.append(StoreProblem(path, str(exc).removeprefix(f"{path}: ")))
+            continue
+        committed.add(step.group_file)
+        _verify_step(report, backend, step)
+    _leftovers(report, backend, committed, replaced)
+    return report
+
+
+def _verify_step(report: VerifyReport, backend: Backend, step: StepFile) -> None:
+    path = backend.path(f"{STEPS}/{step.name}")
+    parsed = parse_name(step.name)
+    rows = {c: step.column(c) for c in ("step", "rank", "kind", "num_groups")}
+    if not parsed.compacted and (
+        len(rows["step"]) != 1
+        or rows["step"][0] != parsed.first_step
+        or rows["rank"][0] != parsed.first_rank
+        or rows["kind"][0] != parsed.kind
+    ):
+        report.problems.append(StoreProblem(path, f"step row {rows} does not match the file name"))
+    rel = f"{GROUPS}/{step.group_file}"
+    group_path = backend.path(rel)
+    report.checked += 1
+    try:
+        groups = read_group_file(backend, step, None, crc=True)
+        if step.meta.get("chunks") is not None:
+            check_chunks(
+                str(group_path), step.meta["chunks"], lambda r: backend.read_ranges(rel, r), None
+            )
+    except StoreError as exc:
+        report.problems.append(StoreProblem(group_path, str(exc).removeprefix(f"{group_path}: ")))
+        return
+    if groups.num_rows != sum(rows["num_groups"]):
+        report.problems.append(
+            StoreProblem(
+                group_path,
+                f"{groups.num_rows} group rows, the step rows say {sum(rows['num_groups'])}",
+            )
+        )
+    if not parsed.compacted and groups.num_rows:
+        steps = set(groups.column("step").unique().to_pylist())
+        if steps != {parsed.first_step}:
+            report.problems.append(
+                StoreProblem(
+                    group_path, f"holds steps {sorted(steps)}, expected {parsed.first_step}"
+                )
+            )
+    if not backend.can_mmap:
+        return  # no IPC cache on this backend
+    units = zip(rows["step"], rows["rank"], rows["kind"], rows["num_groups"], step.starts)
+    for number, rank, kind, count, start in units:
+        _verify_cache(report, backend, step, unit_name(number, rank, kind), groups, start, count)
+
+
+def _verify_cache(
+    report: VerifyReport,
+    backend: Backend,
+    step: StepFile,
+    unit: str,
+    groups: pa.Table,
+    start: int,
+    count: int,
+) -> None:
+    """A unit's IPC cache copy, if any: its seal, and its rows against the archive's."""
+    cache = f"{CACHE}/{cache_name(unit)}"
+    if backend.stat(cache) is None:
+        return
+    report.checked += 1
+    try:
+        data = backend.read(cache).to_pybytes()
+        if check_seal(data) is False:
+            raise StoreError("IPC cache CRC-32 differs from the one sealed in it (corrupt)")
+        cached = ipc.open_file(pa.BufferReader(data)).read_all()
+        recorded = json.loads((cached.schema.metadata or {}).get(CACHE_META_KEY, b"{}"))
+        if recorded.get("group_crc32") not in (None, unit_group_crc32(step, unit)):
+            report.notes.append(
+                StoreProblem(backend.path(cache), "copy of another commit of its unit (not served)")
+            )
+            return
+        if needs_upgrade((cached.schema.metadata or {}).get(S.METADATA_KEY)):
+            cached = upgrade_groups(cached, kind=unit.split(".")[2])
+        archived = groups.slice(start, count)
+        for name in cached.column_names:
+            if name not in archived.column_names or not cached.column(name).equals(
+                archived.column(name)
+            ):
+                raise StoreError(f"IPC cache differs from the Parquet archive (column {name!r})")
+    except (StoreError, pa.ArrowException, OSError, ValueError) as exc:
+        report.problems.append(StoreProblem(backend.path(cache), str(exc)))
+
+
+def _leftovers(
+    report: VerifyReport, backend: Backend, committed: set[str], replaced: set[str]
+) -> None:
+    for name in backend.list(GROUPS):
+        path = backend.path(f"{GROUPS}/{name}")
+        if is_temp_name(name):
+            report.notes.append(StoreProblem(path, "temp file of an unfinished write"))
+        elif name in replaced:
+            report.notes.append(
+                StoreProblem(path, "replaced by a compaction; `repair` moves it aside")
+            )
+        elif parse_name(name) is not None and name not in committed:
+            report.notes.append(StoreProblem(path, "uncommitted (an append that did not finish)"))
+    for directory in (STEPS, CACHE):
+        for name in backend.list(directory):
+            if is_temp_name(name):
+                report.notes.append(
+                    StoreProblem(
+                        backend.path(f"{directory}/{name}"), "temp file of an unfinished write"
+                    )
+                )
