@@ -131,12 +131,12 @@ def _step_batch(step: int, steps: int, rng: np.random.Generator, pool: pa.Array)
         "ref_logp_sum_raw": _lists(goff, pa.array(-0.7 * lens.astype(np.float64))),
         "ref_tok_counts": _lists(goff, pa.array(lens)),
     }
-    schema = S.group_schema()
+    schema = S.group_schema(families=("core", "maxent"))
     fields = [schema.field(name) for name in cols]
     table = pa.Table.from_arrays(
         list(cols.values()), schema=pa.schema(fields, metadata=schema.metadata)
     )
-    row = {f.name: None for f in S.step_schema()}
+    row = {f.name: None for f in S.step_schema(families=("core", "maxent"))}
     row.update(
         step=step,
         rank=0,
@@ -145,7 +145,7 @@ def _step_batch(step: int, steps: int, rng: np.random.Generator, pool: pa.Array)
         num_samples=n,
         config=f'{{"max_completion_len": {MAX_LEN}}}',
     )
-    return RolloutBatch(table, pa.Table.from_pylist([row], schema=S.step_schema()))
+    return RolloutBatch(table, pa.Table.from_pylist([row], schema=S.step_schema(families=("core", "maxent"))))
 
 
 def generate(root: Path, *, steps: int, compact_every: int | None) -> Path:

@@ -71,7 +71,7 @@ def generate(root: Path, *, steps: int, prompts: int, k: int, seed: int = 0) -> 
     """A store written through ``RolloutStore.append`` (vectorised per step)."""
     rng = np.random.default_rng(seed)
     store = RolloutStore.create(root, config={"tau": 0.5, "beta": 0.04})
-    schema = S.group_schema()
+    schema = S.group_schema(families=("core", "maxent"))
     n = prompts * k
     goff = np.arange(0, n + 1, k)
     for step in range(steps):
@@ -104,7 +104,7 @@ def generate(root: Path, *, steps: int, prompts: int, k: int, seed: int = 0) -> 
         )
         row = {"step": step, "rank": 0, "kind": "train", "num_groups": prompts, "num_samples": n}
         step_row = pa.RecordBatch.from_pylist(
-            [row], schema=pa.schema([S.step_schema().field(c) for c in row])
+            [row], schema=pa.schema([S.step_schema(families=("core", "maxent")).field(c) for c in row])
         )
         store.append(RolloutBatch(groups, step_row))
     return store

@@ -96,13 +96,13 @@ def make_step(step: int, prompts: int, k: int, max_len: int, seed: int = 0) -> R
         "behavior_logp_sum": per_sample(rng.random(n) * -100),
         "behavior_token_logp": per_token(beh),
     }
-    schema = S.group_schema()
+    schema = S.group_schema(families=("core", "maxent"))
     fields = [schema.field(name) for name in columns]
     groups = pa.RecordBatch.from_arrays(list(columns.values()), schema=pa.schema(fields))
-    row = {f.name: [None] for f in S.step_schema()}
+    row = {f.name: [None] for f in S.step_schema(families=("core", "maxent"))}
     row.update(step=[step], rank=[0], kind=["train"], num_groups=[prompts], num_samples=[n])
     row["config"] = [json.dumps({"tau": 0.5, "beta": 0.04})]
-    return RolloutBatch(groups, pa.RecordBatch.from_pydict(row, schema=S.step_schema()))
+    return RolloutBatch(groups, pa.RecordBatch.from_pydict(row, schema=S.step_schema(families=("core", "maxent"))))
 
 
 def ragged_bytes(batch: RolloutBatch) -> int:

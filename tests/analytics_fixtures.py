@@ -85,7 +85,7 @@ def write_store(
     for step, kind in jobs:
         names = rewards_at(step)
         for rank in range(ranks):
-            rows: dict[str, list] = {f.name: [] for f in S.group_schema()}
+            rows: dict[str, list] = {f.name: [] for f in S.group_schema(families=("core", "maxent"))}
             all_lens, all_utils = [], []
             for gi in range(prompts):
                 k = int(rng.integers(1, 7))
@@ -153,14 +153,14 @@ def write_store(
                 rows["policy_entropy_sum"].append((lens * 0.1).tolist())
                 rows["seed_semantic_entropy"].append(None)
                 rows["seed_advantage_scale"].append(None)
-            table = pa.Table.from_pydict(rows, schema=S.group_schema())
+            table = pa.Table.from_pydict(rows, schema=S.group_schema(families=("core", "maxent")))
             table = table.drop_columns([c for c in drop_at(step) if c in table.column_names])
             lens_all, utils_all = np.concatenate(all_lens), np.concatenate(all_utils)
             kl = {b: float(rng.random()) for b in BUCKETS if rng.random() < 0.8}
             counts = {b: float(rng.integers(1, 500)) for b in kl}
             if step == 1 and rank == 1:
                 counts = {}  # a rank that stored values without token counts
-            step_row = {f.name: None for f in S.step_schema()}
+            step_row = {f.name: None for f in S.step_schema(families=("core", "maxent"))}
             step_row.update(
                 step=step,
                 rank=rank,
@@ -176,6 +176,6 @@ def write_store(
                 config=json.dumps({"max_completion_len": max_len} if cap_in_config else {}),
             )
             out.step_rows.append(step_row)
-            step_table = pa.Table.from_pylist([step_row], schema=S.step_schema())
+            step_table = pa.Table.from_pylist([step_row], schema=S.step_schema(families=("core", "maxent")))
             store.append(RolloutBatch(table, step_table))
     return out

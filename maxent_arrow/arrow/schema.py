@@ -1,12 +1,14 @@
-"""Arrow schemas of the rollout store, version 1: the group table and the step table.
+"""Arrow schemas of the rollout store: the group table and the step table, as the column
+registry (:mod:`.registry`) declares them, and the rules that read them across versions.
 
 Group table: one row per prompt group of one step of one rank. Per-completion values are
 ``list<T>`` columns (K_i items in row i, the same K_i in every such column of the row);
 per-token values are ``list<list<T>>``. List children are non-nullable (nulls defeat DLPack);
-optional columns may be absent or null as a whole.
+optional columns may be absent or null as a whole. A run's files carry the columns of its
+families (``core`` plus its trainer's: ``maxent``, ``trl``, ``verl``).
 
-Step table: one row per (step, rank): reward moments, length stats, reference summaries, loss
-scalars, diagnostics and the run config snapshot (JSON).
+Step table: one row per (step, rank, kind): reward moments, length stats, reference summaries,
+loss scalars, diagnostics and the run config snapshot (JSON).
 
 Versions are ``"MAJOR.MINOR"``: a reader accepts any minor version of its major (minor versions
 only add optional columns) and refuses a newer major with :class:`SchemaVersionError`.
@@ -15,26 +17,28 @@ only add optional columns) and refuses a newer major with :class:`SchemaVersionE
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 import pyarrow as pa
 
+from maxent_arrow.arrow import registry as R
+from maxent_arrow.arrow.registry import COMPLETION_INFO_TYPE, MESSAGE_TYPE, MESSAGES_TYPE
 from maxent_arrow.errors import SchemaError, SchemaVersionError
 
 __all__ = [
+    "COMPLETION_INFO_TYPE",
+    "MESSAGES_TYPE",
+    "MESSAGE_TYPE",
     "SCHEMA_VERSION",
     "SCHEMA_MAJOR",
     "METADATA_KEY",
     "BUCKET_COLUMNS",
-    "COMPLETION_INFO_TYPE",
-    "MESSAGE_TYPE",
-    "MESSAGES_TYPE",
     "GROUP_FIELDS",
     "STEP_FIELDS",
     "GROUP_REQUIRED",
     "STEP_REQUIRED",
     "PER_COMPLETION_COLUMNS",
     "PER_TOKEN_COLUMNS",
-    "NO_DICTIONARY_COLUMNS",
     "KIND_PATTERN",
     "KL_LENGTH_BUCKETS",
     "check_kind",
@@ -43,9 +47,10 @@ __all__ = [
     "step_schema",
     "check_version",
     "unify_schemas",
+    "visible",
 ]
 
-SCHEMA_VERSION = "2.0"
+SCHEMA_VERSION = "2.1"
 SCHEMA_MAJOR = 2
 METADATA_KEY = b"maxent_arrow.schema_version"
 
@@ -75,174 +80,14 @@ KL_LENGTH_BUCKETS: dict[str, int | None] = {
 }
 
 
-def _list(kind: pa.DataType) -> pa.DataType:
-    return pa.list_(pa.field("item", kind, nullable=False))
-
-
-# Completion info in the group table: token ids live in `completion_ids`, not here.
-COMPLETION_INFO_TYPE = pa.struct(
-    [
-        pa.field("finish_reason", pa.string()),
-        pa.field("stop_reason", pa.string()),
-        pa.field("truncated", pa.bool_()),
-        pa.field("token_count", pa.int32()),
-        pa.field("extra", pa.string()),
-    ]
-)
-
-# A chat message: role and text content; any other key of the message (a name, tool calls,
-# non-text content) as a JSON object in `extra`.
-MESSAGE_TYPE = pa.struct(
-    [
-        pa.field("role", pa.string()),
-        pa.field("content", pa.string()),
-        pa.field("extra", pa.string()),
-    ]
-)
-MESSAGES_TYPE = _list(MESSAGE_TYPE)
-
-GROUP_FIELDS: list[pa.Field] = [
-    pa.field("step", pa.int64(), nullable=False),
-    pa.field("rank", pa.int32(), nullable=False),
-    pa.field("kind", pa.string(), nullable=False),
-    pa.field("group_index", pa.int32(), nullable=False),
-    # Run-wide identity of the prompt group: the rows of one step and kind with the same
-    # group_id are parts of one group (a trainer that spreads a prompt's K completions over
-    # ranks writes one part per rank); group_size is the whole group's K, num_completions
-    # this row's, and completion_index each completion's place in the whole group.
-    pa.field("group_id", pa.string(), nullable=False),
-    pa.field("group_size", pa.int32(), nullable=False),
-    pa.field("num_completions", pa.int32(), nullable=False),
-    # Exactly one of prompt / prompt_messages is set (a plain or a chat prompt).
-    pa.field("prompt", pa.string()),
-    pa.field("prompt_messages", MESSAGES_TYPE),
-    pa.field("answer", pa.string()),
-    pa.field("prompt_ids", _list(pa.int32())),
-    pa.field("completions", _list(pa.string())),
-    pa.field("completion_messages", _list(MESSAGES_TYPE)),
-    pa.field("completion_index", _list(pa.int32())),
-    pa.field("completion_ids", _list(_list(pa.int32()))),
-    pa.field("completion_info", _list(COMPLETION_INFO_TYPE)),
-    pa.field("ref_meta", _list(pa.string())),
-    pa.field("total_utils", _list(pa.float64())),
-    # Raw rewards: the reward functions' names and, per completion, one value per name (NaN
-    # where a function gave none). Names are data, not columns, so adding a reward function
-    # mid-run changes no file's schema.
-    pa.field("reward_names", _list(pa.string())),
-    pa.field("reward_values", _list(_list(pa.float64()))),
-    pa.field("advantages", _list(pa.float64())),
-    pa.field("q", _list(pa.float64())),
-    pa.field("weights", _list(pa.float64())),
-    pa.field("ref_logp_sum_raw", _list(pa.float64())),
-    pa.field("ref_tok_counts", _list(pa.int32())),
-    pa.field("ref_token_logp", _list(_list(pa.float32()))),
-    pa.field("behavior_logp_sum", _list(pa.float64())),
-    pa.field("behavior_token_logp", _list(_list(pa.float32()))),
-    pa.field("policy_entropy_sum", _list(pa.float64())),
-    pa.field("seed_semantic_entropy", pa.float64()),
-    pa.field("seed_advantage_scale", pa.float64()),
-]
-
-GROUP_REQUIRED = (
-    "step",
-    "rank",
-    "kind",
-    "group_index",
-    "group_id",
-    "group_size",
-    "num_completions",
-    "completions",
-)
-
-PER_COMPLETION_COLUMNS = (
-    "completions",
-    "completion_messages",
-    "completion_index",
-    "completion_ids",
-    "completion_info",
-    "ref_meta",
-    "total_utils",
-    "reward_values",
-    "advantages",
-    "q",
-    "weights",
-    "ref_logp_sum_raw",
-    "ref_tok_counts",
-    "ref_token_logp",
-    "behavior_logp_sum",
-    "behavior_token_logp",
-    "policy_entropy_sum",
-)
-
-PER_TOKEN_COLUMNS = ("completion_ids", "ref_token_logp", "behavior_token_logp")
-
-# Dictionary encoding makes token-id writes ~4x slower for little gain
-# (``docs/arrow-layout.md``, "Parquet settings").
-NO_DICTIONARY_COLUMNS = (
-    "prompt_ids",
-    "completion_ids",
-    "completion_index",
-    "ref_token_logp",
-    "behavior_token_logp",
-    "total_utils",
-    "reward_values",
-    "advantages",
-    "q",
-    "weights",
-    "ref_logp_sum_raw",
-    "behavior_logp_sum",
-    "policy_entropy_sum",
-)
-
-STEP_FIELDS: list[pa.Field] = [
-    pa.field("step", pa.int64(), nullable=False),
-    pa.field("rank", pa.int32(), nullable=False),
-    pa.field("kind", pa.string(), nullable=False),  # "train", "eval", ...
-    pa.field("num_groups", pa.int32(), nullable=False),
-    pa.field("num_samples", pa.int32(), nullable=False),
-    pa.field("created_at", pa.timestamp("us", tz="UTC")),
-    pa.field("policy_version", pa.int64()),
-    # RewardMoments
-    pa.field("reward_mean", pa.float64()),
-    pa.field("reward_std", pa.float64()),
-    # LengthStats
-    pa.field("min_length", pa.float64()),
-    pa.field("mean_length", pa.float64()),
-    pa.field("max_length", pa.float64()),
-    pa.field("clipped_ratio", pa.float64()),
-    pa.field("min_terminated", pa.float64()),
-    pa.field("mean_terminated", pa.float64()),
-    pa.field("max_terminated", pa.float64()),
-    # ReferenceLogprobs scalars
-    pa.field("ref_logp_mean", pa.float64()),
-    pa.field("avg_completion_tokens", pa.float64()),
-    # LossScalarBundle
-    pa.field("total_loss", pa.float64()),
-    pa.field("policy_loss", pa.float64()),
-    pa.field("clip_loss", pa.float64()),
-    pa.field("kl_loss", pa.float64()),
-    pa.field("weighted_kl_loss", pa.float64()),
-    # BatchDiagnostics; the two bucket dicts as lists parallel to kl_length_buckets (no map
-    # columns: Hugging Face `datasets` cannot read them)
-    pa.field("kl_value", pa.float64()),
-    pa.field("clip_ratio", pa.float64()),
-    pa.field("clip_ratio_low_mean", pa.float64()),
-    pa.field("clip_ratio_low_min", pa.float64()),
-    pa.field("clip_ratio_high_mean", pa.float64()),
-    pa.field("clip_ratio_high_max", pa.float64()),
-    pa.field("clip_ratio_region_mean", pa.float64()),
-    pa.field("kl_length_buckets", _list(pa.string())),
-    pa.field("kl_per_token_by_len_bucket", _list(pa.float64())),
-    pa.field("kl_token_count_by_len_bucket", _list(pa.float64())),
-    # RewardComputation scalars
-    pa.field("entropy_bonus_scale", pa.float64()),
-    pa.field("seed_alpha_effective", pa.float64()),
-    pa.field("seed_max_possible_entropy", pa.float64()),
-    # The replay contract (maxent_arrow.rollout.RunConfig) as JSON text.
-    pa.field("config", pa.string()),
-]
-
-STEP_REQUIRED = ("step", "rank", "kind", "num_groups", "num_samples")
+# The layout is declared column by column in the registry; these are derived from it.
+GROUP_FIELDS: list[pa.Field] = [c.field for c in R.columns(R.GROUP)]
+STEP_FIELDS: list[pa.Field] = [c.field for c in R.columns(R.STEP)]
+GROUP_REQUIRED = R.names(R.GROUP, where=lambda c: c.required)
+STEP_REQUIRED = R.names(R.STEP, where=lambda c: c.required)
+# List columns with one item per completion of the row (per-completion and per-token values).
+PER_COMPLETION_COLUMNS = R.names(R.GROUP, level=("completion", "token"))
+PER_TOKEN_COLUMNS = R.names(R.GROUP, level="token")
 BUCKET_COLUMNS = ("kl_per_token_by_len_bucket", "kl_token_count_by_len_bucket")
 
 
@@ -250,14 +95,32 @@ def _metadata(extra: dict[bytes, bytes] | None = None) -> dict[bytes, bytes]:
     return {METADATA_KEY: SCHEMA_VERSION.encode(), **(extra or {})}
 
 
-def group_schema(*, metadata: dict[bytes, bytes] | None = None) -> pa.Schema:
-    """The group table of :data:`SCHEMA_VERSION`."""
-    return pa.schema(GROUP_FIELDS, metadata=_metadata(metadata))
+def group_schema(
+    *, families: Iterable[str] | None = None, metadata: dict[bytes, bytes] | None = None
+) -> pa.Schema:
+    """The group table of :data:`SCHEMA_VERSION`: of a run of ``families`` (default: every
+    registered column)."""
+    fields = [c.field for c in R.columns(R.GROUP, families=families)]
+    return pa.schema(fields, metadata=_metadata(metadata))
 
 
-def step_schema(*, metadata: dict[bytes, bytes] | None = None) -> pa.Schema:
-    """The step table of :data:`SCHEMA_VERSION`."""
-    return pa.schema(STEP_FIELDS, metadata=_metadata(metadata))
+def step_schema(
+    *, families: Iterable[str] | None = None, metadata: dict[bytes, bytes] | None = None
+) -> pa.Schema:
+    """The step table of :data:`SCHEMA_VERSION`: of a run of ``families`` (default: every
+    registered column)."""
+    fields = [c.field for c in R.columns(R.STEP, families=families)]
+    return pa.schema(fields, metadata=_metadata(metadata))
+
+
+def visible(schema: pa.Schema, families: Iterable[str], table: str) -> pa.Schema:
+    """``schema`` without the registered columns outside ``families`` (null padding that
+    stores written before families existed carry); columns outside the registry stay."""
+    wanted = tuple(families)
+    layout = set(R.names(table))
+    keep = set(R.names(table, families=wanted))
+    fields = [f for f in schema if f.name not in layout or f.name in keep]
+    return pa.schema(fields, metadata=schema.metadata)
 
 
 def check_version(version: str | bytes | None, *, where: str) -> str:

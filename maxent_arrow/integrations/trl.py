@@ -73,11 +73,12 @@ import pyarrow.compute as pc
 import torch
 
 from maxent_arrow.arrow import schema as S
+from maxent_arrow.arrow.registry import CORE, TRL
 from maxent_arrow.errors import LayoutError, MissingExtraError, SchemaError
 from maxent_arrow.integrations.appender import Appender
 from maxent_arrow.integrations.messages import is_conversation, messages_array, strip_images
 from maxent_arrow.integrations.steps import step_row
-from maxent_arrow.rollout import RolloutBatch, RunConfig
+from maxent_arrow.rollout import RolloutBatch, RunConfig, declare_families
 from maxent_arrow.store import RolloutStore
 
 try:
@@ -807,6 +808,7 @@ def _append_job(
     def job() -> None:
         tables = [build() for build in rounds]
         groups = tables[0] if len(tables) == 1 else _concat(tables)
+        groups = declare_families(groups, (CORE, TRL))
         store.append(RolloutBatch(groups, step_row(groups, **where)))
 
     return job

@@ -57,8 +57,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from maxent_arrow.arrow import schema as S
+from maxent_arrow.arrow import registry as R
 from maxent_arrow.arrow.lists import list_offsets, single_array
+from maxent_arrow.arrow.registry import CORE, VERL
 from maxent_arrow.errors import LayoutError, MissingExtraError, SchemaError
 from maxent_arrow.integrations.messages import (
     conversation_list,
@@ -67,7 +68,7 @@ from maxent_arrow.integrations.messages import (
     messages_array,
 )
 from maxent_arrow.integrations.steps import step_row
-from maxent_arrow.rollout import RolloutBatch, RunConfig
+from maxent_arrow.rollout import RolloutBatch, RunConfig, declare_families
 
 __all__ = ["LAYOUT_KEY", "from_dataproto", "to_dataproto"]
 
@@ -87,10 +88,14 @@ _RENAMES = {
     "values": "token_values",
     "uid": "group_id",
 }
-_SCHEMA_NAMES = {f.name for f in S.GROUP_FIELDS}
-_RESERVED = _SCHEMA_NAMES | set(_RENAMES.values()) | {"verl_row", "sample_prompt_ids"}
-# Schema columns whose type (float32 tokens) a tensor must already have to be stored there.
-_FLOAT32_COLUMNS = {"ref_token_logp", "behavior_token_logp"}
+_SCHEMA_NAMES = set(R.names(R.GROUP))
+_RESERVED = _SCHEMA_NAMES | set(_RENAMES.values())
+# Registered per-token float columns: a tensor is stored there only when it already has the
+# column's float type (a cast would lose precision; it goes to `verl_{key}` instead).
+_FLOAT_TOKEN_TYPES = {
+    c.name: c.type.value_type.value_type
+    for c in R.columns(R.GROUP, level="token", where=lambda c: c.byte_stream_split)
+}
 _REWARD_KEYS = ("token_level_rewards", "token_level_scores", "rm_scores")
 # Arrow types of torch dtypes; the narrower float types are stored as float32.
 _ARROW_TYPES = {
@@ -195,7 +200,7 @@ def from_dataproto(
     row = step_row(
         table, step=step, rank=rank, kind=kind, config=run_config, max_completion_len=r_len
     )
-    return RolloutBatch(table, row)
+    return RolloutBatch(declare_families(table, (CORE, VERL)), row)
 
 
 def _parts(data: Any) -> tuple[dict[str, torch.Tensor], dict[str, np.ndarray], dict]:
@@ -448,7 +453,7 @@ def _tensor_entry(
 def _free_name(key: str, kind: pa.DataType, level: str, used: set[str]) -> str:
     """The column of a tensor: its schema home only when its type is the schema's."""
     name = _column_name(key, used)
-    if (name in _FLOAT32_COLUMNS and kind != pa.float32()) or (
+    if _FLOAT_TOKEN_TYPES.get(name, kind) != kind or (
         level == "sample" and name in _SCHEMA_NAMES
     ):
         used.discard(name)

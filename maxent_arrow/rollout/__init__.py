@@ -18,7 +18,13 @@ __all__, __getattr__, __dir__ = lazy.exports(
     {
         ".batch": ["RolloutBatch"],
         ".config": ["RunConfig"],
-        ".checks": ["BATCH_META_KEY", "STEP_META_KEY", "step_row_from_json", "step_row_to_json"],
+        ".checks": [
+            "BATCH_META_KEY",
+            "STEP_META_KEY",
+            "declare_families",
+            "step_row_from_json",
+            "step_row_to_json",
+        ],
         ".reassembly": ["reassemble"],
         ".recompute": ["recompute", "recompute_kl"],
     },

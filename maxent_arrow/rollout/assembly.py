@@ -26,6 +26,7 @@ from maxent_arrow import types as T
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.arrow.identity import identity_columns
 from maxent_arrow.arrow.lists import list_offsets, regroup
+from maxent_arrow.arrow.registry import CORE, MAXENT
 from maxent_arrow.arrow.upgrade import reward_lists
 from maxent_arrow.errors import LayoutError, SchemaError
 from maxent_arrow.rollout.checks import BATCH_META_KEY, config_json, int_arg
@@ -86,7 +87,8 @@ class GroupColumns:
         completions = gen.column("completions")
         self.offsets = list_offsets(completions)
         self.num_samples = int(self.offsets[-1]) if len(self.offsets) else 0
-        self.meta: dict[str, Any] = {"dtypes": {}, "widths": {}}
+        # The seed records are this library's MaxEnt-GRPO layout (docs/arrow-layout.md).
+        self.meta: dict[str, Any] = {"dtypes": {}, "widths": {}, "families": [CORE, MAXENT]}
         # Step-row scalars of the parts, as their checked Arrow forms hold them.
         self.scalars: dict[str, Any] = {}
         p = self.num_groups

@@ -31,6 +31,7 @@ from maxent_arrow.rollout.assembly import GroupColumns, check_parts, step_values
 from maxent_arrow.rollout.checks import (  # BATCH_META_KEY: imported from here by store/
     BATCH_META_KEY,  # noqa: F401
     STEP_META_KEY,
+    batch_families,
     config_json,
     int_arg,
     normalise,
@@ -111,6 +112,12 @@ class RolloutBatch:
     @property
     def num_groups(self) -> int:
         return self.groups.num_rows
+
+    @property
+    def families(self) -> tuple[str, ...]:
+        """The run layout families of this batch (``core`` plus its trainer's: ``maxent``,
+        ``trl``, ``verl``); a store's first append fixes its run's."""
+        return batch_families(self.groups, self.step_row)
 
     @property
     def num_samples(self) -> int:

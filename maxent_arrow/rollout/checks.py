@@ -17,12 +17,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from maxent_arrow.arrow import registry as R
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.arrow.lists import list_offsets, single_array
 from maxent_arrow.errors import LayoutError, SchemaError
 
 __all__ = [
     "BATCH_META_KEY",
+    "batch_families",
+    "declare_families",
     "GROUP_TYPES",
     "STEP_META_KEY",
     "STEP_TYPES",
@@ -43,6 +46,45 @@ STEP_META_KEY = b"maxent_arrow.step_row"
 
 GROUP_TYPES = {f.name: f.type for f in S.group_schema()}
 STEP_TYPES = {f.name: f.type for f in S.step_schema()}
+
+
+def batch_families(groups: pa.RecordBatch, step_row: pa.RecordBatch) -> tuple[str, ...]:
+    """The run layout families of a batch (``docs/arrow-layout.md``): those its metadata
+    declares (:func:`declare_families`; this library's trainer, the TRL and verl recorders),
+    else those its columns imply. Always with ``core``."""
+    raw = (groups.schema.metadata or {}).get(BATCH_META_KEY)
+    declared = json.loads(raw).get("families") if raw else None
+    if declared:
+        found = {R.CORE, *declared}
+    else:  # the columns that hold data (a column of nulls is another layout's padding)
+        found = R.family_of_columns(_with_data(groups), R.GROUP) | R.family_of_columns(
+            _with_data(step_row), R.STEP
+        )
+    unknown = sorted(found - set(R.FAMILIES))
+    if unknown:
+        raise SchemaError(
+            f"RolloutBatch families: unknown {unknown}; expected some of {list(R.FAMILIES)}"
+        )
+    return tuple(f for f in R.FAMILIES if f in found)
+
+
+def _with_data(batch: pa.RecordBatch) -> list[str]:
+    return [
+        name
+        for name, column in zip(batch.schema.names, batch.columns)
+        if column.null_count < len(column)
+    ]
+
+
+def declare_families(groups: pa.RecordBatch | pa.Table, families: tuple[str, ...]) -> Any:
+    """``groups`` with ``families`` declared in its batch metadata (the run layout a writer
+    of this kind of batch keeps, whatever columns one batch happens to fill)."""
+    meta = dict(groups.schema.metadata or {})
+    raw = meta.get(BATCH_META_KEY)
+    batch_meta = json.loads(raw) if raw else {}
+    batch_meta["families"] = sorted(set(families) | {R.CORE})
+    meta[BATCH_META_KEY] = json.dumps(batch_meta, sort_keys=True).encode()
+    return groups.replace_schema_metadata(meta)
 
 
 def cast_column(name: str, array: pa.Array, target: pa.DataType) -> pa.Array:

@@ -1,13 +1,13 @@
-"""How the store writes Parquet: one row group per file, the settings of each column kind, and
+"""How the store writes Parquet: one row group per file, the settings of each column, and
 sealed step files.
 
 Group files: zstd level 1 by default (token ids and log-probs compress little more at higher
-levels, which cost several times the time); dictionary encoding only on the repeated strings
-(``prompt``, ``answer``, ``kind``, ``group_id``, reward names) — on token and log-prob columns
-it makes writes ~4x slower for little gain; byte-stream split on the per-token floats (they
-compress better at no extra cost); statistics on ``step``, ``rank``, ``kind`` and
-``group_index`` only (what readers filter on); page checksums; the schema version in the file
-metadata (``docs/arrow-layout.md``, "Parquet settings").
+levels, which cost several times the time); the column settings come from the column registry
+(:mod:`maxent_arrow.arrow.registry`): dictionary encoding only on the repeated strings (on
+token and log-prob columns it makes writes ~4x slower for little gain), byte-stream split on
+the per-token floats (they compress better at no extra cost), statistics only on what readers
+filter on; page checksums; the schema version in the file metadata (``docs/arrow-layout.md``,
+"Parquet settings").
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from maxent_arrow.arrow import schema as S
+from maxent_arrow.arrow import registry as R
 from maxent_arrow.errors import StoreError
 from maxent_arrow.store.checksums import SEAL_KEY, SEAL_PLACEHOLDER, seal
 
@@ -31,8 +31,6 @@ __all__ = [
 ]
 
 COMPRESSIONS = ("zstd", "lz4", "snappy", "gzip", "brotli", "none")
-_DICTIONARY = ("prompt", "answer", "kind", "group_id", "reward_names")
-_STATISTICS = ("step", "rank", "kind", "group_index")
 
 
 def check_compression(compression: str, level: int | None) -> tuple[str, int | None]:
@@ -44,25 +42,25 @@ def check_compression(compression: str, level: int | None) -> tuple[str, int | N
     return compression, level if compression in ("zstd", "gzip", "brotli") else None
 
 
-def _split_columns(schema: pa.Schema) -> list[str]:
-    """Parquet paths of the per-token float columns (``name.list.element.list.element``)."""
-    paths = []
-    for name in S.PER_TOKEN_COLUMNS:
-        if name in schema.names:
-            kind = schema.field(name).type
-            while pa.types.is_list(kind) or pa.types.is_large_list(kind):
-                kind = kind.value_type
-            if pa.types.is_floating(kind):
-                paths.append(f"{name}.list.element.list.element")
-    return paths
+def _leaf(kind: pa.DataType) -> pa.DataType:
+    while pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        kind = kind.value_type
+    return kind
 
 
 def group_file_settings(schema: pa.Schema) -> dict[str, Any]:
-    """The writer options of a group file with this schema."""
-    names = schema.names
+    """The writer options of a group file with this schema, from the column registry."""
+    registered = {c.name: c for c in R.columns(R.GROUP)}
+    present = [registered[n] for n in schema.names if n in registered]
     return {
-        "dictionary": [n for n in _DICTIONARY if n in names],
-        "statistics": [n for n in _STATISTICS if n in names],
+        "dictionary": [c.name for c in present if c.dictionary],
+        "statistics": [c.name for c in present if c.statistics],
+        # Parquet paths of the per-token floats (``name.list.element.list.element``).
+        "byte_stream_split": [
+            f"{c.name}.list.element.list.element"
+            for c in present
+            if c.byte_stream_split and pa.types.is_floating(_leaf(schema.field(c.name).type))
+        ],
     }
 
 
@@ -73,6 +71,7 @@ def write_parquet(
     *,
     statistics: list[str],
     dictionary: list[str] | bool = False,
+    byte_stream_split: list[str] | None = None,
     sealed: bool = False,
     compression: str = "zstd",
     compression_level: int | None = 1,
@@ -90,7 +89,7 @@ def write_parquet(
         write_statistics=statistics,
         write_page_checksum=True,
         store_schema=True,
-        use_byte_stream_split=_split_columns(table.schema),
+        use_byte_stream_split=byte_stream_split or False,
     ) as writer:
         # One row group per file: a step is read whole, and one chunk per column means readers
         # get contiguous arrays without a concatenating copy.

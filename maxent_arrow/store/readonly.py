@@ -162,7 +162,7 @@ class ReadOnlyStore:
         layout's."""
         if table not in (GROUPS, STEPS):
             raise StoreError(f"schema: table must be 'groups' or 'steps', got {table!r}")
-        return self.schemas.get(table, self._on_error(on_error))
+        return self.schemas.visible(table, self._on_error(on_error))
 
     # ------------------------------------------------------------------ reading
     def read(
@@ -201,7 +201,7 @@ class ReadOnlyStore:
         on_error = self._on_error(on_error)
         return read_table(
             self.catalog,
-            self.schemas.get(table, on_error),
+            self.schemas.visible(table, on_error),
             table,
             steps=steps,
             columns=columns,

@@ -13,6 +13,7 @@ import hashlib
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from maxent_arrow.arrow import registry as R
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.arrow.upgrade import needs_upgrade, upgrade_groups, upgrade_steps
 from maxent_arrow.errors import StoreError
@@ -66,6 +67,40 @@ class UnifiedSchemas:
         self._files: dict[str, tuple[tuple[int, int], pa.Schema]] = {}
         self._by_key: dict[str, pa.Schema] = {}
         self._unified: dict[str, tuple[frozenset[str], pa.Schema]] = {}
+        self._families: tuple[str, ...] | None = None  # fixed once a step file records them
+
+    def families(self, on_error: OnError = "skip") -> tuple[str, ...] | None:
+        """The run's layout families (``docs/arrow-layout.md``), or ``None`` for a store with
+        no committed step yet. Step files written since schema 2.1 record them (fixed at the
+        run's first append); for older stores they are inferred from the columns the files
+        carry data in (their step files' ``columns`` record, else the file's own columns)."""
+        if self._families is not None:
+            return self._families
+        found: set[str] = set()
+        for step in self.catalog.committed_steps(on_error):
+            recorded = step.meta.get("families")
+            if recorded:
+                self._families = tuple(f for f in R.FAMILIES if f in recorded)
+                return self._families
+            columns = step.meta.get("columns")
+            if columns is None:
+                try:
+                    columns = self.file(f"{GROUPS}/{step.group_file}").names
+                except StoreError as exc:
+                    fail(on_error, exc)
+                    continue
+            found |= R.family_of_columns(columns, R.GROUP)
+        return tuple(f for f in R.FAMILIES if f in found) if found else None
+
+    def visible(self, table: str, on_error: OnError) -> pa.Schema:
+        """The unified schema of ``table`` as readers see it: without the registered columns
+        outside the run's families (the null padding of stores written before families were
+        recorded); columns outside the registry stay."""
+        unified = self.get(table, on_error)
+        families = self.families(on_error)
+        if families is None:
+            return unified
+        return S.visible(unified, families, R.GROUP if table == GROUPS else R.STEP)
 
     def file(self, rel: str) -> pa.Schema:
         """The schema of the committed file ``rel`` as this library reads it."""

@@ -172,8 +172,8 @@ class SqlViews:
                         self.files.append((rel, step))
                 except StoreError as exc:
                     fail(self.on_error, exc)
-            self.group_schema = self.schemas.get(GROUPS, self.on_error)
-            self.step_schema = self.schemas.get(STEPS, self.on_error).remove_metadata()
+            self.group_schema = self.schemas.visible(GROUPS, self.on_error)
+            self.step_schema = self.schemas.visible(STEPS, self.on_error).remove_metadata()
             self.data_columns = self._data_columns()
             self.reward_names = self._reward_names()
             self._install()

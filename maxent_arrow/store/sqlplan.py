@@ -20,6 +20,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from maxent_arrow.arrow import registry as R
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.store.backend import DuckSource
 
@@ -37,29 +38,12 @@ __all__ = [
 
 # A per-completion list column -> its name in the ``samples`` view (one value per row).
 SAMPLE_ALIASES: dict[str, str] = {
-    column: {
-        "completions": "completion",
-        "completion_messages": "completion_message",
-        "total_utils": "total_util",
-        "advantages": "advantage",
-        "weights": "weight",
-        "ref_tok_counts": "ref_tok_count",
-    }.get(column, column)
-    for column in S.PER_COMPLETION_COLUMNS
+    c.name: c.sample_alias for c in R.columns(R.GROUP, level=("completion", "token"))
 }
-# Group columns repeated on each of the group's completion rows in ``samples``.
-GROUP_SCALARS = (
-    "step",
-    "rank",
-    "kind",
-    "group_index",
-    "group_id",
-    "group_size",
-    "prompt",
-    "prompt_messages",
-    "answer",
-    "seed_semantic_entropy",
-    "seed_advantage_scale",
+# Group columns repeated on each of the group's completion rows in ``samples`` (the reward
+# names are added beside the ``reward_<name>`` columns).
+GROUP_SCALARS = R.names(
+    R.GROUP, level="group", where=lambda c: c.in_samples and c.name != "reward_names"
 )
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from maxent_arrow.arrow import registry as R
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.errors import SchemaError, StoreError
 from maxent_arrow.rollout import BATCH_META_KEY, RolloutBatch
@@ -62,15 +63,21 @@ class Writer:
         version = (batch.groups.schema.metadata or {}).get(S.METADATA_KEY)
         S.check_version(version or S.SCHEMA_VERSION.encode(), where=f"batch for {name}")
         self._check_conflicts(batch)
+        families = self._run_families(batch)
         group = commit_unit(
             self.backend,
             name,
-            pad_to_layout(pa.Table.from_batches([batch.groups]), S.group_schema()),
+            pad_to_layout(
+                pa.Table.from_batches([batch.groups]), S.group_schema(families=families)
+            ),
             self._group_metadata(batch),
-            pad_to_layout(pa.Table.from_batches([batch.step_row]), S.step_schema()),
+            pad_to_layout(
+                pa.Table.from_batches([batch.step_row]), S.step_schema(families=families)
+            ),
             {
                 "reward_names": _reward_names(batch.groups),
                 "columns": batch.groups.schema.names,  # the rest is padding (store/padding.py)
+                "families": list(families),
             },
             check=lambda: self._refuse_duplicate(name, batch),
             operation="append",
@@ -85,6 +92,30 @@ class Writer:
                     f"step {name} is committed but its IPC cache copy failed: {exc}", stacklevel=3
                 )
         return self.backend.path(f"{STEPS}/{name}")
+
+    def _run_families(self, batch: RolloutBatch) -> tuple[str, ...]:
+        """The run's layout families: the store's (fixed at its first append), which must
+        hold every family the batch has; the batch's own for the first append."""
+        mine = batch.families
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a damaged file is verify's to report
+            run = self.schemas.families("skip")
+        if run is None:
+            return mine
+        extra = [f for f in mine if f not in run]
+        if extra:
+            own = sorted(
+                c.name
+                for c in R.columns(R.GROUP)
+                if c.name in batch.groups.schema.names and not c.in_layout(run)
+            )
+            raise SchemaError(
+                f"append of step {batch.step} to {self.backend.uri}: the batch has columns of "
+                f"the {', '.join(extra)} layout ({', '.join(own) or 'declared'}), but this run's "
+                f"layout, fixed at its first append, is {', '.join(run)}; a run keeps one "
+                "layout (write it to a store of its own)"
+            )
+        return run
 
     def _refuse_duplicate(self, name: str, batch: RolloutBatch) -> None:
         names = self.catalog.step_names()

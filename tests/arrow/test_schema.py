@@ -57,7 +57,26 @@ GROUP_COLUMNS = [
     "policy_entropy_sum",
     "seed_semantic_entropy",
     "seed_advantage_scale",
+    # Schema 2.1: the TRL and verl families' columns.
+    "token_advantages",
+    "importance_sampling_ratio",
+    "sequence_importance_sampling_ratio",
+    "tool_mask",
+    "sampling_token_logp",
+    "token_returns",
+    "token_values",
+    "verl_row",
+    "sample_prompt_ids",
 ]
+# The layouts of runs by family: a TRL run carries no MaxEnt column, a MaxEnt run no TRL one.
+MAXENT_ONLY = {
+    "ref_meta",
+    "q",
+    "weights",
+    "policy_entropy_sum",
+    "seed_semantic_entropy",
+    "seed_advantage_scale",
+}
 
 
 def list_of(kind: pa.DataType) -> pa.DataType:
@@ -67,7 +86,7 @@ def list_of(kind: pa.DataType) -> pa.DataType:
 def test_group_schema_columns_types_and_non_null_children():
     schema = S.group_schema()
     assert schema.names == GROUP_COLUMNS
-    assert schema.metadata[S.METADATA_KEY] == S.SCHEMA_VERSION.encode() == b"2.0"
+    assert schema.metadata[S.METADATA_KEY] == S.SCHEMA_VERSION.encode() == b"2.1"
     assert schema.field("step").type == pa.int64() and not schema.field("step").nullable
     for name in ("kind", "group_id"):
         assert schema.field(name).type == pa.string() and not schema.field(name).nullable
@@ -108,7 +127,7 @@ def test_rewards_are_names_and_values_so_a_new_reward_changes_no_schema():
     assert schema.field("reward_values").type == list_of(list_of(pa.float64()))
     assert "rewards" not in names
     extra = S.group_schema(metadata={b"run": b"demo"}).metadata
-    assert extra[b"run"] == b"demo" and extra[S.METADATA_KEY] == b"2.0"
+    assert extra[b"run"] == b"demo" and extra[S.METADATA_KEY] == b"2.1"
 
 
 def test_column_groups_are_consistent_with_the_schema():
@@ -118,15 +137,29 @@ def test_column_groups_are_consistent_with_the_schema():
     for name in S.PER_TOKEN_COLUMNS:
         assert pa.types.is_list(schema.field(name).type.value_type), name
         assert name in S.PER_COMPLETION_COLUMNS
-    assert set(S.NO_DICTIONARY_COLUMNS) <= set(schema.names)
-    assert set(S.PER_TOKEN_COLUMNS) <= set(S.NO_DICTIONARY_COLUMNS)
     assert set(S.GROUP_REQUIRED) <= set(schema.names)
     assert [f.name for f in S.GROUP_FIELDS] == GROUP_COLUMNS
 
 
+def test_a_run_carries_the_columns_of_its_families_in_the_2_0_order():
+    """The MaxEnt layout is exactly schema 2.0's columns in 2.0's order (files of a run
+    written before and after 2.1 read alike); a TRL run's has no MaxEnt-only column and its
+    own TRL columns; every layout has every core column."""
+    maxent = S.group_schema(families=("core", "maxent")).names
+    assert maxent == GROUP_COLUMNS[: GROUP_COLUMNS.index("token_advantages")]
+    trl = S.group_schema(families=("core", "trl")).names
+    assert not MAXENT_ONLY & set(trl)
+    assert {"importance_sampling_ratio", "tool_mask", "token_advantages"} <= set(trl)
+    assert "verl_row" not in trl
+    core = S.group_schema(families=("core",)).names
+    assert set(core) <= set(trl) and set(core) <= set(maxent)
+    assert set(S.GROUP_REQUIRED) <= set(core)
+    step_trl = S.step_schema(families=("core", "trl")).names
+    assert "total_loss" not in step_trl and "reward_mean" in step_trl
+
 def test_step_schema_holds_the_scalar_records_and_the_config():
     schema = S.step_schema()
-    assert schema.metadata[S.METADATA_KEY] == b"2.0"
+    assert schema.metadata[S.METADATA_KEY] == b"2.1"
     assert set(S.STEP_REQUIRED) <= set(schema.names)
     scalar_fields = {
         "RewardMoments": ["reward_mean", "reward_std"],
@@ -202,7 +235,7 @@ def test_schemas_survive_a_parquet_file(tmp_path):
     pq.write_table(group, tmp_path / "group.parquet")
     back = pq.read_table(tmp_path / "group.parquet")
     assert back.schema.equals(group.schema, check_metadata=False)
-    assert S.check_version(back.schema.metadata[S.METADATA_KEY], where="group.parquet") == "2.0"
+    assert S.check_version(back.schema.metadata[S.METADATA_KEY], where="group.parquet") == "2.1"
     assert back.column("completion_ids").to_pylist() == [[[52], [53, 1]]]
     step = pa.Table.from_pylist(
         [{"step": 3, "rank": 0, "kind": "train", "num_groups": 1, "num_samples": 2}],
@@ -238,7 +271,7 @@ def test_check_version_refuses_a_newer_major_missing_and_malformed_versions():
     with pytest.raises(
         SchemaVersionError,
         match=r"^part-0\.parquet: written with schema version 3\.0, newer than this "
-        r"maxent-arrow reads \(2\.0\); upgrade maxent-arrow$",
+        r"maxent-arrow reads \(2\.1\); upgrade maxent-arrow$",
     ):
         S.check_version("3.0", where="part-0.parquet")
     with pytest.raises(SchemaVersionError, match="^x: no schema version in the metadata$"):
@@ -274,7 +307,7 @@ def test_a_reward_added_mid_run_keeps_every_file_schema_and_plain_readers_see_it
     schemas = [pq.read_schema(tmp_path / f) for f in ("step-1.parquet", "step-2.parquet")]
     assert schemas[0].equals(schemas[1], check_metadata=False)
     unified = S.unify_schemas(schemas)
-    assert unified.metadata[S.METADATA_KEY] == b"2.0"
+    assert unified.metadata[S.METADATA_KEY] == b"2.1"
     # A plain pyarrow dataset (first file's schema) keeps the second reward.
     table = ds.dataset(tmp_path, format="parquet").to_table().sort_by("step")
     assert table.column("reward_names").to_pylist() == [["accuracy"], ["accuracy", "format"]]

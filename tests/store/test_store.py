@@ -23,7 +23,8 @@ from maxent_arrow import (
     SchemaVersionError,
     StoreError,
 )
-from maxent_arrow.arrow.schema import NO_DICTIONARY_COLUMNS
+from maxent_arrow.arrow import registry as R
+from maxent_arrow.arrow import schema as S
 
 
 @pytest.fixture
@@ -39,7 +40,7 @@ def test_layout_on_disk(store):
     root = store.root
     manifest = json.loads((root / "manifest.json").read_text())
     assert manifest["format"] == "maxent-arrow-rollouts"
-    assert manifest["schema_version"] == "2.0" and manifest["config"] == {"run": "test"}
+    assert manifest["schema_version"] == S.SCHEMA_VERSION == "2.1" and manifest["config"] == {"run": "test"}
     names = sorted(p.name for p in (root / "groups").iterdir())
     assert names == [
         "step-0000000000.rank-00000.train.parquet",
@@ -61,10 +62,10 @@ def test_parquet_file_properties(store):
         top = col.path_in_schema.split(".")[0]
         assert col.compression == "ZSTD"
         assert col.is_stats_set == (top in ("step", "rank", "kind", "group_index")), top
-        if top in NO_DICTIONARY_COLUMNS:
+        if not R.column(top).dictionary:  # token ids, log-probs, numbers: plain
             assert "RLE_DICTIONARY" not in col.encodings and "PLAIN_DICTIONARY" not in col.encodings
     kv = meta.metadata
-    assert kv[b"maxent_arrow.schema_version"] == b"2.0"
+    assert kv[b"maxent_arrow.schema_version"] == S.SCHEMA_VERSION.encode()
     assert json.loads(kv[b"maxent_arrow.config"])["tau"] == 0.5
 
 

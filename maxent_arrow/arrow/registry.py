@@ -1,0 +1,362 @@
+"""The column registry: every column the store keeps, declared once.
+
+Each :class:`Column` says what a column is (name, Arrow type, level), which run layouts carry
+it (its families), how it is written (Parquet settings), how it is read (its alias in the
+``samples`` view) and what it is for (the seed class and field it feeds, its meaning). The
+group and step schemas (:mod:`.schema`), the Parquet settings (``store/parquet.py``), the SQL
+views' aliases (``store/sqlplan.py``), the read-back field lists, the TRL and verl column maps
+and the column table of ``docs/arrow-layout.md`` are derived from it. A new column is one row
+here (plus its math).
+
+**Families.** A run's layout is ``core`` plus the families of the trainer that wrote it:
+``maxent`` (this library's MaxEnt-GRPO trainer and the seed records), ``trl`` (TRL's
+``GRPOTrainer`` recorder), ``verl`` (verl's ``DataProto``). A column belongs to one or more
+families; a run carries exactly the columns of its families (absent ones as nulls), so every
+file of a run has one schema for plain readers, and a TRL run has no MaxEnt column at all.
+The families are fixed at a run's first append and recorded in every step file.
+
+**Levels.** ``group``: one value per group row; ``completion``: ``list<T>``, one item per
+completion of the row; ``token``: ``list<list<T>>``, one list per completion, one item per
+token; ``step``: one value per step row.
+
+This module imports pyarrow and nothing of torch; the seed classes and functions a column
+feeds are named by string.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import pyarrow as pa
+
+__all__ = [
+    "CORE",
+    "FAMILIES",
+    "COMPLETION_INFO_TYPE",
+    "Column",
+    "GROUP",
+    "Level",
+    "MAXENT",
+    "MESSAGES_TYPE",
+    "MESSAGE_TYPE",
+    "REGISTRY",
+    "STEP",
+    "TRL",
+    "VERL",
+    "column",
+    "columns",
+    "family_of_columns",
+    "names",
+]
+
+Level = Literal["group", "completion", "token", "step"]
+GROUP, STEP = "groups", "steps"  # the two tables
+CORE, MAXENT, TRL, VERL = "core", "maxent", "trl", "verl"
+FAMILIES = (CORE, MAXENT, TRL, VERL)
+
+
+def _list(kind: pa.DataType) -> pa.DataType:
+    return pa.list_(pa.field("item", kind, nullable=False))
+
+
+# Completion info in the group table: token ids live in `completion_ids`, not here.
+COMPLETION_INFO_TYPE = pa.struct(
+    [
+        pa.field("finish_reason", pa.string()),
+        pa.field("stop_reason", pa.string()),
+        pa.field("truncated", pa.bool_()),
+        pa.field("token_count", pa.int32()),
+        pa.field("extra", pa.string()),
+    ]
+)
+# A chat message: role and text content; any other key of the message (a name, tool calls,
+# non-text content) as a JSON object in `extra`.
+MESSAGE_TYPE = pa.struct(
+    [
+        pa.field("role", pa.string()),
+        pa.field("content", pa.string()),
+        pa.field("extra", pa.string()),
+    ]
+)
+MESSAGES_TYPE = _list(MESSAGE_TYPE)
+
+
+@dataclass(frozen=True)
+class Column:
+    """One stored column.
+
+    Parameters
+    ----------
+    name, type, level:
+        The column's name, its Arrow type (list children non-nullable) and its level.
+    table:
+        ``"groups"`` or ``"steps"``.
+    families:
+        The run layouts that carry it (``("core",)`` for every run).
+    doc:
+        What it means (the column table of ``docs/arrow-layout.md``).
+    required:
+        Every row has a value; the column is never absent.
+    dictionary, statistics:
+        Parquet dictionary encoding (repeated strings only: on token ids and log-probs it
+        makes writes ~4x slower for little gain) and column statistics (what readers filter
+        on).
+    alias:
+        Its name in the ``samples`` view (completion level; default: the name).
+    in_samples:
+        Whether the ``samples`` view (one row per completion) carries it: a group-level value
+        is repeated on each of the group's rows unless that would only repeat bulk
+        (``prompt_ids``) or a count the view itself spells out (``num_completions``).
+    feeds:
+        ``"Class.field"`` of the seed record it is read back into, if any.
+    upgrade:
+        How a file of an older schema that lacks it gets it (``docs/arrow-layout.md``).
+    """
+
+    name: str
+    type: pa.DataType
+    level: Level
+    table: str
+    families: tuple[str, ...]
+    doc: str
+    required: bool = False
+    dictionary: bool = False
+    statistics: bool = False
+    alias: str | None = None
+    in_samples: bool = True
+    feeds: str | None = None
+    upgrade: str | None = None
+
+    @property
+    def field(self) -> pa.Field:
+        """The Arrow field (nullable unless required)."""
+        return pa.field(self.name, self.type, nullable=not self.required)
+
+    @property
+    def sample_alias(self) -> str:
+        """Its column name in the ``samples`` view."""
+        return self.alias or self.name
+
+    @property
+    def byte_stream_split(self) -> bool:
+        """Per-token floats compress better byte-stream split, at no extra cost."""
+        kind = self.type
+        while pa.types.is_list(kind) or pa.types.is_large_list(kind):
+            kind = kind.value_type
+        return self.level == "token" and pa.types.is_floating(kind)
+
+    def in_layout(self, families: Iterable[str]) -> bool:
+        """Whether a run of ``families`` carries this column."""
+        return any(f in self.families for f in families)
+
+
+def _g(name: str, kind: pa.DataType, level: Level, doc: str, *families: str, **kw: Any) -> Column:
+    return Column(name, kind, level, GROUP, families or (CORE,), doc, **kw)
+
+
+def _s(name: str, kind: pa.DataType, doc: str, *families: str, **kw: Any) -> Column:
+    return Column(name, kind, "step", STEP, families or (CORE,), doc, **kw)
+
+
+_f64, _f32, _i32, _i64, _str = pa.float64(), pa.float32(), pa.int32(), pa.int64(), pa.string()
+
+REGISTRY: tuple[Column, ...] = (
+    # The order is the layout's: the 2.0 columns as they were (plain readers see one column
+    # order in every file of a run), then the later ones.
+    # ------------------------------------------------------------------ group table
+    _g("step", _i64, "group", "optimizer step at which the group was generated", required=True,
+       statistics=True),
+    _g("rank", _i32, "group", "process that wrote the row", required=True, statistics=True),
+    _g("kind", _str, "group", '`"train"`, `"eval"`, or another lowercase name '
+       "(`[a-z][a-z0-9_]{0,31}`)", required=True, dictionary=True, statistics=True,
+       upgrade="from the file name"),
+    _g("group_index", _i32, "group", "row index within its append", required=True,
+       statistics=True),
+    _g("group_id", _str, "group", "run-wide identity of the prompt group: rows of one step and "
+       "kind with the same `group_id` are parts of one group (default "
+       '`"{step}.{rank}.{group_index}"`)', required=True, dictionary=True,
+       upgrade='"{step}.{rank}.{group_index}"'),
+    _g("group_size", _i32, "group", "K of the whole group (more than this row's when a trainer "
+       "spread the group over ranks)", required=True, upgrade="the row's completion count"),
+    _g("num_completions", _i32, "group", "K_i of this row: queries never decode strings to "
+       "count completions", required=True, upgrade="the row's completion count",
+       in_samples=False),
+    _g("prompt", _str, "group", "the prompt, when it is text", dictionary=True,
+       feeds="GenerationBatch.prompts"),
+    _g("prompt_messages", MESSAGES_TYPE, "group", "the prompt, when it is a chat (exactly one "
+       "of `prompt` / `prompt_messages` is set)", feeds="GenerationBatch.prompts"),
+    _g("answer", _str, "group", "the reference answer", dictionary=True,
+       feeds="GenerationBatch.answers"),
+    _g("prompt_ids", _list(_i32), "group", "exact prompt token ids", in_samples=False),
+    _g("completions", _list(_str), "completion", "completion text (for a chat completion, the "
+       "assistant text)", required=True, alias="completion",
+       feeds="GenerationBatch.grouped_completions"),
+    _g("completion_messages", _list(MESSAGES_TYPE), "completion", "chat completions as "
+       "messages, null for text completions", alias="completion_message",
+       feeds="GenerationBatch.grouped_completions"),
+    _g("completion_index", _list(_i32), "completion", "each completion's index in the whole "
+       "group", upgrade="counted"),
+    _g("completion_ids", _list(_list(_i32)), "token", "exact completion token ids (what was "
+       "scored)"),
+    _g("completion_info", _list(COMPLETION_INFO_TYPE), "completion", "generator metadata; "
+       "other keys as JSON in `extra` (spread into its fields in `samples`)",
+       feeds="GenerationBatch.grouped_completion_info"),
+    _g("ref_meta", _list(_str), "completion", "per-completion reference metadata, JSON",
+       MAXENT, feeds="GenerationBatch.grouped_ref_meta"),
+    _g("total_utils", _list(_f64), "completion", "U_i, the weighted utility "
+       "(`docs/formulas.md` §3.1; NaN where no reward function scored the completion)",
+       alias="total_util", feeds="RewardComputation.total_utils"),
+    _g("reward_names", _list(_str), "group", "the reward functions of this row",
+       dictionary=True, upgrade="from the 1.x `rewards` struct",
+       feeds="RewardComputation.per_reward_values"),
+    _g("reward_values", _list(_list(_f64)), "completion", "per completion, one raw value per "
+       "name in `reward_names` (NaN where a function gave none); `reward_<name>` in `samples`",
+       upgrade="from the 1.x `rewards` struct", feeds="RewardComputation.per_reward_values"),
+    _g("advantages", _list(_f64), "completion", "A_i (§3.2)", alias="advantage",
+       feeds="RewardComputation.advantage"),
+    _g("q", _list(_f64), "completion", "the q-distribution (§3.4)", MAXENT,
+       feeds="RewardComputation.q_distribution"),
+    _g("weights", _list(_f64), "completion", "MaxEnt weights w_i (§3.6)", MAXENT,
+       alias="weight"),
+    _g("ref_logp_sum_raw", _list(_f64), "completion", "R_i, the summed reference log-prob",
+       feeds="ReferenceLogprobs.ref_logp_sum_raw"),
+    _g("ref_tok_counts", _list(_i32), "completion", "T_i, the scored tokens",
+       alias="ref_tok_count", feeds="ReferenceLogprobs.ref_tok_counts"),
+    _g("ref_token_logp", _list(_list(_f32)), "token", "per-token reference log-probs",
+       feeds="ReferenceLogprobs.ref_token_logp"),
+    _g("behavior_logp_sum", _list(_f64), "completion", "summed behaviour (sampler) log-probs"),
+    _g("behavior_token_logp", _list(_list(_f32)), "token", "per-token behaviour log-probs, one "
+       "per generated token"),
+    _g("policy_entropy_sum", _list(_f64), "completion", "summed policy entropy over the "
+       "completion's tokens", MAXENT, feeds="SequenceScores.policy_entropy_sum"),
+    _g("seed_semantic_entropy", _f64, "group", "SEED-GRPO group entropy (§3.3)", MAXENT,
+       feeds="RewardComputation.seed_semantic_entropies"),
+    _g("seed_advantage_scale", _f64, "group", "SEED-GRPO group scale (§3.3)", MAXENT,
+       feeds="RewardComputation.seed_advantage_scales"),
+    # ------------------------------------------------------------------ TRL and verl (2.1)
+    _g("token_advantages", _list(_list(_f32)), "token", "per-token advantages (a TRL subclass "
+       "that gives them; verl's `advantages`)", TRL, VERL),
+    _g("importance_sampling_ratio", _list(_list(_f32)), "token", "TRL's vLLM importance "
+       "sampling ratio, per token", TRL),
+    _g("sequence_importance_sampling_ratio", _list(_f32), "completion", "TRL's vLLM "
+       "importance sampling ratio, per sequence", TRL),
+    _g("tool_mask", _list(_list(pa.int8())), "token", "TRL's tool mask (1: a token the model "
+       "generated, 0: a tool's output)", TRL),
+    _g("sampling_token_logp", _list(_list(_f32)), "token", "verl's `rollout_log_probs`: the "
+       "rollout engine's per-token log-probs", VERL),
+    _g("token_returns", _list(_list(_f32)), "token", "verl's `returns`", VERL),
+    _g("token_values", _list(_list(_f32)), "token", "verl's `values` (critic)", VERL),
+    _g("verl_row", _list(_i32), "completion", "each completion's row in the `DataProto` it "
+       "came from (`to_dataproto` restores the order)", VERL),
+    _g("sample_prompt_ids", _list(_list(_i32)), "token", "per-completion prompt ids, when a "
+       "group's rows had different prompts", VERL),
+    # ------------------------------------------------------------------ step table
+    _s("step", _i64, "identity", required=True, statistics=True),
+    _s("rank", _i32, "identity", required=True, statistics=True),
+    _s("kind", _str, "identity", required=True),
+    _s("num_groups", _i32, "group rows of the step and rank", required=True),
+    _s("num_samples", _i32, "completions of the step and rank", required=True),
+    _s("created_at", pa.timestamp("us", tz="UTC"), "when the step row was made"),
+    _s("policy_version", _i64, "which policy generated the step"),
+    _s("reward_mean", _f64, "mean of the scored utilities (`RewardMoments.mean`)",
+       feeds="RewardMoments.mean"),
+    _s("reward_std", _f64, "population std of the scored utilities (`RewardMoments.std`)",
+       feeds="RewardMoments.std"),
+    _s("min_length", _f64, "`LengthStats.min_length`", feeds="LengthStats.min_length"),
+    _s("mean_length", _f64, "`LengthStats.mean_length`", feeds="LengthStats.mean_length"),
+    _s("max_length", _f64, "`LengthStats.max_length`", feeds="LengthStats.max_length"),
+    _s("clipped_ratio", _f64, "`LengthStats.clipped_ratio`", feeds="LengthStats.clipped_ratio"),
+    _s("min_terminated", _f64, "`LengthStats.min_terminated` (NULL when none terminated)",
+       feeds="LengthStats.min_terminated"),
+    _s("mean_terminated", _f64, "`LengthStats.mean_terminated` (NULL when none terminated)",
+       feeds="LengthStats.mean_terminated"),
+    _s("max_terminated", _f64, "`LengthStats.max_terminated` (NULL when none terminated)",
+       feeds="LengthStats.max_terminated"),
+    _s("ref_logp_mean", _f64, "reference summary (`ReferenceLogprobs.ref_logp_mean`)",
+       feeds="ReferenceLogprobs.ref_logp_mean"),
+    _s("avg_completion_tokens", _f64, "reference summary "
+       "(`ReferenceLogprobs.avg_completion_tokens`)",
+       feeds="ReferenceLogprobs.avg_completion_tokens"),
+    _s("total_loss", _f64, "`LossScalarBundle`", MAXENT, feeds="LossScalarBundle.total_loss"),
+    _s("policy_loss", _f64, "`LossScalarBundle`", MAXENT, feeds="LossScalarBundle.policy_loss"),
+    _s("clip_loss", _f64, "`LossScalarBundle`", MAXENT, feeds="LossScalarBundle.clip_loss"),
+    _s("kl_loss", _f64, "`LossScalarBundle`", MAXENT, feeds="LossScalarBundle.kl_loss"),
+    _s("weighted_kl_loss", _f64, "`LossScalarBundle`", MAXENT,
+       feeds="LossScalarBundle.weighted_kl_loss"),
+    _s("kl_value", _f64, "`BatchDiagnostics.kl_value`", feeds="BatchDiagnostics.kl_value"),
+    _s("clip_ratio", _f64, "`BatchDiagnostics`", MAXENT, feeds="BatchDiagnostics.clip_ratio"),
+    _s("clip_ratio_low_mean", _f64, "`BatchDiagnostics`", MAXENT,
+       feeds="BatchDiagnostics.clip_ratio_low_mean"),
+    _s("clip_ratio_low_min", _f64, "`BatchDiagnostics`", MAXENT,
+       feeds="BatchDiagnostics.clip_ratio_low_min"),
+    _s("clip_ratio_high_mean", _f64, "`BatchDiagnostics`", MAXENT,
+       feeds="BatchDiagnostics.clip_ratio_high_mean"),
+    _s("clip_ratio_high_max", _f64, "`BatchDiagnostics`", MAXENT,
+       feeds="BatchDiagnostics.clip_ratio_high_max"),
+    _s("clip_ratio_region_mean", _f64, "`BatchDiagnostics`", MAXENT,
+       feeds="BatchDiagnostics.clip_ratio_region_mean"),
+    _s("kl_length_buckets", _list(_str), "the labels of the two bucket lists below"),
+    _s("kl_per_token_by_len_bucket", _list(_f64), "`BatchDiagnostics` bucket dict as a list "
+       "parallel to the labels (no map columns: Hugging Face `datasets` cannot read them)",
+       feeds="BatchDiagnostics.kl_per_token_by_len_bucket"),
+    _s("kl_token_count_by_len_bucket", _list(_f64), "likewise",
+       feeds="BatchDiagnostics.kl_token_count_by_len_bucket"),
+    _s("entropy_bonus_scale", _f64, "`RewardComputation.entropy_bonus_scale`", MAXENT,
+       feeds="RewardComputation.entropy_bonus_scale"),
+    _s("seed_alpha_effective", _f64, "`RewardComputation.seed_alpha_effective`", MAXENT,
+       feeds="RewardComputation.seed_alpha_effective"),
+    _s("seed_max_possible_entropy", _f64, "`RewardComputation.seed_max_possible_entropy`",
+       MAXENT, feeds="RewardComputation.seed_max_possible_entropy"),
+    _s("config", _str, "the replay contract, `RunConfig` as JSON "
+       "(`maxent_arrow/rollout/config.py`)"),
+)  # fmt: skip
+
+_BY_NAME: dict[tuple[str, str], Column] = {(c.table, c.name): c for c in REGISTRY}
+if len(_BY_NAME) != len(REGISTRY):  # pragma: no cover - a registry edit that breaks it
+    raise RuntimeError("column registry: a (table, name) is declared twice")
+
+
+def column(name: str, table: str = GROUP) -> Column:
+    """The registry row of column ``name`` of ``table``; ``KeyError`` if it has none."""
+    return _BY_NAME[(table, name)]
+
+
+def columns(
+    table: str = GROUP,
+    *,
+    families: Iterable[str] | None = None,
+    level: Level | Iterable[Level] | None = None,
+    where: Any = None,
+) -> Iterator[Column]:
+    """The registry rows of ``table``, in layout order: of a run of ``families`` (default
+    all), at ``level`` (one or several), for which ``where(column)`` holds."""
+    wanted = None if families is None else tuple(families)
+    levels = None if level is None else ({level} if isinstance(level, str) else set(level))
+    for c in REGISTRY:
+        if c.table != table:
+            continue
+        if wanted is not None and not c.in_layout(wanted):
+            continue
+        if levels is not None and c.level not in levels:
+            continue
+        if where is not None and not where(c):
+            continue
+        yield c
+
+
+def names(table: str = GROUP, **filters: Any) -> tuple[str, ...]:
+    """The names of :func:`columns` (same filters)."""
+    return tuple(c.name for c in columns(table, **filters))
+
+
+def family_of_columns(present: Iterable[str], table: str = GROUP) -> set[str]:
+    """The families a set of column names implies: ``core`` and the families of every
+    registered non-core column present (a column in several families implies none alone)."""
+    found = {CORE}
+    for name in present:
+        c = _BY_NAME.get((table, name))
+        if c is not None and CORE not in c.families and len(c.families) == 1:
+            found.add(c.families[0])
+    return found
