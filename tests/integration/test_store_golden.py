@@ -12,7 +12,8 @@ import duckdb
 import pyarrow.dataset as ds
 import pytest
 
-from maxent_arrow import RolloutStore
+from maxent_arrow import RolloutStore, SchemaError
+from maxent_arrow.arrow import registry as R
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 EXPECTED = json.loads((DATA / "golden_v1_expected.json").read_text())
@@ -152,3 +153,60 @@ def test_golden_v2_files_read_by_other_tools(golden_v2):
     rows = duckdb.sql(f"SELECT count(*) FROM read_parquet({files})").fetchall()
     assert rows[0][0] == EXPECTED_V2["groups"]
     assert ds.dataset(files).count_rows() == EXPECTED_V2["groups"]
+
+
+# ---------------------------------------------------------------------------- TRL, schema 2.0
+# A real trl.GRPOTrainer run recorded by schema 2.0 (data/make_golden_trl_v2.py): its files
+# carry the MaxEnt columns as null padding and its step files record no layout family.
+EXPECTED_TRL = json.loads((DATA / "golden_trl_v2_expected.json").read_text())
+MAXENT_ONLY = sorted(c.name for c in R.columns(R.GROUP) if c.families == (R.MAXENT,))
+MAXENT_ONLY_STEP = sorted(c.name for c in R.columns(R.STEP) if c.families == (R.MAXENT,))
+
+
+@pytest.fixture
+def golden_trl(tmp_path):
+    shutil.copytree(DATA / "golden_trl_v2", tmp_path / "golden_trl_v2")
+    return RolloutStore(tmp_path / "golden_trl_v2")
+
+
+def test_golden_trl_v2_reads_every_value_with_the_maxent_padding_hidden(golden_trl):
+    """The 2.0 TRL store verifies and reads as recorded; its MaxEnt columns, physically in
+    every file as nulls, are not in its schema, its read() or its SQL views."""
+    assert MAXENT_ONLY and {"q", "weights", "seed_semantic_entropy"} <= set(MAXENT_ONLY)
+    report = golden_trl.verify()
+    assert report.ok, str(report)
+    assert golden_trl.manifest["schema_version"] == EXPECTED_TRL["schema_version"] == "2.0"
+    files = [str(p) for p in golden_trl.committed_files()]
+    physical = duckdb.sql(f"DESCRIBE SELECT * FROM read_parquet({files})").fetchall()
+    assert [row[0] for row in physical] == EXPECTED_TRL["file_columns"]  # the padding is there
+    table = golden_trl.read()
+    assert table.num_rows == EXPECTED_TRL["groups"]
+    assert not set(MAXENT_ONLY) & set(table.column_names)
+    assert set(table.column_names) == set(EXPECTED_TRL["file_columns"]) - set(MAXENT_ONLY)
+    assert not set(MAXENT_ONLY_STEP) & set(golden_trl.schema("steps").names)
+    for column in ("completion_ids", "advantages"):
+        assert _digest_v2(table.column(column).to_pylist()) == EXPECTED_TRL[f"{column}_sha"]
+    values = [
+        [[None if v != v else v for v in c] for c in row]
+        for row in table.column("reward_values").to_pylist()
+    ]
+    assert _digest_v2(values) == EXPECTED_TRL["reward_values_sha"]
+    for view in ("groups", "samples", "steps"):
+        described = {r["column_name"] for r in golden_trl.sql(f"DESCRIBE {view}").to_pylist()}
+        assert not described & set(MAXENT_ONLY + MAXENT_ONLY_STEP), (view, described)
+    described = {r["column_name"] for r in golden_trl.sql("DESCRIBE samples").to_pylist()}
+    assert {"completion", "advantage", "reward_correct", "reward_sometimes_none"} <= described
+    n = golden_trl.sql("SELECT count(*) AS n FROM samples").column("n")[0].as_py()
+    assert n == EXPECTED_TRL["samples"]
+
+
+def test_golden_trl_v2_takes_appends_in_its_own_layout(golden_trl):
+    """A 2.0 TRL store that is appended to by this version keeps one layout: its families are
+    inferred from the columns its files carry data in (core and TRL), so a MaxEnt batch is
+    refused and its padding stays hidden."""
+    from store_fixtures import make_batch
+
+    assert golden_trl.schemas.families() == ("core",)
+    with pytest.raises(SchemaError, match="fixed at its first append"):
+        golden_trl.append(make_batch(7))
+    assert golden_trl.steps() == [u[0] for u in EXPECTED_TRL["units"]]

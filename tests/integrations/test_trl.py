@@ -17,6 +17,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import duckdb
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -30,6 +31,7 @@ import trl_runs  # noqa: E402
 from trl import GRPOTrainer  # noqa: E402
 
 from maxent_arrow import RolloutStore, RunConfig  # noqa: E402
+from maxent_arrow.arrow import registry as R  # noqa: E402
 from maxent_arrow.errors import LayoutError  # noqa: E402
 from maxent_arrow.integrations.steps import step_row  # noqa: E402
 from maxent_arrow.integrations.trl import (  # noqa: E402
@@ -163,6 +165,30 @@ def test_stored_log_probs_are_trls_and_recompute_reproduces_its_advantages(plain
     torch.testing.assert_close(recompute_kl(batch).values, want, rtol=1e-9, atol=1e-9)
     got = recompute(batch)["advantages"].values
     torch.testing.assert_close(got, batch.ragged("advantages").values, rtol=0, atol=1e-6)
+
+
+def test_a_trl_run_has_the_trl_layout_and_no_maxent_column(plain_run):
+    """A TRL run's files (read by DuckDB itself, outside this library) and its views carry
+    the core and TRL columns only: no MaxEnt column is written, not even as null padding."""
+    root, _ = plain_run
+    store = RolloutStore(root / "store")
+    maxent_only = {
+        c.name for t in (R.GROUP, R.STEP) for c in R.columns(t) if c.families == (R.MAXENT,)
+    }
+    assert {"q", "weights", "total_loss", "seed_semantic_entropy"} <= maxent_only
+    assert store.schemas.families() == ("core", "trl")
+    for table in ("groups", "steps"):
+        files = [str(p) for p in store.committed_files(table)]
+        physical = {
+            r[0] for r in duckdb.sql(f"DESCRIBE SELECT * FROM read_parquet({files})").fetchall()
+        }
+        assert not physical & maxent_only, (table, physical & maxent_only)
+        assert "reward_values" in physical or table == "steps"
+    for view in ("groups", "samples", "steps"):
+        described = {r["column_name"] for r in store.sql(f"DESCRIBE {view}").to_pylist()}
+        assert not described & maxent_only, (view, described & maxent_only)
+    described = {r["column_name"] for r in store.sql("DESCRIBE samples").to_pylist()}
+    assert {"completion", "advantage", "reward_correct", "reward_length"} <= described
 
 
 def test_step_row_carries_trls_settings_as_the_replay_contract(plain_run):
