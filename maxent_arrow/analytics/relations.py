@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from maxent_arrow.arrow import registry as R
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.errors import LayoutError
 from maxent_arrow.store import SqlViews
@@ -27,10 +28,15 @@ __all__ = ["GROUP_KEY", "RunRelations", "flat_columns"]
 
 # A group is (step, kind, group_id): the parts of a group that ranks stored separately
 # (TRL spreads a prompt's completions over processes) count as one group.
-GROUP_KEY = "step, kind, group_id"
-_ROW_KEY = "step, rank, kind, group_index, group_id"
-# User-facing score names (group-table column names) -> flat aliases: the samples view's.
-SCORE_COLUMNS = ("total_utils", "advantages", "q", "weights", "policy_entropy_sum")
+GROUP_KEY = ", ".join(R.GROUP_KEY)
+_ROW_KEY = ", ".join((*R.ROW_KEY, "group_id"))
+# The per-completion scores (float columns; group-table names) -> flat aliases: the samples
+# view's. Rankings and histograms take any of them by either name.
+SCORE_COLUMNS = tuple(
+    c.name
+    for c in R.columns(R.GROUP, level="completion")
+    if c.name in R.numbers() and pa.types.is_floating(c.type.value_type)
+)
 SCORE_ALIASES = {column: SAMPLE_ALIASES[column] for column in SCORE_COLUMNS}
 # What `materialize` keeps in memory: the scalars the ready-made queries use.
 _MATERIALIZED = ("total_util", "advantage", "q", "weight", "length")
@@ -43,7 +49,7 @@ def flat_columns(columns: set[str], reward_names: Sequence[str]) -> dict[str, st
     (``ref_tok_counts``, else the generator's token count).
     """
     out: dict[str, str] = {}
-    for column in (*SCORE_COLUMNS, "ref_logp_sum_raw", "behavior_logp_sum"):
+    for column in SCORE_COLUMNS:
         if column in columns:
             out[SAMPLE_ALIASES[column]] = quote(column)
     if "reward_values" in columns:
@@ -74,14 +80,13 @@ def _flatten_groups(rows: pa.Table, aliases: list[str]) -> pa.Table:
     sizes = pc.fill_null(rows.column("_k"), 0).to_numpy(zero_copy_only=False).astype(np.int64)
     owner = pa.array(np.repeat(np.arange(sizes.size), sizes))
     starts = np.cumsum(sizes) - sizes
+    # The row key, repeated per completion (`kind` is the table's own: one table per kind).
     columns: dict[str, Any] = {
-        "step": rows.column("step").take(owner),
-        "rank": rows.column("rank").take(owner),
-        "group_index": rows.column("group_index").take(owner),
-        # Dictionary-encoded: one small string per group, an int per completion.
-        "group_id": rows.column("group_id").dictionary_encode().take(owner),
-        "sample_index": pa.array(np.arange(len(owner)) - starts[owner.to_numpy()]),
+        name: rows.column(name).take(owner) for name in R.ROW_KEY if name != "kind"
     }
+    # Dictionary-encoded: one small string per group, an int per completion.
+    columns["group_id"] = rows.column("group_id").dictionary_encode().take(owner)
+    columns["sample_index"] = pa.array(np.arange(len(owner)) - starts[owner.to_numpy()])
     for alias in aliases:
         chunks = [chunk.flatten() for chunk in rows.column(alias).chunks]
         columns[alias] = pa.chunked_array(chunks, type=rows.schema.field(alias).type.value_type)

@@ -37,24 +37,36 @@ __all__ = [
     "COMPLETION_INFO_TYPE",
     "Column",
     "GROUP",
+    "GROUP_KEY",
     "Level",
     "MAXENT",
     "MESSAGES_TYPE",
     "MESSAGE_TYPE",
     "REGISTRY",
+    "ROW_KEY",
     "STEP",
     "TRL",
+    "UNIT_KEY",
     "VERL",
     "column",
     "columns",
     "family_of_columns",
+    "feeding",
     "names",
+    "numbers",
 ]
 
 Level = Literal["group", "completion", "token", "step"]
 GROUP, STEP = "groups", "steps"  # the two tables
 CORE, MAXENT, TRL, VERL = "core", "maxent", "trl", "verl"
 FAMILIES = (CORE, MAXENT, TRL, VERL)
+
+# Keys. A unit is one step of one rank and kind (one append); a row of the group table is one
+# group row of a unit; a group is every row, of any rank, with its step, kind and group_id
+# (a trainer that spreads a prompt's completions over ranks writes one row per rank).
+UNIT_KEY = ("step", "rank", "kind")
+ROW_KEY = (*UNIT_KEY, "group_index")
+GROUP_KEY = ("step", "kind", "group_id")
 
 
 def _list(kind: pa.DataType) -> pa.DataType:
@@ -99,6 +111,9 @@ class Column:
         What it means (the column table of ``docs/arrow-layout.md``).
     required:
         Every row has a value; the column is never absent.
+    identity:
+        Part of where a row or a completion sits in the run (step, rank, kind, group index,
+        group id and size, completion index), not a value about it.
     dictionary, statistics:
         Parquet dictionary encoding (repeated strings only: on token ids and log-probs it
         makes writes ~4x slower for little gain) and column statistics (what readers filter
@@ -122,6 +137,7 @@ class Column:
     families: tuple[str, ...]
     doc: str
     required: bool = False
+    identity: bool = False
     dictionary: bool = False
     statistics: bool = False
     alias: str | None = None
@@ -167,22 +183,24 @@ REGISTRY: tuple[Column, ...] = (
     # order in every file of a run), then the later ones.
     # ------------------------------------------------------------------ group table
     _g("step", _i64, "group", "optimizer step at which the group was generated", required=True,
-       statistics=True),
-    _g("rank", _i32, "group", "process that wrote the row", required=True, statistics=True),
+       statistics=True, identity=True),
+    _g("rank", _i32, "group", "process that wrote the row", required=True, statistics=True,
+       identity=True),
     _g("kind", _str, "group", '`"train"`, `"eval"`, or another lowercase name '
        "(`[a-z][a-z0-9_]{0,31}`)", required=True, dictionary=True, statistics=True,
-       upgrade="from the file name"),
+       upgrade="from the file name", identity=True),
     _g("group_index", _i32, "group", "row index within its append", required=True,
-       statistics=True),
+       statistics=True, identity=True),
     _g("group_id", _str, "group", "run-wide identity of the prompt group: rows of one step and "
        "kind with the same `group_id` are parts of one group (default "
        '`"{step}.{rank}.{group_index}"`)', required=True, dictionary=True,
-       upgrade='"{step}.{rank}.{group_index}"'),
+       upgrade='"{step}.{rank}.{group_index}"', identity=True),
     _g("group_size", _i32, "group", "K of the whole group (more than this row's when a trainer "
-       "spread the group over ranks)", required=True, upgrade="the row's completion count"),
+       "spread the group over ranks)", required=True, upgrade="the row's completion count",
+       identity=True),
     _g("num_completions", _i32, "group", "K_i of this row: queries never decode strings to "
        "count completions", required=True, upgrade="the row's completion count",
-       in_samples=False),
+       in_samples=False, identity=True),
     _g("prompt", _str, "group", "the prompt, when it is text", dictionary=True,
        feeds="GenerationBatch.prompts"),
     _g("prompt_messages", MESSAGES_TYPE, "group", "the prompt, when it is a chat (exactly one "
@@ -197,7 +215,7 @@ REGISTRY: tuple[Column, ...] = (
        "messages, null for text completions", alias="completion_message",
        feeds="GenerationBatch.grouped_completions"),
     _g("completion_index", _list(_i32), "completion", "each completion's index in the whole "
-       "group", upgrade="counted"),
+       "group", upgrade="counted", identity=True),
     _g("completion_ids", _list(_list(_i32)), "token", "exact completion token ids (what was "
        "scored)"),
     _g("completion_info", _list(COMPLETION_INFO_TYPE), "completion", "generator metadata; "
@@ -349,6 +367,30 @@ def columns(
 def names(table: str = GROUP, **filters: Any) -> tuple[str, ...]:
     """The names of :func:`columns` (same filters)."""
     return tuple(c.name for c in columns(table, **filters))
+
+
+def numbers(table: str = GROUP, *, level: Level = "completion", families=None) -> tuple[str, ...]:
+    """Registered value columns (not identity) of ``level`` whose items are numbers: one
+    ``int``/``float`` per completion (``level="completion"``) or per token (``"token"``)."""
+
+    def numeric(c: Column) -> bool:
+        kind = c.type
+        depth = {"group": 0, "step": 0, "completion": 1, "token": 2}[c.level]
+        for _ in range(depth):
+            if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)):
+                return False
+            kind = kind.value_type
+        return pa.types.is_integer(kind) or pa.types.is_floating(kind)
+
+    return names(
+        table, level=level, families=families, where=lambda c: not c.identity and numeric(c)
+    )
+
+
+def feeding(record: str, table: str = GROUP) -> tuple[str, ...]:
+    """The columns of ``table`` that feed seed class ``record`` (``"LengthStats"``), in
+    layout order."""
+    return names(table, where=lambda c: c.feeds is not None and c.feeds.split(".")[0] == record)
 
 
 def family_of_columns(present: Iterable[str], table: str = GROUP) -> set[str]:

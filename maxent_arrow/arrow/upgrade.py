@@ -17,7 +17,19 @@ from maxent_arrow.arrow import schema as S
 from maxent_arrow.arrow.identity import completion_index
 from maxent_arrow.arrow.lists import list_offsets, regroup, single_array
 
-__all__ = ["needs_upgrade", "reward_lists", "upgrade_groups", "upgrade_steps"]
+__all__ = [
+    "GROUP_ID_INPUTS",
+    "OFFSET_BASIS",
+    "needs_upgrade",
+    "reward_lists",
+    "upgrade_groups",
+    "upgrade_steps",
+]
+
+# What a 1.x group table needs to be read in the 2.0 layout: the columns of its default group
+# id (`{step}.{rank}.{group_index}`), and a per-completion column for the group offsets (K).
+GROUP_ID_INPUTS = ("step", "rank", "group_index")
+OFFSET_BASIS = ("completions", "total_utils")
 
 
 def needs_upgrade(version: str | bytes | None) -> bool:
@@ -94,14 +106,14 @@ def upgrade_groups(table: pa.Table, *, kind: str) -> pa.Table:
     p = table.num_rows
     columns: dict[str, pa.Array] = {n: single_array(table.column(n)) for n in names}
     columns["kind"] = pa.array([kind] * p, pa.string())
-    basis = next((columns[n] for n in ("completions", "total_utils") if n in columns), None)
+    basis = next((columns[n] for n in OFFSET_BASIS if n in columns), None)
     if basis is not None:
         offsets = list_offsets(basis)
         sizes = np.diff(offsets).astype(np.int32)
         columns["num_completions"] = pa.array(sizes)
         columns["group_size"] = pa.array(sizes)
         columns["completion_index"] = completion_index(sizes)
-    if {"step", "rank", "group_index"} <= set(names):
+    if set(GROUP_ID_INPUTS) <= set(names):
         columns["group_id"] = pc.binary_join_element_wise(
             pc.cast(columns["step"], pa.string()),
             pc.cast(columns["rank"], pa.string()),

@@ -23,24 +23,19 @@ import pyarrow as pa
 import torch
 
 from maxent_arrow.arrow import Ragged, arrow_to_torch, list_offsets
+from maxent_arrow.arrow import registry as R
 from maxent_arrow.arrow.ragged import prefix_mask
 from maxent_arrow.errors import LayoutError, SchemaError
 from maxent_arrow.ingest.score_batch import build_score_batch
 
 __all__ = ["GroupCollator", "SAMPLE_COLUMNS", "TOKEN_COLUMNS"]
 
-# Per-completion (list<T>) and per-token (list<list<T>>) columns collated by default.
-SAMPLE_COLUMNS = (
-    "total_utils",
-    "advantages",
-    "q",
-    "weights",
-    "ref_logp_sum_raw",
-    "ref_tok_counts",
-    "behavior_logp_sum",
-    "policy_entropy_sum",
+# Collated by default: the MaxEnt-GRPO layout's per-completion numbers (list<T>) and its
+# per-token floats (list<list<float>>; token ids go into the score batch).
+SAMPLE_COLUMNS = R.numbers(level="completion", families=(R.CORE, R.MAXENT))
+TOKEN_COLUMNS = tuple(
+    n for n in R.numbers(level="token", families=(R.CORE, R.MAXENT)) if n != "completion_ids"
 )
-TOKEN_COLUMNS = ("ref_token_logp", "behavior_token_logp")
 _NO_LIMIT = 2**31 - 1
 
 

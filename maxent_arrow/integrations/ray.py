@@ -42,6 +42,7 @@ from maxent_arrow import compute as C
 from maxent_arrow.arrow import Ragged, torch_to_arrow
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.arrow.lists import list_offsets
+from maxent_arrow.arrow.registry import UNIT_KEY
 from maxent_arrow.errors import ComputeError, MissingExtraError, SchemaError, StoreError
 from maxent_arrow.ingest.collate import GroupCollator
 from maxent_arrow.rollout import RolloutBatch, recompute, step_row_from_json, step_row_to_json
@@ -301,7 +302,7 @@ def recompute_group_math(
 
 def _unit_configs(store: RolloutStore) -> dict[str, str]:
     """The config snapshot of every committed unit, keyed by the unit's file name."""
-    steps = store.read_steps(columns=["step", "rank", "kind", "config"]).to_pydict()
+    steps = store.read_steps(columns=[*UNIT_KEY, "config"]).to_pydict()
     return {
         unit_name(step, rank, kind): config or "{}"
         for step, rank, kind, config in zip(

@@ -4,7 +4,6 @@ from the group columns (vectorised), so a recorder only builds the group rows.""
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
@@ -13,7 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from maxent_arrow.arrow import schema as S
-from maxent_arrow.rollout import RunConfig
+from maxent_arrow.rollout import RunConfig, StepHeader
 
 __all__ = ["step_row"]
 
@@ -64,15 +63,14 @@ def step_row(
     else:
         text = RunConfig.from_dict(dict(config or {})).to_json()
     sizes = pc.list_value_length(groups.column("completions")).to_numpy()
-    values: dict[str, Any] = {
-        "step": step,
-        "rank": rank,
-        "kind": kind,
-        "num_groups": groups.num_rows,
-        "num_samples": int(np.sum(sizes)),
-        "created_at": dt.datetime.now(dt.UTC),
-        "config": text,
-    }
+    values = StepHeader(
+        step=step,
+        rank=rank,
+        kind=kind,
+        num_groups=groups.num_rows,
+        num_samples=int(np.sum(sizes)),
+        config=text,
+    ).values()
     utils = _numbers(_flat(groups, "total_utils"))
     if utils is not None and (~np.isnan(utils)).any():
         kept = utils[~np.isnan(utils)]

@@ -21,6 +21,7 @@ __all__, __getattr__, __dir__ = lazy.exports(
         ".checks": [
             "BATCH_META_KEY",
             "STEP_META_KEY",
+            "StepHeader",
             "declare_families",
             "step_row_from_json",
             "step_row_to_json",

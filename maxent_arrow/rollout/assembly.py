@@ -13,7 +13,6 @@ packages, which are loaded by the time seed objects exist.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -23,13 +22,14 @@ import pyarrow as pa
 
 from maxent_arrow import arrow as A
 from maxent_arrow import types as T
+from maxent_arrow.arrow import registry as R
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.arrow.identity import identity_columns
 from maxent_arrow.arrow.lists import list_offsets, regroup
 from maxent_arrow.arrow.registry import CORE, MAXENT
 from maxent_arrow.arrow.upgrade import reward_lists
 from maxent_arrow.errors import LayoutError, SchemaError
-from maxent_arrow.rollout.checks import BATCH_META_KEY, config_json, int_arg
+from maxent_arrow.rollout.checks import BATCH_META_KEY, StepHeader, config_json
 
 __all__ = ["GroupColumns", "check_parts", "step_values"]
 
@@ -73,6 +73,9 @@ def check_parts(parts: Mapping[str, Any]) -> None:
         _typed(name, parts.get(name), kind, label)
 
 
+_REWARD_LISTS = ("reward_names", "reward_values")
+
+
 class GroupColumns:
     """The group table's columns of one step, filled part by part.
 
@@ -96,13 +99,10 @@ class GroupColumns:
             "step": pa.array(np.full(p, step, dtype=np.int64)),
             "rank": pa.array(np.full(p, rank, dtype=np.int32)),
             **identity_columns(step, rank, kind, np.diff(self.offsets)),
-            "prompt": gen.column("prompt"),
-            "prompt_messages": _column(gen, "prompt_messages"),
-            "answer": gen.column("answer"),
-            "completions": completions,
-            "completion_messages": _column(gen, "completion_messages"),
-            "ref_meta": _column(gen, "ref_meta"),
         }
+        # The generation's columns are the group table's (GenerationBatch's to_arrow layout).
+        for name in R.feeding("GenerationBatch"):
+            self.columns[name] = _column(gen, name)
         info, self._info_ids = _split_info(_column(gen, "completion_info"), self.offsets)
         self.columns["completion_info"] = info
 
@@ -173,14 +173,11 @@ class GroupColumns:
         rc = rewards.to_arrow()  # checked; the record's own batch when it came from Arrow
         _check_offsets("rewards.advantage.grouped", list_offsets(rc.column("advantages")), offsets)
         _check_offsets("rewards.q_distribution.grouped", list_offsets(rc.column("q")), offsets)
-        for name in (
-            "total_utils",
-            "advantages",
-            "q",
-            "seed_semantic_entropy",
-            "seed_advantage_scale",
-        ):
-            self.columns[name] = _column(rc, name)
+        # The columns RewardComputation's to_arrow layout shares with the group table; the
+        # raw rewards (a struct there, names and values here) follow.
+        for name in R.feeding("RewardComputation"):
+            if name not in _REWARD_LISTS:
+                self.columns[name] = _column(rc, name)
         per_reward = _column(rc, "rewards")
         names = [] if per_reward is None else [f.name for f in per_reward.type]
         if names:
@@ -288,16 +285,15 @@ def step_values(
 ) -> pa.RecordBatch:
     """The one-row step batch: identity, counts, the config snapshot and the scalars of the
     reward moments, reference summaries, length stats, loss and diagnostics."""
-    values: dict[str, Any] = {
-        "step": int_arg("step", step),
-        "rank": int_arg("rank", rank),
-        "kind": kind,
-        "num_groups": columns.num_groups,
-        "num_samples": columns.num_samples,
-        "created_at": dt.datetime.now(dt.UTC),
-        "policy_version": policy_version,
-        "config": config_json(config),
-    }
+    values = StepHeader(
+        step=step,
+        rank=rank,
+        kind=kind,
+        num_groups=columns.num_groups,
+        num_samples=columns.num_samples,
+        config=config_json(config),
+        policy_version=policy_version,
+    ).values()
     # The parts' scalars as their checked Arrow forms hold them (the add_* methods read them).
     values.update(columns.scalars)
     for name in ("length_stats", "loss", "diagnostics"):

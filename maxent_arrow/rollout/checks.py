@@ -7,6 +7,7 @@ The layout itself (every column, its type and meaning) is ``docs/arrow-layout.md
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import math
@@ -24,6 +25,7 @@ from maxent_arrow.errors import LayoutError, SchemaError
 
 __all__ = [
     "BATCH_META_KEY",
+    "StepHeader",
     "batch_families",
     "declare_families",
     "GROUP_TYPES",
@@ -46,6 +48,29 @@ STEP_META_KEY = b"maxent_arrow.step_row"
 
 GROUP_TYPES = {f.name: f.type for f in S.group_schema()}
 STEP_TYPES = {f.name: f.type for f in S.step_schema()}
+
+
+@dataclasses.dataclass(frozen=True)
+class StepHeader:
+    """The identity, counts, time and config every step row starts with (its fields are the
+    step table's columns of those names); each writer of step rows (:func:`step_values` of
+    the seed records, the TRL and verl recorders) adds its statistics to :meth:`values`."""
+
+    step: int
+    rank: int
+    kind: str
+    num_groups: int
+    num_samples: int
+    config: str
+    policy_version: int | None = None
+    created_at: dt.datetime = dataclasses.field(default_factory=lambda: dt.datetime.now(dt.UTC))
+
+    def values(self) -> dict[str, Any]:
+        """The header as step-row values (``step`` and ``rank`` checked ints)."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["step"] = int_arg("step", self.step)
+        out["rank"] = int_arg("rank", self.rank)
+        return out
 
 
 def batch_families(groups: pa.RecordBatch, step_row: pa.RecordBatch) -> tuple[str, ...]:

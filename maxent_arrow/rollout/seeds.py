@@ -21,6 +21,7 @@ import pyarrow as pa
 
 from maxent_arrow import arrow as A
 from maxent_arrow import types as T
+from maxent_arrow.arrow import registry as R
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.arrow.lists import list_offsets, regroup, single_array
 from maxent_arrow.rollout.checks import BATCH_META_KEY, rewards_by_name
@@ -47,25 +48,15 @@ __all__ = [
     "reward_computation",
 ]
 
-LENGTH_FIELDS = (
-    "min_length",
-    "mean_length",
-    "max_length",
-    "clipped_ratio",
-    "min_terminated",
-    "mean_terminated",
-    "max_terminated",
+# The step-row scalars each seed record is read back from (the column registry's `feeds`).
+LENGTH_FIELDS = R.feeding("LengthStats", R.STEP)
+LOSS_FIELDS = R.feeding("LossScalarBundle", R.STEP)
+DIAGNOSTIC_FIELDS = tuple(
+    n for n in R.feeding("BatchDiagnostics", R.STEP) if n not in S.BUCKET_COLUMNS
 )
-LOSS_FIELDS = ("total_loss", "policy_loss", "clip_loss", "kl_loss", "weighted_kl_loss")
-DIAGNOSTIC_FIELDS = (
-    "kl_value",
-    "clip_ratio",
-    "clip_ratio_low_mean",
-    "clip_ratio_low_min",
-    "clip_ratio_high_mean",
-    "clip_ratio_high_max",
-    "clip_ratio_region_mean",
-)
+# Generation columns whose nulls are values (a chat row has no text prompt); the others are
+# absent when null in every row.
+_NULLS_KEPT = ("prompt", "answer", "completions")
 
 
 def batch_meta(batch: RolloutBatch) -> dict[str, Any]:
@@ -123,14 +114,10 @@ def _record_batch(columns: dict[str, pa.Array | None]) -> pa.RecordBatch:
 def generation_batch(batch: RolloutBatch):
     """Prompts, answers, grouped completions, ref meta and completion info."""
     columns = {
-        "prompt": _raw(batch, "prompt"),
-        "prompt_messages": batch.column("prompt_messages"),
-        "answer": _raw(batch, "answer"),
-        "completions": _raw(batch, "completions"),
-        "completion_messages": batch.column("completion_messages"),
-        "ref_meta": batch.column("ref_meta"),
-        "completion_info": completion_info(batch),
+        name: _raw(batch, name) if name in _NULLS_KEPT else batch.column(name)
+        for name in R.feeding("GenerationBatch")
     }
+    columns["completion_info"] = completion_info(batch)
     if columns["answer"] is None:
         columns["answer"] = pa.nulls(batch.num_groups, pa.string())
     return T.GenerationBatch.from_arrow(_record_batch(columns))

@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from maxent_arrow.arrow import schema as S
+from maxent_arrow.arrow.registry import UNIT_KEY
 from maxent_arrow.arrow.upgrade import needs_upgrade, upgrade_steps
 from maxent_arrow.errors import StoreError
 from maxent_arrow.store.backend import Backend, FileInfo
@@ -318,7 +319,7 @@ class Catalog:
             except StoreError as exc:
                 fail(on_error, exc)
                 continue
-            columns = [step_file.column(c) for c in ("step", "rank", "kind", "num_groups")]
+            columns = [step_file.column(c) for c in (*UNIT_KEY, "num_groups")]
             starts = step_file.starts
             for i, (step, rank, knd, count) in enumerate(zip(*columns)):
                 if wanted is not None and step not in wanted:

@@ -17,7 +17,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from maxent_arrow.arrow import schema as S
-from maxent_arrow.arrow.upgrade import needs_upgrade, upgrade_groups
+from maxent_arrow.arrow.upgrade import (
+    GROUP_ID_INPUTS,
+    OFFSET_BASIS,
+    needs_upgrade,
+    upgrade_groups,
+)
 from maxent_arrow.errors import SchemaError, StoreError
 from maxent_arrow.store.backend import Backend, FileInfo
 from maxent_arrow.store.catalog import Catalog, OnError, StepFile, fail
@@ -89,9 +94,9 @@ def read_group_file(
         if wanted is not None:
             # A 1.x file has `rewards`, not reward_names/reward_values; read what upgrades.
             if upgrade and {"reward_names", "reward_values"} & set(wanted):
-                wanted = [*wanted, "rewards", "completions", "total_utils"]
+                wanted = [*wanted, "rewards", *OFFSET_BASIS]
             if upgrade:
-                wanted = [*wanted, "step", "rank", "group_index", "completions", "total_utils"]
+                wanted = [*wanted, *GROUP_ID_INPUTS, *OFFSET_BASIS]
             wanted = [c for c in dict.fromkeys(wanted) if c in present]
         table = reader.read(columns=wanted)
     except StoreError:

@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from maxent_arrow.arrow import schema as S
+from maxent_arrow.arrow.registry import UNIT_KEY
 from maxent_arrow.arrow.upgrade import needs_upgrade, upgrade_groups
 from maxent_arrow.errors import StoreError
 from maxent_arrow.store.backend import Backend, is_temp_name
@@ -104,7 +105,7 @@ def verify(catalog: Catalog) -> VerifyReport:
 def _verify_step(report: VerifyReport, backend: Backend, step: StepFile) -> None:
     path = backend.path(f"{STEPS}/{step.name}")
     parsed = parse_name(step.name)
-    rows = {c: step.column(c) for c in ("step", "rank", "kind", "num_groups")}
+    rows = {c: step.column(c) for c in (*UNIT_KEY, "num_groups")}
     if not parsed.compacted and (
         len(rows["step"]) != 1
         or rows["step"][0] != parsed.first_step
