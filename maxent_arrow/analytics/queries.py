@@ -45,11 +45,13 @@ class ReadyMadeQueries:
         """Reward statistics per step: one row per (step, reward).
 
         ``reward`` is ``"total_utils"`` (the combined utility U_i) or the name of a reward
-        function (its raw, unweighted value). Columns: ``step, reward, n, mean, std, min,
-        p05 … p95, max``. ``std`` is the population std (divide by n), as
-        ``RewardMoments.std``; quantiles interpolate linearly (numpy's default). Null values
+        function (its raw, unweighted value). Columns: ``step, reward, n, unscored, mean,
+        std, min, p05 … p95, max``. ``n`` counts the scored completions; ``unscored`` those
+        the function gave no value (NaN: TRL's ``None``), left out of every statistic. ``std``
+        is the population std (divide by n), as ``RewardMoments.std`` (TRL logs the
+        Bessel-corrected one); quantiles interpolate linearly (numpy's default). Null values
         (a reward function added mid-run, absent from older files) are not counted; a
-        (step, reward) without any value has no row.
+        (step, reward) without any value, scored or not, has no row.
         """
         qs = [float(q) for q in quantiles]
         if any(not 0.0 <= q <= 1.0 for q in qs):
@@ -102,13 +104,67 @@ class ReadyMadeQueries:
                     "GROUP BY ALL ORDER BY step, x"
                 )
                 parts.append((i, _stats_from_histogram(hist, qs, self._qname)))
+        unscored = self.unscored(kind=kind)
         tables = []
         for i, part in parts:
-            part = part.add_column(1, "reward", pa.array([sources[i][0]] * part.num_rows))
+            name = sources[i][0]
+            mine = unscored.filter(pc.equal(unscored.column("reward"), name))
+            lookup = dict(zip(mine.column("step").to_pylist(), mine.column("unscored").to_pylist()))
+            # Steps where every value is unscored have no scored row: add them, empty.
+            missing = sorted(set(lookup) - set(part.column("step").to_pylist()))
+            if missing:
+                empty = {
+                    c: pa.nulls(len(missing), part.schema.field(c).type) for c in part.column_names
+                }
+                empty["step"] = pa.array(missing, part.schema.field("step").type)
+                empty["n"] = pa.array([0] * len(missing), part.schema.field("n").type)
+                part = pa.concat_tables([part, pa.table(empty, schema=part.schema)])
+            counts = [lookup.get(s, 0) for s in part.column("step").to_pylist()]
+            part = part.add_column(1, "reward", pa.array([name] * part.num_rows))
+            part = part.add_column(3, "unscored", pa.array(counts, pa.int64()))
             part = part.append_column("_order", pa.array(np.full(part.num_rows, i, np.int32)))
-            tables.append(part.filter(pc.greater(part.column("n"), 0)))
+            keep = pc.or_(pc.greater(part.column("n"), 0), pc.greater(part.column("unscored"), 0))
+            tables.append(part.filter(keep))
         table = pa.concat_tables(tables).sort_by([("step", "ascending"), ("_order", "ascending")])
         return table.drop_columns(["_order"])
+
+    def unscored(self, *, kind: str | None = "train") -> pa.Table:
+        """Completions left unscored, per step: ``total_utils`` (no reward function scored
+        them: a NaN utility) and each reward function (it returned no value: NaN, TRL's
+        ``None``). Columns: ``step, reward, unscored``; only non-zero counts."""
+        cols = self.rel.group_columns
+        parts = []
+        if "total_utils" in cols:
+            parts.append(("total_utils", "len(list_filter(total_utils, lambda x: isnan(x)))"))
+        if "reward_values" in cols:
+            for name in self.rel.reward_names:
+                at = f"list_position(reward_names, {sql_string(name)})"
+                parts.append((name, f"len(list_filter(reward_values, lambda v: isnan(v[{at}])))"))
+        if not parts:
+            return pa.table(
+                {"step": pa.array([], pa.int64()), "reward": pa.array([], pa.string()),
+                 "unscored": pa.array([], pa.int64())}
+            )  # fmt: skip
+        sums = ", ".join(f"sum({e})::BIGINT AS c{i}" for i, (_, e) in enumerate(parts))
+        wide = self.rel.sql(
+            f"SELECT step, {sums} FROM groups {self.rel.where(kind=kind)} GROUP BY step "
+            "ORDER BY step"
+        )
+        steps, rewards, counts = [], [], []
+        for i, (name, _) in enumerate(parts):
+            values = wide.column(f"c{i}").to_pylist()
+            for step, count in zip(wide.column("step").to_pylist(), values):
+                if count:
+                    steps.append(step)
+                    rewards.append(name)
+                    counts.append(count)
+        return pa.table(
+            {
+                "step": pa.array(steps, pa.int64()),
+                "reward": pa.array(rewards, pa.string()),
+                "unscored": pa.array(counts, pa.int64()),
+            }
+        )
 
     def _discrete_sources(self, aliases: list[str], flat: str, *, limit: int = 64) -> set[str]:
         """Aliases with at most ``limit`` distinct values in a 65536-row sample (a guess that
@@ -131,7 +187,9 @@ class ReadyMadeQueries:
         completions), ``group_success_rate`` (fraction of groups with at least one success),
         and ``pass_at_{k}`` for each k: the unbiased estimator of Chen et al. (2021),
         ``1 - C(n-c, k) / C(n, k)`` per group of n completions with c successes, averaged over
-        the groups with n >= k (null when there are none).
+        the groups with n >= k (null when there are none). Unscored completions (NaN: no
+        value, TRL's ``None``) are neither successes nor failures: they are left out of
+        ``num_samples`` and every rate, and counted in ``unscored``.
         """
         ks = [int(x) for x in k]
         if any(x < 1 for x in ks):
@@ -152,13 +210,17 @@ class ReadyMadeQueries:
                 f"ELSE 1.0 - {ratio} END) AS pass_at_{x}"
             )
         per_group = (
-            f"SELECT step, count({v}) AS n, count(*) FILTER (WHERE {v} > {float(threshold)!r}) "
+            f"SELECT step, count({v}) AS n, count(*) - count({v}) AS u, "
+            f"count(*) FILTER (WHERE {v} > {float(threshold)!r}) "
             f"AS c FROM {self.rel.flat([alias], kind=kind)} GROUP BY {GROUP_KEY}"
         )
         return self.rel.sql(
-            f"SELECT step, count(*) AS num_groups, sum(n)::BIGINT AS num_samples, "
-            f"sum(c) / sum(n) AS success_rate, avg((c > 0)::DOUBLE) AS group_success_rate, "
-            f"{', '.join(passes)} FROM ({per_group}) WHERE n > 0 GROUP BY step ORDER BY step"
+            f"SELECT step, count(*) FILTER (WHERE n > 0) AS num_groups, "
+            f"sum(n)::BIGINT AS num_samples, sum(u)::BIGINT AS unscored, "
+            f"sum(c) / nullif(sum(n), 0) AS success_rate, "
+            f"avg((c > 0)::DOUBLE) FILTER (WHERE n > 0) AS group_success_rate, "
+            f"{', '.join(p.replace(' AS ', ' FILTER (WHERE n > 0) AS ', 1) for p in passes)} "
+            f"FROM ({per_group}) GROUP BY step ORDER BY step"
         )
 
     def zero_variance_groups(

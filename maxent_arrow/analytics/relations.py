@@ -22,7 +22,14 @@ from maxent_arrow.arrow import registry as R
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.errors import LayoutError
 from maxent_arrow.store import SqlViews
-from maxent_arrow.store.sqlplan import SAMPLE_ALIASES, quote, reward_alias, sql_string
+from maxent_arrow.store.sqlplan import (
+    SAMPLE_ALIASES,
+    UNSCORED_AS_NULL,
+    quote,
+    reward_alias,
+    scored,
+    sql_string,
+)
 
 __all__ = ["GROUP_KEY", "RunRelations", "flat_columns"]
 
@@ -51,11 +58,17 @@ def flat_columns(columns: set[str], reward_names: Sequence[str]) -> dict[str, st
     out: dict[str, str] = {}
     for column in SCORE_COLUMNS:
         if column in columns:
-            out[SAMPLE_ALIASES[column]] = quote(column)
+            out[SAMPLE_ALIASES[column]] = (
+                f"list_transform({quote(column)}, lambda x: {scored('x')})"
+                if column in UNSCORED_AS_NULL
+                else quote(column)
+            )
     if "reward_values" in columns:
         for name in reward_names:
             at = f"list_position(reward_names, {sql_string(name)})"
-            out[reward_alias(name)] = f"list_transform(reward_values, lambda x: x[{at}])"
+            out[reward_alias(name)] = (
+                f"list_transform(reward_values, lambda x: {scored(f'x[{at}]')})"
+            )
     info = "completion_info" in columns
     if "ref_tok_counts" in columns:
         out["length"] = "ref_tok_counts"

@@ -51,6 +51,7 @@ __all__ = [
     "column",
     "columns",
     "family_of_columns",
+    "markdown_table",
     "feeding",
     "names",
     "numbers",
@@ -128,6 +129,10 @@ class Column:
         ``"Class.field"`` of the seed record it is read back into, if any.
     upgrade:
         How a file of an older schema that lacks it gets it (``docs/arrow-layout.md``).
+    merge:
+        How the values of several ranks of one step merge into the step's (step table):
+        ``"sum"``, ``"min"``, ``"max"``, ``"mean:<weight column>"`` or
+        ``"pooled_std:<weight column>"`` (``docs/formulas.md``, "Step statistics").
     """
 
     name: str
@@ -144,6 +149,7 @@ class Column:
     in_samples: bool = True
     feeds: str | None = None
     upgrade: str | None = None
+    merge: str | None = None
 
     @property
     def field(self) -> pa.Field:
@@ -274,24 +280,28 @@ REGISTRY: tuple[Column, ...] = (
     _s("step", _i64, "identity", required=True, statistics=True),
     _s("rank", _i32, "identity", required=True, statistics=True),
     _s("kind", _str, "identity", required=True),
-    _s("num_groups", _i32, "group rows of the step and rank", required=True),
-    _s("num_samples", _i32, "completions of the step and rank", required=True),
+    _s("num_groups", _i32, "group rows of the step and rank", required=True, merge="sum"),
+    _s("num_samples", _i32, "completions of the step and rank", required=True, merge="sum"),
     _s("created_at", pa.timestamp("us", tz="UTC"), "when the step row was made"),
     _s("policy_version", _i64, "which policy generated the step"),
     _s("reward_mean", _f64, "mean of the scored utilities (`RewardMoments.mean`)",
-       feeds="RewardMoments.mean"),
+       feeds="RewardMoments.mean", merge="mean:num_scored"),
     _s("reward_std", _f64, "population std of the scored utilities (`RewardMoments.std`)",
-       feeds="RewardMoments.std"),
-    _s("min_length", _f64, "`LengthStats.min_length`", feeds="LengthStats.min_length"),
-    _s("mean_length", _f64, "`LengthStats.mean_length`", feeds="LengthStats.mean_length"),
-    _s("max_length", _f64, "`LengthStats.max_length`", feeds="LengthStats.max_length"),
-    _s("clipped_ratio", _f64, "`LengthStats.clipped_ratio`", feeds="LengthStats.clipped_ratio"),
+       feeds="RewardMoments.std", merge="pooled_std:num_scored"),
+    _s("min_length", _f64, "`LengthStats.min_length`", feeds="LengthStats.min_length",
+       merge="min"),
+    _s("mean_length", _f64, "`LengthStats.mean_length`", feeds="LengthStats.mean_length",
+       merge="mean:num_samples"),
+    _s("max_length", _f64, "`LengthStats.max_length`", feeds="LengthStats.max_length",
+       merge="max"),
+    _s("clipped_ratio", _f64, "`LengthStats.clipped_ratio` (completions cut at the length cap)",
+       feeds="LengthStats.clipped_ratio", merge="mean:num_samples"),
     _s("min_terminated", _f64, "`LengthStats.min_terminated` (NULL when none terminated)",
-       feeds="LengthStats.min_terminated"),
+       feeds="LengthStats.min_terminated", merge="min"),
     _s("mean_terminated", _f64, "`LengthStats.mean_terminated` (NULL when none terminated)",
-       feeds="LengthStats.mean_terminated"),
+       feeds="LengthStats.mean_terminated", merge="mean:num_terminated"),
     _s("max_terminated", _f64, "`LengthStats.max_terminated` (NULL when none terminated)",
-       feeds="LengthStats.max_terminated"),
+       feeds="LengthStats.max_terminated", merge="max"),
     _s("ref_logp_mean", _f64, "reference summary (`ReferenceLogprobs.ref_logp_mean`)",
        feeds="ReferenceLogprobs.ref_logp_mean"),
     _s("avg_completion_tokens", _f64, "reference summary "
@@ -329,6 +339,9 @@ REGISTRY: tuple[Column, ...] = (
        MAXENT, feeds="RewardComputation.seed_max_possible_entropy"),
     _s("config", _str, "the replay contract, `RunConfig` as JSON "
        "(`maxent_arrow/rollout/config.py`)"),
+    # ------------------------------------------------------------------ step table (2.1)
+    _s("num_scored", _i32, "completions some reward function scored (the others are "
+       "*unscored*: NaN utility, left out of the reward statistics)", merge="sum"),
 )  # fmt: skip
 
 _BY_NAME: dict[tuple[str, str], Column] = {(c.table, c.name): c for c in REGISTRY}
@@ -391,6 +404,37 @@ def feeding(record: str, table: str = GROUP) -> tuple[str, ...]:
     """The columns of ``table`` that feed seed class ``record`` (``"LengthStats"``), in
     layout order."""
     return names(table, where=lambda c: c.feeds is not None and c.feeds.split(".")[0] == record)
+
+
+def _type_text(kind: pa.DataType) -> str:
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return f"list<{_type_text(kind.value_type)}>"
+    if pa.types.is_struct(kind):
+        if kind == COMPLETION_INFO_TYPE:
+            return "struct<finish_reason, stop_reason, truncated, token_count, extra>"
+        if kind == MESSAGE_TYPE:
+            return "struct<role, content, extra>"
+        return f"struct<{', '.join(f.name for f in kind)}>"
+    return str(kind)
+
+
+def markdown_table(table: str = GROUP) -> str:
+    """The column table of ``docs/arrow-layout.md`` for ``table``, generated from the
+    registry (a test checks that the document holds exactly this)."""
+    lines = [
+        "| column | type | level | families | meaning |",
+        "|---|---|---|---|---|",
+    ]
+    for c in columns(table):
+        flags = [w for w, on in (("required", c.required), ("identity", c.identity)) if on]
+        kind = _type_text(c.type) + (f", {', '.join(flags)}" if flags else "")
+        alias = f" (`{c.alias}` in `samples`)" if c.alias else ""
+        feeds = f" Feeds `{c.feeds}`." if c.feeds else ""
+        lines.append(
+            f"| `{c.name}` | {kind} | {c.level} | {', '.join(c.families)} | "
+            f"{c.doc}{alias}.{feeds} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def family_of_columns(present: Iterable[str], table: str = GROUP) -> set[str]:

@@ -31,6 +31,7 @@ from typing import Any, Literal
 import torch
 
 from maxent_arrow.arrow import Ragged
+from maxent_arrow.arrow import registry as R
 from maxent_arrow.compute.segments import (
     LOG2E,
     Segments,
@@ -54,19 +55,25 @@ __all__ = [
     "SCALE_REWARDS",
     "Aggregation",
     "EntropyBonus",
+    "LENGTH_FIELDS",
     "Missing",
+    "ScoredMoments",
     "ScaleRewards",
     "WeightEntropy",
     "apply_group_scales",
     "check_scale_rewards",
+    "clipped_flags",
     "entropy_bonus",
     "group_advantages",
     "group_entropy",
     "multi_objective_advantages",
     "length_stats",
+    "length_summary",
     "maxent_weights",
+    "merge_step_rows",
     "q_distribution",
     "reward_moments",
+    "scored_moments",
     "total_utils",
     "weight_entropy",
 ]
@@ -599,8 +606,54 @@ def weight_entropy(weights: Any) -> WeightEntropy:
 
 
 # ---------------------------------------------------------------------------- §2.6, §2.13
+# The step statistics, one definition each (``docs/formulas.md`` §2.6, §2.13, "Step
+# statistics"): the seed records (RewardMoments, LengthStats), the stored step rows of every
+# writer (this library's trainer, the TRL and verl recorders) and, held to these by a property
+# test, the SQL of the analytics. An empty set gives ``None`` (NULL when stored); the seed's
+# records keep the original's 0.0 instead.
+
+
+@dataclass(frozen=True)
+class ScoredMoments:
+    """The moments of the *scored* values of a step: a NaN is an unscored completion (TRL
+    turns a reward function's ``None`` into NaN; none of the functions scored it), left out of
+    ``mean`` and the **population** ``std`` (divide by n; 0 for one value) and counted in
+    ``unscored``. ``mean``/``std`` are ``None`` when nothing was scored."""
+
+    scored: int
+    unscored: int
+    mean: float | None
+    std: float | None
+
+
+def scored_moments(values: Any) -> ScoredMoments:
+    """:class:`ScoredMoments` of a flat vector (or ``Ragged``) of values.
+
+    Ranks merge exactly (:func:`merge_step_rows`): the mean weighted by ``scored``, the std
+    pooled from each rank's (scored, mean, std).
+    """
+    v = flat_values(values, "scored_moments: values").to(torch.float64)
+    scored = ~torch.isnan(v)
+    n = int(scored.sum())
+    if n == v.numel():
+        # All scored: two reductions, no masked copy (torch.var_mean's Welford loop is ~6x
+        # slower than both together).
+        mean, std = torch.stack([v.mean(), torch.std(v, correction=0)]).tolist() if n else (0, 0)
+    elif n:
+        kept = v[scored]
+        mean, std = torch.stack([kept.mean(), torch.std(kept, correction=0)]).tolist()
+    if n == 0:
+        return ScoredMoments(0, int(v.numel()), None, None)
+    return ScoredMoments(n, int(v.numel()) - n, float(mean), float(std))
+
+
 def reward_moments(utils: Any) -> RewardMoments:
-    """Mean and **population** std (divide by N; 0 when N = 1) of the utilities (§2.6)."""
+    """Mean and **population** std (divide by N; 0 when N = 1) of the utilities (§2.6).
+
+    The seed's record: every value must be finite (a NaN or inf is a
+    :class:`~maxent_arrow.errors.ComputeError` naming the sample). The stored step statistic
+    of a batch with unscored (NaN) completions is :func:`scored_moments`.
+    """
     u = flat_values(utils, "reward_moments: utils")
     # Separate reductions: torch.var_mean's Welford loop is ~6x slower than both together. The
     # full-tensor std is a two-pass reduction with no [N] temporary (a fresh 8 MB temporary
@@ -614,9 +667,75 @@ def reward_moments(utils: Any) -> RewardMoments:
     return RewardMoments(mean=m, std=s)
 
 
+def clipped_flags(
+    token_counts: Any, *, max_completion_len: int | None = None, truncated: Any = None
+) -> torch.Tensor:
+    """Which completions were cut at the length cap: ``T_i >= max_completion_len`` when the
+    cap is known (the seed's ``LengthStats`` rule), else the generator's ``truncated`` flags
+    (``completion_info.truncated``). A bool ``[N]`` tensor on the counts' device."""
+    t = flat_values(token_counts, "clipped_flags: token_counts")
+    if max_completion_len is not None:
+        return t >= int(max_completion_len)
+    if truncated is None:
+        raise ComputeError("clipped_flags: expected max_completion_len or truncated flags")
+    flags = flat_values(truncated, "clipped_flags: truncated").to(torch.bool)
+    if flags.shape != t.shape:
+        raise ComputeError(
+            f"clipped_flags: truncated: expected {t.numel()} flags (one per completion), got "
+            f"{flags.numel()}"
+        )
+    return flags.to(t.device)
+
+
+# The stored length statistics, in LengthStats's field order (the column registry's).
+LENGTH_FIELDS = R.feeding("LengthStats", R.STEP)
+
+
+def length_summary(token_counts: Any, clipped: Any) -> dict[str, float | None]:
+    """The length statistics of a step (§2.13): min/mean/max of ``T_i``, the fraction
+    ``clipped``, and min/mean/max of the completions that terminated (not clipped). A set
+    that is empty gives ``None``: the terminated fields when every completion was clipped,
+    every field when there is no completion. (The seed's ``LengthStats`` gives 0.0 there:
+    :func:`length_stats`.)
+
+    Ranks merge exactly (:func:`merge_step_rows`): mins and maxes of mins and maxes, the
+    means and the clipped fraction weighted by the completions (terminated ones for the
+    terminated mean)."""
+    t = flat_values(token_counts, "length_summary: token_counts").to(torch.float64)
+    c = flat_values(clipped, "length_summary: clipped").to(device=t.device, dtype=torch.bool)
+    if c.shape != t.shape:
+        raise ComputeError(
+            f"length_summary: clipped: expected {t.numel()} flags (one per completion), got "
+            f"{c.numel()}"
+        )
+    if t.numel() == 0:
+        return dict.fromkeys(LENGTH_FIELDS)
+    done = ~c
+    n_done = done.sum()
+    inf = torch.tensor(math.inf, dtype=t.dtype, device=t.device)
+    stats = torch.stack(
+        [
+            t.min(),
+            t.mean(),
+            t.max(),
+            c.to(t.dtype).mean(),
+            torch.where(done, t, inf).min(),
+            torch.where(done, t, 0.0).sum() / n_done.clamp(min=1),
+            torch.where(done, t, -inf).max(),
+            n_done.to(t.dtype),
+        ]
+    ).tolist()
+    out: dict[str, float | None] = dict(zip(LENGTH_FIELDS, stats[:7]))
+    if stats[7] == 0:
+        for name in LENGTH_FIELDS[4:]:
+            out[name] = None
+    return out
+
+
 def length_stats(token_counts: Any, *, max_completion_len: int) -> LengthStats:
     """Length summary of ``T_i`` (§2.13): min/mean/max, the fraction that hit the cap
-    (``T_i >= max_completion_len``), and min/mean/max of those that terminated (0 if none)."""
+    (``T_i >= max_completion_len``), and min/mean/max of those that terminated (0 if none, as
+    the original; the stored step statistic is ``NULL`` there: :func:`length_summary`)."""
     where = "length_stats: token_counts"
     t = flat_values(token_counts, where).to(torch.float64)
     if isinstance(max_completion_len, bool) or not isinstance(max_completion_len, int):
@@ -631,26 +750,49 @@ def length_stats(token_counts: Any, *, max_completion_len: int) -> LengthStats:
     if bool((t < 0).any()):
         i = int(torch.nonzero(t < 0)[0, 0])
         raise ComputeError(f"{where}: expected counts >= 0, got {float(t[i])} at sample {i}")
-    clipped = t >= max_completion_len
-    done = ~clipped
-    n_done = done.sum()
-    inf = torch.tensor(math.inf, dtype=t.dtype, device=t.device)
-    low = torch.where(done, t, inf).min()
-    high = torch.where(done, t, -inf).max()
-    mean_done = torch.where(done, t, 0.0).sum() / n_done.clamp(min=1)
-    has = n_done > 0
-    stats = torch.stack(
-        [
-            t.min(),
-            t.mean(),
-            t.max(),
-            clipped.to(t.dtype).mean(),
-            torch.where(has, low, 0.0),
-            torch.where(has, mean_done, 0.0),
-            torch.where(has, high, 0.0),
-        ]
-    ).tolist()
-    return LengthStats(*stats)
+    summary = length_summary(t, clipped_flags(t, max_completion_len=max_completion_len))
+    return LengthStats(*(0.0 if summary[f] is None else summary[f] for f in LENGTH_FIELDS))
+
+
+def merge_step_rows(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One step's statistics from its ranks' step rows (mappings of step-table values): for
+    each column whose registry row declares a ``merge`` rule, what the step row of every
+    rank's completions at once holds. A ``None`` (an empty set) takes no part, and a merge of
+    nothing is ``None``."""
+    weights = {
+        "num_samples": [float(r.get("num_samples") or 0) for r in rows],
+        "num_scored": [float(r.get("num_scored") or 0) for r in rows],
+        # The terminated completions of a rank: its samples that were not clipped.
+        "num_terminated": [
+            float(r.get("num_samples") or 0) * (1.0 - float(r.get("clipped_ratio") or 0.0))
+            for r in rows
+        ],
+    }
+    out: dict[str, Any] = {}
+    for column in R.columns(R.STEP, where=lambda c: c.merge is not None):
+        rule, _, by = column.merge.partition(":")
+        name = column.name
+        w = weights[by] if by else [1.0] * len(rows)
+        kept = [(r, wi) for r, wi in zip(rows, w) if r.get(name) is not None and wi > 0]
+        values = [r[name] for r, _ in kept]
+        if rule == "sum":
+            out[name] = sum(r.get(name) or 0 for r in rows)
+        elif not kept:
+            out[name] = None
+        elif rule == "min":
+            out[name] = min(values)
+        elif rule == "max":
+            out[name] = max(values)
+        elif rule == "mean":
+            out[name] = sum(v * wi for v, (_, wi) in zip(values, kept)) / sum(wi for _, wi in kept)
+        elif rule == "pooled_std":  # E[x^2] - E[x]^2 over the union of the ranks' values
+            total = sum(wi for _, wi in kept)
+            mean = sum(r["reward_mean"] * wi for r, wi in kept) / total
+            second = sum((r[name] ** 2 + r["reward_mean"] ** 2) * wi for r, wi in kept) / total
+            out[name] = math.sqrt(max(second - mean * mean, 0.0))
+        else:  # pragma: no cover - a registry rule this function does not know
+            raise ComputeError(f"merge_step_rows: {name}: unknown merge rule {column.merge!r}")
+    return out
 
 
 # ---------------------------------------------------------------------------- §3.5 bonus

@@ -1,6 +1,8 @@
 """The step row of a group table that another trainer's recorder built: counts, reward
 moments, length statistics, the reference and KL summaries, and the run config, all computed
-from the group columns (vectorised), so a recorder only builds the group rows."""
+from the group columns (vectorised) by the one definition of each statistic
+(:mod:`maxent_arrow.compute.group_math`, :func:`maxent_arrow.compute.kl_by_length_bucket`),
+so a recorder only builds the group rows."""
 
 from __future__ import annotations
 
@@ -10,8 +12,16 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import torch
 
 from maxent_arrow.arrow import schema as S
+from maxent_arrow.compute import (
+    clipped_flags,
+    k3,
+    kl_by_length_bucket,
+    length_summary,
+    scored_moments,
+)
 from maxent_arrow.rollout import RunConfig, StepHeader
 
 __all__ = ["step_row"]
@@ -39,6 +49,17 @@ def _mean(values: np.ndarray) -> float | None:
     return float(kept.mean()) if len(kept) else None
 
 
+def _truncated(groups: pa.Table) -> np.ndarray | None:
+    """The generator's per-completion ``truncated`` flags, when every completion has one."""
+    info = _flat(groups, "completion_info")
+    if info is None:
+        return None
+    flags = pc.struct_field(info, "truncated")
+    if flags.null_count:
+        return None
+    return np.asarray(flags.to_numpy(zero_copy_only=False), dtype=bool)
+
+
 def step_row(
     groups: pa.Table,
     *,
@@ -50,9 +71,10 @@ def step_row(
 ) -> pa.RecordBatch:
     """The one-row step table of ``groups`` (one step of one rank).
 
-    Reward moments are over ``total_utils`` (NaN utilities, unscorable completions, left
-    out; population std). Length statistics use the ``completion_ids`` lengths and, with
-    ``max_completion_len``, count a completion of that length as clipped. ``ref_logp_mean``
+    Reward moments are over ``total_utils`` (NaN utilities, unscored completions, left out
+    and counted; population std, where TRL logs the Bessel-corrected one). Length statistics
+    use the ``completion_ids`` lengths; a completion is clipped at ``max_completion_len`` when
+    it is given, else by the generator's ``truncated`` flag. ``ref_logp_mean``
     and ``avg_completion_tokens`` come from ``ref_logp_sum_raw``/``ref_tok_counts``;
     ``kl_value`` is the token mean of the k3 KL between ``ref_token_logp`` and
     ``behavior_token_logp``, and the KL by length bucket is its per-completion mean, weighted
@@ -72,12 +94,20 @@ def step_row(
         config=text,
     ).values()
     utils = _numbers(_flat(groups, "total_utils"))
-    if utils is not None and (~np.isnan(utils)).any():
-        kept = utils[~np.isnan(utils)]
-        values["reward_mean"], values["reward_std"] = float(kept.mean()), float(kept.std())
+    if utils is not None:
+        moments = scored_moments(torch.from_numpy(utils))
+        values["num_scored"] = moments.scored
+        values["reward_mean"], values["reward_std"] = moments.mean, moments.std
     ids = _flat(groups, "completion_ids")
-    if ids is not None and len(ids) and max_completion_len:
-        values.update(_length_stats(pc.list_value_length(ids).to_numpy(), max_completion_len))
+    truncated = _truncated(groups)
+    if ids is not None and len(ids) and (max_completion_len or truncated is not None):
+        lengths = torch.from_numpy(pc.list_value_length(ids).to_numpy().astype(np.int64))
+        clipped = clipped_flags(
+            lengths,
+            max_completion_len=max_completion_len or None,
+            truncated=None if truncated is None else torch.from_numpy(truncated),
+        )
+        values.update(length_summary(lengths, clipped))
     raw, counts = (
         _numbers(_flat(groups, "ref_logp_sum_raw")),
         _numbers(_flat(groups, "ref_tok_counts")),
@@ -90,49 +120,18 @@ def step_row(
         _numbers(_flat(groups, "behavior_token_logp", 2)),
     )
     if ref is not None and behavior is not None and len(ref) == len(behavior) and len(ref):
-        delta = np.clip(ref - behavior, -60.0, 60.0)
-        k3 = np.expm1(delta) - delta
-        values["kl_value"] = _mean(k3)
-        tokens = pc.list_value_length(_flat(groups, "ref_token_logp")).to_numpy()
-        values.update(_kl_buckets(k3, tokens.astype(np.int64)))
+        per_token = k3(torch.from_numpy(ref - behavior))
+        values["kl_value"] = float(per_token.mean())
+        tokens = torch.from_numpy(
+            pc.list_value_length(_flat(groups, "ref_token_logp")).to_numpy().astype(np.int64)
+        )
+        # Per completion the token mean of the k3 KL (an empty completion: 0), by bucket.
+        owner = torch.repeat_interleave(torch.arange(len(tokens)), tokens)
+        sums = torch.zeros(len(tokens), dtype=torch.float64).index_add_(0, owner, per_token)
+        per_token_kl, support = kl_by_length_bucket(sums / tokens.clamp(min=1), tokens)
+        values["kl_length_buckets"] = list(per_token_kl)
+        values["kl_per_token_by_len_bucket"] = list(per_token_kl.values())
+        values["kl_token_count_by_len_bucket"] = [support[b] for b in per_token_kl]
     names = [f.name for f in S.STEP_FIELDS if f.name in values]
     fields = [pa.field(n, _STEP_TYPES[n], nullable=n not in S.STEP_REQUIRED) for n in names]
     return pa.RecordBatch.from_pydict({n: [values[n]] for n in names}, schema=pa.schema(fields))
-
-
-def _kl_buckets(k3: np.ndarray, tokens: np.ndarray) -> dict[str, list]:
-    """The per-token KL by completion-length bucket (``BatchDiagnostics``, ``docs/formulas.md``
-    §3.10): per completion the token mean ``kl_i``, then ``Σ kl_i t_i / Σ t_i`` per bucket of
-    ``t_i = max(T_i, 1)``; empty buckets are left out, as the trainer's diagnostics do."""
-    starts = np.concatenate([[0], np.cumsum(tokens)[:-1]])
-    sums = np.add.reduceat(k3, starts) if len(k3) else np.zeros(len(tokens))
-    sums = np.where(tokens > 0, sums, 0.0)  # reduceat gives the next value for an empty row
-    t = np.maximum(tokens, 1).astype(np.float64)
-    kl = sums / t
-    labels = list(S.KL_LENGTH_BUCKETS)
-    bounds = [b for b in S.KL_LENGTH_BUCKETS.values() if b is not None]
-    index = np.searchsorted(np.asarray(bounds, np.float64), t, side="left")
-    weighted = np.bincount(index, weights=kl * t, minlength=len(labels))
-    support = np.bincount(index, weights=t, minlength=len(labels))
-    kept = np.flatnonzero(support > 0)
-    return {
-        "kl_length_buckets": [labels[i] for i in kept],
-        "kl_per_token_by_len_bucket": [float(weighted[i] / support[i]) for i in kept],
-        "kl_token_count_by_len_bucket": [float(support[i]) for i in kept],
-    }
-
-
-def _length_stats(lengths: np.ndarray, cap: int) -> dict[str, float]:
-    """LengthStats of the token counts (``docs/formulas.md`` §2.13)."""
-    t = lengths.astype(np.float64)
-    clipped = t >= cap
-    done = t[~clipped]
-    return {
-        "min_length": float(t.min()),
-        "mean_length": float(t.mean()),
-        "max_length": float(t.max()),
-        "clipped_ratio": float(clipped.mean()),
-        "min_terminated": float(done.min()) if len(done) else 0.0,
-        "mean_terminated": float(done.mean()) if len(done) else 0.0,
-        "max_terminated": float(done.max()) if len(done) else 0.0,
-    }

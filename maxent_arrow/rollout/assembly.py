@@ -76,6 +76,11 @@ def check_parts(parts: Mapping[str, Any]) -> None:
 _REWARD_LISTS = ("reward_names", "reward_values")
 
 
+# The stored length statistics (LengthStats's fields): min, mean, max, clipped ratio, then the
+# terminated completions' min, mean, max.
+LENGTH_FIELDS = R.feeding("LengthStats", R.STEP)
+
+
 class GroupColumns:
     """The group table's columns of one step, filled part by part.
 
@@ -315,7 +320,17 @@ def step_values(
                     )
                 row[bucket] = [value for _, value in row[bucket]]
             row["kl_length_buckets"] = labels
+        if name == "length_stats" and row.get("clipped_ratio") == 1.0:
+            # Every completion was clipped: the seed record says 0.0 for the terminated
+            # statistics (the original's convention); the stored value of an empty set is
+            # NULL (docs/formulas.md, "Step statistics").
+            for field in LENGTH_FIELDS[4:]:
+                row[field] = None
         values.update(row)
+    utils = columns.columns.get("total_utils")
+    if utils is not None:
+        flat = np.asarray(utils.flatten().to_numpy(zero_copy_only=False), dtype=np.float64)
+        values["num_scored"] = int(np.count_nonzero(~np.isnan(flat)))
     schema = S.step_schema()
     return pa.RecordBatch.from_pydict({f.name: [values.get(f.name)] for f in schema}, schema=schema)
 

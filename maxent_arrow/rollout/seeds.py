@@ -223,9 +223,10 @@ def _one_row(values: dict[str, Any], types: dict[str, pa.DataType] | None = None
 
 def length_stats(batch: RolloutBatch):
     values = {name: _scalar(batch, name) for name in LENGTH_FIELDS}
-    if any(v is None for v in values.values()):
+    if any(values[name] is None for name in LENGTH_FIELDS[:4]):
         return None
-    return T.LengthStats.from_arrow(_one_row(values))
+    # Stored NULL (no completion terminated) is the seed record's 0.0 (the original's).
+    return T.LengthStats.from_arrow(_one_row({k: v or 0.0 for k, v in values.items()}))
 
 
 def loss_scalars(batch: RolloutBatch):

@@ -14,13 +14,26 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from maxent_arrow.arrow import registry as R
+
 __all__ = ["pad_to_layout", "strip_padding"]
+
+
+_REGISTERED = frozenset(R.names(R.GROUP)) | frozenset(R.names(R.STEP))
 
 
 def pad_to_layout(table: pa.Table, layout: pa.Schema) -> pa.Table:
     """``table`` with every column of ``layout`` (absent ones as nulls), in the layout's
-    order, then its own extra columns; the table's schema metadata is kept."""
-    names = table.column_names
+    order, then its own extra columns; the table's schema metadata is kept. A registered
+    column outside ``layout`` (another family's) that holds only nulls is padding of another
+    layout and is dropped."""
+    names = [
+        n
+        for n in table.column_names
+        if n in layout.names
+        or n not in _REGISTERED
+        or table.column(n).null_count < table.num_rows
+    ]
     fields, arrays = [], []
     for field in layout:
         if field.name in names:

@@ -27,12 +27,14 @@ from maxent_arrow.store.backend import DuckSource
 __all__ = [
     "GROUP_SCALARS",
     "SAMPLE_ALIASES",
+    "UNSCORED_AS_NULL",
     "FileSet",
     "ViewPlan",
     "plan_views",
     "quote",
     "reward_alias",
     "samples_view_sql",
+    "scored",
     "sql_string",
 ]
 
@@ -45,6 +47,17 @@ SAMPLE_ALIASES: dict[str, str] = {
 GROUP_SCALARS = R.names(
     R.GROUP, level="group", where=lambda c: c.in_samples and c.name != "reward_names"
 )
+
+
+# Scores whose NaN means "not scored" (TRL turns a reward function's None into NaN; a
+# completion no function scored has a NaN utility): NULL in the views, so that a plain avg()
+# or count() is right (docs/formulas.md, "Step statistics").
+UNSCORED_AS_NULL = ("total_utils",)
+
+
+def scored(expression: str) -> str:
+    """``expression`` (a double) with NaN as NULL: an unscored completion."""
+    return f"nullif({expression}, 'NaN'::DOUBLE)"
 
 
 def reward_alias(name: str) -> str:
@@ -82,12 +95,16 @@ def samples_view_sql(
             for sub in S.COMPLETION_INFO_TYPE:
                 out.append(f"g.completion_info[g._i].{quote(sub.name)} AS {quote(sub.name)}")
             continue
-        out.append(f"g.{quote(column)}[g._i] AS {quote(alias)}")
+        value = f"g.{quote(column)}[g._i]"
+        if column in UNSCORED_AS_NULL:
+            value = scored(value)
+        out.append(f"{value} AS {quote(alias)}")
     if "reward_names" in cols:
         out.append("g.reward_names AS reward_names")
         for name in reward_names:
             at = f"list_position(g.reward_names, {sql_string(name)})"
-            out.append(f"g.reward_values[g._i][{at}] AS {quote(reward_alias(name))}")
+            value = scored(f"g.reward_values[g._i][{at}]")
+            out.append(f"{value} AS {quote(reward_alias(name))}")
     k = "num_completions" if "num_completions" in cols else "len(completions)"
     return (
         f"SELECT {', '.join(out)} FROM (SELECT *, unnest(generate_series(1, {k})) AS _i "

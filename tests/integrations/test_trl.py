@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import trl_runs  # noqa: E402
 from trl import GRPOTrainer  # noqa: E402
 
-from maxent_arrow import RolloutStore, RunConfig  # noqa: E402
+from maxent_arrow import RolloutStore, RunAnalytics, RunConfig, build_report  # noqa: E402
 from maxent_arrow.arrow import registry as R  # noqa: E402
 from maxent_arrow.errors import LayoutError  # noqa: E402
 from maxent_arrow.integrations.steps import step_row  # noqa: E402
@@ -549,3 +549,67 @@ def test_group_table_from_gpu_tensors_equals_the_host_one():
         pad_token_id=0,
     )
     assert trl_group_table(device, **common).equals(trl_group_table(host, **common))
+
+
+# ---------------------------------------------------------------------------- unscored (NaN)
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "funcs",
+    [["correct", "sometimes_none"], ["sometimes_none"]],
+    ids=["one-of-two-returns-none", "the-only-function-returns-none"],
+)
+def test_unscored_completions_give_nan_free_figures_and_are_counted(tmp_path, funcs):
+    """TRL turns a reward function's ``None`` into NaN and the store keeps it; every figure of
+    the analytics and the report leaves those completions out and counts them as unscored,
+    as TRL's own log (its completions Parquet) says."""
+    probe = trl_runs.trainer(
+        tmp_path,
+        reward_funcs=[getattr(trl_runs, f) for f in funcs],
+        max_steps=2,
+        num_iterations=1,
+        background=False,
+    )
+    probe.train()
+    store = RolloutStore(tmp_path / "store")
+    steps = store.steps()
+    with RunAnalytics(store) as run:
+        curve = run.reward_curve().to_pylist()
+        success = run.success_rate(threshold=0.5).to_pylist()
+        for step in steps:
+            # TRL logs a round generated at global_step s as step s + 1.
+            log = trl_parquet(tmp_path / "out", step + 1)
+            values = log[funcs].to_numpy(dtype=np.float64)
+            total = np.nansum(values, axis=1)
+            total[np.isnan(values).all(axis=1)] = np.nan
+            kept = total[~np.isnan(total)]
+            row = next(r for r in curve if r["step"] == step and r["reward"] == "total_utils")
+            assert row["unscored"] == int(np.isnan(total).sum())
+            assert row["n"] == len(kept)
+            if len(kept):
+                assert row["mean"] == pytest.approx(kept.mean(), abs=1e-12)
+                assert row["std"] == pytest.approx(kept.std(), abs=1e-12)  # population
+            for j, name in enumerate(funcs):
+                mine = next(r for r in curve if r["step"] == step and r["reward"] == name)
+                assert mine["unscored"] == int(np.isnan(values[:, j]).sum())
+                assert mine["unscored"] > 0 or name != "sometimes_none"
+            avg = run.sql(
+                f"SELECT avg(total_util) AS m, count(*) - count(total_util) AS u FROM samples "
+                f"WHERE step = {step}"
+            ).to_pylist()[0]
+            assert avg["u"] == row["unscored"]
+            assert (avg["m"] is None) == (len(kept) == 0)
+            if len(kept):
+                assert avg["m"] == pytest.approx(kept.mean(), abs=1e-12)
+            s = next(r for r in success if r["step"] == step)
+            assert s["unscored"] == row["unscored"] and s["num_samples"] == len(kept)
+            extreme = run.extreme_completions(step, n=2).to_pylist()
+            assert all(math.isfinite(r["score"]) for r in extreme)
+            if len(kept):
+                assert max(r["score"] for r in extreme) == pytest.approx(kept.max())
+        for r in curve + success:
+            for key, value in r.items():
+                assert not (isinstance(value, float) and math.isnan(value)), (key, r)
+    assert sum(r["unscored"] for r in curve if r["reward"] == "total_utils") > 0 or len(funcs) > 1
+    report = build_report(store, tmp_path / "report", progress=False)
+    flat_summary = json.dumps(report.summary, allow_nan=True)
+    assert "NaN" not in flat_summary, flat_summary
