@@ -145,7 +145,9 @@ def _step_batch(step: int, steps: int, rng: np.random.Generator, pool: pa.Array)
         num_samples=n,
         config=f'{{"max_completion_len": {MAX_LEN}}}',
     )
-    return RolloutBatch(table, pa.Table.from_pylist([row], schema=S.step_schema(families=("core", "maxent"))))
+    return RolloutBatch(
+        table, pa.Table.from_pylist([row], schema=S.step_schema(families=("core", "maxent")))
+    )
 
 
 def generate(root: Path, *, steps: int, compact_every: int | None) -> Path:

@@ -104,7 +104,8 @@ def generate(root: Path, *, steps: int, prompts: int, k: int, seed: int = 0) -> 
         )
         row = {"step": step, "rank": 0, "kind": "train", "num_groups": prompts, "num_samples": n}
         step_row = pa.RecordBatch.from_pylist(
-            [row], schema=pa.schema([S.step_schema(families=("core", "maxent")).field(c) for c in row])
+            [row],
+            schema=pa.schema([S.step_schema(families=("core", "maxent")).field(c) for c in row]),
         )
         store.append(RolloutBatch(groups, step_row))
     return store

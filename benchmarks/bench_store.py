@@ -102,7 +102,9 @@ def make_step(step: int, prompts: int, k: int, max_len: int, seed: int = 0) -> R
     row = {f.name: [None] for f in S.step_schema(families=("core", "maxent"))}
     row.update(step=[step], rank=[0], kind=["train"], num_groups=[prompts], num_samples=[n])
     row["config"] = [json.dumps({"tau": 0.5, "beta": 0.04})]
-    return RolloutBatch(groups, pa.RecordBatch.from_pydict(row, schema=S.step_schema(families=("core", "maxent"))))
+    return RolloutBatch(
+        groups, pa.RecordBatch.from_pydict(row, schema=S.step_schema(families=("core", "maxent")))
+    )
 
 
 def ragged_bytes(batch: RolloutBatch) -> int:

@@ -85,7 +85,9 @@ def write_store(
     for step, kind in jobs:
         names = rewards_at(step)
         for rank in range(ranks):
-            rows: dict[str, list] = {f.name: [] for f in S.group_schema(families=("core", "maxent"))}
+            rows: dict[str, list] = {
+                f.name: [] for f in S.group_schema(families=("core", "maxent"))
+            }
             all_lens, all_utils = [], []
             for gi in range(prompts):
                 k = int(rng.integers(1, 7))
@@ -176,6 +178,8 @@ def write_store(
                 config=json.dumps({"max_completion_len": max_len} if cap_in_config else {}),
             )
             out.step_rows.append(step_row)
-            step_table = pa.Table.from_pylist([step_row], schema=S.step_schema(families=("core", "maxent")))
+            step_table = pa.Table.from_pylist(
+                [step_row], schema=S.step_schema(families=("core", "maxent"))
+            )
             store.append(RolloutBatch(table, step_table))
     return out

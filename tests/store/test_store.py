@@ -40,7 +40,9 @@ def test_layout_on_disk(store):
     root = store.root
     manifest = json.loads((root / "manifest.json").read_text())
     assert manifest["format"] == "maxent-arrow-rollouts"
-    assert manifest["schema_version"] == S.SCHEMA_VERSION == "2.1" and manifest["config"] == {"run": "test"}
+    assert manifest["schema_version"] == S.SCHEMA_VERSION == "2.1" and manifest["config"] == {
+        "run": "test"
+    }
     names = sorted(p.name for p in (root / "groups").iterdir())
     assert names == [
         "step-0000000000.rank-00000.train.parquet",
@@ -600,9 +602,7 @@ def test_replay_whole_groups_merges_what_ranks_stored_of_each_group(tmp_path, so
     # Resumable and shardable like any replay; shuffling keeps each group whole.
     first = list(store.replay(source=source, whole_groups=True, start=merged[0].cursor))
     assert [b.step for b in first] == [1, 2]
-    shards = [
-        [b.step for b in store.replay(whole_groups=True, shard=(r, 2))] for r in (0, 1)
-    ]
+    shards = [[b.step for b in store.replay(whole_groups=True, shard=(r, 2))] for r in (0, 1)]
     assert sorted(shards[0] + shards[1]) == [0, 1, 2] and not set(shards[0]) & set(shards[1])
     shuffled = list(store.replay(whole_groups=True, shuffle=True, seed=3))
     for batch in shuffled:
