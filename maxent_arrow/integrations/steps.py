@@ -39,9 +39,10 @@ def _flat(groups: pa.Table, name: str, depth: int = 1) -> pa.ChunkedArray | None
 
 
 def _numbers(column: pa.ChunkedArray | None) -> np.ndarray | None:
+    """A float64 copy (writable: torch refuses to wrap Arrow's read-only memory)."""
     if column is None:
         return None
-    return np.asarray(column.to_numpy(), dtype=np.float64)
+    return np.array(column.to_numpy(), dtype=np.float64)
 
 
 def _mean(values: np.ndarray) -> float | None:
@@ -74,16 +75,19 @@ def step_row(
     Reward moments are over ``total_utils`` (NaN utilities, unscored completions, left out
     and counted; population std, where TRL logs the Bessel-corrected one). Length statistics
     use the ``completion_ids`` lengths; a completion is clipped at ``max_completion_len`` when
-    it is given, else by the generator's ``truncated`` flag. ``ref_logp_mean``
+    it is given, else at the config's (the cap the analytics use), else by the generator's
+    ``truncated`` flag. ``ref_logp_mean``
     and ``avg_completion_tokens`` come from ``ref_logp_sum_raw``/``ref_tok_counts``;
     ``kl_value`` is the token mean of the k3 KL between ``ref_token_logp`` and
     ``behavior_token_logp``, and the KL by length bucket is its per-completion mean, weighted
     by the token counts, per bucket. What a column does not allow is left null.
     """
-    if isinstance(config, RunConfig):
-        text = config.to_json()
-    else:
-        text = RunConfig.from_dict(dict(config or {})).to_json()
+    run_config = (
+        config if isinstance(config, RunConfig) else RunConfig.from_dict(dict(config or {}))
+    )
+    text = run_config.to_json()
+    # One cap for the step row and the analytics: the argument, else the step's config's.
+    cap = run_config.max_completion_len if max_completion_len is None else max_completion_len
     sizes = pc.list_value_length(groups.column("completions")).to_numpy()
     values = StepHeader(
         step=step,
@@ -100,11 +104,11 @@ def step_row(
         values["reward_mean"], values["reward_std"] = moments.mean, moments.std
     ids = _flat(groups, "completion_ids")
     truncated = _truncated(groups)
-    if ids is not None and len(ids) and (max_completion_len or truncated is not None):
+    if ids is not None and len(ids) and (cap or truncated is not None):
         lengths = torch.from_numpy(pc.list_value_length(ids).to_numpy().astype(np.int64))
         clipped = clipped_flags(
             lengths,
-            max_completion_len=max_completion_len or None,
+            max_completion_len=cap or None,
             truncated=None if truncated is None else torch.from_numpy(truncated),
         )
         values.update(length_summary(lengths, clipped))
