@@ -259,6 +259,11 @@ REGISTRY: tuple[Column, ...] = (
        feeds="RewardComputation.seed_semantic_entropies"),
     _g("seed_advantage_scale", _f64, "group", "SEED-GRPO group scale (§3.3)", MAXENT,
        feeds="RewardComputation.seed_advantage_scales"),
+    # ------------------------------------------------------------------ core (2.1)
+    _g("round", _i32, "group", "the generation round within the step (0 when a step is one "
+       "round; TRL with `steps_per_generation` below gradient accumulation, or an evaluation "
+       "in several batches, makes several): batch-level normalisations are per round",
+       identity=True, upgrade="0"),
     # ------------------------------------------------------------------ TRL and verl (2.1)
     _g("token_advantages", _list(_list(_f32)), "token", "per-token advantages (a TRL subclass "
        "that gives them; verl's `advantages`)", TRL, VERL),

@@ -358,6 +358,7 @@ def round_table(
         ),
         "group_size": pa.array(np.full(p, group_size, np.int32)),
         "num_completions": pa.array(np.diff(part_offsets).astype(np.int32)),
+        "round": pa.array(np.full(p, round_index, np.int32)),
     }
     prompt_offsets = np.concatenate([[0], np.cumsum(host.prompt_counts)]).astype(np.int32)
     columns["prompt_ids"] = pa.ListArray.from_arrays(

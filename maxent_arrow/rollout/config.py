@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from maxent_arrow.errors import SchemaError
 
-__all__ = ["RunConfig", "ScaleRewards"]
+__all__ = ["RunConfig", "ScaleRewards", "unique_names"]
 
 # How advantages are scaled after the group mean is subtracted: by the group's std ("group",
 # the GRPO paper and our default), by the std of the whole batch ("batch", TRL's option), or
@@ -38,12 +38,31 @@ _AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
 _UNSCORABLE = ("zero", "exclude")
 
 
+def unique_names(names: Sequence[str]) -> tuple[str, ...]:
+    """``names`` made unique, case-insensitively (DuckDB's identifiers are, and the views have
+    one ``reward_<name>`` column per name): the first of each name keeps it, a later one gets
+    the first free ``_1``, ``_2``... suffix. Stable: the same names give the same result."""
+    taken: set[str] = set()
+    out = []
+    for name in names:
+        candidate, n = name, 0
+        while candidate.casefold() in taken:
+            n += 1
+            candidate = f"{name}_{n}"
+        taken.add(candidate.casefold())
+        out.append(candidate)
+    return tuple(out)
+
+
 @dataclass(frozen=True, kw_only=True)
 class RunConfig:
     """The settings of a run that a stored step depends on.
 
     Group math
-        ``reward_names`` and ``reward_weights`` (λ_j of ``total_utils``), ``scale_rewards``
+        ``reward_names`` (unique in a run: two functions a trainer names alike, such as
+        TRL's two ``<lambda>``, or ``Acc`` and ``acc``, become ``<lambda>`` and
+        ``<lambda>_1``; the names as given stay in ``reward_functions``) and
+        ``reward_weights`` (λ_j of ``total_utils``), ``scale_rewards``
         (:data:`ScaleRewards`), ``multi_objective_aggregation`` (``"sum_then_normalize"`` or
         ``"normalize_then_sum"``, TRL's option), ``unscorable`` (``"zero"``, or ``"exclude"``
         as TRL: a completion with no reward value at all is left out of its group's
@@ -68,6 +87,7 @@ class RunConfig:
     # group math
     reward_names: tuple[str, ...] = ()
     reward_weights: tuple[float, ...] = ()
+    reward_functions: tuple[str, ...] = ()
     scale_rewards: ScaleRewards = "group"
     multi_objective_aggregation: str = "sum_then_normalize"
     unscorable: str = "zero"
@@ -118,7 +138,11 @@ class RunConfig:
             raise SchemaError(
                 f"RunConfig.unscorable: expected one of {_UNSCORABLE}, got {self.unscorable!r}"
             )
-        object.__setattr__(self, "reward_names", tuple(self.reward_names))
+        given = tuple(self.reward_names)
+        object.__setattr__(self, "reward_names", unique_names(given))
+        if self.reward_names != given and not self.reward_functions:
+            object.__setattr__(self, "reward_functions", given)
+        object.__setattr__(self, "reward_functions", tuple(self.reward_functions))
         object.__setattr__(self, "reward_weights", tuple(float(w) for w in self.reward_weights))
         if self.reward_weights and len(self.reward_weights) != len(self.reward_names):
             raise SchemaError(
@@ -131,6 +155,7 @@ class RunConfig:
         """A JSON-able dict (the ``config`` column of the step table)."""
         out = dataclasses.asdict(self)
         out["reward_names"] = list(self.reward_names)
+        out["reward_functions"] = list(self.reward_functions)
         out["reward_weights"] = list(self.reward_weights)
         if isinstance(self.tokenizer, Mapping):
             out["tokenizer"] = dict(self.tokenizer)

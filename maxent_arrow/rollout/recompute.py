@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from maxent_arrow import arrow as A
 from maxent_arrow import compute as C
@@ -75,13 +76,26 @@ def recompute(
     value at all out of its group's mean and std and gives it advantage 0; ``"zero"`` (ours)
     counts its utility as 0.
     """
-    import torch  # deferred: this package is importable without torch
-
     batch = _as_batch(batch, config)
     try:
         cfg = (config or batch.run_config).replace(**overrides)
     except SchemaError as exc:
         raise ComputeError(f"recompute: {exc}") from None
+    rounds = _rounds(batch)
+    if len(rounds) > 1:
+        # Several generation rounds in one step: each is normalised on its own (TRL's batch
+        # of a round is what `scale_rewards="batch"` and normalize_then_sum see).
+        parts = [
+            (rows, _recompute(_take_rows(batch, rows), cfg, overrides)) for rows in rounds
+        ]
+        return _in_row_order(batch, parts)
+    return _recompute(batch, cfg, overrides)
+
+
+def _recompute(batch: RolloutBatch, cfg: RunConfig, overrides: dict[str, Any]) -> dict[str, Any]:
+    """:func:`recompute` of one generation round."""
+    import torch  # deferred: this package is importable without torch
+
     offsets = torch.from_numpy(batch.group_offsets.astype(np.int64))
     utils = batch.ragged("total_utils")
     from_rewards = (
@@ -135,6 +149,47 @@ def recompute(
             length_reweight=cfg.length_reweight,
         )
     return out
+
+
+def _rounds(batch: RolloutBatch) -> list[np.ndarray]:
+    """The group rows of each generation round of ``batch`` (by its ``round`` column; one
+    round when it has none), rounds in ascending order."""
+    column = batch.column("round")
+    if column is None:
+        return [np.arange(batch.num_groups)]
+    values = np.asarray(pc.fill_null(column, 0).to_numpy(zero_copy_only=False))
+    return [np.flatnonzero(values == r) for r in np.unique(values)]
+
+
+def _take_rows(batch: RolloutBatch, rows: np.ndarray) -> RolloutBatch:
+    """The batch of group rows ``rows`` (whole groups), with the batch's step row."""
+    return RolloutBatch(batch.groups.take(pa.array(rows)), batch.step_row, validate=False)
+
+
+def _in_row_order(
+    batch: RolloutBatch, parts: list[tuple[np.ndarray, dict[str, Any]]]
+) -> dict[str, Any]:
+    """Per-round results put back in the batch's group-row order (a key only some rounds
+    have, such as ``q``, is kept only when every round has it)."""
+    import torch  # deferred: this package is importable without torch
+
+    offsets = batch.group_offsets.astype(np.int64)
+    sizes = np.diff(offsets)
+    rows = np.concatenate([r for r, _ in parts])
+    # Position of each original completion in the rounds' concatenated values.
+    part_sizes = sizes[rows]
+    part_starts = np.concatenate([[0], np.cumsum(part_sizes)[:-1]])
+    start_of_row = np.empty(len(rows), np.int64)
+    start_of_row[rows] = part_starts
+    owner = np.repeat(np.arange(len(sizes)), sizes)
+    within = np.arange(int(offsets[-1])) - offsets[:-1][owner]
+    take = torch.from_numpy(start_of_row[owner] + within)
+    keys = set.intersection(*(set(out) for _, out in parts))
+    merged: dict[str, Any] = {}
+    for key in [k for k in parts[0][1] if k in keys]:
+        values = torch.cat([out[key].values for _, out in parts])
+        merged[key] = A.Ragged(values[take], torch.from_numpy(offsets), validate=False)
+    return merged
 
 
 def recompute_kl(batch: RolloutBatch | pa.Table | pa.RecordBatch) -> Ragged:

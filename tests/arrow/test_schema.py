@@ -57,7 +57,8 @@ GROUP_COLUMNS = [
     "policy_entropy_sum",
     "seed_semantic_entropy",
     "seed_advantage_scale",
-    # Schema 2.1: the TRL and verl families' columns.
+    # Schema 2.1: the round of a step, the TRL and verl families' columns.
+    "round",
     "token_advantages",
     "importance_sampling_ratio",
     "sequence_importance_sampling_ratio",
@@ -147,6 +148,7 @@ def test_a_run_carries_the_columns_of_its_families_in_the_2_0_order():
     own TRL columns; every layout has every core column."""
     maxent = S.group_schema(families=("core", "maxent")).names
     assert maxent == GROUP_COLUMNS[: GROUP_COLUMNS.index("token_advantages")]
+    assert maxent[: maxent.index("round")] == GROUP_COLUMNS[: GROUP_COLUMNS.index("round")]
     trl = S.group_schema(families=("core", "trl")).names
     assert not MAXENT_ONLY & set(trl)
     assert {"importance_sampling_ratio", "tool_mask", "token_advantages"} <= set(trl)

@@ -333,6 +333,78 @@ def test_recompute_reproduces_trls_advantages(tmp_path, scale_rewards, aggregati
         assert "q" not in got  # q is undefined for a group with an unscorable completion
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("scale_rewards", "aggregation"),
+    [("batch", "sum_then_normalize"), ("group", "normalize_then_sum")],
+)
+def test_recompute_is_per_generation_round(tmp_path, scale_rewards, aggregation):
+    """A step of two generation rounds (two micro-steps, a generation each): TRL normalises
+    each round's batch on its own, and so does ``recompute`` (the round is a stored column,
+    and part of the group id), to 1e-6."""
+    probe = trl_runs.trainer(
+        tmp_path,
+        reward_funcs=[trl_runs.length_or_none, trl_runs.sometimes_none],
+        reward_weights=[1.0, 0.5],
+        scale_rewards=scale_rewards,
+        multi_objective_aggregation=aggregation,
+        per_device_train_batch_size=8,
+        gradient_accumulation_steps=2,
+        steps_per_generation=1,
+        num_iterations=1,
+        beta=0.0,
+        max_steps=1,
+    )
+    probe.train()
+    rounds = [o for s, k, o in probe.generated if s == 0 and k == "train"]
+    assert len(rounds) == 2
+    store = RolloutStore(tmp_path / "store")
+    (batch,) = store.replay(steps=[0])
+    assert batch.column("round").to_pylist() == [0, 0, 1, 1]
+    assert [g.split(".")[1] for g in batch.column("group_id").to_pylist()] == ["0", "0", "1", "1"]
+    want = torch.cat([o["advantages"].double() for o in rounds])
+    got = recompute(batch)["advantages"].values
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+    # Pooling the two rounds (what recompute did before) is not what TRL computed.
+    pooled = recompute(RolloutBatch(batch.groups.drop_columns(["round"]), batch.step_row))
+    assert not torch.allclose(pooled["advantages"].values, want, atol=1e-3)
+
+
+@pytest.mark.slow
+def test_two_reward_functions_of_one_name_stay_two(tmp_path):
+    """Two lambdas are both ``<lambda>`` to TRL: the run config keeps the names as given in
+    ``reward_functions`` and stores unique ones (``<lambda>``, ``<lambda>_1``), so the views
+    have both columns and ``recompute`` weighs each with its own weight, as TRL did."""
+    first = lambda completions, **_: [float(len(trl_runs.text(c)) % 3) for c in completions]  # noqa: E731
+    second = lambda completions, **_: [-0.1 * len(trl_runs.text(c)) for c in completions]  # noqa: E731
+    probe = trl_runs.trainer(
+        tmp_path,
+        reward_funcs=[first, second],
+        reward_weights=[1.0, 3.0],
+        beta=0.0,
+        num_iterations=1,
+        max_steps=1,
+    )
+    probe.train()
+    store = RolloutStore(tmp_path / "store")
+    (batch,) = store.replay(steps=[0])
+    cfg = batch.run_config
+    assert cfg.reward_functions == ("<lambda>", "<lambda>")
+    assert cfg.reward_names == ("<lambda>", "<lambda>_1")
+    assert batch.column("reward_names").to_pylist()[0] == ["<lambda>", "<lambda>_1"]
+    columns = {r["column_name"] for r in store.sql("DESCRIBE samples").to_pylist()}
+    assert {"reward_<lambda>", "reward_<lambda>_1"} <= columns
+    ((_, _, output),) = [g for g in probe.generated if g[1] == "train"]
+    got = recompute(batch)["advantages"].values
+    torch.testing.assert_close(got, output["advantages"].double(), rtol=0, atol=1e-6)
+    # TRL's own completions log keys its columns by name: the second lambda overwrote the
+    # first there; the store keeps both.
+    values = np.array(flat(store.read(), "reward_values"))
+    log = trl_parquet(tmp_path / "out", 1)
+    np.testing.assert_array_equal(values[:, 1], log["<lambda>"].to_numpy())
+    assert not np.array_equal(values[:, 0], values[:, 1])
+
+
 # ---------------------------------------------------------------------------- two processes
 def _free_port() -> int:
     with socket.socket() as s:
