@@ -58,6 +58,7 @@ import pyarrow.compute as pc
 import torch
 
 from maxent_arrow.arrow import registry as R
+from maxent_arrow.arrow import schema as S
 from maxent_arrow.arrow.lists import list_offsets, single_array
 from maxent_arrow.arrow.registry import CORE, VERL
 from maxent_arrow.errors import LayoutError, MissingExtraError, SchemaError
@@ -196,7 +197,10 @@ def from_dataproto(
 
     table = _group_table(groups, columns, step=step, rank=rank, kind=kind)
     table = _add_summaries(table, tensors, masks, groups, tokenizer, responses)
-    run_config = _with_layout(config, layout)
+    table = table.append_column(
+        "completion_info", _completion_info(responses, lr, r_len, groups, tokenizer)
+    )
+    run_config = _with_layout(config, layout, r_len)
     row = step_row(
         table, step=step, rank=rank, kind=kind, config=run_config, max_completion_len=r_len
     )
@@ -603,11 +607,44 @@ def _add_summaries(
     return table
 
 
-def _with_layout(config: Any, layout: dict[str, Any]) -> RunConfig:
+def _completion_info(
+    responses: torch.Tensor, lengths: torch.Tensor, width: int, groups: _Groups, tokenizer: Any
+) -> pa.Array:
+    """Per completion, in stored order: its token count, whether it was truncated (TRL's
+    rule: its last token is not the end-of-sequence token, when the tokenizer names one;
+    else it fills the response width, verl's ``max_response_length``) and the finish reason
+    that implies, so a verl run has the lengths and truncation flags a TRL run has."""
+    order = groups.torch_order
+    n = lengths.index_select(0, order)
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if eos is not None and width:
+        last = responses.index_select(0, order).gather(1, (n - 1).clamp(min=0)[:, None])[:, 0]
+        cut = (last != int(eos)) | (n == 0)
+    else:
+        cut = n == width
+    truncated = cut.numpy()
+    info = pa.StructArray.from_arrays(
+        [
+            pa.array(np.where(truncated, "length", "stop"), pa.string()),
+            pa.nulls(len(truncated), pa.string()),
+            pa.array(truncated),
+            pa.array(n.numpy().astype(np.int32)),
+            pa.nulls(len(truncated), pa.string()),
+        ],
+        fields=list(S.COMPLETION_INFO_TYPE),
+    )
+    return groups.grouped(info)
+
+
+def _with_layout(config: Any, layout: dict[str, Any], width: int) -> RunConfig:
+    """The run config with the layout in its ``extra``; the response width is the length cap
+    when the caller's config does not give one."""
     if config is None:
-        config = RunConfig(trainer="verl")
+        config = RunConfig(trainer="verl", max_completion_len=width)
     elif not isinstance(config, RunConfig):
-        config = RunConfig.from_dict(dict(config))
+        config = dict(config)
+        config.setdefault("max_completion_len", width)
+        config = RunConfig.from_dict(config)
     return config.replace(extra={**dict(config.extra), LAYOUT_KEY: layout})
 
 

@@ -267,3 +267,60 @@ def test_an_attention_mask_with_holes_is_refused_naming_the_row(data):
     holes.batch["attention_mask"][5, P + 2] = 1
     with pytest.raises(LayoutError, match="attention_mask row 5"):
         from_dataproto(holes, step=0)
+
+
+def test_a_verl_store_has_the_lengths_and_truncation_flags_of_a_trl_store(data, tmp_path):
+    """The same rollouts recorded from verl's ``DataProto`` and through the TRL recorder's
+    group table (``trl_group_table``, from the tensors TRL would hold) give the same
+    per-sample token counts and truncation flags, and the same ``length_stats``."""
+    from maxent_arrow import RunAnalytics
+    from maxent_arrow.integrations.steps import step_row
+    from maxent_arrow.integrations.trl import trl_group_table
+    from maxent_arrow.rollout import declare_families
+
+    tok = ByT5Tokenizer()
+    verl = RolloutStore.create(tmp_path / "verl")
+    verl.append(from_dataproto(data, step=0, tokenizer=tok))
+    # The same rows as TRL holds them, in verl's group order (uid order).
+    uids = list(dict.fromkeys(data.non_tensor_batch["uid"].tolist()))
+    order = sorted(range(len(data)), key=lambda i: uids.index(data.non_tensor_batch["uid"][i]))
+    order_t = torch.tensor(order)
+    mask = data.batch["attention_mask"]
+    outputs = {
+        "prompt_ids": data.batch["prompts"][order_t],
+        "prompt_mask": mask[:, :P][order_t],
+        "completion_ids": data.batch["responses"][order_t],
+        "completion_mask": mask[:, P:][order_t],
+        "advantages": torch.zeros(len(order)),
+        "num_items_in_batch": int(mask[:, P:].sum()),
+    }
+    table = trl_group_table(
+        outputs,
+        prompts=["q"] * len(order),
+        completions=["c"] * len(order),
+        rewards=torch.zeros(len(order), 1),
+        reward_names=["r"],
+        reward_weights=[1.0],
+        step=0,
+        rank=0,
+        kind="train",
+        group_size=N,
+        first_index=0,
+        eos_token_ids=[tok.eos_token_id],
+        pad_token_id=tok.pad_token_id,
+    )
+    trl = RolloutStore.create(tmp_path / "trl")
+    table = declare_families(table, ("core", "trl"))
+    trl.append(RolloutBatch(table, step_row(table, step=0, rank=0, kind="train",
+                                            config={"max_completion_len": R})))  # fmt: skip
+    info = "SELECT token_count, truncated FROM samples ORDER BY group_index, sample_index"
+    got = verl.sql(info).to_pylist()
+    assert got == trl.sql(info).to_pylist()
+    assert any(r["truncated"] for r in got) and not all(r["truncated"] for r in got)
+    with RunAnalytics(verl) as a, RunAnalytics(trl) as b:
+        assert a.length_stats().to_pylist() == b.length_stats().to_pylist()
+    rows = [
+        {k: verl.read_steps().column(k)[0].as_py() for k in ("mean_length", "clipped_ratio")},
+        {k: trl.read_steps().column(k)[0].as_py() for k in ("mean_length", "clipped_ratio")},
+    ]
+    assert rows[0] == rows[1] and rows[0]["mean_length"] is not None
