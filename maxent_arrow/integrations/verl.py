@@ -168,7 +168,7 @@ def from_dataproto(
         )
     lp, lr = _lengths(attention, p_len, r_len)
     groups = _Groups(non_tensors, b)
-    masks = _Masks(lp, lr, p_len, r_len, groups.torch_order)
+    masks = _Masks(lp, lr, p_len, r_len)
 
     columns: dict[str, pa.Array] = {}
     layout: dict[str, Any] = {
@@ -283,10 +283,8 @@ class _Masks:
         lr: torch.Tensor,
         p_len: int,
         r_len: int,
-        order: torch.Tensor | None = None,
     ):
         self.lp, self.lr, self.p_len, self.r_len = lp, lr, p_len, r_len
-        self.order = torch.arange(len(lp)) if order is None else order
         self.prompt = torch.arange(p_len)[None, :] >= (p_len - lp)[:, None]
         self.response = torch.arange(r_len)[None, :] < lr[:, None]
         self.sequence = torch.cat([self.prompt, self.response], dim=1)
