@@ -423,8 +423,7 @@ def test_negative_ids_are_stored_and_out_of_range_ones_refused():
 def test_masks_that_are_not_prefixes_cannot_be_stored():
     batch = score_batch(completion_attention_mask=torch.tensor([[0, 1]]))
     message = (
-        "{}: row {} is not a prefix mask (a 0 before a 1); right-padded rows need ones then "
-        "zeros"
+        "{}: row {} is not a prefix mask (a 0 before a 1); right-padded rows need ones then zeros"
     )
     with raises(LayoutError, message.format("ScoreBatch.completion_attention_mask", 0)):
         batch.to_arrow()
