@@ -4,7 +4,8 @@
   rule, version checks and schema unification (no torch).
 - :mod:`~maxent_arrow.arrow.lists`: offsets and regrouping of Arrow list arrays (no torch).
 - :mod:`~maxent_arrow.arrow.ragged`: :class:`Ragged`, values + int64 offsets in torch, viewed
-  from Arrow without copying, padded or packed in one vectorised pass.
+  from Arrow without copying, padded or packed in one vectorised pass, and un-padded by
+  ``Ragged.from_padded`` (``prefix_lengths``: the lengths of a ones-then-zeros mask).
 
 Names load on first use (:mod:`maxent_arrow.lazy`), so importing this package imports no torch.
 """
@@ -16,6 +17,6 @@ __all__, __getattr__, __dir__ = lazy.exports(
     {
         ".lists": ["first_null", "list_offsets", "regroup", "single_array"],
         ".identity": ["completion_index", "default_group_ids", "identity_columns"],
-        ".ragged": ["Ragged", "arrow_to_torch", "torch_to_arrow"],
+        ".ragged": ["Ragged", "arrow_to_torch", "prefix_lengths", "torch_to_arrow"],
     },
 )

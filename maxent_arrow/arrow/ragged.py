@@ -6,11 +6,16 @@ the padded tensor and its mask in one vectorised pass (a run-length mask and one
 never a Python loop over rows), on whichever device the values live, so padding can be created
 on the GPU after one copy of the ragged bytes. ``benchmarks/bench_ragged.py`` measures it against
 the seed's ``pad_sequence`` and a memcpy of the output.
+
+The way back is :meth:`Ragged.from_padded`, the one un-padding routine of the package (records'
+per-token fields, the TRL and verl adapters): a padded tensor and its mask or lengths to ragged
+rows, in one masked select, with :func:`prefix_lengths` for masks that must be ones then zeros.
 """
 
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Sequence
 from typing import Literal
 
 import numpy as np
@@ -20,7 +25,7 @@ import torch
 from maxent_arrow.arrow.lists import first_null, list_offsets, single_array
 from maxent_arrow.errors import LayoutError, SchemaError
 
-__all__ = ["Ragged", "arrow_to_torch", "torch_to_arrow"]
+__all__ = ["Ragged", "arrow_to_torch", "prefix_lengths", "torch_to_arrow"]
 
 _INT32_MAX = 2**31 - 1
 _DLPACK_TYPE_IDS = frozenset(
@@ -143,6 +148,143 @@ class Ragged:
         offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=values.device)
         torch.cumsum(lengths, 0, out=offsets[1:])
         return cls(values, offsets)
+
+    @classmethod
+    def from_padded(
+        cls,
+        values: torch.Tensor,
+        mask: torch.Tensor | np.ndarray | None = None,
+        *,
+        lengths: torch.Tensor | np.ndarray | Sequence[int] | None = None,
+        side: Literal["right", "left"] | None = None,
+        rows: torch.Tensor | np.ndarray | Sequence[int] | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> Ragged:
+        """Un-pad ``values`` ``[rows, width, *trailing]`` into ragged rows (the inverse of
+        :meth:`to_padded`): exactly one of ``mask`` and ``lengths`` says what each row keeps.
+
+        - ``lengths``: row ``i`` keeps its first ``lengths[i]`` entries, right padding (valid
+          entries first, as completions are padded); with ``side="left"`` its last ones (left
+          padding, as prompts are).
+        - ``mask`` (``[rows, width]``, bool or numbers, non-zero = kept): row ``i`` keeps the
+          entries its mask marks, in column order, whatever the pattern (``values[mask]``,
+          row-major). With ``side="right"`` the mask must be ones then zeros in every row
+          (``"left"``: zeros then ones), i.e. implied by its lengths, so that
+          ``to_padded(side=side)`` rebuilds it; :func:`prefix_lengths` checks it.
+
+        One vectorised masked select, never a Python loop over rows. The result's values are a
+        copy (never a view of ``values``), on the device of ``values``, with int64 offsets; a
+        row of length 0 is an empty row. On the CPU the select runs in numpy (no torch operator
+        runs, so none wakes torch's intra-op threads on a training loop's thread: see
+        :func:`_pad_numpy`); on an accelerator, for bfloat16 and for values that require grad,
+        it runs in torch on the values' device (gradients flow). The same call serves both.
+
+        Parameters
+        ----------
+        values:
+            The padded tensor, ``[rows, width]`` or ``[rows, width, *trailing]`` (trailing
+            dimensions travel with each entry: the result's values are ``[total, *trailing]``).
+        mask:
+            What each row keeps (on any device: moved to the values' device).
+        lengths:
+            How many entries each row keeps (``side`` says from which end), ``0 <= lengths[i]
+            <= width``.
+        side:
+            ``"right"`` or ``"left"``: where the padding is. Default: right for ``lengths``;
+            any pattern, unchecked, for ``mask``.
+        rows:
+            The rows to take, in this order (a subset or a reordering, e.g. each group's first
+            row), before un-padding; ``mask`` and ``lengths`` describe all rows of
+            ``values``. Default: every row.
+        dtype:
+            Dtype of the result's values (converted before any copy off the device).
+
+        Raises
+        ------
+        SchemaError
+            ``values`` is not a tensor; both or neither of ``mask`` and ``lengths``.
+        LayoutError
+            A shape that does not match ``values`` (naming the argument), a negative length or
+            one over the width, a mask that is not right (left) padding under ``side``, a row
+            index out of range: each naming the argument and the row of ``values``.
+        """
+        owner = _OWNER
+        if not isinstance(values, torch.Tensor):
+            raise SchemaError(
+                f"{owner}: values: expected a torch tensor, got {type(values).__name__}"
+            )
+        if values.dim() < 2:
+            raise LayoutError(
+                f"{owner}: values: expected shape [rows, width, ...], got {tuple(values.shape)}"
+            )
+        if (mask is None) == (lengths is None):
+            given = "both" if mask is not None else "neither"
+            raise SchemaError(f"{owner}: give exactly one of mask and lengths, got {given}")
+        if side not in (None, "right", "left"):
+            raise LayoutError(f"{owner}: side must be 'right', 'left' or None, got {side!r}")
+        n, width = int(values.shape[0]), int(values.shape[1])
+        out_dtype = dtype or values.dtype
+        if _numpy_can_pad(values, out_dtype) and _on_host(mask) and _on_host(lengths):
+            data = values.detach().numpy()
+            picked = None if rows is None else _row_index(rows, n)
+            if picked is not None:
+                data = data[picked]
+            if mask is not None:
+                keep = _host_mask(mask, n, width, picked)
+                counts = keep.sum(axis=1, dtype=np.int64)
+                if side is not None:
+                    _check_prefix(keep, counts, width, side, f"{owner}: mask", picked)
+            else:
+                counts = _host_lengths(lengths, n, width, picked)
+                keep = prefix_mask(counts, width, side=side or "right")
+            flat = data[keep]
+            numpy_dtype = torch.empty(0, dtype=out_dtype).numpy().dtype
+            flat = flat.astype(numpy_dtype, copy=False)
+            offsets = np.zeros(len(counts) + 1, dtype=np.int64)
+            np.cumsum(counts, out=offsets[1:])
+            return cls(torch.from_numpy(flat), torch.from_numpy(offsets), validate=False)
+        device = values.device
+        picked = None if rows is None else _row_index(rows, n, device=device)
+        if picked is not None:
+            values = values.index_select(0, picked)
+        if mask is not None:
+            keep = torch.as_tensor(mask, device=device)
+            if tuple(keep.shape) != (n, width):
+                raise LayoutError(
+                    f"{owner}: mask: expected shape {(n, width)} (the rows and width of "
+                    f"values), got {tuple(keep.shape)}"
+                )
+            if picked is not None:
+                keep = keep.index_select(0, picked)
+            keep = keep if keep.dtype == torch.bool else keep != 0
+            counts = keep.sum(dim=1)
+            if side is not None:
+                _check_prefix(keep, counts, width, side, f"{owner}: mask", picked)
+        else:
+            counts = torch.as_tensor(lengths, device=device)
+            if counts.dim() != 1 or counts.shape[0] != n:
+                raise LayoutError(
+                    f"{owner}: lengths: expected {n} entries (the rows of values), got shape "
+                    f"{tuple(counts.shape)}"
+                )
+            if counts.dtype.is_floating_point or counts.dtype == torch.bool:
+                kind = str(counts.dtype).removeprefix("torch.")
+                raise SchemaError(f"{owner}: lengths: expected integers, got {kind}")
+            counts = counts.to(torch.int64)
+            if picked is not None:
+                counts = counts.index_select(0, picked)
+            _check_lengths(counts, width, picked)
+            columns = torch.arange(width, device=device)
+            if side == "left":
+                keep = columns >= (width - counts)[:, None]
+            else:
+                keep = columns < counts[:, None]
+        flat = values[keep]
+        if dtype is not None:
+            flat = flat.to(dtype)
+        offsets = torch.zeros(counts.shape[0] + 1, dtype=torch.int64, device=device)
+        torch.cumsum(counts, 0, out=offsets[1:])
+        return cls(flat, offsets, validate=False)
 
     @classmethod
     def from_lists(cls, rows: list, *, dtype: torch.dtype | None = None) -> Ragged:
@@ -380,6 +522,156 @@ class Ragged:
 
 
 _NO_NUMPY = (torch.bfloat16, torch.complex32)
+_OWNER = "Ragged.from_padded"
+
+
+def prefix_lengths(
+    mask: torch.Tensor,
+    *,
+    side: Literal["right", "left"] = "right",
+    field: str = "mask",
+) -> torch.Tensor:
+    """Row lengths (int64) of a ``[rows, width]`` mask that is ones then zeros in every row
+    (``side="left"``: zeros then ones), on the mask's device; non-zero counts as one.
+
+    Raises
+    ------
+    LayoutError
+        A row that is not of that form, named with ``field``: ``"{field}: row 3 is not a
+        prefix mask (a 0 before a 1); ..."``.
+    """
+    if mask.dim() != 2:
+        raise LayoutError(
+            f"{field}: expected a mask of shape [rows, width], got {tuple(mask.shape)}"
+        )
+    keep = mask.detach()
+    keep = keep if keep.dtype == torch.bool else keep != 0
+    counts = keep.sum(dim=1)
+    _check_prefix(keep, counts, int(keep.shape[1]), side, field, None)
+    return counts
+
+
+def _check_prefix(
+    keep: torch.Tensor | np.ndarray,
+    counts: torch.Tensor | np.ndarray,
+    width: int,
+    side: str,
+    field: str,
+    picked: torch.Tensor | np.ndarray | None,
+) -> None:
+    """Every row of ``keep`` is the right- (left-) padding mask of its count, or LayoutError."""
+    if isinstance(keep, np.ndarray):
+        bad = (keep != prefix_mask(counts, width, side=side)).any(axis=1)
+        rows = np.flatnonzero(bad)
+        row = int(rows[0]) if len(rows) else None
+    else:
+        columns = torch.arange(width, device=keep.device)
+        if side == "left":
+            expected = columns >= (width - counts)[:, None]
+        else:
+            expected = columns < counts[:, None]
+        bad = (keep != expected).any(dim=1)
+        row = int(torch.nonzero(bad)[0, 0]) if bool(bad.any()) else None
+    if row is None:
+        return
+    row = row if picked is None else int(picked[row])
+    if side == "left":
+        raise LayoutError(
+            f"{field}: row {row} is not a suffix mask (a 1 before a 0); left-padded rows need "
+            "zeros then ones"
+        )
+    raise LayoutError(
+        f"{field}: row {row} is not a prefix mask (a 0 before a 1); right-padded rows need ones "
+        "then zeros"
+    )
+
+
+def _check_lengths(
+    counts: torch.Tensor | np.ndarray, width: int, picked: torch.Tensor | np.ndarray | None
+) -> None:
+    """``0 <= counts <= width`` (one pass; one synchronisation on an accelerator)."""
+    if isinstance(counts, np.ndarray):
+        bad = np.flatnonzero((counts < 0) | (counts > width))
+        row = int(bad[0]) if len(bad) else None
+    else:
+        wrong = (counts < 0) | (counts > width)
+        row = int(torch.nonzero(wrong)[0, 0]) if bool(wrong.any()) else None
+    if row is None:
+        return
+    value = int(counts[row])
+    where = row if picked is None else int(picked[row])
+    if value < 0:
+        raise LayoutError(f"{_OWNER}: lengths row {where}: expected >= 0, got {value}")
+    raise LayoutError(
+        f"{_OWNER}: lengths row {where}: {value} is more than the width {width} of values"
+    )
+
+
+def _on_host(data: object) -> bool:
+    """Whether a mask or lengths argument is host data (numpy, a list, a CPU tensor)."""
+    return not isinstance(data, torch.Tensor) or data.device.type == "cpu"
+
+
+def _row_index(rows, n: int, *, device: torch.device | None = None):
+    """``rows`` as an int64 index in ``[0, n)``: numpy for the host path (``device`` None),
+    else a tensor on ``device``."""
+    if device is None:
+        index = rows.numpy() if isinstance(rows, torch.Tensor) else np.asarray(rows)
+        if index.size == 0:
+            index = index.astype(np.int64)
+        kind_ok = index.ndim == 1 and index.dtype.kind in "iu"
+    else:
+        index = torch.as_tensor(rows, device=device)
+        if index.numel() == 0:
+            index = index.to(torch.int64)
+        kind_ok = index.dim() == 1 and not (index.is_floating_point() or index.dtype == torch.bool)
+    if not kind_ok:
+        raise LayoutError(
+            f"{_OWNER}: rows: expected a 1-D integer index, got {index.dtype} {tuple(index.shape)}"
+        )
+    if device is None:
+        index = index.astype(np.int64, copy=False)
+        wrong = np.flatnonzero((index < 0) | (index >= n))
+        found = int(wrong[0]) if len(wrong) else None
+    else:
+        index = index.to(torch.int64)
+        bad = (index < 0) | (index >= n)
+        found = int(torch.nonzero(bad)[0, 0]) if bool(bad.any()) else None
+    if found is not None:
+        raise LayoutError(
+            f"{_OWNER}: rows: entry {found} is {int(index[found])}, out of range for {n} rows"
+        )
+    return index
+
+
+def _host_mask(mask, n: int, width: int, picked: np.ndarray | None) -> np.ndarray:
+    """A host mask as a bool ``[rows, width]`` numpy array (of the picked rows)."""
+    data = mask.detach().numpy() if isinstance(mask, torch.Tensor) else np.asarray(mask)
+    if data.shape != (n, width):
+        raise LayoutError(
+            f"{_OWNER}: mask: expected shape {(n, width)} (the rows and width of values), got "
+            f"{tuple(data.shape)}"
+        )
+    if picked is not None:
+        data = data[picked]
+    return data if data.dtype == np.bool_ else data != 0
+
+
+def _host_lengths(lengths, n: int, width: int, picked: np.ndarray | None) -> np.ndarray:
+    """Host lengths as checked int64 numpy (of the picked rows)."""
+    data = lengths.detach().numpy() if isinstance(lengths, torch.Tensor) else np.asarray(lengths)
+    if data.ndim != 1 or data.shape[0] != n:
+        raise LayoutError(
+            f"{_OWNER}: lengths: expected {n} entries (the rows of values), got shape "
+            f"{tuple(data.shape)}"
+        )
+    if data.size and data.dtype.kind not in "iu":
+        raise SchemaError(f"{_OWNER}: lengths: expected integers, got {data.dtype}")
+    data = data.astype(np.int64, copy=False)
+    if picked is not None:
+        data = data[picked]
+    _check_lengths(data, width, picked)
+    return data
 
 
 def _numpy_can_pad(values: torch.Tensor, out_dtype: torch.dtype) -> bool:

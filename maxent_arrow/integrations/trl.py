@@ -72,9 +72,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from maxent_arrow.arrow import schema as S
+from maxent_arrow.arrow import Ragged, regroup
 from maxent_arrow.arrow.registry import CORE, TRL
 from maxent_arrow.errors import LayoutError, MissingExtraError, SchemaError
+from maxent_arrow.integrations.adapters import (
+    completion_info,
+    group_identity,
+    offsets_of,
+    reward_columns,
+    row_sums,
+    token_lists,
+    truncation_flags,
+)
 from maxent_arrow.integrations.appender import Appender
 from maxent_arrow.integrations.messages import is_conversation, messages_array, strip_images
 from maxent_arrow.integrations.steps import step_row
@@ -138,8 +147,6 @@ _TOKEN_COLUMNS = {
     "old_per_token_logps": "behavior_token_logp",
     "sampling_per_token_logps": "sampling_token_logp",
 }
-_FLOAT_TOKENS = pa.list_(pa.field("item", pa.float32(), nullable=False))
-_INT8_TOKENS = pa.list_(pa.field("item", pa.int8(), nullable=False))
 
 
 # ---------------------------------------------------------------------------- the group table
@@ -268,10 +275,23 @@ def host_round(
             f"{ids.shape[0]}"
         )
     if completion_lengths is None:
-        lengths = mask.numpy().sum(axis=1) if _on_host(mask) else mask.sum(dim=1)
+        lengths = mask.numpy().sum(axis=1) if _on_host(mask) else mask.sum(dim=1).cpu().numpy()
+    elif isinstance(completion_lengths, torch.Tensor):
+        lengths = completion_lengths.cpu().numpy()
     else:
         lengths = completion_lengths
-    unpad = _Unpad(lengths, ids.shape[1], ids.device)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    # Every [B, C] tensor un-padded by the completion lengths (Ragged.from_padded): numpy on
+    # the host, so no torch operator runs on the training loop's thread and none wakes torch's
+    # intra-op threads (which, spinning after the step's own work, make small torch calls cost
+    # milliseconds); on the device for accelerator tensors, then one copy of the tokens alone.
+    by_length = lengths if _on_host(ids) else torch.from_numpy(lengths).to(ids.device)
+
+    def flat(tensor: torch.Tensor, dtype: torch.dtype) -> np.ndarray:
+        """The masked-in values, row after row, on the host."""
+        rows = Ragged.from_padded(tensor.detach(), lengths=by_length, dtype=dtype)
+        return rows.values.cpu().numpy()
+
     # Group structure: global row g -> group g // K, index g % K; a process's rows of one
     # group are consecutive, so a part starts wherever the group number changes.
     g = first_index + np.arange(b, dtype=np.int64)
@@ -282,32 +302,34 @@ def host_round(
     advantages = outputs["advantages"]
     per_token_advantages = advantages.dim() != 1
     tokens = {
-        name: unpad.values(outputs[key], np.float32)
+        name: flat(outputs[key], torch.float32)
         for key, name in _TOKEN_COLUMNS.items()
         if outputs.get(key) is not None
     }
     ratio, sequence_ratio = outputs.get("importance_sampling_ratio"), None
     if ratio is not None:
         if ratio.shape[1] == ids.shape[1] and ids.shape[1] != 1:
-            tokens["importance_sampling_ratio"] = unpad.values(ratio, np.float32)
+            tokens["importance_sampling_ratio"] = flat(ratio, torch.float32)
         else:
-            sequence_ratio = unpad.host(ratio[:, 0]).astype(np.float32)
+            sequence_ratio = _host(ratio[:, 0]).astype(np.float32)
     if outputs.get("tool_mask") is not None:
-        tokens["tool_mask"] = unpad.values(outputs["tool_mask"], np.int8)
+        tokens["tool_mask"] = flat(outputs["tool_mask"], torch.int8)
     return HostRound(
-        lengths=unpad.lengths,
+        lengths=lengths,
         group_of=group_of,
         index=(g % group_size).astype(np.int32),
         starts=starts,
         prompt_values=prompt_values,
         prompt_counts=prompt_counts,
-        completion_ids=unpad.values(ids, np.int32),
-        truncated=_truncated(unpad, ids, eos_token_ids, pad_token_id),
+        completion_ids=flat(ids, torch.int32),
+        truncated=truncation_flags(
+            ids, lengths, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id
+        ),
         rewards=values,
         advantages=(
-            unpad.values(advantages, np.float32)
+            flat(advantages, torch.float32)
             if per_token_advantages
-            else unpad.host(advantages).astype(np.float64)
+            else _host(advantages).astype(np.float64)
         ),
         per_token_advantages=per_token_advantages,
         tokens=tokens,
@@ -337,33 +359,28 @@ def round_table(
             f"{len(completions)} completions for {b} prompts"
         )
     starts = host.starts
-    token_offsets = np.concatenate([[0], np.cumsum(host.lengths)]).astype(np.int32)
-    part_offsets = np.concatenate([starts, [b]]).astype(np.int32)
-    p = len(starts)
+    token_offsets = offsets_of(host.lengths)
+    part_offsets = np.concatenate([starts, [b]]).astype(np.int64)
 
     def grouped(values: pa.Array) -> pa.Array:
-        return pa.ListArray.from_arrays(pa.array(part_offsets), values)
+        return regroup(values, part_offsets)
 
     def per_token(flat: np.ndarray, item: pa.DataType) -> pa.Array:
-        inner = pa.ListArray.from_arrays(pa.array(token_offsets), pa.array(flat))
-        return grouped(inner.cast(pa.list_(pa.field("item", item, nullable=False))))
+        return token_lists(flat, token_offsets, part_offsets, item=item)
 
-    columns: dict[str, pa.Array] = {
-        "step": pa.array(np.full(p, step, np.int64)),
-        "rank": pa.array(np.full(p, rank, np.int32)),
-        "kind": pa.array([kind] * p, pa.string()),
-        "group_index": pa.array(np.arange(p, dtype=np.int32)),
-        "group_id": pc.binary_join_element_wise(
-            f"{step}.{round_index}", pc.cast(pa.array(host.group_of[starts]), pa.string()), "."
-        ),
-        "group_size": pa.array(np.full(p, group_size, np.int32)),
-        "num_completions": pa.array(np.diff(part_offsets).astype(np.int32)),
-        "round": pa.array(np.full(p, round_index, np.int32)),
-    }
-    prompt_offsets = np.concatenate([[0], np.cumsum(host.prompt_counts)]).astype(np.int32)
-    columns["prompt_ids"] = pa.ListArray.from_arrays(
-        pa.array(prompt_offsets), pa.array(host.prompt_values)
+    group_ids = pc.binary_join_element_wise(
+        f"{step}.{round_index}", pc.cast(pa.array(host.group_of[starts]), pa.string()), "."
     )
+    columns: dict[str, pa.Array] = group_identity(
+        step=step,
+        rank=rank,
+        kind=kind,
+        group_ids=group_ids,
+        group_offsets=part_offsets,
+        group_size=group_size,
+    )
+    columns["round"] = pa.array(np.full(len(starts), round_index, np.int32))
+    columns["prompt_ids"] = regroup(pa.array(host.prompt_values), offsets_of(host.prompt_counts))
     columns.update(_prompt_text(prompts, starts))
     if answers is not None:
         first = [answers[i] for i in starts]
@@ -372,35 +389,35 @@ def round_table(
     columns.update(_completion_columns(completions, grouped))
     columns["completion_index"] = grouped(pa.array(host.index))
     columns["completion_ids"] = per_token(host.completion_ids, pa.int32())
-    columns["completion_info"] = grouped(_completion_info(host.lengths, host.truncated))
-    columns.update(_reward_columns(host.rewards, reward_names, reward_weights, grouped))
+    columns["completion_info"] = grouped(completion_info(host.lengths, host.truncated))
+    columns.update(
+        reward_columns(
+            host.rewards, reward_names, reward_weights, part_offsets, where="trl_group_table"
+        )
+    )
     if host.per_token_advantages:  # a subclass's per-token advantages
         columns["token_advantages"] = per_token(host.advantages, pa.float32())
     else:
         columns["advantages"] = grouped(pa.array(host.advantages))
-    sums = _Sums(host.lengths)
     for name, flat in host.tokens.items():
         item = pa.int8() if flat.dtype == np.int8 else pa.float32()
         columns[name] = per_token(flat, item)
         if name == "ref_token_logp":
-            columns["ref_logp_sum_raw"] = grouped(pa.array(sums(flat)))
+            columns["ref_logp_sum_raw"] = grouped(pa.array(row_sums(flat, token_offsets)))
             columns["ref_tok_counts"] = grouped(pa.array(host.lengths.astype(np.int32)))
         elif name == "behavior_token_logp":
-            columns["behavior_logp_sum"] = grouped(pa.array(sums(flat)))
+            columns["behavior_logp_sum"] = grouped(pa.array(row_sums(flat, token_offsets)))
     if host.sequence_ratio is not None:
         columns["sequence_importance_sampling_ratio"] = grouped(pa.array(host.sequence_ratio))
     return pa.table(columns)
 
 
 def _prompt_tokens(outputs: Mapping[str, Any], starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The tokens of each part's first row's prompt (un-padded from the left), and counts."""
+    """The tokens of each part's first row's prompt (un-padded from the left by its mask),
+    and counts: selected on the device for accelerator tensors, then only they are copied."""
     ids, mask = outputs["prompt_ids"], outputs["prompt_mask"]
-    if not _on_host(ids):  # select on the device, then copy only the first rows' tokens
-        rows = torch.as_tensor(starts, device=ids.device)
-        ids, mask = ids.index_select(0, rows), mask.index_select(0, rows).bool()
-        return ids[mask].to(torch.int32).cpu().numpy(), mask.sum(dim=1).cpu().numpy()
-    keep = mask.numpy()[starts] != 0
-    return ids.numpy()[starts][keep].astype(np.int32), keep.sum(axis=1)
+    prompts = Ragged.from_padded(ids.detach(), mask, rows=starts, dtype=torch.int32)
+    return prompts.values.cpu().numpy(), prompts.lengths().cpu().numpy()
 
 
 def _prompt_text(prompts: Sequence[Any], starts: np.ndarray) -> dict[str, pa.Array]:
@@ -431,115 +448,13 @@ def _completion_columns(completions: Sequence[Any], grouped: Any) -> dict[str, p
     return {"completions": grouped(pa.array(list(completions), pa.string()))}
 
 
-def _truncated(
-    unpad: _Unpad, ids: torch.Tensor, eos_token_ids: Sequence[int], pad_token_id: int | None
-) -> np.ndarray:
-    """TRL's truncation rule: the last token is neither an EOS nor the pad token."""
-    lengths = unpad.lengths
-    last_position = np.maximum(lengths - 1, 0)
-    if not _on_host(ids):
-        where = torch.as_tensor(last_position, device=ids.device)
-        last = ids.gather(1, where[:, None])[:, 0].cpu().numpy()
-    else:
-        last = ids.numpy()[np.arange(len(lengths)), last_position]
-    stops = [*eos_token_ids, *([] if pad_token_id is None else [pad_token_id])]
-    return ~np.isin(last, stops) & (lengths > 0)
-
-
-def _completion_info(lengths: np.ndarray, truncated: np.ndarray) -> pa.Array:
-    """``completion_info``: token count, truncation and the finish reason it implies."""
-    n = len(lengths)
-    return pa.StructArray.from_arrays(
-        [
-            pa.array(np.where(truncated, "length", "stop"), pa.string()),
-            pa.nulls(n, pa.string()),
-            pa.array(truncated),
-            pa.array(lengths.astype(np.int32)),
-            pa.nulls(n, pa.string()),
-        ],
-        fields=list(S.COMPLETION_INFO_TYPE),
-    )
-
-
 def _on_host(tensor: torch.Tensor) -> bool:
     return tensor.device.type == "cpu"
 
 
-class _Unpad:
-    """The masked-in values of TRL's right-padded ``[B, C]`` tensors, flat, on the host.
-
-    Host tensors are cut with one numpy mask select each: no torch operator runs on the
-    training loop's thread, so none wakes torch's intra-op threads (which, spinning after
-    the step's own work, make small torch calls cost milliseconds of waiting). Accelerator
-    tensors are cut on the device, then copied once (only the tokens cross the bus).
-    """
-
-    def __init__(self, lengths: Any, width: int, device: torch.device) -> None:
-        if isinstance(lengths, torch.Tensor):
-            lengths = lengths.cpu().numpy()
-        self.lengths = np.asarray(lengths, dtype=np.int64)
-        self.keep = np.arange(width)[None, :] < self.lengths[:, None]
-        self.device = device
-        self.keep_device: torch.Tensor | None = None
-
-    def host(self, tensor: torch.Tensor) -> np.ndarray:
-        """A copy on the host (the round is read after TRL moves on)."""
-        return tensor.detach().cpu().numpy().copy()
-
-    def values(self, tensor: torch.Tensor, dtype: Any) -> np.ndarray:
-        """The masked-in values, row after row, as ``dtype``."""
-        tensor = tensor.detach()
-        if _on_host(tensor):
-            return tensor.numpy()[self.keep].astype(dtype, copy=False)
-        if self.keep_device is None:
-            self.keep_device = torch.from_numpy(self.keep).to(tensor.device)
-        picked = tensor[self.keep_device]
-        return picked.cpu().numpy().astype(dtype, copy=False)
-
-
-class _Sums:
-    """Per-completion sums (float64) of flat per-token values; 0 for an empty completion."""
-
-    def __init__(self, lengths: np.ndarray) -> None:
-        self.lengths = lengths
-        self.starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
-
-    def __call__(self, flat: np.ndarray) -> np.ndarray:
-        if not len(flat):
-            return np.zeros(len(self.lengths))
-        sums = np.add.reduceat(flat.astype(np.float64), np.minimum(self.starts, len(flat) - 1))
-        return np.where(self.lengths > 0, sums, 0.0)
-
-
-def _reward_columns(
-    values: np.ndarray,
-    reward_names: Sequence[str],
-    reward_weights: Sequence[float],
-    grouped: Any,
-) -> dict[str, pa.Array]:
-    """``reward_names``/``reward_values`` and ``total_utils`` (weighted nansum, NaN when every
-    function returned None: TRL's unscorable completion)."""
-    b, f = values.shape
-    if f != len(reward_names) or f != len(reward_weights):
-        raise LayoutError(
-            f"trl_group_table: rewards: expected {len(reward_names)} columns (one per reward "
-            f"function), got {f}"
-        )
-    p = len(grouped(pa.array(np.zeros(b))))
-    names = pa.ListArray.from_arrays(
-        pa.array(np.arange(0, (p + 1) * f, f, dtype=np.int32)),
-        pa.array(list(reward_names) * p, pa.string()),
-    )
-    inner = pa.ListArray.from_arrays(
-        pa.array(np.arange(0, (b + 1) * f, f, dtype=np.int32)), pa.array(values.reshape(-1))
-    )
-    weighted = np.nansum(values * np.asarray(reward_weights, np.float64)[None, :], axis=1)
-    weighted[np.isnan(values).all(axis=1)] = np.nan
-    return {
-        "reward_names": names,
-        "reward_values": grouped(inner),
-        "total_utils": grouped(pa.array(weighted)),
-    }
+def _host(tensor: torch.Tensor) -> np.ndarray:
+    """A copy on the host (the round is read after TRL moves on)."""
+    return tensor.detach().cpu().numpy().copy()
 
 
 # ---------------------------------------------------------------------------- the config

@@ -57,11 +57,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
+from maxent_arrow.arrow import Ragged, completion_index, regroup
 from maxent_arrow.arrow import registry as R
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.arrow.lists import list_offsets, single_array
 from maxent_arrow.arrow.registry import CORE, VERL
 from maxent_arrow.errors import LayoutError, MissingExtraError, SchemaError
+from maxent_arrow.integrations.adapters import group_identity, token_lists
 from maxent_arrow.integrations.messages import (
     conversation_list,
     is_conversation,
@@ -111,10 +113,6 @@ _ARROW_TYPES = {
     torch.float32: pa.float32(),
     torch.float64: pa.float64(),
 }
-
-
-def _list(kind: pa.DataType) -> pa.DataType:
-    return pa.list_(pa.field("item", kind, nullable=False))
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -171,7 +169,7 @@ def from_dataproto(
         )
     lp, lr = _lengths(attention, p_len, r_len)
     groups = _Groups(non_tensors, b)
-    masks = _Masks(lp, lr, p_len, r_len, groups.torch_order)
+    masks = _Masks(lp, lr, p_len, r_len)
 
     columns: dict[str, pa.Array] = {}
     layout: dict[str, Any] = {
@@ -272,15 +270,16 @@ class _Groups:
         self.firsts = self.order[self.offsets[:-1]]  # each group's first row
         self.count = len(self.names)
         self.torch_order = torch.from_numpy(self.order)
+        # The rows to un-pad in stored order: None when the groups are contiguous already.
+        self.stored = None if bool((self.order == np.arange(b)).all()) else self.order
 
     def grouped(self, per_completion: pa.Array) -> pa.Array:
-        return pa.ListArray.from_arrays(pa.array(self.offsets.astype(np.int32)), per_completion)
+        return regroup(per_completion, self.offsets)
 
 
 class _Masks:
-    """Each level's mask (in the DataProto's row order) and, computed once per level, where
-    its tokens are: the flat positions of the masked-in values of a row-major ``[B, X]``
-    tensor in stored (group) order, the first padded position, and the token offsets."""
+    """Each level's mask (in the DataProto's row order) and, computed once per level, its
+    first padded position (row-major)."""
 
     def __init__(
         self,
@@ -288,14 +287,12 @@ class _Masks:
         lr: torch.Tensor,
         p_len: int,
         r_len: int,
-        order: torch.Tensor | None = None,
     ):
         self.lp, self.lr, self.p_len, self.r_len = lp, lr, p_len, r_len
-        self.order = torch.arange(len(lp)) if order is None else order
         self.prompt = torch.arange(p_len)[None, :] >= (p_len - lp)[:, None]
         self.response = torch.arange(r_len)[None, :] < lr[:, None]
         self.sequence = torch.cat([self.prompt, self.response], dim=1)
-        self._where: dict[str, tuple[torch.Tensor, int | None, pa.Array]] = {}
+        self._first: dict[str, tuple[int, int] | None] = {}
 
     def of(self, level: str) -> torch.Tensor:
         return {"prompt": self.prompt, "response": self.response, "sequence": self.sequence}[level]
@@ -303,21 +300,15 @@ class _Masks:
     def lengths(self, level: str) -> torch.Tensor:
         return {"prompt": self.lp, "response": self.lr, "sequence": self.lp + self.lr}[level]
 
-    def where(self, level: str) -> tuple[torch.Tensor, int | None, pa.Array]:
-        """``(flat positions of the tokens in stored order, first padded position or None,
-        token offsets per completion)``."""
-        found = self._where.get(level)
-        if found is None:
-            mask = self.of(level)
-            width = mask.shape[1]
-            rows, cols = mask.index_select(0, self.order).nonzero(as_tuple=True)
-            flat = self.order[rows] * width + cols
-            padded = (~mask).reshape(-1)
-            first = int(padded.to(torch.uint8).argmax()) if bool(padded.any()) else None
-            lengths = self.lengths(level).index_select(0, self.order).numpy()
-            offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
-            found = self._where[level] = (flat, first, offsets)
-        return found
+    def first_padded(self, level: str) -> tuple[int, int] | None:
+        """``(row, column)`` of the first padded position (row-major), or None."""
+        if level not in self._first:
+            padded = ~self.of(level)
+            found = None
+            if bool(padded.any()):
+                found = divmod(int(padded.reshape(-1).to(torch.uint8).argmax()), padded.shape[1])
+            self._first[level] = found
+        return self._first[level]
 
 
 def _column_name(key: str, used: set[str]) -> str:
@@ -416,20 +407,17 @@ def _tensor_entry(
         values = pa.FixedSizeListArray.from_arrays(flat, width) if tensor.dim() > 1 else flat
         columns[name] = groups.grouped(values)
         return entry
-    flat_index, first_pad, offsets = masks.where(level)
-    if tensor.dim() == 2:
-        rows = tensor.reshape(-1)  # a view when contiguous
-        tokens = rows.index_select(0, flat_index)
-    else:  # [B, C, L] (the rope form of position_ids): C values per token
-        channels = tensor.shape[1]
-        rows = tensor.transpose(1, 2).reshape(-1, channels)
-        tokens = rows.index_select(0, flat_index)
+    # [B, C, L] (the rope form of position_ids): C values per token, [B, L, C] to un-pad.
+    padded = tensor if tensor.dim() == 2 else tensor.transpose(1, 2)
+    stored = Ragged.from_padded(padded, masks.of(level), rows=groups.stored)
+    tokens, offsets = stored.values, stored.offsets.numpy()
+    first_pad = masks.first_padded(level)
     # What a padded position holds is restored as one recorded value: the padding's own when
     # it has one, else 0 (verl's log-probs of padded positions are whatever the forward gave
     # there; no loss reads them). `pad_kept` says which.
     pad, constant = 0, True
     if first_pad is not None:
-        first = rows[first_pad].reshape(-1)[0]
+        first = padded[first_pad].reshape(-1)[0]  # its first channel, for [B, L, C]
         on = masks.of(level) if tensor.dim() == 2 else masks.of(level)[:, None, :]
         constant = bool((tensor.eq(first) | on).all())
         pad = first.item() if constant else 0
@@ -449,8 +437,7 @@ def _tensor_entry(
             pa.array(_numpy(tokens, kind).reshape(-1)), tensor.shape[1]
         )
         item = per_token.type
-    inner = pa.ListArray.from_arrays(offsets, per_token).cast(_list(item))
-    columns[name] = groups.grouped(inner)
+    columns[name] = token_lists(per_token, offsets, groups.offsets, item=item)
     return entry
 
 
@@ -535,21 +522,11 @@ def _group_table(
 ) -> pa.Table:
     """The group rows: identity, per-completion index and DataProto row, the prompts, and the
     columns of the keys."""
-    p = groups.count
-    sizes = groups.sizes.astype(np.int32)
-    b = len(groups.order)
-    index = (np.arange(b) - np.repeat(groups.offsets[:-1], groups.sizes)).astype(np.int32)
-    base = {
-        "step": pa.array(np.full(p, step, np.int64)),
-        "rank": pa.array(np.full(p, rank, np.int32)),
-        "kind": pa.array([kind] * p, pa.string()),
-        "group_index": pa.array(np.arange(p, dtype=np.int32)),
-        "group_id": groups.names.cast(pa.string()),
-        "group_size": pa.array(sizes),
-        "num_completions": pa.array(sizes),
-        "completion_index": groups.grouped(pa.array(index)),
-        "verl_row": groups.grouped(pa.array(groups.order.astype(np.int32))),
-    }
+    base = group_identity(
+        step=step, rank=rank, kind=kind, group_ids=groups.names, group_offsets=groups.offsets
+    )
+    base["completion_index"] = completion_index(groups.sizes)
+    base["verl_row"] = groups.grouped(pa.array(groups.order.astype(np.int32)))
     prompt_ids = columns.pop("prompt_ids")
     base["prompt_ids"], sample_prompts = _group_prompts(prompt_ids, groups)
     if sample_prompts is not None:
@@ -584,11 +561,8 @@ def _add_summaries(
     b = len(groups.order)
     order = groups.torch_order
     if tokenizer is not None:
-        ids = responses.index_select(0, order)
-        keep = masks.response.index_select(0, order)
-        texts = tokenizer.batch_decode(
-            [row[m].tolist() for row, m in zip(ids, keep)], skip_special_tokens=True
-        )
+        tokens = Ragged.from_padded(responses, masks.response, rows=groups.stored)
+        texts = tokenizer.batch_decode(tokens.tolist(), skip_special_tokens=True)
     else:
         texts = [""] * b
     table = table.append_column("completions", groups.grouped(pa.array(texts, pa.string())))

@@ -2,7 +2,8 @@
 seed-compatible import path), the settings types ``ValidationContext`` names
 (:mod:`.settings`), and the helpers of code that makes records from Arrow columns or reads
 their batches (``rewards_batch``, ``reference_batch``, ``sample_messages``,
-``record_scalars``).
+``record_scalars``); ``evolve`` (``dataclasses.replace`` that keeps undecoded fields in Arrow)
+and ``records_equal`` (records compared by value, as a round trip through Arrow keeps them).
 
 Names load on first use; importing this package imports no torch.
 """
@@ -29,6 +30,7 @@ __all__, __getattr__, __dir__ = lazy.exports(
             "SequenceScores",
             "ValidationContext",
         ],
+        ".base": ["evolve", "records_equal"],
         ".columns": ["record_scalars"],
         ".computation": ["rewards_batch"],
         ".records": ["sample_messages"],

@@ -3,24 +3,29 @@
 A record is a dataclass whose fields hold exactly what they were given (real ``list`` and
 ``dict`` objects, tensors, placeholders), as the seed's dataclasses do: construction stores and
 checks nothing. An object built by ``from_arrow`` keeps its record batch (its *source*) and
-fills a field from it on first attribute access: :meth:`Record.__getattr__`, which Python calls
-only for attributes the instance lacks, decodes the whole field and stores it in the instance
-``__dict__``, so every later read and every write is a plain attribute operation (a lazily
-filled ``list`` subclass would not do: ``json``, ``pickle``, ``list()`` and ``+`` read the C
-array). The classes keep no attribute named like a field, so construction runs at the speed of
-a plain dataclass's.
+fills a field from it on first attribute access. Each field is a non-data descriptor on the
+class (:class:`FieldSlot`), which Python consults only when the instance ``__dict__`` lacks the
+name: it decodes the whole field and stores it there, so every later read and every write is a
+plain attribute operation (a lazily filled ``list`` subclass would not do: ``json``,
+``pickle``, ``list()`` and ``+`` read the C array). Read on the class, the descriptor gives the
+seed's class-level default (``GenerationBatch.grouped_completion_info is None``) or raises
+``AttributeError`` for a field without one, as a plain dataclass does. The classes define no
+``__getattr__``, so a missing attribute costs what it costs on a plain dataclass.
 
 A field that is still in the source (never read into Python) is *untouched*; ``to_arrow()``
 takes its columns as they are, so an untouched object gives back its own record batch (O(1))
 and a read field is encoded again from its current value (edits included). Validation happens
 there, at the Arrow boundary, never at construction.
 
-``dataclasses.replace`` reads every field it does not change; to keep those in Arrow, the
-descriptor recognises the call (by its code object, see :func:`_from_replace`) and hands over
-a :class:`_Deferred` marker that the new object's ``__init__`` turns back into a lazy field.
-The new object then decodes such a field on its own: unlike the seed's ``replace``, an
-unchanged list field of an Arrow-born record is equal in both objects, not the same list
-(nested records are decoded and shared, see :attr:`Layout.shared_on_replace`).
+``==`` is the plain dataclass's: the tuples of the fields compared (so a field holding a
+multi-element tensor makes ``==`` raise, as it does on the seed's classes); an untouched field
+is compared without being kept in Python. :func:`records_equal` is the comparison of values
+that a round trip through Arrow keeps (NaN equal to NaN, tensors and lists by value).
+
+``dataclasses.replace`` reads every field it does not change, which decodes it (and keeps it on
+the old object); :func:`evolve` is the same call without that: the fields it does not change
+stay undecoded in Arrow on both objects (nested records are decoded and shared, see
+:attr:`Layout.shared_on_replace`).
 """
 
 from __future__ import annotations
@@ -46,28 +51,23 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SOURCE",
+    "FieldSlot",
     "Layout",
     "Record",
     "Source",
     "born",
+    "evolve",
     "layout_of",
     "lazy",
     "peek",
     "record",
+    "records_equal",
     "source_of",
     "untouched_from",
     "values_equal",
 ]
 
 SOURCE = "_arrow"  # the instance-dict key of an Arrow-born object's source
-
-# The code objects whose attribute reads are `dataclasses.replace` copying unchanged fields.
-_REPLACE_CODES = frozenset(
-    f.__code__ for f in (dataclasses.replace, getattr(dataclasses, "_replace", None)) if f
-)
-# Deferred fields handed out and not yet adopted by a new object's __init__ (a cheap global
-# test there; `+=` on a list cell does not release the GIL midway in CPython).
-_PENDING = [0]
 
 
 class Source:
@@ -86,35 +86,41 @@ class Source:
         return None if index < 0 else self.batch.column(index)
 
 
-class _Deferred:
-    """A field ``dataclasses.replace`` copies without reading: the source and the name."""
+class FieldSlot:
+    """A seed field on its class: decodes an Arrow-born object's field on first read.
 
-    __slots__ = ("source", "name")
+    A non-data descriptor (no ``__set__``): Python calls :meth:`__get__` only while the
+    instance ``__dict__`` lacks the name, so a filled field reads and writes as a plain
+    attribute. On the class it gives the field's default, as the seed's dataclass does, or
+    raises ``AttributeError`` for a field without one.
+    """
 
-    def __init__(self, source: Source, name: str):
-        self.source = source
+    __slots__ = ("name", "default")
+
+    def __init__(self, name: str, default: Any = dataclasses.MISSING):
         self.name = name
+        self.default = default
 
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            if self.default is dataclasses.MISSING:
+                kind = owner.__name__ if owner is not None else "?"
+                raise AttributeError(f"type object {kind!r} has no attribute {self.name!r}")
+            return self.default
+        state = obj.__dict__
+        source = state.get(SOURCE)
+        if source is None:  # a Python-born object whose field was deleted: the class's view
+            if self.default is dataclasses.MISSING:
+                raise AttributeError(
+                    f"{type(obj).__name__!r} object has no attribute {self.name!r}"
+                )
+            return self.default
+        value = type(obj)._layout.field(obj, source, self.name)
+        state[self.name] = value
+        return value
 
-def _from_replace(fields: frozenset[str]) -> bool:
-    """Whether ``dataclasses.replace`` is reading the field, for a call that will succeed."""
-    # Frame 1 is Record.__getattr__, called by `getattr` (a builtin, no frame) in frame 2.
-    frame = sys._getframe(2)
-    if frame.f_code not in _REPLACE_CODES:
-        return False
-    # A change naming no field makes the constructor call fail: then a deferred field would
-    # never be adopted (and every later __init__ would look for one), so it is read instead.
-    changes = frame.f_locals.get("changes", {})
-    return all(name in fields for name in changes)
-
-
-def _adopt(obj: Any) -> None:
-    """Turn the ``_Deferred`` values ``__init__`` just stored back into lazy fields."""
-    state = obj.__dict__
-    found = [name for name, value in state.items() if type(value) is _Deferred]
-    for name in found:
-        state[SOURCE] = state.pop(name).source
-    _PENDING[0] = max(_PENDING[0] - len(found), 0)
+    def __repr__(self) -> str:
+        return f"FieldSlot({self.name!r}, default={self.default!r})"
 
 
 def born(cls: type, source: Source, **fields: Any) -> Any:
@@ -162,8 +168,60 @@ def peek(obj: Any, name: str) -> Any:
         return state[name]
     source = state.get(SOURCE)
     if source is None:
-        raise AttributeError(f"{type(obj).__name__!r} object has no attribute {name!r}")
+        return getattr(obj, name)  # the class default, or AttributeError, as a dataclass
     return type(obj)._layout.field(obj, source, name, cache=False)
+
+
+def evolve(record: Any, /, **changes: Any) -> Any:
+    """A copy of ``record`` with ``changes``: ``dataclasses.replace`` that keeps Arrow.
+
+    ``dataclasses.replace(record, ...)`` works on every record and gives the same values, but
+    it reads each field it copies, which decodes an Arrow-born record's fields into Python
+    (and keeps them on ``record``). ``evolve`` copies without reading: a field that is still
+    undecoded in ``record``'s record batch stays so in both objects (``to_arrow()`` of the new
+    one reuses those columns as they are), a field already in Python is shared, as
+    ``replace`` shares it, and the changes are kept as given. Nested records
+    (``RewardComputation.advantage``, ``LossOutputs.scalars``, ...) are decoded and shared,
+    so an in-place edit of one reaches both objects, as with ``replace``.
+
+    Parameters
+    ----------
+    record:
+        A seed record (any other dataclass instance is handed to ``dataclasses.replace``).
+    **changes:
+        New values of fields, by name.
+
+    Returns
+    -------
+    A new object of ``type(record)``. Like ``replace`` on a record (whose ``__init__`` only
+    stores its arguments), it holds exactly the given and copied values.
+
+    Raises
+    ------
+    TypeError
+        A change names no field of the class (as ``dataclasses.replace`` raises).
+    """
+    if not isinstance(record, Record):
+        return dataclasses.replace(record, **changes)
+    cls = type(record)
+    layout = cls._layout
+    unknown = [name for name in changes if name not in layout.field_names]
+    if unknown:
+        raise TypeError(f"evolve: {cls.__name__} has no field {unknown[0]!r}")
+    state = record.__dict__
+    source = state.get(SOURCE)
+    if source is None:
+        return dataclasses.replace(record, **changes)
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(record):
+        name = f.name
+        if name in changes:
+            values[name] = changes[name]
+        elif name in state:
+            values[name] = state[name]
+        elif name in layout.shared_on_replace:
+            values[name] = getattr(record, name)
+    return born(cls, source, **values)
 
 
 class Layout(abc.ABC):
@@ -176,8 +234,8 @@ class Layout(abc.ABC):
 
     field_names: frozenset[str] = frozenset()  # set by `record`
     columns: ClassVar[dict[str, tuple[str, ...]]] = {}
-    # Fields decoded even under ``dataclasses.replace`` (cheap nested records), so that the new
-    # object shares them with the old one, as the seed's ``replace`` shares every field.
+    # Fields that :func:`evolve` decodes (cheap nested records), so that the new object shares
+    # them with the old one, as the seed's ``replace`` shares every field.
     shared_on_replace: ClassVar[frozenset[str]] = frozenset()
     # Field name -> (column, flatten): the Arrow array of a list-typed field.
     field_columns: ClassVar[dict[str, tuple[str, bool]]] = {}
@@ -206,14 +264,11 @@ class Layout(abc.ABC):
 class Record:
     """Base of the 14 Arrow-backed seed classes (see the module docstring)."""
 
-    _layout: ClassVar[Layout]
+    if TYPE_CHECKING:  # set by `record`; not a run-time annotation, so that
+        # `typing.get_type_hints` of a record gives its fields only, as on the seed's classes
+        _layout: ClassVar[Layout]
 
     __hash__ = None  # mutable records are unhashable, like the seed's dataclasses
-
-    def __post_init__(self) -> None:
-        # One cheap test: fields `dataclasses.replace` passed on without reading them.
-        if _PENDING[0]:
-            _adopt(self)
 
     # ------------------------------------------------------------------ Arrow
     def to_arrow(self) -> pa.RecordBatch:
@@ -279,32 +334,26 @@ class Record:
         """A flat numeric column or field as a zero-copy torch view of its Arrow buffer."""
         return arrow_to_torch(self.column(name), field=f"{type(self).__name__}.{name}")
 
-    # ------------------------------------------------------------------ lazy fields
-    def __getattr__(self, name: str) -> Any:
-        # Python calls this only for an attribute missing from the instance and the class: a
-        # field of an Arrow-born record not read yet (the class keeps no field defaults), or
-        # a genuinely missing attribute. Filled fields and every write never come here.
-        state = self.__dict__
-        source = state.get(SOURCE)
-        layout = type(self)._layout
-        if source is None or name not in layout.field_names:
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        if name not in layout.shared_on_replace and _from_replace(layout.field_names):
-            _PENDING[0] += 1
-            return _Deferred(source, name)
-        value = layout.field(self, source, name)
-        state[name] = value
-        return value
-
     # ------------------------------------------------------------------ Python protocols
     def __eq__(self, other: object) -> bool:
-        # Field by field, NaN equal to NaN, tensors by value: a NaN that went through Arrow is
-        # a new float, never `==` to the old one.
-        if type(other) is not type(self):
+        # The plain dataclass's `==` (`other.__class__ is self.__class__`, then the tuples of
+        # the fields), so values compare as they do on the seed's classes: a multi-element
+        # tensor raises, a NaN equals only itself. An untouched field is decoded for the
+        # comparison only; one untouched in both objects over the same batch is one value.
+        if other.__class__ is not self.__class__:
             return NotImplemented
-        return all(
-            values_equal(peek(self, f.name), peek(other, f.name)) for f in dataclasses.fields(self)
-        )
+        mine, theirs = self.__dict__, other.__dict__
+        same = mine.get(SOURCE) is not None and mine.get(SOURCE) is theirs.get(SOURCE)
+        left, right = [], []
+        for f in dataclasses.fields(self):
+            name = f.name
+            if same and name not in mine and name not in theirs:
+                left.append(name)  # the same str object on both sides: `==` by identity
+                right.append(name)
+            else:
+                left.append(peek(self, name))
+                right.append(peek(other, name))
+        return tuple(left) == tuple(right)
 
     def __repr__(self) -> str:
         inner = ", ".join(f"{f.name}={peek(self, f.name)!r}" for f in dataclasses.fields(self))
@@ -351,11 +400,10 @@ def _rebuild(cls: type, ipc: bytes | None, state: dict[str, Any]):
 
 # ---------------------------------------------------------------------------- the decorator
 def record(layout: Layout):
-    """Class decorator (over ``@dataclass(eq=False, repr=False)``): attach the layout and drop
-    the class-level field defaults (``fields()`` and the generated ``__init__`` keep them).
+    """Class decorator (over ``@dataclass(eq=False, repr=False)``): attach the layout and put a
+    :class:`FieldSlot` on the class for each field (its default kept there, as on a dataclass).
 
-    ``__init__`` is the one ``dataclass`` writes: it stores each argument as given; then
-    :meth:`Record.__post_init__` adopts fields ``dataclasses.replace`` passed on unread.
+    ``__init__`` is the one ``dataclass`` writes: it stores each argument as given.
     """
 
     def decorate(cls: type) -> type:
@@ -364,16 +412,43 @@ def record(layout: Layout):
         fields = dataclasses.fields(cls)
         layout.field_names = frozenset(f.name for f in fields)
         for f in fields:
-            # No class attribute may shadow a field: a missing field must reach __getattr__
-            # (and a class attribute of the same name would slow every instance store).
-            if f.name in cls.__dict__:
-                delattr(cls, f.name)
+            # Each field a FieldSlot (the class default on the class, the lazy decode on an
+            # Arrow-born object). A store still goes straight to the instance dict (no
+            # __set__); CPython 3.11 does not specialise it, ~10 ns a field at construction.
+            setattr(cls, f.name, FieldSlot(f.name, f.default))
         return cls
 
     return decorate
 
 
 # ---------------------------------------------------------------------------- equality
+def records_equal(a: Any, b: Any) -> bool:
+    """Whether two records hold the same values, as a round trip through Arrow keeps them.
+
+    ``==`` on records is the plain dataclass's, as on the seed's classes: a field holding a
+    multi-element tensor makes it raise, and a NaN equals only itself, so
+    ``C.from_arrow(x.to_arrow()) == x`` cannot hold for such records. This compares field by
+    field with :func:`values_equal` instead: NaN equal to NaN, tensors of one dtype and shape
+    by value, lists, numpy arrays and tensors against each other by their values, nested
+    records recursively. Untouched fields are not kept in Python.
+
+    Parameters
+    ----------
+    a, b:
+        Two records (or any dataclass instances) of the same class.
+
+    Returns
+    -------
+    ``False`` for objects of different classes.
+    """
+    if a is b:
+        return True
+    if type(a) is not type(b) or not dataclasses.is_dataclass(a) or isinstance(a, type):
+        return False
+    read = peek if isinstance(a, Record) else getattr
+    return all(values_equal(read(a, f.name), read(b, f.name)) for f in dataclasses.fields(a))
+
+
 def values_equal(a: Any, b: Any) -> bool:
     """Equality of field values: NaN equals NaN; tensors of one dtype and shape by value;
     lists, tuples, numpy arrays and tensors against each other by their values."""
@@ -403,6 +478,8 @@ def values_equal(a: Any, b: Any) -> bool:
         return all(values_equal(x, y) for x, y in zip(a, b))
     if isinstance(a, Mapping) and isinstance(b, Mapping):
         return a.keys() == b.keys() and all(values_equal(a[k], b[k]) for k in a)
+    if isinstance(a, Record) and type(a) is type(b):
+        return records_equal(a, b)
     try:
         return bool(a == b)
     except (ValueError, RuntimeError):

@@ -25,6 +25,7 @@ import pyarrow as pa
 import torch
 
 from maxent_arrow.arrow import Ragged, arrow_to_torch, torch_to_arrow
+from maxent_arrow.arrow import prefix_lengths as ragged_prefix_lengths
 from maxent_arrow.arrow.lists import single_array
 from maxent_arrow.errors import LayoutError, SchemaError
 
@@ -302,19 +303,9 @@ def column_matrix(owner: str, array: pa.Array | None, dtype: str | None):
 
 
 def prefix_lengths(field: str, mask: torch.Tensor) -> torch.Tensor:
-    """Row lengths of a mask that is ones then zeros in every row; anything else is refused."""
-    valid = mask.detach().cpu() != 0
-    lengths = valid.sum(dim=1)
-    width = valid.shape[1]
-    expected = torch.arange(width) < lengths[:, None]
-    bad = (valid != expected).any(dim=1)
-    if bool(bad.any()):
-        row = int(torch.nonzero(bad)[0, 0])
-        raise LayoutError(
-            f"{field}: row {row} is not a prefix mask (a 0 before a 1); per-token data are "
-            "stored ragged, which needs ones then zeros in every row"
-        )
-    return lengths
+    """Row lengths of a mask that is ones then zeros in every row; anything else is refused
+    (per-token data are stored ragged: :func:`maxent_arrow.arrow.prefix_lengths`)."""
+    return ragged_prefix_lengths(mask.detach().cpu(), field=field)
 
 
 def padded_to_list(field: str, tensor: torch.Tensor, lengths: torch.Tensor) -> pa.Array:
@@ -324,8 +315,7 @@ def padded_to_list(field: str, tensor: torch.Tensor, lengths: torch.Tensor) -> p
         raise LayoutError(
             f"{field}: expected shape [{lengths.shape[0]}, L], got {tuple(data.shape)}"
         )
-    keep = torch.arange(data.shape[1]) < lengths[:, None]
-    return Ragged.from_lengths(data[keep], lengths).to_arrow()
+    return Ragged.from_padded(data, lengths=lengths).to_arrow()
 
 
 def list_to_padded(owner: str, array: pa.Array | None, width: int, dtype: str | None, pad):

@@ -21,9 +21,7 @@ in :mod:`maxent_arrow.types.records`, :mod:`maxent_arrow.types.computation` and
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
-from torch import Tensor
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from maxent_arrow.types.base import Record, record
 from maxent_arrow.types.computation import RewardsLayout
@@ -47,6 +45,16 @@ from maxent_arrow.types.settings import (
     ScoringSettings,
 )
 from maxent_arrow.types.tensors import LossLayout, ReferenceLayout, ScoreBatchLayout, ScoresLayout
+
+# The annotations are the seed's, in its spelling (`List`, `Dict`, `Optional`): tools that read
+# them at run time (`typing.get_type_hints`, pydantic's `TypeAdapter`, OmegaConf's
+# `structured`) see the same types as on the original. `Tensor` is torch's for type checkers
+# and `Any` at run time, as in the seed, whose signature reads `completion_ids (Any)`: pydantic
+# and OmegaConf accept `Any`, and refuse `torch.Tensor`.
+if TYPE_CHECKING:
+    from torch import Tensor
+else:
+    Tensor = Any
 
 __all__ = [
     "AdvantageStats",
@@ -76,8 +84,8 @@ DATACLASS = dataclass(eq=False, repr=False)
 class PromptCacheEntry(Record):
     """Cached prompt tokenization used during scoring."""
 
-    input_ids: list[int]
-    attention_mask: list[int]
+    input_ids: List[int]
+    attention_mask: List[int]
 
     @property
     def length(self) -> int:
@@ -101,11 +109,11 @@ class GenerationBatch(Record):
     that were given.
     """
 
-    prompts: list[str]
-    answers: list[str]
-    grouped_completions: list[list[str]]
-    grouped_ref_meta: list[list[Any | None]] | None
-    grouped_completion_info: list[list[dict[str, Any]]] | None = None
+    prompts: List[str]
+    answers: List[str]
+    grouped_completions: List[List[str]]
+    grouped_ref_meta: Optional[List[List[Optional[Any]]]]
+    grouped_completion_info: Optional[List[List[Dict[str, Any]]]] = None
 
 
 @record(PairsLayout())
@@ -114,9 +122,9 @@ class PromptCompletionBatch(Record):
     """Flattened prompt/completion pairs (strings or chat-message lists, as in
     :class:`GenerationBatch`)."""
 
-    prompts: list[str]
-    completions: list[str]
-    metadata: list[dict[str, Any]] | None = None
+    prompts: List[str]
+    completions: List[str]
+    metadata: Optional[List[Dict[str, Any]]] = None
 
 
 # ---------------------------------------------------------------------------- grouped pairs
@@ -126,8 +134,8 @@ class AdvantageStats(Record):
     """Grouped and flattened advantages (one ``list<double>`` column in Arrow; ``to_arrow``
     refuses a ``samples`` that is not ``grouped`` flattened)."""
 
-    grouped: list[list[float]]
-    samples: list[float]
+    grouped: List[List[float]]
+    samples: List[float]
 
 
 @record(GroupedPairLayout("q"))
@@ -135,8 +143,8 @@ class AdvantageStats(Record):
 class QDistribution(Record):
     """Sequence-level q-distribution (stored like :class:`AdvantageStats`)."""
 
-    grouped: list[list[float]]
-    samples: list[float]
+    grouped: List[List[float]]
+    samples: List[float]
 
 
 @record(ScalarLayout())
@@ -158,27 +166,27 @@ class RewardComputation(Record):
     back.
     """
 
-    total_utils: list[float]
-    per_reward_values: dict[str, list[float]]
+    total_utils: List[float]
+    per_reward_values: Dict[str, List[float]]
     advantage: AdvantageStats
     pairs: PromptCompletionBatch
     q_distribution: QDistribution
     moments: RewardMoments
-    ref_logprob_meta: list[Any | None] | None = None
-    completion_metadata: list[dict[str, Any]] | None = None
-    entropy_bonus_scale: float | None = None
-    seed_semantic_entropies: list[float] | None = None
-    seed_advantage_scales: list[float] | None = None
-    seed_alpha_effective: float | None = None
-    seed_max_possible_entropy: float | None = None
+    ref_logprob_meta: Optional[List[Optional[Any]]] = None
+    completion_metadata: Optional[List[Dict[str, Any]]] = None
+    entropy_bonus_scale: Optional[float] = None
+    seed_semantic_entropies: Optional[List[float]] = None
+    seed_advantage_scales: Optional[List[float]] = None
+    seed_alpha_effective: Optional[float] = None
+    seed_max_possible_entropy: Optional[float] = None
 
     @property
-    def advantage_samples(self) -> list[float]:
+    def advantage_samples(self) -> List[float]:
         """Return flattened advantage samples for logging."""
         return self.advantage.samples
 
     @property
-    def q_grouped(self) -> list[list[float]]:
+    def q_grouped(self) -> List[List[float]]:
         """Expose grouped q-values for downstream weighting."""
         return self.q_distribution.grouped
 
@@ -205,14 +213,14 @@ class ScoreBatch(Record):
     prompt entries' ids without building them.
     """
 
-    prompt_entries: list[PromptCacheEntry]
+    prompt_entries: List[PromptCacheEntry]
     completion_ids: Tensor
     completion_attention_mask: Tensor
     pad_token_id: int
     max_prompt_len: int
     slice_size: int
     total_sequences: int
-    score_tail_tokens: int | None = None
+    score_tail_tokens: Optional[int] = None
 
 
 @record(ScoresLayout())
@@ -228,11 +236,11 @@ class SequenceScores(Record):
     behavior_logp_sum: Any
     log_ratio_train: Any
     denom_tok_tensor: Any
-    pooled_hidden: Any | None = None
-    policy_entropy_sum: Any | None = None
-    token_logp: Any | None = None
-    token_mask: Any | None = None
-    old_token_logp: Any | None = None
+    pooled_hidden: Optional[Any] = None
+    policy_entropy_sum: Optional[Any] = None
+    token_logp: Optional[Any] = None
+    token_mask: Optional[Any] = None
+    old_token_logp: Optional[Any] = None
 
 
 @record(ReferenceLayout())
@@ -249,8 +257,8 @@ class ReferenceLogprobs(Record):
     ref_logp_sum_raw: Any
     ref_logp_mean: float
     avg_completion_tokens: float
-    ref_token_logp: Any | None = None
-    ref_token_mask: Any | None = None
+    ref_token_logp: Optional[Any] = None
+    ref_token_mask: Optional[Any] = None
 
 
 # ---------------------------------------------------------------------------- loss
@@ -261,7 +269,7 @@ class LossScalarBundle(Record):
 
     total_loss: float
     policy_loss: float
-    clip_loss: float | None
+    clip_loss: Optional[float]
     kl_loss: float
     weighted_kl_loss: float
 
@@ -287,7 +295,7 @@ class LossOutputs(Record):
         return self.scalars.policy_loss
 
     @property
-    def clip_loss_scalar(self) -> float | None:
+    def clip_loss_scalar(self) -> Optional[float]:
         """Convenience accessor for the clip-objective scalar."""
         return self.scalars.clip_loss
 
@@ -331,15 +339,15 @@ class BatchDiagnostics(Record):
     ``"129-256"``, ``"257+"`` (empty buckets omitted).
     """
 
-    kl_value: float | None
+    kl_value: Optional[float]
     clip_ratio: float
     clip_ratio_low_mean: float
     clip_ratio_low_min: float
     clip_ratio_high_mean: float
     clip_ratio_high_max: float
     clip_ratio_region_mean: float
-    kl_per_token_by_len_bucket: dict[str, float]
-    kl_token_count_by_len_bucket: dict[str, float]
+    kl_per_token_by_len_bucket: Dict[str, float]
+    kl_token_count_by_len_bucket: Dict[str, float]
 
 
 # ---------------------------------------------------------------------------- validation
@@ -354,7 +362,7 @@ class ValidationContext:
     reward: RewardSpec
     generator: GenerationFn[Any]
     logging: LoggingHandles
-    eval_reward: RewardSpec | None = None
-    runtime: RuntimeHandles | None = None
-    generation: GenerationSettings | None = None
-    scoring: ScoringSettings | None = None
+    eval_reward: Optional[RewardSpec] = None
+    runtime: Optional[RuntimeHandles] = None
+    generation: Optional[GenerationSettings] = None
+    scoring: Optional[ScoringSettings] = None

@@ -253,7 +253,7 @@ class ScoreBatchLayout(_TensorLayout):
             )
         lengths = prefix_lengths(f"{name}.completion_attention_mask", mask)
         pad = scalar(f"{name}.pad_token_id", _get(obj, "pad_token_id"), kind="int")
-        keep = torch.arange(ids.shape[1]) < lengths[:, None]
+        keep = mask_from_lengths(lengths, int(ids.shape[1]), "bool")
         if bool((ids[~keep] != pad).any()):
             # Padding positions that hold other ids: stored whole, the mask lengths beside.
             full = torch.full_like(lengths, ids.shape[1])

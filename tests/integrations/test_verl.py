@@ -212,6 +212,21 @@ def test_groups_come_from_uid_not_from_row_order(data):
     assert batch.groups.schema.field("prompt_messages").type.value_type.num_fields == 3
 
 
+def test_completions_are_decoded_from_the_unpadded_responses_in_group_order(data):
+    tok = ByT5Tokenizer()
+    batch = from_dataproto(data, step=7, tokenizer=tok)
+    rows = [r for group in batch.groups.column("verl_row").to_pylist() for r in group]
+    assert rows != sorted(rows)  # stored in group order, not the DataProto's
+    want = []
+    for r in rows:  # a plain loop over rows: each response up to its attention mask
+        mask = data.batch["attention_mask"][r, P:].bool()
+        want.append(tok.decode(data.batch["responses"][r][mask].tolist(), skip_special_tokens=True))
+    got = [c for group in batch.groups.column("completions").to_pylist() for c in group]
+    assert got == want and any(got)
+    plain = from_dataproto(data, step=7)  # without a tokenizer: empty strings
+    assert {c for g in plain.groups.column("completions").to_pylist() for c in g} == {""}
+
+
 def test_round_trip_through_a_store_and_a_parquet_file(data, tmp_path):
     batch = from_dataproto(data, step=3, rank=1)
     layout = batch.run_config.extra[LAYOUT_KEY]

@@ -24,6 +24,7 @@ from maxent_arrow import (
     SchemaError,
 )
 from maxent_arrow.arrow.schema import group_schema, step_schema
+from maxent_arrow.types import records_equal
 
 
 @pytest.fixture
@@ -66,11 +67,11 @@ def test_seed_objects_come_back_equal(batch, parts):
     assert rc.moments == given_rc.moments
     assert rc.pairs.prompts == given_rc.pairs.prompts
     assert rc.pairs.completions == given_rc.pairs.completions
-    assert batch.reference_logprobs == parts["reference"]
+    assert records_equal(batch.reference_logprobs, parts["reference"])  # tensors
     assert batch.length_stats == parts["length_stats"]
     assert batch.loss_scalars == parts["loss"]
     assert batch.diagnostics == parts["diagnostics"]
-    assert batch.score_batch(slice_size=4) == parts["score_batch"]
+    assert records_equal(batch.score_batch(slice_size=4), parts["score_batch"])
 
 
 def test_behaviour_logprobs_and_weights_regrouped(batch, parts):
@@ -137,7 +138,7 @@ def test_to_arrow_from_arrow_round_trips(batch, tmp_path):
     pq.write_table(table, tmp_path / "b.parquet")
     back = RolloutBatch.from_arrow(pq.read_table(tmp_path / "b.parquet"))
     assert back.equals(batch)
-    assert back.reference_logprobs == batch.reference_logprobs
+    assert records_equal(back.reference_logprobs, batch.reference_logprobs)
     with ipc.new_file(tmp_path / "b.arrow", table.schema) as writer:
         writer.write_table(table)
     mapped = ipc.open_file(pa.memory_map(str(tmp_path / "b.arrow"))).read_all()
@@ -237,7 +238,7 @@ def test_parquet_round_trip_property(tmp_path_factory, seed, groups, k):
     back = RolloutBatch.from_arrow(pq.read_table(path))
     assert back.equals(batch)
     assert back.generation_batch == parts["generation"]
-    assert back.reference_logprobs == parts["reference"]
+    assert records_equal(back.reference_logprobs, parts["reference"])
     assert json.loads(back.step_row.column("config")[0].as_py()) == CONFIG
 
 
@@ -257,11 +258,11 @@ def test_objects_built_the_original_way_come_back_from_parquet_equal(parts, tmp_
     flat_info = [info for group in given_gen.grouped_completion_info for info in group]
     assert rc.completion_metadata is rc.pairs.metadata and rc.completion_metadata == flat_info
     assert isinstance(rc.total_utils, list) and isinstance(rc.per_reward_values["format"], list)
-    assert back.reference_logprobs == parts["reference"]
+    assert records_equal(back.reference_logprobs, parts["reference"])
     assert back.length_stats == parts["length_stats"]
     assert back.loss_scalars == parts["loss"]
     assert back.diagnostics == parts["diagnostics"]
-    assert back.score_batch(slice_size=4) == parts["score_batch"]
+    assert records_equal(back.score_batch(slice_size=4), parts["score_batch"])
     # Arrow-born: an untouched object gives its batch back, and views the step's buffers.
     fresh = back.generation_batch
     assert fresh.to_arrow() is fresh.to_arrow()

@@ -33,6 +33,7 @@ from maxent_arrow import (
     ScoreBatch,
     SequenceScores,
 )
+from maxent_arrow.types import records_equal
 
 
 def raises(kind: type[Exception], message: str):
@@ -397,7 +398,7 @@ def test_negative_ids_are_stored_and_out_of_range_ones_refused():
         completion_attention_mask=torch.ones(2, 3, dtype=torch.int64),
         total_sequences=2,
     )
-    assert ScoreBatch.from_arrow(padded.to_arrow()) == padded
+    assert records_equal(ScoreBatch.from_arrow(padded.to_arrow()), padded)
     entry = PromptCacheEntry([1, 2, -3], [1, 1, 1])
     assert PromptCacheEntry.from_arrow(entry.to_arrow()).input_ids == [1, 2, -3]
     generation = GenerationBatch(
@@ -422,8 +423,7 @@ def test_negative_ids_are_stored_and_out_of_range_ones_refused():
 def test_masks_that_are_not_prefixes_cannot_be_stored():
     batch = score_batch(completion_attention_mask=torch.tensor([[0, 1]]))
     message = (
-        "{}: row {} is not a prefix mask (a 0 before a 1); per-token data are stored ragged, "
-        "which needs ones then zeros in every row"
+        "{}: row {} is not a prefix mask (a 0 before a 1); right-padded rows need ones then zeros"
     )
     with raises(LayoutError, message.format("ScoreBatch.completion_attention_mask", 0)):
         batch.to_arrow()
