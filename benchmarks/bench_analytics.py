@@ -54,8 +54,8 @@ import harness  # noqa: E402
 from harness import Figure, custom, within  # noqa: E402
 
 from maxent_arrow.analytics.run import RunAnalytics  # noqa: E402
+from maxent_arrow.arrow import GroupIdentity  # noqa: E402
 from maxent_arrow.arrow import schema as S  # noqa: E402
-from maxent_arrow.arrow.identity import identity_columns  # noqa: E402
 from maxent_arrow.rollout import RolloutBatch  # noqa: E402
 from maxent_arrow.store import RolloutStore  # noqa: E402
 from maxent_arrow.store.sqlplan import samples_view_sql  # noqa: E402
@@ -107,10 +107,9 @@ def _step_batch(step: int, steps: int, rng: np.random.Generator, pool: pa.Array)
         ],
         fields=list(S.COMPLETION_INFO_TYPE),
     )
+    offsets = np.arange(0, K * PROMPTS + 1, K)
     cols = {
-        "step": pa.array(np.full(PROMPTS, step, np.int64)),
-        "rank": pa.array(np.zeros(PROMPTS, np.int32)),
-        **identity_columns(step, 0, "train", np.full(PROMPTS, K)),
+        **GroupIdentity.of(step=step, rank=0, kind="train", group_offsets=offsets).columns(),
         "prompt": pa.array([f"prompt {i}" for i in range(PROMPTS)]),
         "answer": pa.array(["42"] * PROMPTS),
         "prompt_ids": _lists(

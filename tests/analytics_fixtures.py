@@ -155,6 +155,8 @@ def write_store(
                 rows["policy_entropy_sum"].append((lens * 0.1).tolist())
                 rows["seed_semantic_entropy"].append(None)
                 rows["seed_advantage_scale"].append(None)
+            # Columns the fixture does not fill (the layout's later additions) are nulls.
+            rows = {k: v if v else [None] * len(rows["step"]) for k, v in rows.items()}
             table = pa.Table.from_pydict(rows, schema=S.group_schema(families=("core", "maxent")))
             table = table.drop_columns([c for c in drop_at(step) if c in table.column_names])
             lens_all, utils_all = np.concatenate(all_lens), np.concatenate(all_utils)

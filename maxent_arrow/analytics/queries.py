@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from maxent_arrow.analytics.relations import GROUP_KEY, RunRelations
+from maxent_arrow.arrow import registry as R
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.errors import LayoutError, SchemaError
 from maxent_arrow.store.sqlplan import quote, sql_string
@@ -24,6 +25,17 @@ from maxent_arrow.store.sqlplan import quote, sql_string
 __all__ = ["DEFAULT_QUANTILES", "ReadyMadeQueries"]
 
 DEFAULT_QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
+# length_stats' columns: the step statistic's (the column registry's LengthStats fields), with
+# the median and p95 after the maximum, and the clipped share named `clipped_frac`.
+_STEP_LENGTHS = R.feeding("LengthStats", R.STEP)
+_LENGTHS = (
+    "n",
+    *_STEP_LENGTHS[:3],
+    "p50_length",
+    "p95_length",
+    "clipped_frac",
+    *_STEP_LENGTHS[4:],
+)
 # The RunConfig field that holds the completion-length cap.
 _MAX_LEN_KEY = "max_completion_len"
 
@@ -472,22 +484,10 @@ def _length_stats_from_histogram(hist: pa.Table) -> pa.Table:
     is_term = pc.fill_null(pc.invert(clipped), False).to_numpy(zero_copy_only=False)
     known = pc.is_valid(clipped).to_numpy(zero_copy_only=False)
     if step.size == 0:
-        names = [
-            "n",
-            "min_length",
-            "mean_length",
-            "max_length",
-            "p50_length",
-            "p95_length",
-            "clipped_frac",
-            "min_terminated",
-            "mean_terminated",
-            "max_terminated",
-        ]
         return pa.table(
             {
                 "step": pa.array([], pa.int64()),
-                **{n: pa.array([], pa.int64() if n == "n" else pa.float64()) for n in names},
+                **{n: pa.array([], pa.int64() if n == "n" else pa.float64()) for n in _LENGTHS},
             }
         )
     starts, n, cum, base = _segments(step, c)
@@ -509,18 +509,28 @@ def _length_stats_from_histogram(hist: pa.Table) -> pa.Table:
     n_known = seg_sum(c * known)
     n_term = seg_sum(c * is_term)
     with np.errstate(invalid="ignore", divide="ignore"):
+        # The step statistic's fields, in LengthStats's order (docs/formulas.md §5.2).
+        stats = dict(
+            zip(
+                _STEP_LENGTHS,
+                [
+                    seg_ext(t, everything, np.minimum, np.inf),
+                    seg_sum(t * c) / n,
+                    seg_ext(t, everything, np.maximum, -np.inf),
+                    np.where(n_known > 0, seg_sum(c * is_clipped) / n_known, np.nan),
+                    seg_ext(t, is_term & (c > 0), np.minimum, np.inf),
+                    np.where(n_term > 0, seg_sum(t * c * is_term) / n_term, np.nan),
+                    seg_ext(t, is_term & (c > 0), np.maximum, -np.inf),
+                ],
+                strict=True,
+            )
+        )
+        stats["clipped_frac"] = stats.pop("clipped_ratio")
+        stats["p50_length"], stats["p95_length"] = quantile(0.5), quantile(0.95)
         table = {
             "step": pa.array(steps, pa.int64()),
             "n": pa.array(n, pa.int64()),
-            "min_length": seg_ext(t, everything, np.minimum, np.inf),
-            "mean_length": seg_sum(t * c) / n,
-            "max_length": seg_ext(t, everything, np.maximum, -np.inf),
-            "p50_length": quantile(0.5),
-            "p95_length": quantile(0.95),
-            "clipped_frac": np.where(n_known > 0, seg_sum(c * is_clipped) / n_known, np.nan),
-            "min_terminated": seg_ext(t, is_term & (c > 0), np.minimum, np.inf),
-            "mean_terminated": np.where(n_term > 0, seg_sum(t * c * is_term) / n_term, np.nan),
-            "max_terminated": seg_ext(t, is_term & (c > 0), np.maximum, -np.inf),
+            **{name: stats[name] for name in _LENGTHS[1:]},
         }
     # NaN marks "no value" above; Arrow gets real nulls, as the SQL version gave.
     return pa.table(

@@ -16,7 +16,7 @@ __all__, __getattr__, __dir__ = lazy.exports(
     __name__,
     {
         ".lists": ["first_null", "list_offsets", "regroup", "single_array"],
-        ".identity": ["completion_index", "default_group_ids", "identity_columns"],
+        ".identity": ["GroupIdentity", "completion_index_of", "default_group_ids"],
         ".ragged": ["Ragged", "arrow_to_torch", "prefix_lengths", "torch_to_arrow"],
     },
 )

@@ -51,6 +51,7 @@ __all__ = [
     "column",
     "columns",
     "family_of_columns",
+    "fed_fields",
     "markdown_table",
     "feeding",
     "names",
@@ -126,7 +127,8 @@ class Column:
         is repeated on each of the group's rows unless that would only repeat bulk
         (``prompt_ids``) or a count the view itself spells out (``num_completions``).
     feeds:
-        ``"Class.field"`` of the seed record it is read back into, if any.
+        ``"Class.field"`` of the seed record it is read back into (a tuple when it feeds
+        several), if any.
     upgrade:
         How a file of an older schema that lacks it gets it (``docs/arrow-layout.md``).
     merge:
@@ -147,9 +149,16 @@ class Column:
     statistics: bool = False
     alias: str | None = None
     in_samples: bool = True
-    feeds: str | None = None
+    feeds: str | tuple[str, ...] | None = None
     upgrade: str | None = None
     merge: str | None = None
+
+    @property
+    def fed(self) -> tuple[str, ...]:
+        """The ``"Class.field"`` entries this column feeds (none, one or several)."""
+        if self.feeds is None:
+            return ()
+        return (self.feeds,) if isinstance(self.feeds, str) else tuple(self.feeds)
 
     @property
     def field(self) -> pa.Field:
@@ -228,7 +237,7 @@ REGISTRY: tuple[Column, ...] = (
        "other keys as JSON in `extra` (spread into its fields in `samples`)",
        feeds="GenerationBatch.grouped_completion_info"),
     _g("ref_meta", _list(_str), "completion", "per-completion reference metadata, JSON",
-       MAXENT, feeds="GenerationBatch.grouped_ref_meta"),
+       MAXENT, feeds=("GenerationBatch.grouped_ref_meta", "RewardComputation.ref_logprob_meta")),
     _g("total_utils", _list(_f64), "completion", "U_i, the weighted utility "
        "(`docs/formulas.md` §3.1; NaN where no reward function scored the completion)",
        alias="total_util", feeds="RewardComputation.total_utils"),
@@ -405,10 +414,22 @@ def numbers(table: str = GROUP, *, level: Level = "completion", families=None) -
     )
 
 
+def fed_fields(record: str, table: str = GROUP) -> dict[str, str]:
+    """``{column: field}`` of the columns of ``table`` that feed seed class ``record``
+    (``"GenerationBatch"``), in layout order."""
+    out = {}
+    for c in columns(table):
+        for entry in c.fed:
+            owner, _, field = entry.partition(".")
+            if owner == record:
+                out[c.name] = field
+    return out
+
+
 def feeding(record: str, table: str = GROUP) -> tuple[str, ...]:
     """The columns of ``table`` that feed seed class ``record`` (``"LengthStats"``), in
     layout order."""
-    return names(table, where=lambda c: c.feeds is not None and c.feeds.split(".")[0] == record)
+    return tuple(fed_fields(record, table))
 
 
 def _type_text(kind: pa.DataType) -> str:
@@ -434,7 +455,7 @@ def markdown_table(table: str = GROUP) -> str:
         flags = [w for w, on in (("required", c.required), ("identity", c.identity)) if on]
         kind = _type_text(c.type) + (f", {', '.join(flags)}" if flags else "")
         alias = f" (`{c.alias}` in `samples`)" if c.alias else ""
-        feeds = f" Feeds `{c.feeds}`." if c.feeds else ""
+        feeds = f" Feeds {', '.join(f'`{f}`' for f in c.fed)}." if c.fed else ""
         lines.append(
             f"| `{c.name}` | {kind} | {c.level} | {', '.join(c.families)} | "
             f"{c.doc}{alias}.{feeds} |"

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from maxent_arrow.arrow import schema as S
-from maxent_arrow.arrow.identity import completion_index
+from maxent_arrow.arrow.identity import completion_index_of
 from maxent_arrow.arrow.lists import list_offsets, regroup, single_array
 
 __all__ = [
@@ -112,7 +112,7 @@ def upgrade_groups(table: pa.Table, *, kind: str) -> pa.Table:
         sizes = np.diff(offsets).astype(np.int32)
         columns["num_completions"] = pa.array(sizes)
         columns["group_size"] = pa.array(sizes)
-        columns["completion_index"] = completion_index(sizes)
+        columns["completion_index"] = completion_index_of(sizes)
     if set(GROUP_ID_INPUTS) <= set(names):
         columns["group_id"] = pc.binary_join_element_wise(
             pc.cast(columns["step"], pa.string()),

@@ -25,7 +25,7 @@ import torch
 
 from maxent_arrow import compute as C
 from maxent_arrow.arrow import Ragged, arrow_to_torch, list_offsets, torch_to_arrow
-from maxent_arrow.compute.seed_grpo import SeedGrpoSettings, seed_grpo_statistics
+from maxent_arrow.compute.seed_grpo import SeedGrpoSettings, SeedGrpoStats, seed_grpo_statistics
 from maxent_arrow.errors import ComputeError, SchemaError
 from maxent_arrow.types.computation import rewards_batch
 from maxent_arrow.types.records import sample_messages
@@ -244,15 +244,19 @@ def compute_rewards(
         q_temperature=q_temperature,
         q_epsilon=q_epsilon,
         seed_scales=None if seed is None else seed.scales,
-        seed=None
-        if seed is None
-        else {
-            "seed_semantic_entropy": torch_to_arrow(seed.semantic_entropy.cpu()),
-            "seed_advantage_scale": torch_to_arrow(seed.scales.cpu()),
-            "seed_alpha_effective": seed.alpha_effective,
-            "seed_max_possible_entropy": seed.max_possible_entropy,
-        },
+        seed=None if seed is None else _seed_columns(seed),
     )
+
+
+def _seed_columns(seed: SeedGrpoStats) -> dict[str, Any]:
+    """SEED-GRPO's results as the RewardComputation record batch holds them: the per-group
+    columns and the two scalars."""
+    columns: dict[str, Any] = {}
+    columns["seed_semantic_entropy"] = torch_to_arrow(seed.semantic_entropy.cpu())
+    columns["seed_advantage_scale"] = torch_to_arrow(seed.scales.cpu())
+    columns["seed_alpha_effective"] = seed.alpha_effective
+    columns["seed_max_possible_entropy"] = seed.max_possible_entropy
+    return columns
 
 
 def _group_offsets(gen: pa.RecordBatch) -> np.ndarray:

@@ -11,8 +11,8 @@ lives here, so a new adapter copies none of it:
   column they imply (token count, truncation, finish reason);
 - :func:`reward_columns`: ``reward_names`` / ``reward_values`` (each function's raw reward)
   and ``total_utils`` (their weighted ``nansum``);
-- :func:`group_identity`: ``step``, ``rank``, ``kind``, ``group_index``, ``group_id``,
-  ``group_size`` and ``num_completions`` of the rows (whole groups or parts of them);
+- the identity columns of the rows (whole groups or parts of them) are
+  :class:`maxent_arrow.arrow.GroupIdentity`, the one builder every writer uses;
 - :func:`row_sums`: per-completion sums of flat per-token values (``ref_logp_sum_raw``,
   ``behavior_logp_sum``); :func:`offsets_of`: offsets from lengths.
 
@@ -35,7 +35,6 @@ from maxent_arrow.errors import LayoutError
 
 __all__ = [
     "completion_info",
-    "group_identity",
     "offsets_of",
     "reward_columns",
     "row_sums",
@@ -157,52 +156,6 @@ def reward_columns(
         "reward_names": names,
         "reward_values": regroup(inner, group_offsets),
         "total_utils": regroup(pa.array(weighted), group_offsets),
-    }
-
-
-def group_identity(
-    *,
-    step: int,
-    rank: int,
-    kind: str,
-    group_ids: pa.Array | Sequence[str],
-    group_offsets: np.ndarray,
-    group_size: int | np.ndarray | None = None,
-) -> dict[str, pa.Array]:
-    """The identity columns of group rows: ``step``, ``rank``, ``kind``, ``group_index``,
-    ``group_id``, ``group_size`` and ``num_completions``.
-
-    Parameters
-    ----------
-    step, rank, kind:
-        Where the rows are stored.
-    group_ids:
-        One run-wide id per row (a string array or strings).
-    group_offsets:
-        The rows' completions: row ``g`` holds completions ``group_offsets[g]`` to
-        ``group_offsets[g + 1]`` (``num_completions``).
-    group_size:
-        The whole group's K (one for all rows, or one per row) when a row holds a part of its
-        group (a trainer that spreads a prompt's completions over processes); default
-        ``num_completions``, whole groups.
-    """
-    offsets = np.asarray(group_offsets, dtype=np.int64)
-    p = len(offsets) - 1
-    counts = np.diff(offsets).astype(np.int32)
-    sizes = counts if group_size is None else np.broadcast_to(np.asarray(group_size), (p,))
-    ids = group_ids if isinstance(group_ids, pa.Array) else pa.array(list(group_ids), pa.string())
-    if len(ids) != p:
-        raise LayoutError(
-            f"group_identity: group_ids: expected {p} ids (one per row), got {len(ids)}"
-        )
-    return {
-        "step": pa.array(np.full(p, step, np.int64)),
-        "rank": pa.array(np.full(p, rank, np.int32)),
-        "kind": pa.array([kind] * p, pa.string()),
-        "group_index": pa.array(np.arange(p, dtype=np.int32)),
-        "group_id": ids.cast(pa.string()),
-        "group_size": pa.array(np.asarray(sizes, dtype=np.int32)),
-        "num_completions": pa.array(counts),
     }
 
 

@@ -72,12 +72,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from maxent_arrow.arrow import Ragged, regroup
+from maxent_arrow.arrow import GroupIdentity, Ragged, regroup
 from maxent_arrow.arrow.registry import CORE, TRL
 from maxent_arrow.errors import LayoutError, MissingExtraError, SchemaError
 from maxent_arrow.integrations.adapters import (
     completion_info,
-    group_identity,
     offsets_of,
     reward_columns,
     row_sums,
@@ -371,15 +370,16 @@ def round_table(
     group_ids = pc.binary_join_element_wise(
         f"{step}.{round_index}", pc.cast(pa.array(host.group_of[starts]), pa.string()), "."
     )
-    columns: dict[str, pa.Array] = group_identity(
+    columns: dict[str, pa.Array] = GroupIdentity.of(
         step=step,
         rank=rank,
         kind=kind,
-        group_ids=group_ids,
         group_offsets=part_offsets,
+        group_ids=group_ids,
         group_size=group_size,
-    )
-    columns["round"] = pa.array(np.full(len(starts), round_index, np.int32))
+        completion_index=host.index,
+        round=round_index,
+    ).columns()
     columns["prompt_ids"] = regroup(pa.array(host.prompt_values), offsets_of(host.prompt_counts))
     columns.update(_prompt_text(prompts, starts))
     if answers is not None:
@@ -387,7 +387,6 @@ def round_table(
         if all(a is None or isinstance(a, str) for a in first):
             columns["answer"] = pa.array(first, pa.string())
     columns.update(_completion_columns(completions, grouped))
-    columns["completion_index"] = grouped(pa.array(host.index))
     columns["completion_ids"] = per_token(host.completion_ids, pa.int32())
     columns["completion_info"] = grouped(completion_info(host.lengths, host.truncated))
     columns.update(

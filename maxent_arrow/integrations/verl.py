@@ -57,13 +57,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from maxent_arrow.arrow import Ragged, completion_index, regroup
+from maxent_arrow.arrow import GroupIdentity, Ragged, regroup
 from maxent_arrow.arrow import registry as R
-from maxent_arrow.arrow import schema as S
 from maxent_arrow.arrow.lists import list_offsets, single_array
 from maxent_arrow.arrow.registry import CORE, VERL
 from maxent_arrow.errors import LayoutError, MissingExtraError, SchemaError
-from maxent_arrow.integrations.adapters import group_identity, token_lists
+from maxent_arrow.integrations.adapters import completion_info, token_lists, truncation_flags
 from maxent_arrow.integrations.messages import (
     conversation_list,
     is_conversation,
@@ -444,9 +443,7 @@ def _tensor_entry(
 def _free_name(key: str, kind: pa.DataType, level: str, used: set[str]) -> str:
     """The column of a tensor: its schema home only when its type is the schema's."""
     name = _column_name(key, used)
-    if _FLOAT_TOKEN_TYPES.get(name, kind) != kind or (
-        level == "sample" and name in _SCHEMA_NAMES
-    ):
+    if _FLOAT_TOKEN_TYPES.get(name, kind) != kind or (level == "sample" and name in _SCHEMA_NAMES):
         used.discard(name)
         name = _column_name(f"verl_{key}", used)
     return name
@@ -522,10 +519,9 @@ def _group_table(
 ) -> pa.Table:
     """The group rows: identity, per-completion index and DataProto row, the prompts, and the
     columns of the keys."""
-    base = group_identity(
-        step=step, rank=rank, kind=kind, group_ids=groups.names, group_offsets=groups.offsets
-    )
-    base["completion_index"] = completion_index(groups.sizes)
+    base = GroupIdentity.of(
+        step=step, rank=rank, kind=kind, group_offsets=groups.offsets, group_ids=groups.names
+    ).columns()
     base["verl_row"] = groups.grouped(pa.array(groups.order.astype(np.int32)))
     prompt_ids = columns.pop("prompt_ids")
     base["prompt_ids"], sample_prompts = _group_prompts(prompt_ids, groups)
@@ -584,30 +580,21 @@ def _add_summaries(
 def _completion_info(
     responses: torch.Tensor, lengths: torch.Tensor, width: int, groups: _Groups, tokenizer: Any
 ) -> pa.Array:
-    """Per completion, in stored order: its token count, whether it was truncated (TRL's
-    rule: its last token is not the end-of-sequence token, when the tokenizer names one;
-    else it fills the response width, verl's ``max_response_length``) and the finish reason
-    that implies, so a verl run has the lengths and truncation flags a TRL run has."""
+    """Per completion, in stored order, the ``completion_info`` a TRL run has: its token count
+    and whether it was truncated (TRL's rule, :func:`.adapters.truncation_flags`, when the
+    tokenizer names an end-of-sequence token; else: it fills the response width, verl's
+    ``max_response_length``)."""
     order = groups.torch_order
     n = lengths.index_select(0, order)
     eos = getattr(tokenizer, "eos_token_id", None)
-    if eos is not None and width:
-        last = responses.index_select(0, order).gather(1, (n - 1).clamp(min=0)[:, None])[:, 0]
-        cut = (last != int(eos)) | (n == 0)
+    if eos is not None:
+        pad = getattr(tokenizer, "pad_token_id", None)
+        cut = truncation_flags(
+            responses.index_select(0, order), n, eos_token_ids=[int(eos)], pad_token_id=pad
+        )
     else:
-        cut = n == width
-    truncated = cut.numpy()
-    info = pa.StructArray.from_arrays(
-        [
-            pa.array(np.where(truncated, "length", "stop"), pa.string()),
-            pa.nulls(len(truncated), pa.string()),
-            pa.array(truncated),
-            pa.array(n.numpy().astype(np.int32)),
-            pa.nulls(len(truncated), pa.string()),
-        ],
-        fields=list(S.COMPLETION_INFO_TYPE),
-    )
-    return groups.grouped(info)
+        cut = (n == width).numpy()
+    return groups.grouped(completion_info(n.numpy(), cut))
 
 
 def _with_layout(config: Any, layout: dict[str, Any], width: int) -> RunConfig:

@@ -24,7 +24,7 @@ from maxent_arrow import arrow as A
 from maxent_arrow import types as T
 from maxent_arrow.arrow import registry as R
 from maxent_arrow.arrow import schema as S
-from maxent_arrow.arrow.identity import identity_columns
+from maxent_arrow.arrow.identity import GroupIdentity
 from maxent_arrow.arrow.lists import list_offsets, regroup
 from maxent_arrow.arrow.registry import CORE, MAXENT
 from maxent_arrow.arrow.upgrade import reward_lists
@@ -99,12 +99,8 @@ class GroupColumns:
         self.meta: dict[str, Any] = {"dtypes": {}, "widths": {}, "families": [CORE, MAXENT]}
         # Step-row scalars of the parts, as their checked Arrow forms hold them.
         self.scalars: dict[str, Any] = {}
-        p = self.num_groups
-        self.columns: dict[str, pa.Array | None] = {
-            "step": pa.array(np.full(p, step, dtype=np.int64)),
-            "rank": pa.array(np.full(p, rank, dtype=np.int32)),
-            **identity_columns(step, rank, kind, np.diff(self.offsets)),
-        }
+        identity = GroupIdentity.of(step=step, rank=rank, kind=kind, group_offsets=self.offsets)
+        self.columns: dict[str, pa.Array | None] = dict(identity.columns())
         # The generation's columns are the group table's (GenerationBatch's to_arrow layout).
         for name in R.feeding("GenerationBatch"):
             self.columns[name] = _column(gen, name)
@@ -178,10 +174,11 @@ class GroupColumns:
         rc = rewards.to_arrow()  # checked; the record's own batch when it came from Arrow
         _check_offsets("rewards.advantage.grouped", list_offsets(rc.column("advantages")), offsets)
         _check_offsets("rewards.q_distribution.grouped", list_offsets(rc.column("q")), offsets)
-        # The columns RewardComputation's to_arrow layout shares with the group table; the
-        # raw rewards (a struct there, names and values here) follow.
+        # The columns RewardComputation's to_arrow layout shares with the group table (but
+        # those the generation gave: its ref meta); the raw rewards (a struct there, names
+        # and values here) follow.
         for name in R.feeding("RewardComputation"):
-            if name not in _REWARD_LISTS:
+            if name not in _REWARD_LISTS and name not in R.feeding("GenerationBatch"):
                 self.columns[name] = _column(rc, name)
         per_reward = _column(rc, "rewards")
         names = [] if per_reward is None else [f.name for f in per_reward.type]

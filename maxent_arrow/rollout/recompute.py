@@ -85,9 +85,7 @@ def recompute(
     if len(rounds) > 1:
         # Several generation rounds in one step: each is normalised on its own (TRL's batch
         # of a round is what `scale_rewards="batch"` and normalize_then_sum see).
-        parts = [
-            (rows, _recompute(_take_rows(batch, rows), cfg, overrides)) for rows in rounds
-        ]
+        parts = [(rows, _recompute(_take_rows(batch, rows), cfg, overrides)) for rows in rounds]
         return _in_row_order(batch, parts)
     return _recompute(batch, cfg, overrides)
 

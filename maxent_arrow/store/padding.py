@@ -30,9 +30,7 @@ def pad_to_layout(table: pa.Table, layout: pa.Schema) -> pa.Table:
     names = [
         n
         for n in table.column_names
-        if n in layout.names
-        or n not in _REGISTERED
-        or table.column(n).null_count < table.num_rows
+        if n in layout.names or n not in _REGISTERED or table.column(n).null_count < table.num_rows
     ]
     fields, arrays = [], []
     for field in layout:

@@ -67,9 +67,7 @@ class Writer:
         group = commit_unit(
             self.backend,
             name,
-            pad_to_layout(
-                pa.Table.from_batches([batch.groups]), S.group_schema(families=families)
-            ),
+            pad_to_layout(pa.Table.from_batches([batch.groups]), S.group_schema(families=families)),
             self._group_metadata(batch),
             pad_to_layout(
                 pa.Table.from_batches([batch.step_row]), S.step_schema(families=families)

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from maxent_arrow.arrow import registry as R
 from maxent_arrow.arrow.lists import list_offsets
 from maxent_arrow.errors import LayoutError, SchemaError
 from maxent_arrow.types import fields as F
@@ -36,6 +37,12 @@ __all__ = ["RewardsLayout", "rewards_batch"]
 
 _FLOAT_LIST = is_list_of(is_float)
 _PAIR_COLUMNS = ("prompts", "prompt_messages", "completions", "completion_messages")
+# Fields that are records of their own (AdvantageStats, QDistribution, ...).
+_NESTED = ("advantage", "pairs", "q_distribution", "moments")
+# Group-table columns that feed it, as they are: {column: field}.
+_STORED = {c: f for c, f in R.fed_fields("RewardComputation").items() if f != "per_reward_values"}
+# The per-completion fields among them, flat [N] values.
+_FLAT = tuple(c for c in _STORED if R.column(c).level == "completion" and _STORED[c] not in _NESTED)
 _SCALARS = ("entropy_bonus_scale", "seed_alpha_effective", "seed_max_possible_entropy")
 _SEED_COLUMNS = {
     "seed_semantic_entropies": "seed_semantic_entropy",
@@ -50,22 +57,18 @@ class RewardsLayout(BoundLayout):
     ``completion_metadata`` is stored once when it is ``pairs.metadata`` (the seed's aliasing,
     kept by ``from_arrow``)."""
 
+    # The group table's columns that feed it (the column registry's `feeds`), but for the
+    # raw rewards, a struct here (names and values there); then its own: the pairs, the
+    # completion metadata.
     columns = {
         **{c: ("pairs",) for c in (*_PAIR_COLUMNS, "pairs_metadata")},
-        "total_utils": ("total_utils",),
+        **{c: (f,) for c, f in _STORED.items()},
         "rewards": ("per_reward_values",),
-        "advantages": ("advantage",),
-        "q": ("q_distribution",),
-        "ref_meta": ("ref_logprob_meta",),
         "completion_metadata": ("completion_metadata", "pairs"),
-        "seed_semantic_entropy": ("seed_semantic_entropies",),
-        "seed_advantage_scale": ("seed_advantage_scales",),
     }
+    # Fields read straight from one column: flattened when per completion.
     field_columns = {
-        "total_utils": ("total_utils", True),
-        "ref_logprob_meta": ("ref_meta", True),
-        "seed_semantic_entropies": ("seed_semantic_entropy", False),
-        "seed_advantage_scales": ("seed_advantage_scale", False),
+        f: (c, R.column(c).level == "completion") for c, f in _STORED.items() if f not in _NESTED
     }
 
     shared_on_replace = frozenset({"advantage", "pairs", "q_distribution", "moments"})
@@ -222,7 +225,7 @@ class RewardsLayout(BoundLayout):
         columns = {
             **{c: by_group(pairs[c]) for c in _PAIR_COLUMNS},
             "pairs_metadata": by_group(pairs_meta),
-            "total_utils": by_group(flat["total_utils"]),
+            **{c: by_group(flat[c]) for c in _FLAT},
             "rewards": (
                 pa.StructArray.from_arrays([by_group(v) for v in rewards.values()], names=keys)
                 if keys
@@ -230,7 +233,6 @@ class RewardsLayout(BoundLayout):
             ),
             "advantages": advantages,
             "q": q,
-            "ref_meta": by_group(flat["ref_meta"]),
             "completion_metadata": None if shared else by_group(completion_meta),
             **seeds,
         }
@@ -345,27 +347,23 @@ def rewards_batch(
         return None if array is None else F.grouped(array, offsets)
 
     rewards = rewards or {}
-    columns = {
-        "prompts": by_group(prompts),
-        "prompt_messages": by_group(prompt_messages),
-        "completions": by_group(completions),
-        "completion_messages": by_group(completion_messages),
-        "pairs_metadata": by_group(pairs_metadata),
-        "total_utils": by_group(total_utils),
-        "rewards": (
-            pa.StructArray.from_arrays([by_group(v) for v in rewards.values()], names=list(rewards))
-            if rewards
-            else None
-        ),
-        "advantages": advantages,
-        "q": q,
-        "ref_meta": by_group(ref_meta),
-        "completion_metadata": None
-        if completion_metadata_is_pairs_metadata
-        else by_group(completion_metadata),
-        "seed_semantic_entropy": seed_semantic_entropy,
-        "seed_advantage_scale": seed_advantage_scale,
-    }
+    pairs = (prompts, prompt_messages, completions, completion_messages)
+    columns = {c: by_group(v) for c, v in zip(_PAIR_COLUMNS, pairs)}
+    columns["pairs_metadata"] = by_group(pairs_metadata)
+    columns["total_utils"] = by_group(total_utils)
+    columns["rewards"] = (
+        pa.StructArray.from_arrays([by_group(v) for v in rewards.values()], names=list(rewards))
+        if rewards
+        else None
+    )
+    columns["advantages"], columns["q"] = advantages, q
+    columns["ref_meta"] = by_group(ref_meta)
+    columns["completion_metadata"] = (
+        None if completion_metadata_is_pairs_metadata else by_group(completion_metadata)
+    )
+    # The SEED-GRPO group columns ([P] values, not regrouped).
+    columns["seed_semantic_entropy"] = seed_semantic_entropy
+    columns["seed_advantage_scale"] = seed_advantage_scale
     scalars = {
         "moments": list(moments),
         "reward_keys": list(rewards),

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from maxent_arrow.arrow import registry as R
 from maxent_arrow.arrow.lists import list_offsets
 from maxent_arrow.errors import LayoutError, SchemaError
 from maxent_arrow.types import fields as F
@@ -256,29 +257,14 @@ class GenerationLayout(BoundLayout):
     """One row per prompt group: ``prompt`` / ``prompt_messages``, ``answer``,
     ``completions`` / ``completion_messages``, ``ref_meta`` (JSON), ``completion_info``."""
 
-    columns = {
-        "prompt": ("prompts",),
-        "prompt_messages": ("prompts",),
-        "answer": ("answers",),
-        "completions": ("grouped_completions",),
-        "completion_messages": ("grouped_completions",),
-        "ref_meta": ("grouped_ref_meta",),
-        "completion_info": ("grouped_completion_info",),
-    }
-    field_columns = {
-        "prompts": ("prompt", False),
-        "answers": ("answer", False),
-        "grouped_completions": ("completions", False),
-        "grouped_ref_meta": ("ref_meta", False),
-        "grouped_completion_info": ("completion_info", False),
-    }
+    # Its columns are the group table's that feed it (the column registry's `feeds`); a
+    # field stored in two (text or chat messages) reads back from the first when it is set.
+    columns = {c: (f,) for c, f in R.fed_fields("GenerationBatch").items()}
     parts = {
-        "prompts": ("prompt", "prompt_messages"),
-        "answers": ("answer",),
-        "grouped_completions": ("completions", "completion_messages"),
-        "grouped_ref_meta": ("ref_meta",),
-        "grouped_completion_info": ("completion_info",),
+        f: tuple(c for c, g in R.fed_fields("GenerationBatch").items() if g == f)
+        for f in dict.fromkeys(R.fed_fields("GenerationBatch").values())
     }
+    field_columns = {f: (cols[0], False) for f, cols in parts.items()}
 
     def check(self, cls, batch, meta, given=()):
         if "prompts" not in given:

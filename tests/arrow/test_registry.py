@@ -52,10 +52,10 @@ def test_every_column_is_declared_consistently(column: R.Column):
         kind = kind.value_type
     assert column.families and set(column.families) <= set(R.FAMILIES)
     assert column.field.nullable is not column.required
-    if column.feeds is not None:
-        record, field = column.feeds.split(".")
+    for entry in column.fed:
+        record, field = entry.split(".")
         cls = getattr(T, record)
-        assert field in {f.name for f in dataclasses.fields(cls)}, column.feeds
+        assert field in {f.name for f in dataclasses.fields(cls)}, entry
     if column.dictionary:
         assert pa.types.is_string(kind), column.name
     if column.byte_stream_split:

@@ -159,6 +159,7 @@ def test_a_run_carries_the_columns_of_its_families_in_the_2_0_order():
     step_trl = S.step_schema(families=("core", "trl")).names
     assert "total_loss" not in step_trl and "reward_mean" in step_trl
 
+
 def test_step_schema_holds_the_scalar_records_and_the_config():
     schema = S.step_schema()
     assert schema.metadata[S.METADATA_KEY] == b"2.1"

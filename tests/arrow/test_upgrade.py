@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from maxent_arrow.arrow import schema as S
-from maxent_arrow.arrow.identity import completion_index
+from maxent_arrow.arrow.identity import completion_index_of
 from maxent_arrow.arrow.upgrade import (
     needs_upgrade,
     reward_lists,
@@ -27,7 +27,7 @@ def test_versions_that_need_upgrading():
 
 
 def test_completion_index_counts_within_each_row():
-    assert completion_index(np.array([2, 0, 3])).to_pylist() == [[0, 1], [], [0, 1, 2]]
+    assert completion_index_of(np.array([2, 0, 3])).to_pylist() == [[0, 1], [], [0, 1, 2]]
 
 
 def test_reward_lists_are_per_completion_and_aligned_with_the_names():

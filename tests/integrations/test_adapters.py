@@ -12,11 +12,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from maxent_arrow import LayoutError, Ragged, RolloutBatch, RolloutStore
-from maxent_arrow.arrow import regroup
+from maxent_arrow.arrow import GroupIdentity, regroup
+from maxent_arrow.arrow import registry as R
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.integrations.adapters import (
     completion_info,
-    group_identity,
     offsets_of,
     reward_columns,
     row_sums,
@@ -105,10 +105,11 @@ def test_reward_columns_weighted_nansum_and_unscorable_completions():
 
 # ---------------------------------------------------------------------------- identity
 def test_group_identity_of_whole_groups_and_of_parts():
-    whole = group_identity(
+    whole = GroupIdentity.of(
         step=7, rank=1, kind="train", group_ids=["a", "b"], group_offsets=np.array([0, 3, 4])
-    )
-    assert list(whole) == list(S.GROUP_REQUIRED[:7])  # the schema's order
+    ).columns()
+    identity = [c.name for c in R.columns(R.GROUP) if c.identity]
+    assert list(whole) == identity  # the registry's identity columns, in layout order
     assert {k: v.to_pylist() for k, v in whole.items()} == {
         "step": [7, 7],
         "rank": [1, 1],
@@ -117,21 +118,27 @@ def test_group_identity_of_whole_groups_and_of_parts():
         "group_id": ["a", "b"],
         "group_size": [3, 1],
         "num_completions": [3, 1],
+        "completion_index": [[0, 1, 2], [0]],
+        "round": [0, 0],
     }
     for name, column in whole.items():
-        assert column.type == SCHEMA[name], name  # scalars: exactly
-    parts = group_identity(
+        assert column.type == SCHEMA[name], name
+    parts = GroupIdentity.of(
         step=0,
         rank=0,
         kind="eval",
         group_ids=pa.array(["0.0.1", "0.0.2"]),
         group_offsets=np.array([0, 2, 6]),
         group_size=4,
-    )
+        completion_index=[2, 3, 0, 1, 2, 3],
+        round=1,
+    ).columns()
     assert parts["group_size"].to_pylist() == [4, 4]
     assert parts["num_completions"].to_pylist() == [2, 4]
+    assert parts["completion_index"].to_pylist() == [[2, 3], [0, 1, 2, 3]]
+    assert parts["round"].to_pylist() == [1, 1]
     with pytest.raises(LayoutError, match="group_ids: expected 2 ids"):
-        group_identity(step=0, rank=0, kind="train", group_ids=["x"], group_offsets=[0, 1, 2])
+        GroupIdentity.of(step=0, rank=0, kind="train", group_ids=["x"], group_offsets=[0, 1, 2])
 
 
 # ---------------------------------------------------------------------------- per token
@@ -190,9 +197,9 @@ def test_a_new_adapter_needs_nothing_but_the_shared_pieces(tmp_path):
     logp = Ragged.from_padded(logps, lengths=lengths, dtype=torch.float32)
     token_offsets = tokens.offsets.numpy()
     flags = truncation_flags(ids, lengths, eos_token_ids=[EOS], pad_token_id=PAD)
-    columns = group_identity(
+    columns = GroupIdentity.of(
         step=3, rank=0, kind="train", group_ids=["p0", "p1"], group_offsets=group_offsets
-    )
+    ).columns()
     columns["prompt_ids"] = regroup(pa.array(prompts.values.numpy()), prompts.offsets.numpy())
     columns["completions"] = regroup(pa.array(["a", "b", "c", "d"]), group_offsets)
     columns["completion_ids"] = token_lists(tokens.values.numpy(), token_offsets, group_offsets)
