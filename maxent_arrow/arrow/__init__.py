@@ -6,16 +6,10 @@
 - :mod:`~maxent_arrow.arrow.ragged`: :class:`Ragged`, values + int64 offsets in torch, viewed
   from Arrow without copying, padded or packed in one vectorised pass.
 
-Names load on first use (:mod:`maxent_arrow.lazy`), so importing this package imports no torch.
+Names load on first use (declared in ``__init__.pyi``; ``docs/architecture.md`` §4), so
+importing this package imports no torch.
 """
 
-from maxent_arrow import lazy
+import lazy_loader
 
-__all__, __getattr__, __dir__ = lazy.exports(
-    __name__,
-    {
-        ".lists": ["first_null", "list_offsets", "regroup", "single_array"],
-        ".identity": ["completion_index", "default_group_ids", "identity_columns"],
-        ".ragged": ["Ragged", "arrow_to_torch", "torch_to_arrow"],
-    },
-)
+__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)

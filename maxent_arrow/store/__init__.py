@@ -6,22 +6,6 @@ Names load on first use; importing this package imports no torch. :class:`ReadOn
 (the read side) imports none of the write side.
 """
 
-from maxent_arrow import lazy
+import lazy_loader
 
-__all__, __getattr__, __dir__ = lazy.exports(
-    __name__,
-    {
-        ".store": ["RolloutStore"],
-        ".readonly": ["ReadOnlyStore"],
-        ".verify": ["StoreProblem", "VerifyReport"],
-        ".repair": ["RepairReport"],
-        ".backend": ["open_backend"],
-        ".catalog": ["Unit"],
-        ".dataset": ["ReplayDataset", "process_shard"],
-        ".names": ["FORMAT_NAME", "unit_name"],
-        ".reader": ["GroupFileRead"],
-        ".replay": ["ReplayOptions"],
-        ".session": ["check_query"],
-        ".sql": ["SqlViews"],
-    },
-)
+__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)
