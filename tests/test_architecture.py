@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import json
 import os
 import re
 import shutil
@@ -288,6 +289,38 @@ def test_a_package_stub_only_re_exports_names_of_its_own_modules(name):
     assert len(seen) == len(set(seen)), sorted(n for n in seen if seen.count(n) > 1)
     exported = importlib.import_module(f"maxent_arrow.{name}" if name != "maxent_arrow" else name)
     assert sorted(seen) == sorted(n for n in exported.__all__ if n != "__version__")
+
+
+_REVEALED = re.compile(r'Type of "(?P<expression>.+)" is "(?P<type>.*)"', re.DOTALL)
+
+
+def test_a_type_checker_sees_the_types_of_public_names():
+    """basedpyright, the checker ``make test`` runs, resolves public names of several
+    packages through the lazy exports to their real classes and signatures (a package whose
+    ``__getattr__`` hides them would give ``Any``): each ``reveal_type`` of
+    ``tests/typecheck/public_names.py`` is the type written beside it."""
+    checked = ROOT / "tests" / "typecheck" / "public_names.py"
+    result = subprocess.run(
+        [sys.executable, "-m", "basedpyright", "--outputjson", "--pythonpath", sys.executable,
+         str(checked)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    report = json.loads(result.stdout)
+    diagnostics = report["generalDiagnostics"]
+    assert [d for d in diagnostics if d["severity"] != "information"] == [], result.stdout
+    revealed = {}
+    for d in diagnostics:
+        match = _REVEALED.fullmatch(d["message"])
+        assert match, d["message"]
+        revealed[d["range"]["start"]["line"] + 1] = match["type"]
+    lines = checked.read_text(encoding="utf-8").splitlines()
+    expected = {
+        n: line.split("  # ", 1)[1]
+        for n, line in enumerate(lines, start=1)
+        if line.startswith("reveal_type(")
+    }
+    assert len(expected) >= 10
+    assert revealed == expected
 
 
 def test_the_wheel_ships_the_stubs_and_imports_from_them(tmp_path):
