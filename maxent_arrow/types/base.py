@@ -31,8 +31,8 @@ import dataclasses
 import io
 import math
 import sys
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -117,7 +117,7 @@ def _adopt(obj: Any) -> None:
     _PENDING[0] = max(_PENDING[0] - len(found), 0)
 
 
-def born(cls: type, source: Source, **fields: Any) -> Any:
+def born(cls: type[Record], source: Source, **fields: Any) -> Any:
     """An object of ``cls`` over ``source``; ``fields`` are set as given, the rest stay lazy."""
     obj = cls.__new__(cls)
     obj.__dict__[SOURCE] = source
@@ -175,12 +175,12 @@ class Layout(abc.ABC):
     """
 
     field_names: frozenset[str] = frozenset()  # set by `record`
-    columns: ClassVar[dict[str, tuple[str, ...]]] = {}
+    columns: dict[str, tuple[str, ...]] = {}  # a class default; `bind` may set its own
     # Fields decoded even under ``dataclasses.replace`` (cheap nested records), so that the new
     # object shares them with the old one, as the seed's ``replace`` shares every field.
     shared_on_replace: ClassVar[frozenset[str]] = frozenset()
     # Field name -> (column, flatten): the Arrow array of a list-typed field.
-    field_columns: ClassVar[dict[str, tuple[str, bool]]] = {}
+    field_columns: dict[str, tuple[str, bool]] = {}
 
     def bind(self, cls: type) -> None:  # noqa: B027 - an optional hook, empty by default
         """Called once with the class the layout belongs to."""
@@ -207,8 +207,12 @@ class Record:
     """Base of the 14 Arrow-backed seed classes (see the module docstring)."""
 
     _layout: ClassVar[Layout]
+    # What `dataclass` sets on each subclass (declared for checkers: `dataclasses.fields`).
+    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
 
-    __hash__ = None  # mutable records are unhashable, like the seed's dataclasses
+    # Mutable records are unhashable, like the seed's dataclasses (typeshed declares
+    # `object.__hash__` a method; None is the data model's way to remove it).
+    __hash__ = None  # pyright: ignore[reportAssignmentType]
 
     def __post_init__(self) -> None:
         # One cheap test: fields `dataclasses.replace` passed on without reading them.
@@ -339,7 +343,7 @@ def _ipc_bytes(batch: pa.RecordBatch) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def _rebuild(cls: type, ipc: bytes | None, state: dict[str, Any]):
+def _rebuild(cls: type[Record], ipc: bytes | None, state: dict[str, Any]):
     obj = cls.__new__(cls)
     if ipc is not None:
         with pa.ipc.open_stream(io.BytesIO(ipc)) as reader:
@@ -350,7 +354,10 @@ def _rebuild(cls: type, ipc: bytes | None, state: dict[str, Any]):
 
 
 # ---------------------------------------------------------------------------- the decorator
-def record(layout: Layout):
+R = TypeVar("R", bound="type[Record]")
+
+
+def record(layout: Layout) -> Callable[[R], R]:
     """Class decorator (over ``@dataclass(eq=False, repr=False)``): attach the layout and drop
     the class-level field defaults (``fields()`` and the generated ``__init__`` keep them).
 
@@ -358,7 +365,7 @@ def record(layout: Layout):
     :meth:`Record.__post_init__` adopts fields ``dataclasses.replace`` passed on unread.
     """
 
-    def decorate(cls: type) -> type:
+    def decorate(cls: R) -> R:
         cls._layout = layout
         layout.bind(cls)
         fields = dataclasses.fields(cls)
