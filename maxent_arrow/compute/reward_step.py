@@ -136,7 +136,7 @@ def behavior_logprobs_from_meta(meta: Any) -> tuple[torch.Tensor, torch.Tensor]:
     bounds = np.frombuffer(offsets, dtype=np.int32)[lines.offset : lines.offset + n + 1]
     body = data[int(bounds[0]) : int(bounds[-1])]
     fields = [(k, pa.float64()) for k in _SUM_KEYS] + [(k, pa.float64()) for k in _COUNT_KEYS]
-    table = None
+    table, error = None, None
     # Try with the per-token list first; metadata whose `token_logprobs` holds non-numbers
     # (raw vLLM objects) parses without it.
     for extra in ([("token_logprobs", pa.list_(pa.float64()))], []):
