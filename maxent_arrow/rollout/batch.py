@@ -254,7 +254,7 @@ class RolloutBatch:
             pad_token_id = config.get("pad_token_id", 0)
         sizes = np.diff(list_offsets(self.column("prompt_ids")))
         if max_prompt_len is None:
-            max_prompt_len = config.get("max_prompt_len", int(sizes.max(initial=1)))
+            max_prompt_len = int(config.get("max_prompt_len", int(sizes.max(initial=1))))
         # The stored completion ids are exactly the scored tokens, so no EOS cut is redone.
         return ingest.build_score_batch(
             self,

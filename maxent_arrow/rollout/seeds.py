@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 import pyarrow as pa
@@ -32,6 +32,12 @@ class RolloutBatch(Protocol):
 
     groups: pa.RecordBatch
     step_row: pa.RecordBatch
+
+    @property
+    def num_groups(self) -> int: ...
+
+    @property
+    def group_offsets(self) -> np.ndarray: ...
 
     def column(self, name: str) -> pa.Array | None: ...
 
@@ -160,7 +166,7 @@ def reward_computation(batch: RolloutBatch):
         rewards=rewards,
         prompts=pa.DictionaryArray.from_arrays(group_of, _raw(batch, "prompt")),
         prompt_messages=None if prompt_messages is None else prompt_messages.take(group_of),
-        completions=_raw(batch, "completions").flatten(),
+        completions=cast(pa.Array, _raw(batch, "completions")).flatten(),  # a required column
         completion_messages=T.sample_messages(batch.column("completion_messages"), offsets),
         pairs_metadata=_flat(info),
         ref_meta=_flat(batch.column("ref_meta")),
