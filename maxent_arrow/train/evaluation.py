@@ -31,7 +31,7 @@ def should_evaluate(ctx: ValidationContext, step: int) -> bool:
 def greedy_generator(model: Any, tokenizer: Any, *, max_new_tokens: int, max_prompt_len: int):
     """A seed ``GenerationFn``: greedy completions of a ``transformers`` model, with metadata."""
 
-    def generate(prompts: list[str], num_samples: int, *_, **__) -> tuple[list, list]:
+    def generate(prompts: list[str], num_samples: int, *_, **__) -> tuple[list, list | None]:
         rollouts = sample_groups(
             model,
             tokenizer,
