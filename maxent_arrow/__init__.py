@@ -24,8 +24,8 @@ __version__ = "0.1.0"
 # huggingface/datasets#7566). Collecting them while Arrow is still alive joins those threads.
 atexit.register(gc.collect)
 
-__getattr__, _dir_exports, _exports = lazy_loader.attach_stub(__name__, __file__)
-__all__ = [*_exports, "__version__"]
+__getattr__, _dir_exports, __all__ = lazy_loader.attach_stub(__name__, __file__)
+__all__ += ["__version__"]
 
 
 def __dir__() -> list[str]:

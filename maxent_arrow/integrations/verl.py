@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -633,7 +633,9 @@ def to_dataproto(batch: RolloutBatch) -> Any:
             tensors[entry["key"]] = view.derived(entry, tensors)
     non_tensors = {entry["key"]: view.non_tensor(entry) for entry in layout["non_tensors"]}
     meta_info = json.loads(json.dumps(layout["meta_info"]))
-    return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors, meta_info=meta_info)
+    # Every None (a derived entry) was filled in above.
+    filled = cast(dict[str, torch.Tensor], tensors)
+    return DataProto.from_dict(tensors=filled, non_tensors=non_tensors, meta_info=meta_info)
 
 
 class _StoredRows:
@@ -736,7 +738,9 @@ class _StoredRows:
         encoding = entry["encoding"]
         dtype = np.dtype(entry["dtype"]) if "dtype" in entry else np.dtype(object)
         if encoding == "uid":
-            values = self.batch.column("group_id").to_numpy(zero_copy_only=False)[self.group_of]
+            group_id = self.batch.column("group_id")
+            assert group_id is not None  # a 2.0 column every group row has
+            values = group_id.to_numpy(zero_copy_only=False)[self.group_of]
             return self._restore(np.asarray(values, dtype=dtype))
         if encoding == "prompt_messages":
             conversations = conversation_list(self._column("prompt_messages"))
