@@ -46,7 +46,8 @@ from maxent_arrow.errors import ComputeError, MissingExtraError, SchemaError, St
 from maxent_arrow.ingest.collate import GroupCollator
 from maxent_arrow.rollout import RolloutBatch, recompute, step_row_from_json, step_row_to_json
 from maxent_arrow.rollout.checks import rewards_by_name
-from maxent_arrow.store import GroupFileRead, RolloutStore, unit_name
+from maxent_arrow.store import GroupFileRead, RolloutStore
+from maxent_arrow.store.names import unit_name
 
 __all__ = [
     "UNIT_COLUMN",

@@ -3,7 +3,9 @@ Parquet files, one pair per append, with atomic commits, checksums on every read
 replay, sandboxed SQL and maintenance.
 
 Names load on first use; importing this package imports no torch. :class:`ReadOnlyStore`
-(the read side) imports none of the write side.
+(the read side) imports none of the write side. The exports are what users rely on (the
+stores, their reports and options, the dataset); helpers only the packages above use (file
+names, the query check, the backend opener) are imported from their own modules.
 """
 
 import lazy_loader
