@@ -47,7 +47,7 @@ from maxent_arrow.compute.segments import (
     work_dtype,
 )
 from maxent_arrow.errors import ComputeError, SchemaError
-from maxent_arrow.types.rewards import LengthStats, RewardMoments
+from maxent_arrow.types import LengthStats, RewardMoments
 
 __all__ = [
     "AGGREGATIONS",

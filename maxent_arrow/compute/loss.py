@@ -41,7 +41,7 @@ from maxent_arrow.compute.kl import (
 )
 from maxent_arrow.compute.segments import Segments, as_ragged, as_sample_vector, work_dtype
 from maxent_arrow.errors import ComputeError
-from maxent_arrow.types.rewards import (
+from maxent_arrow.types import (
     BatchDiagnostics,
     LossOutputs,
     LossScalarBundle,

@@ -27,13 +27,13 @@ from maxent_arrow import compute as C
 from maxent_arrow.arrow import Ragged, arrow_to_torch, list_offsets, torch_to_arrow
 from maxent_arrow.compute.seed_grpo import SeedGrpoSettings, seed_grpo_statistics
 from maxent_arrow.errors import ComputeError, SchemaError
-from maxent_arrow.types.computation import rewards_batch
-from maxent_arrow.types.records import sample_messages
-from maxent_arrow.types.rewards import (
+from maxent_arrow.types import (
     AdvantageStats,
     GenerationBatch,
     QDistribution,
     RewardComputation,
+    rewards_batch,
+    sample_messages,
 )
 
 __all__ = ["compute_rewards", "apply_entropy_bonus", "behavior_logprobs_from_meta"]

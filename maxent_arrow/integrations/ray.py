@@ -39,11 +39,10 @@ import pyarrow.fs as pafs
 import torch
 
 from maxent_arrow import compute as C
-from maxent_arrow.arrow import Ragged, torch_to_arrow
+from maxent_arrow.arrow import Ragged, list_offsets, torch_to_arrow
 from maxent_arrow.arrow import schema as S
-from maxent_arrow.arrow.lists import list_offsets
 from maxent_arrow.errors import ComputeError, MissingExtraError, SchemaError, StoreError
-from maxent_arrow.ingest.collate import GroupCollator
+from maxent_arrow.ingest import GroupCollator
 from maxent_arrow.rollout import RolloutBatch, recompute, step_row_from_json, step_row_to_json
 from maxent_arrow.rollout.checks import rewards_by_name
 from maxent_arrow.store import GroupFileRead, RolloutStore

@@ -57,8 +57,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
+from maxent_arrow.arrow import list_offsets, single_array
 from maxent_arrow.arrow import schema as S
-from maxent_arrow.arrow.lists import list_offsets, single_array
 from maxent_arrow.errors import LayoutError, MissingExtraError, SchemaError
 from maxent_arrow.integrations.messages import (
     conversation_list,

@@ -23,9 +23,8 @@ import pyarrow as pa
 
 from maxent_arrow import arrow as A
 from maxent_arrow import types as T
+from maxent_arrow.arrow import identity_columns, list_offsets, regroup
 from maxent_arrow.arrow import schema as S
-from maxent_arrow.arrow.identity import identity_columns
-from maxent_arrow.arrow.lists import list_offsets, regroup
 from maxent_arrow.arrow.upgrade import reward_lists
 from maxent_arrow.errors import LayoutError, SchemaError
 from maxent_arrow.rollout.checks import BATCH_META_KEY, config_json, int_arg

@@ -23,8 +23,8 @@ import pyarrow as pa
 from maxent_arrow import arrow as A
 from maxent_arrow import ingest
 from maxent_arrow import types as T
+from maxent_arrow.arrow import list_offsets, single_array
 from maxent_arrow.arrow import schema as S
-from maxent_arrow.arrow.lists import list_offsets, single_array
 from maxent_arrow.errors import LayoutError, SchemaError
 from maxent_arrow.rollout import seeds
 from maxent_arrow.rollout.assembly import GroupColumns, check_parts, step_values

@@ -21,8 +21,8 @@ import pyarrow as pa
 
 from maxent_arrow import arrow as A
 from maxent_arrow import types as T
+from maxent_arrow.arrow import list_offsets, regroup, single_array
 from maxent_arrow.arrow import schema as S
-from maxent_arrow.arrow.lists import list_offsets, regroup, single_array
 from maxent_arrow.rollout.checks import BATCH_META_KEY, rewards_by_name
 
 

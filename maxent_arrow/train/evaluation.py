@@ -11,12 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from maxent_arrow.compute.group_math import length_stats
-from maxent_arrow.compute.reward_step import compute_rewards
+from maxent_arrow.compute import compute_rewards, length_stats
 from maxent_arrow.errors import LayoutError
-from maxent_arrow.rollout.batch import RolloutBatch
+from maxent_arrow.rollout import RolloutBatch
 from maxent_arrow.train.generation import sample_groups
-from maxent_arrow.types.rewards import GenerationBatch, RewardComputation, ValidationContext
+from maxent_arrow.types import GenerationBatch, RewardComputation, ValidationContext
 
 __all__ = ["evaluate", "should_evaluate", "greedy_generator"]
 

@@ -24,8 +24,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from maxent_arrow.arrow import Ragged, arrow_to_torch, torch_to_arrow
-from maxent_arrow.arrow.lists import single_array
+from maxent_arrow.arrow import Ragged, arrow_to_torch, single_array, torch_to_arrow
 from maxent_arrow.errors import LayoutError, SchemaError
 
 META_KEY = b"maxent_arrow"

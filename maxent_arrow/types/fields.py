@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from maxent_arrow.arrow import first_null, list_offsets
 from maxent_arrow.arrow import schema as S
-from maxent_arrow.arrow.lists import first_null, list_offsets
 from maxent_arrow.errors import LayoutError, SchemaError
 
 __all__ = [

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from maxent_arrow.arrow.lists import list_offsets
+from maxent_arrow.arrow import list_offsets
 from maxent_arrow.errors import LayoutError, SchemaError
 from maxent_arrow.types import fields as F
 from maxent_arrow.types.base import (

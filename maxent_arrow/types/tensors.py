@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from maxent_arrow.arrow.lists import first_null
+from maxent_arrow.arrow import first_null
 from maxent_arrow.errors import LayoutError, SchemaError
 from maxent_arrow.types import fields as F
 from maxent_arrow.types.base import SOURCE, Source, layout_of, lazy
