@@ -214,6 +214,62 @@ def test_no_private_name_crosses_a_module_boundary(part):
     assert found == []
 
 
+# ---------------------------------------------------------------------------- package contracts
+def _stub_exports(package: Path) -> set[str]:
+    return {
+        alias.name
+        for node in ast.parse((package / "__init__.pyi").read_text(encoding="utf-8")).body
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+
+
+def imports_around_a_package(path: Path) -> list[str]:
+    """``"file:line: ..."`` for each name that ``path`` imports from a module of another of
+    our packages although that package exports it (``from maxent_arrow.arrow.lists import
+    list_offsets`` instead of ``from maxent_arrow.arrow import list_offsets``)."""
+    module = _module_of(path)
+    own = module.split(".")[1] if module.count(".") else None
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        parts = _absolute(node, module, path.name == "__init__.py").split(".")
+        if parts[0] != "maxent_arrow" or len(parts) < 3 or parts[1] == own:
+            continue
+        package = ROOT.joinpath(*parts[:2])
+        if not (package / "__init__.pyi").is_file():
+            continue
+        exported = _stub_exports(package)
+        for alias in node.names:
+            if alias.name in exported:
+                where = path.relative_to(ROOT).as_posix()
+                found.append(f"{where}:{node.lineno}: {alias.name} from {'.'.join(parts)}")
+    return found
+
+
+def test_the_package_contract_check_finds_an_import_around_a_package(tmp_path, monkeypatch):
+    package = tmp_path / "maxent_arrow"
+    (package / "arrow").mkdir(parents=True)
+    (package / "compute").mkdir()
+    (package / "arrow" / "__init__.pyi").write_text("from .lists import first as first\n")
+    (package / "compute" / "bad.py").write_text(
+        "from maxent_arrow.arrow.lists import first, helper\n"
+        "from maxent_arrow.arrow import first\n"
+        "from maxent_arrow.compute.own import first\n"
+    )
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    found = imports_around_a_package(package / "compute" / "bad.py")
+    assert [line.split(": ", 1)[1] for line in found] == ["first from maxent_arrow.arrow.lists"]
+
+
+def test_exported_names_are_imported_from_the_package_that_exports_them():
+    """A name in another package's exports is imported from that package (lazily, so at no
+    cost); only helpers outside its exports come from their defining module."""
+    paths = sorted(PACKAGE.rglob("*.py"))
+    assert [line for path in paths for line in imports_around_a_package(path)] == []
+
+
 # ---------------------------------------------------------------------------- public names
 def test_the_public_surface_is_pinned():
     assert sorted(maxent_arrow.__all__) == PUBLIC_SURFACE
