@@ -6,8 +6,10 @@ STAMP := $(VENV)/.installed
 # The CPU wheel of torch lies on this machine's disk for exactly this pin; an open `torch`
 # requirement with no torch installed would pull a multi-GB CUDA build.
 TORCH_PIN := torch==2.13.0
+# The venv's interpreter, whatever `python` is on PATH: its site-packages hold the stubs.
+TYPECHECK := $(VENV)/bin/basedpyright --pythonpath $(PY)
 
-.PHONY: demo test test-fast bench bench-quick lint venv clean
+.PHONY: demo test test-fast typecheck bench bench-quick lint venv clean
 
 venv: $(STAMP)
 
@@ -21,9 +23,13 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/maxent-arrow demo
 
-# The import contracts (docs/architecture.md; [tool.importlinter] in pyproject.toml) first.
+# The import contracts (docs/architecture.md; [tool.importlinter] in pyproject.toml) first,
+# then the types of maxent_arrow and examples/ ([tool.basedpyright]), then the tests.
 test: $(STAMP)
-	$(VENV)/bin/lint-imports && $(PY) -m pytest -q
+	$(VENV)/bin/lint-imports && $(TYPECHECK) && $(PY) -m pytest -q
+
+typecheck: $(STAMP)
+	$(TYPECHECK)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"

@@ -37,7 +37,7 @@ rollouts = sample_groups(
 # 3. The seed's ScoreBatch, built from the ragged ids (prompt-major, EOS-aware mask).
 batch = build_score_batch(
     rollouts.generation,
-    pad_token_id=tokenizer.pad_token_id,
+    pad_token_id=tokenizer.pad_token_id,  # pyright: ignore[reportArgumentType] - loosely typed
     max_prompt_len=64,
     slice_size=8,
     tokenizer=tokenizer,

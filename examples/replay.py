@@ -29,12 +29,19 @@ for batch in store.replay(kind="train"):
         f"{fresh['weights'].values[:3].tolist()}"
     )
 
+
 # 2. A torch DataLoader over the store: workers and ranks get disjoint groups.
+def padded_completion_ids(batch):
+    ids = batch.ragged("completion_ids")  # None for a batch stored without token ids
+    assert ids is not None
+    return ids.to_padded(0, dtype=torch.int64)[0]
+
+
 padded = DataLoader(
     ReplayDataset(
         run / "store",
         batch_groups=2,
-        transform=lambda b: b.ragged("completion_ids").to_padded(0, dtype=torch.int64)[0],
+        transform=padded_completion_ids,
     ),
     batch_size=None,
 )

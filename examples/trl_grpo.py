@@ -21,7 +21,7 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 import torch
 from datasets import Dataset
 from transformers import ByT5Tokenizer, GPT2Config, GPT2LMHeadModel
-from trl import GRPOConfig
+from trl import GRPOConfig  # pyright: ignore[reportPrivateImportUsage] - trl's lazy module
 
 from maxent_arrow import RolloutStore, cli
 from maxent_arrow.demo import accuracy_reward, format_reward, load_prompts

@@ -7,16 +7,14 @@ architecture (``docs/architecture.md``): ``errors`` · ``arrow`` · ``types`` ·
 ``ingest`` · ``rollout`` · ``store`` · ``analytics`` | ``train`` · ``integrations`` ·
 ``demo`` · ``cli``, each importing only the ones before it.
 
-Every name loads on first use (:mod:`maxent_arrow.lazy`): ``import maxent_arrow`` imports no
-torch, so commands that make no tensor start fast.
+Every name loads on first use (declared in ``__init__.pyi``, loaded by ``lazy_loader``):
+``import maxent_arrow`` imports no torch, so commands that make no tensor start fast.
 """
-
-from __future__ import annotations
 
 import atexit
 import gc
 
-from maxent_arrow import lazy
+import lazy_loader
 
 __version__ = "0.1.0"
 
@@ -26,45 +24,9 @@ __version__ = "0.1.0"
 # huggingface/datasets#7566). Collecting them while Arrow is still alive joins those threads.
 atexit.register(gc.collect)
 
-_lazy_names, __getattr__, __dir__ = lazy.exports(
-    __name__,
-    {
-        ".types": [
-            "AdvantageStats",
-            "BatchDiagnostics",
-            "GenerationBatch",
-            "LengthStats",
-            "LossOutputs",
-            "LossScalarBundle",
-            "PromptCacheEntry",
-            "PromptCompletionBatch",
-            "QDistribution",
-            "ReferenceLogprobs",
-            "RewardComputation",
-            "RewardMoments",
-            "ScoreBatch",
-            "SequenceScores",
-            "ValidationContext",
-        ],
-        ".errors": [
-            "ArgumentError",
-            "ComputeError",
-            "LayoutError",
-            "MaxentArrowError",
-            "MissingExtraError",
-            "QueryError",
-            "SchemaError",
-            "SchemaVersionError",
-            "ShapeError",
-            "StoreError",
-        ],
-        ".arrow": ["Ragged"],
-        ".rollout": ["RolloutBatch", "RunConfig", "recompute"],
-        ".store": ["ReplayDataset", "RolloutStore"],
-        ".analytics": ["RunAnalytics", "build_report"],
-        ".ingest": ["build_score_batch"],
-        ".compute": ["compute_rewards"],
-    },
-)
+__getattr__, _dir_exports, __all__ = lazy_loader.attach_stub(__name__, __file__)
+__all__ += ["__version__"]
 
-__all__ = [*_lazy_names, "__version__"]
+
+def __dir__() -> list[str]:
+    return [*_dir_exports(), "__version__"]

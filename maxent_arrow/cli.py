@@ -168,7 +168,9 @@ def _readable(run: Any, table: Any, max_rows: int) -> str:
 
 
 def _cmd_query(args: argparse.Namespace) -> int:
-    store.check_query(args.sql)  # a usage error, before the store is opened
+    from maxent_arrow.store.session import check_query
+
+    check_query(args.sql)  # a usage error, before the store is opened
     with analytics.RunAnalytics(_store(args), materialize=args.materialize) as run:
         table = run.sql(args.sql)
         if args.json:

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import ast
 import importlib
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
 import tomllib
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -36,7 +38,7 @@ SUBPACKAGES = [
     "train",
     "types",
 ]
-TOP_MODULES = ["cli", "errors", "lazy"]
+TOP_MODULES = ["cli", "errors"]
 
 PUBLIC_SURFACE = [
     "AdvantageStats",
@@ -212,6 +214,62 @@ def test_no_private_name_crosses_a_module_boundary(part):
     assert found == []
 
 
+# ---------------------------------------------------------------------------- package contracts
+def _stub_exports(package: Path) -> set[str]:
+    return {
+        alias.name
+        for node in ast.parse((package / "__init__.pyi").read_text(encoding="utf-8")).body
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+
+
+def imports_around_a_package(path: Path) -> list[str]:
+    """``"file:line: ..."`` for each name that ``path`` imports from a module of another of
+    our packages although that package exports it (``from maxent_arrow.arrow.lists import
+    list_offsets`` instead of ``from maxent_arrow.arrow import list_offsets``)."""
+    module = _module_of(path)
+    own = module.split(".")[1] if module.count(".") else None
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        parts = _absolute(node, module, path.name == "__init__.py").split(".")
+        if parts[0] != "maxent_arrow" or len(parts) < 3 or parts[1] == own:
+            continue
+        package = ROOT.joinpath(*parts[:2])
+        if not (package / "__init__.pyi").is_file():
+            continue
+        exported = _stub_exports(package)
+        for alias in node.names:
+            if alias.name in exported:
+                where = path.relative_to(ROOT).as_posix()
+                found.append(f"{where}:{node.lineno}: {alias.name} from {'.'.join(parts)}")
+    return found
+
+
+def test_the_package_contract_check_finds_an_import_around_a_package(tmp_path, monkeypatch):
+    package = tmp_path / "maxent_arrow"
+    (package / "arrow").mkdir(parents=True)
+    (package / "compute").mkdir()
+    (package / "arrow" / "__init__.pyi").write_text("from .lists import first as first\n")
+    (package / "compute" / "bad.py").write_text(
+        "from maxent_arrow.arrow.lists import first, helper\n"
+        "from maxent_arrow.arrow import first\n"
+        "from maxent_arrow.compute.own import first\n"
+    )
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    found = imports_around_a_package(package / "compute" / "bad.py")
+    assert [line.split(": ", 1)[1] for line in found] == ["first from maxent_arrow.arrow.lists"]
+
+
+def test_exported_names_are_imported_from_the_package_that_exports_them():
+    """A name in another package's exports is imported from that package (lazily, so at no
+    cost); only helpers outside its exports come from their defining module."""
+    paths = sorted(PACKAGE.rglob("*.py"))
+    assert [line for path in paths for line in imports_around_a_package(path)] == []
+
+
 # ---------------------------------------------------------------------------- public names
 def test_the_public_surface_is_pinned():
     assert sorted(maxent_arrow.__all__) == PUBLIC_SURFACE
@@ -247,23 +305,139 @@ def test_every_name_a_subpackage_exports_resolves(name):
         getattr(package, export)  # imports its module: a name it does not define fails here
 
 
-@pytest.mark.parametrize("name", SUBPACKAGES)
-def test_a_subpackage_init_only_declares_its_lazy_exports(name):
-    init = PACKAGE / name / "__init__.py"
-    body = ast.parse(init.read_text(encoding="utf-8")).body
+def _body(path: Path) -> list[ast.stmt]:
+    """The statements of a module, less its docstring."""
+    body = ast.parse(path.read_text(encoding="utf-8")).body
     if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
-        body = body[1:]  # the docstring
-    assert len(body) == 2, ast.dump(ast.Module(body=body, type_ignores=[]))[:300]
-    first, second = body
-    assert isinstance(first, ast.ImportFrom) and first.module == "maxent_arrow"
-    assert [a.name for a in first.names] == ["lazy"]
-    assert isinstance(second, ast.Assign)
-    assert [e.id for e in second.targets[0].elts] == ["__all__", "__getattr__", "__dir__"]
-    call = second.value
-    assert ast.unparse(call.func) == "lazy.exports"
-    where = ast.literal_eval(call.args[1])
-    for module in where:
-        assert module.startswith(".") and (PACKAGE / name / f"{module[1:]}.py").is_file(), module
+        body = body[1:]
+    return body
+
+
+@pytest.mark.parametrize("name", SUBPACKAGES)
+def test_a_subpackage_init_only_attaches_its_stub(name):
+    # The __init__ imports nothing of ours: lazy_loader reads the exports from __init__.pyi.
+    body = _body(PACKAGE / name / "__init__.py")
+    assert [ast.unparse(node) for node in body] == [
+        "import lazy_loader",
+        "__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)",
+    ]
+
+
+@pytest.mark.parametrize("name", ["maxent_arrow", *SUBPACKAGES])
+def test_a_package_stub_only_re_exports_names_of_its_own_modules(name):
+    """Each ``__init__.pyi`` is the one declaration of its package's exports: ``from .module
+    import name as name`` only (the form a type checker treats as a re-export and the only form
+    ``attach_stub`` reads), from modules of the package, each name once."""
+    package = PACKAGE if name == "maxent_arrow" else PACKAGE / name
+    body = _body(package / "__init__.pyi")
+    if name == "maxent_arrow":
+        assert ast.unparse(body[0]) == "__version__: str"  # set in __init__.py, not lazily
+        body = body[1:]
+    seen: list[str] = []
+    for node in body:
+        assert isinstance(node, ast.ImportFrom), ast.unparse(node)
+        assert node.level == 1 and node.module, ast.unparse(node)
+        home = package.joinpath(*node.module.split("."))
+        assert home.with_suffix(".py").is_file() or (home / "__init__.py").is_file(), node.module
+        for alias in node.names:
+            assert alias.asname == alias.name, f"{node.module}: {alias.name} as {alias.asname}"
+            seen.append(alias.name)
+    assert len(seen) == len(set(seen)), sorted(n for n in seen if seen.count(n) > 1)
+    exported = importlib.import_module(f"maxent_arrow.{name}" if name != "maxent_arrow" else name)
+    assert sorted(seen) == sorted(n for n in exported.__all__ if n != "__version__")
+
+
+_REVEALED = re.compile(r'Type of "(?P<expression>.+)" is "(?P<type>.*)"', re.DOTALL)
+
+
+def test_a_type_checker_sees_the_types_of_public_names():
+    """basedpyright, the checker ``make test`` runs, resolves public names of several
+    packages through the lazy exports to their real classes and signatures (a package whose
+    ``__getattr__`` hides them would give ``Any``): each ``reveal_type`` of
+    ``tests/typecheck/public_names.py`` is the type written beside it."""
+    checked = ROOT / "tests" / "typecheck" / "public_names.py"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "basedpyright",
+            "--outputjson",
+            "--pythonpath",
+            sys.executable,
+            str(checked),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    report = json.loads(result.stdout)
+    diagnostics = report["generalDiagnostics"]
+    assert [d for d in diagnostics if d["severity"] != "information"] == [], result.stdout
+    revealed = {}
+    for d in diagnostics:
+        match = _REVEALED.fullmatch(d["message"])
+        assert match, d["message"]
+        revealed[d["range"]["start"]["line"] + 1] = match["type"]
+    lines = checked.read_text(encoding="utf-8").splitlines()
+    expected = {
+        n: line.split("  # ", 1)[1]
+        for n, line in enumerate(lines, start=1)
+        if line.startswith("reveal_type(")
+    }
+    assert len(expected) >= 10
+    assert revealed == expected
+
+
+def test_the_wheel_ships_the_stubs_and_imports_from_them(tmp_path):
+    """A built wheel holds ``py.typed`` and every package's ``__init__.pyi`` (lazy_loader reads
+    the stub at import time, so a wheel without one could not even be imported), and imports."""
+    source = tmp_path / "source"
+    shutil.copytree(PACKAGE, source / "maxent_arrow", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            str(source),
+            "-w",
+            str(tmp_path / "dist"),
+        ],
+        cwd=tmp_path,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    (wheel,) = (tmp_path / "dist").glob("*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        shipped = {n for n in archive.namelist() if n.endswith((".pyi", "py.typed"))}
+        archive.extractall(tmp_path / "site")
+    stubs = {p.relative_to(ROOT).as_posix() for p in PACKAGE.rglob("__init__.pyi")}
+    assert len(stubs) == len(SUBPACKAGES) + 1
+    assert shipped == stubs | {"maxent_arrow/py.typed"}
+    code = (
+        "import maxent_arrow, maxent_arrow.store\n"
+        "print(maxent_arrow.__file__, maxent_arrow.store.RolloutStore.__module__)"
+    )
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    where, module = out.stdout.split()
+    assert Path(where).is_relative_to(tmp_path / "site") and module == "maxent_arrow.store.store"
 
 
 # ---------------------------------------------------------------------------- no torch
@@ -306,9 +480,9 @@ def test_importing_the_light_packages_imports_no_torch_and_no_module():
     assert "maxent_arrow.cli" in imported  # the import log is real
     assert _torch_modules(imported) == []
     # Importing a package imports none of its modules (the lazy-export rule): only the
-    # packages, the two bottom modules they use, and the cli.
+    # packages, the cli and the errors it imports.
     ours = sorted(n for n in imported if n.split(".")[0] == "maxent_arrow")
-    expected = ["maxent_arrow", "maxent_arrow.cli", "maxent_arrow.errors", "maxent_arrow.lazy"]
+    expected = ["maxent_arrow", "maxent_arrow.cli", "maxent_arrow.errors"]
     assert ours == sorted(expected + [f"maxent_arrow.{name}" for name in SUBPACKAGES])
 
 

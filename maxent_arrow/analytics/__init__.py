@@ -4,15 +4,6 @@ exports (Arrow IPC, Hugging Face ``datasets``).
 Names load on first use; importing this package imports no torch.
 """
 
-from maxent_arrow import lazy
+import lazy_loader
 
-__all__, __getattr__, __dir__ = lazy.exports(
-    __name__,
-    {
-        ".run": ["RunAnalytics", "open_run", "DEFAULT_QUANTILES"],
-        ".report": ["Report", "build_report"],
-        ".export": ["export_hf", "export_ipc"],
-        ".relations": ["RunRelations"],
-        ".queries": ["ReadyMadeQueries"],
-    },
-)
+__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)

@@ -100,7 +100,9 @@ def export_hf(
                 splits[path.name.split(".")[1]] = datasets.Dataset(table)
         made = []
         if splits:
-            datasets.DatasetDict(splits).save_to_disk(str(out / "groups"))
+            # A dict subclass; its stubs declare no mapping constructor.
+            dataset_dict = datasets.DatasetDict(splits)  # pyright: ignore[reportCallIssue, reportArgumentType]
+            dataset_dict.save_to_disk(str(out / "groups"))
             made.append(out / "groups")
         if steps is not None:
             steps.save_to_disk(str(out / "steps"))

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Sequence
-from typing import Literal
+from typing import Literal, overload
 
 import numpy as np
 import pyarrow as pa
@@ -334,6 +334,10 @@ class Ragged:
         )
         return torch.arange(self.num_values, device=self.offsets.device) - starts
 
+    @overload
+    def __getitem__(self, index: int) -> torch.Tensor: ...
+    @overload
+    def __getitem__(self, index: slice) -> Ragged: ...
     def __getitem__(self, index: int | slice) -> torch.Tensor | Ragged:
         """Row ``i`` as a tensor view, or rows ``a:b`` as a ``Ragged`` over a values view."""
         if isinstance(index, slice):
@@ -442,6 +446,7 @@ class Ragged:
             raise LayoutError(f"Ragged.to_padded: side must be 'right' or 'left', got {side!r}")
         lengths = self.lengths()
         rows = len(self)
+        lens = None
         if self.device.type == "cpu":
             lens = lengths.numpy()
             longest = int(lens.max()) if rows else 0
@@ -455,6 +460,7 @@ class Ragged:
         if out is not None:
             _check_out(out, shape, out_dtype, self.values.device)
         if _numpy_can_pad(self.values, out_dtype):
+            assert lens is not None  # numpy pads only on the CPU
             return _pad_numpy(self.values, lens, width, longest, pad_value, out_dtype, side, out)
         values = self.values
         if width < longest:
@@ -772,7 +778,7 @@ def _pad_numpy(
     longest: int,
     pad_value: float | int,
     out_dtype: torch.dtype,
-    side: str,
+    side: Literal["right", "left"],
     out: tuple[torch.Tensor, torch.Tensor] | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """CPU padding: numpy boolean-mask assignment walks mask and values once, in order."""

@@ -107,6 +107,7 @@ def upgrade_groups(table: pa.Table, *, kind: str) -> pa.Table:
     columns: dict[str, pa.Array] = {n: single_array(table.column(n)) for n in names}
     columns["kind"] = pa.array([kind] * p, pa.string())
     basis = next((columns[n] for n in OFFSET_BASIS if n in columns), None)
+    offsets = None
     if basis is not None:
         offsets = list_offsets(basis)
         sizes = np.diff(offsets).astype(np.int32)
@@ -122,6 +123,7 @@ def upgrade_groups(table: pa.Table, *, kind: str) -> pa.Table:
         )
     rewards = columns.pop("rewards", None)
     if rewards is not None and basis is not None:
+        assert offsets is not None  # set with basis
         columns["reward_names"], columns["reward_values"] = _v1_rewards(rewards, offsets)
     order = [f for f in S.GROUP_FIELDS if f.name in columns]
     extra = [n for n in columns if n not in S.group_schema().names]

@@ -7,46 +7,6 @@ diagnostics (:mod:`.diagnostics`), all over segment reductions (:mod:`.segments`
 formulas are ``docs/formulas.md``; no Python loop over groups or samples.
 """
 
-from maxent_arrow import lazy
+import lazy_loader
 
-__all__, __getattr__, __dir__ = lazy.exports(
-    __name__,
-    {
-        ".group_math": [
-            "AGGREGATIONS",
-            "LENGTH_FIELDS",
-            "SCALE_REWARDS",
-            "EntropyBonus",
-            "ScaleRewards",
-            "ScoredMoments",
-            "WeightEntropy",
-            "apply_group_scales",
-            "clipped_flags",
-            "entropy_bonus",
-            "group_advantages",
-            "group_entropy",
-            "length_stats",
-            "length_summary",
-            "maxent_weights",
-            "merge_step_rows",
-            "multi_objective_advantages",
-            "q_distribution",
-            "reward_moments",
-            "scored_moments",
-            "total_utils",
-            "weight_entropy",
-        ],
-        ".segments": ["Segments", "as_ragged", "as_sample_vector"],
-        ".seed_grpo": [
-            "SeedGrpoSettings",
-            "SeedGrpoStats",
-            "answer_clusters",
-            "extract_answers",
-            "seed_grpo_statistics",
-        ],
-        ".reward_step": ["apply_entropy_bonus", "behavior_logprobs_from_meta", "compute_rewards"],
-        ".kl": ["LossType", "k3", "sequence_kl", "token_kl", "token_rows"],
-        ".loss": ["ClipSettings", "evaluate_losses", "grpo_loss", "maxent_loss"],
-        ".diagnostics": ["batch_diagnostics", "kl_by_length_bucket"],
-    },
-)
+__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)

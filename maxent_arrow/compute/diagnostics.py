@@ -32,7 +32,7 @@ from maxent_arrow.arrow.schema import KL_LENGTH_BUCKETS
 from maxent_arrow.compute.kl import LossType, check_same_rows, k3, token_kl, token_rows
 from maxent_arrow.compute.segments import Segments, as_sample_vector, work_dtype
 from maxent_arrow.errors import ComputeError
-from maxent_arrow.types.rewards import BatchDiagnostics
+from maxent_arrow.types import BatchDiagnostics
 
 __all__ = ["batch_diagnostics", "kl_by_length_bucket"]
 

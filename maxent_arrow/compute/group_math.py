@@ -26,7 +26,7 @@ import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, overload
 
 import torch
 
@@ -48,7 +48,7 @@ from maxent_arrow.compute.segments import (
     work_dtype,
 )
 from maxent_arrow.errors import ComputeError, SchemaError
-from maxent_arrow.types.rewards import LengthStats, RewardMoments
+from maxent_arrow.types import LengthStats, RewardMoments
 
 __all__ = [
     "AGGREGATIONS",
@@ -90,6 +90,22 @@ _Z_STD_FLOOR = 1e-6
 
 
 # ---------------------------------------------------------------------------- §3.1 utilities
+@overload
+def total_utils(
+    per_reward_values: Mapping[str, Any] | torch.Tensor,
+    weights: Sequence[float] | Mapping[str, float] | torch.Tensor,
+    *,
+    truncated: Any = None,
+    offsets: torch.Tensor,
+) -> Ragged: ...
+@overload
+def total_utils(
+    per_reward_values: Mapping[str, Any] | torch.Tensor,
+    weights: Sequence[float] | Mapping[str, float] | torch.Tensor,
+    *,
+    truncated: Any = None,
+    offsets: None = None,
+) -> Ragged | torch.Tensor: ...
 def total_utils(
     per_reward_values: Mapping[str, Any] | torch.Tensor,
     weights: Sequence[float] | Mapping[str, float] | torch.Tensor,
@@ -234,7 +250,7 @@ Aggregation = Literal["sum_then_normalize", "normalize_then_sum"]
 AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
 
 
-def check_scale_rewards(scale_rewards: Any, where: str) -> str:
+def check_scale_rewards(scale_rewards: Any, where: str) -> ScaleRewards:
     """``scale_rewards`` as one of :data:`SCALE_REWARDS` (a bool is the older spelling)."""
     if isinstance(scale_rewards, bool):
         return "group" if scale_rewards else "none"
@@ -544,6 +560,7 @@ def maxent_weights(
     shift_(logits, seg, shift_mode(bottom, top, logits.dtype), top * LOG2E)
     e = logits.exp2_()
     if length_reweight:
+        assert counts is not None  # use_counts above
         e.mul_(counts)
     w = seg.apply(torch.mul, e, seg.sum(e).reciprocal_(), out=e)
     return Ragged(w, ragged.offsets, validate=False)

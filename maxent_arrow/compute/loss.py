@@ -41,7 +41,7 @@ from maxent_arrow.compute.kl import (
 )
 from maxent_arrow.compute.segments import Segments, as_ragged, as_sample_vector, work_dtype
 from maxent_arrow.errors import ComputeError
-from maxent_arrow.types.rewards import (
+from maxent_arrow.types import (
     BatchDiagnostics,
     LossOutputs,
     LossScalarBundle,
@@ -87,12 +87,12 @@ class ClipSettings:
 
 
 # ---------------------------------------------------------------------------- inputs
-def _scalars(**values: torch.Tensor | float | None) -> dict[str, float | None]:
-    """Detach every scalar with one host sync."""
-    names = [k for k, v in values.items() if isinstance(v, torch.Tensor)]
-    got = torch.stack([values[k].detach().to(torch.float64).cpu() for k in names]).tolist()
-    out = dict(values)
-    out.update(zip(names, got))
+def _scalars(**values: torch.Tensor | float | None) -> dict[str, Any]:
+    """Detach every scalar with one host sync (tensors become floats; the rest as given)."""
+    tensors = {k: v for k, v in values.items() if isinstance(v, torch.Tensor)}
+    got = torch.stack([v.detach().to(torch.float64).cpu() for v in tensors.values()]).tolist()
+    out: dict[str, Any] = dict(values)
+    out.update(zip(tensors, got))
     return out
 
 

@@ -27,13 +27,13 @@ from maxent_arrow import compute as C
 from maxent_arrow.arrow import Ragged, arrow_to_torch, list_offsets, torch_to_arrow
 from maxent_arrow.compute.seed_grpo import SeedGrpoSettings, SeedGrpoStats, seed_grpo_statistics
 from maxent_arrow.errors import ComputeError, SchemaError
-from maxent_arrow.types.computation import rewards_batch
-from maxent_arrow.types.records import sample_messages
-from maxent_arrow.types.rewards import (
+from maxent_arrow.types import (
     AdvantageStats,
     GenerationBatch,
     QDistribution,
     RewardComputation,
+    rewards_batch,
+    sample_messages,
 )
 
 __all__ = ["compute_rewards", "apply_entropy_bonus", "behavior_logprobs_from_meta"]
@@ -136,7 +136,7 @@ def behavior_logprobs_from_meta(meta: Any) -> tuple[torch.Tensor, torch.Tensor]:
     bounds = np.frombuffer(offsets, dtype=np.int32)[lines.offset : lines.offset + n + 1]
     body = data[int(bounds[0]) : int(bounds[-1])]
     fields = [(k, pa.float64()) for k in _SUM_KEYS] + [(k, pa.float64()) for k in _COUNT_KEYS]
-    table = None
+    table, error = None, None
     # Try with the per-token list first; metadata whose `token_logprobs` holds non-numbers
     # (raw vLLM objects) parses without it.
     for extra in ([("token_logprobs", pa.list_(pa.float64()))], []):

@@ -73,8 +73,10 @@ def _strings(value: Any, where: str) -> pa.Array:
         value = value.combine_chunks()
     elif isinstance(value, Sequence) and not isinstance(value, str | bytes):
         value = pa.array(value, type=pa.string())
+    # pyarrow is untyped to a checker, so `isinstance` does not narrow `value` to an array.
     if not isinstance(value, pa.Array) or not (
-        pa.types.is_string(value.type) or pa.types.is_large_string(value.type)
+        pa.types.is_string(value.type)  # pyright: ignore[reportAttributeAccessIssue]
+        or pa.types.is_large_string(value.type)  # pyright: ignore[reportAttributeAccessIssue]
     ):
         raise SchemaError(f"{where}: expected a list or Arrow array of strings")
     return value

@@ -2,13 +2,6 @@
 prompts with two rewards (:mod:`.rewards`), every step stored, then replayed, evaluated and
 reported (:mod:`.job`)."""
 
-from maxent_arrow import lazy
+import lazy_loader
 
-__all__, __getattr__, __dir__ = lazy.exports(
-    __name__,
-    {
-        ".job": ["demo_config", "load_prompts", "main", "run"],
-        ".model": ["tiny_model"],
-        ".rewards": ["accuracy_reward", "final_number", "format_reward"],
-    },
-)
+__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)

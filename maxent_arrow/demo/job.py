@@ -166,8 +166,12 @@ def _train(args, trainer: MaxEntTrainer, ctx: ValidationContext) -> list[float]:
         first = (step * args.prompts) % len(train_rows)
         rows = (train_rows * 2)[first : first + args.prompts]
         batch = trainer.step(step, rows)
-        rewards.append(batch.reward_computation.train_reward_mean)
-        bar.set_postfix(reward=f"{rewards[-1]:.3f}", loss=f"{batch.loss_scalars.total_loss:.3f}")
+        computation = batch.reward_computation
+        assert computation is not None  # a trained step stores its rewards
+        rewards.append(computation.train_reward_mean)
+        scalars = batch.loss_scalars
+        assert scalars is not None  # and its loss
+        bar.set_postfix(reward=f"{rewards[-1]:.3f}", loss=f"{scalars.total_loss:.3f}")
         bar.update(1)
     bar.close()
     if ctx.evaluation.enabled:

@@ -6,26 +6,6 @@ packing into padded slices or padding-free rows (:mod:`.packing`), the collate s
 loader (:class:`GroupCollator`) and the prompt-token cache (:class:`PromptCache`).
 """
 
-from maxent_arrow import lazy
+import lazy_loader
 
-__all__, __getattr__, __dir__ = lazy.exports(
-    __name__,
-    {
-        ".score_batch": [
-            "build_score_batch",
-            "ScoreBatchWorkspace",
-            "ragged_to_device",
-            "resolve_device",
-            "resolve_pad_token_id",
-        ],
-        ".packing": [
-            "ModelChunk",
-            "SequenceLayout",
-            "concat_rows",
-            "iter_chunks",
-            "sequence_layout",
-        ],
-        ".collate": ["GroupCollator", "SAMPLE_COLUMNS", "TOKEN_COLUMNS"],
-        ".prompt_cache": ["PromptCache", "tokenizer_identity"],
-    },
-)
+__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)

@@ -179,7 +179,7 @@ def sequence_layout(score_batch, *, device: torch.device | str | None = None) ->
 
 
 def _padded_chunk(
-    layout: SequenceLayout, start: int, stop: int, pad_token_id: int, side: str
+    layout: SequenceLayout, start: int, stop: int, pad_token_id: int, side: Literal["right", "left"]
 ) -> ModelChunk:
     rows = layout.tokens[start:stop]
     device = rows.values.device

@@ -147,7 +147,9 @@ class PromptCache:
         Prompts already cached keep their entry.
         """
         texts = _as_strings(prompts)
-        ids = input_ids if isinstance(input_ids, pa.Array) else pa.array(input_ids, _IDS_TYPE)
+        ids: pa.Array = (
+            input_ids if isinstance(input_ids, pa.Array) else pa.array(input_ids, _IDS_TYPE)
+        )
         if len(ids) != len(texts):
             raise LayoutError(
                 f"PromptCache.update: expected {len(texts)} id lists (one per prompt), got "
@@ -181,7 +183,13 @@ class PromptCache:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         os.close(fd)
         try:
-            pq.write_table(self.to_arrow(), tmp, compression="zstd", use_dictionary=["prompt"])
+            pq.write_table(
+                self.to_arrow(),
+                tmp,
+                compression="zstd",
+                # pyarrow takes a bool or a list of columns here; its default makes it `bool`.
+                use_dictionary=["prompt"],  # pyright: ignore[reportArgumentType]
+            )
             os.replace(tmp, path)
         except OSError as exc:
             Path(tmp).unlink(missing_ok=True)

@@ -39,7 +39,7 @@ from maxent_arrow.arrow import Ragged, list_offsets, single_array
 from maxent_arrow.arrow.ragged import prefix_mask
 from maxent_arrow.errors import LayoutError, SchemaError
 from maxent_arrow.ingest.prompt_cache import PromptCache
-from maxent_arrow.types.rewards import GenerationBatch, ScoreBatch
+from maxent_arrow.types import GenerationBatch, ScoreBatch
 
 __all__ = [
     "build_score_batch",

@@ -3,21 +3,6 @@ Ray Data (:mod:`.ray`), TRL's ``GRPOTrainer`` (:mod:`.trl`: record its rollouts 
 and verl's ``DataProto`` (:mod:`.verl`: to and from a store's rows). Each loads its own
 optional dependency only when used."""
 
-from maxent_arrow import lazy
+import lazy_loader
 
-__all__, __getattr__, __dir__ = lazy.exports(
-    __name__,
-    {
-        ".ray": [
-            "UNIT_COLUMN",
-            "ray_collate_fn",
-            "read_store",
-            "recompute_dataset",
-            "recompute_group_math",
-            "recompute_store",
-            "write_store",
-        ],
-        ".trl": ["RecordingGRPOTrainer", "RolloutRecorder", "trl_group_table", "trl_run_config"],
-        ".verl": ["from_dataproto", "to_dataproto"],
-    },
-)
+__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)

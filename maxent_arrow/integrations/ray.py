@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -39,15 +39,15 @@ import pyarrow.fs as pafs
 import torch
 
 from maxent_arrow import compute as C
-from maxent_arrow.arrow import Ragged, torch_to_arrow
+from maxent_arrow.arrow import Ragged, list_offsets, torch_to_arrow
 from maxent_arrow.arrow import schema as S
-from maxent_arrow.arrow.lists import list_offsets
 from maxent_arrow.arrow.registry import UNIT_KEY
 from maxent_arrow.errors import ComputeError, MissingExtraError, SchemaError, StoreError
-from maxent_arrow.ingest.collate import GroupCollator
+from maxent_arrow.ingest import GroupCollator
 from maxent_arrow.rollout import RolloutBatch, recompute, step_row_from_json, step_row_to_json
 from maxent_arrow.rollout.checks import rewards_by_name
-from maxent_arrow.store import GroupFileRead, RolloutStore, unit_name
+from maxent_arrow.store import GroupFileRead, RolloutStore
+from maxent_arrow.store.names import unit_name
 
 __all__ = [
     "UNIT_COLUMN",
@@ -131,7 +131,8 @@ def _datasource(reads, schema, crc, with_unit, row_filter, keep):
                 meta = BlockMetadata(
                     num_rows=None if row_filter is not None else sum(r.num_rows for r in chunk),
                     size_bytes=sum(r.size or 0 for r in chunk) or None,
-                    input_files=[r.path for r in chunk],
+                    # A list, as written so far (Ray annotates a tuple).
+                    input_files=[r.path for r in chunk],  # pyright: ignore[reportArgumentType]
                     exec_stats=None,
                 )
                 tasks.append(
@@ -242,7 +243,7 @@ def _utilities(table: pa.Table, reward_weights: Mapping[str, float]) -> Ragged:
                 "added after this step was written); leave it out of reward_weights"
             )
         per_reward[name] = Ragged(torch.from_numpy(values), offsets)
-    return C.total_utils(per_reward, dict(reward_weights))
+    return cast(Ragged, C.total_utils(per_reward, dict(reward_weights)))  # Ragged inputs
 
 
 def _list_column(ragged: Ragged) -> pa.Array:

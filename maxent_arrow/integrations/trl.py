@@ -65,7 +65,7 @@ import os
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -91,7 +91,7 @@ from maxent_arrow.store import RolloutStore
 
 try:
     import trl
-    from trl import GRPOTrainer
+    from trl import GRPOTrainer  # pyright: ignore[reportPrivateImportUsage] - trl's lazy module
 except ImportError:  # pragma: no cover - the extra is installed where this module is used
     raise MissingExtraError("trl", "trl") from None
 
@@ -539,7 +539,15 @@ def trl_run_config(trainer: Any) -> RunConfig:
 
 
 # ---------------------------------------------------------------------------- the recorder
-class RolloutRecorder:
+# A mixin over TRL's trainer: checkers see the trainer's attributes and `super()` methods it
+# uses; at run time its base stays `object` (the trainer comes in through the subclass's MRO).
+if TYPE_CHECKING:
+    _Trainer = GRPOTrainer
+else:
+    _Trainer = object
+
+
+class RolloutRecorder(_Trainer):
     """Mixin that records every generation round of a ``trl.GRPOTrainer`` (see the module
     doc). Put it before the trainer class: ``class T(RolloutRecorder, GRPOTrainer)``.
 
@@ -580,7 +588,7 @@ class RolloutRecorder:
         self.record_eval = record_eval
         self.rollout_appender = Appender(background=background)
         # Read once: a tokenizer's special-token properties cost a lookup per access.
-        self._rollout_pad_id = self._tokenizer.pad_token_id
+        self._rollout_pad_id = cast(int | None, self._tokenizer.pad_token_id)
         self._rollout_capture: tuple | None = None
         self._rollout_pending: dict[str, tuple[int, list[Callable[[], pa.Table]]]] = {}
         # What this rank already stored (a run resumed from a checkpoint regenerates the round
@@ -620,6 +628,7 @@ class RolloutRecorder:
     def record_round(self, inputs: Sequence[Mapping[str, Any]], output: Mapping[str, Any]) -> None:
         """Build this process's group rows of the round TRL just generated and scored."""
         capture, self._rollout_capture = self._rollout_capture, None
+        assert self.model is not None  # set by the trainer
         kind = "train" if self.model.training else "eval"
         if kind == "eval" and not self.record_eval:
             return
@@ -649,6 +658,7 @@ class RolloutRecorder:
         if self.mask_truncated_completions:  # the mask zeroes truncated rows: use the ids
             lengths = np.fromiter(map(len, ids_list), dtype=np.int64, count=b)
         group_size = self.num_generations if kind == "train" else self.num_generations_eval
+        assert group_size is not None  # GRPOTrainer sets both
         # On the loop: copy what is needed out of TRL's tensors (TRL moves on after this).
         host = host_round(
             output,
@@ -679,7 +689,10 @@ class RolloutRecorder:
             )
         )
         self._rollout_pending[kind] = (step, rounds)
-        generate_every = self.args.steps_per_generation * self.num_iterations
+        # A GRPOConfig, whose __post_init__ sets steps_per_generation (TRL declares the
+        # TrainingArguments base, and the field Optional).
+        args: Any = self.args
+        generate_every = args.steps_per_generation * self.num_iterations
         if kind == "train" and generate_every >= self.args.gradient_accumulation_steps:
             # Rounds are at least an optimizer step apart: none can share this step.
             self.flush_rollouts(kind)

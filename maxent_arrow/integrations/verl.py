@@ -50,16 +50,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from maxent_arrow.arrow import GroupIdentity, Ragged, regroup
+from maxent_arrow.arrow import GroupIdentity, Ragged, list_offsets, regroup, single_array
 from maxent_arrow.arrow import registry as R
-from maxent_arrow.arrow.lists import list_offsets, single_array
 from maxent_arrow.arrow.registry import CORE, VERL
 from maxent_arrow.errors import LayoutError, MissingExtraError, SchemaError
 from maxent_arrow.integrations.adapters import completion_info, token_lists, truncation_flags
@@ -636,7 +635,9 @@ def to_dataproto(batch: RolloutBatch) -> Any:
             tensors[entry["key"]] = view.derived(entry, tensors)
     non_tensors = {entry["key"]: view.non_tensor(entry) for entry in layout["non_tensors"]}
     meta_info = json.loads(json.dumps(layout["meta_info"]))
-    return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors, meta_info=meta_info)
+    # Every None (a derived entry) was filled in above.
+    filled = cast(dict[str, torch.Tensor], tensors)
+    return DataProto.from_dict(tensors=filled, non_tensors=non_tensors, meta_info=meta_info)
 
 
 class _StoredRows:
@@ -739,7 +740,9 @@ class _StoredRows:
         encoding = entry["encoding"]
         dtype = np.dtype(entry["dtype"]) if "dtype" in entry else np.dtype(object)
         if encoding == "uid":
-            values = self.batch.column("group_id").to_numpy(zero_copy_only=False)[self.group_of]
+            group_id = self.batch.column("group_id")
+            assert group_id is not None  # a 2.0 column every group row has
+            values = group_id.to_numpy(zero_copy_only=False)[self.group_of]
             return self._restore(np.asarray(values, dtype=dtype))
         if encoding == "prompt_messages":
             conversations = conversation_list(self._column("prompt_messages"))

@@ -11,22 +11,6 @@
 Names load on first use; importing this package imports no torch.
 """
 
-from maxent_arrow import lazy
+import lazy_loader
 
-__all__, __getattr__, __dir__ = lazy.exports(
-    __name__,
-    {
-        ".batch": ["RolloutBatch"],
-        ".config": ["RunConfig"],
-        ".checks": [
-            "BATCH_META_KEY",
-            "STEP_META_KEY",
-            "StepHeader",
-            "declare_families",
-            "step_row_from_json",
-            "step_row_to_json",
-        ],
-        ".reassembly": ["reassemble"],
-        ".recompute": ["recompute", "recompute_kl"],
-    },
-)
+__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)

@@ -22,10 +22,9 @@ import pyarrow as pa
 
 from maxent_arrow import arrow as A
 from maxent_arrow import types as T
+from maxent_arrow.arrow import GroupIdentity, list_offsets, regroup
 from maxent_arrow.arrow import registry as R
 from maxent_arrow.arrow import schema as S
-from maxent_arrow.arrow.identity import GroupIdentity
-from maxent_arrow.arrow.lists import list_offsets, regroup
 from maxent_arrow.arrow.registry import CORE, MAXENT
 from maxent_arrow.arrow.upgrade import reward_lists
 from maxent_arrow.errors import LayoutError, SchemaError
@@ -183,6 +182,7 @@ class GroupColumns:
         per_reward = _column(rc, "rewards")
         names = [] if per_reward is None else [f.name for f in per_reward.type]
         if names:
+            assert per_reward is not None  # it named them
             values = [
                 np.asarray(
                     per_reward.field(j).flatten().to_numpy(zero_copy_only=False), dtype=np.float64
@@ -431,11 +431,13 @@ def _grouped_floats(name: str, value: Any, offsets: np.ndarray) -> pa.Array:
         value = value.combine_chunks()
     if isinstance(value, list | tuple) and value and isinstance(value[0], list | tuple):
         value = pa.array(value, pa.list_(pa.float64()))
+    # pyarrow is untyped to a checker, so `isinstance` does not narrow `value` to an array.
     if isinstance(value, pa.Array) and (
-        pa.types.is_list(value.type) or pa.types.is_large_list(value.type)
+        pa.types.is_list(value.type)  # pyright: ignore[reportAttributeAccessIssue]
+        or pa.types.is_large_list(value.type)  # pyright: ignore[reportAttributeAccessIssue]
     ):
         _check_offsets(name, list_offsets(value), offsets)
-        flat = value.flatten()
+        flat = value.flatten()  # pyright: ignore[reportAttributeAccessIssue]
     else:
         flat = _float_values(name, value)
         _check_rows(name, flat, int(offsets[-1]))

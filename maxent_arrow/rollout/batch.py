@@ -23,8 +23,8 @@ import pyarrow as pa
 from maxent_arrow import arrow as A
 from maxent_arrow import ingest
 from maxent_arrow import types as T
+from maxent_arrow.arrow import list_offsets, single_array
 from maxent_arrow.arrow import schema as S
-from maxent_arrow.arrow.lists import list_offsets, single_array
 from maxent_arrow.errors import LayoutError, SchemaError
 from maxent_arrow.rollout import seeds
 from maxent_arrow.rollout.assembly import GroupColumns, check_parts, step_values
@@ -261,7 +261,7 @@ class RolloutBatch:
             pad_token_id = config.get("pad_token_id", 0)
         sizes = np.diff(list_offsets(self.column("prompt_ids")))
         if max_prompt_len is None:
-            max_prompt_len = config.get("max_prompt_len", int(sizes.max(initial=1)))
+            max_prompt_len = int(config.get("max_prompt_len", int(sizes.max(initial=1))))
         # The stored completion ids are exactly the scored tokens, so no EOS cut is redone.
         return ingest.build_score_batch(
             self,

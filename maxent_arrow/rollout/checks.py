@@ -18,9 +18,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from maxent_arrow.arrow import list_offsets, single_array
 from maxent_arrow.arrow import registry as R
 from maxent_arrow.arrow import schema as S
-from maxent_arrow.arrow.lists import list_offsets, single_array
 from maxent_arrow.errors import LayoutError, SchemaError
 
 __all__ = [

@@ -89,18 +89,20 @@ class RunConfig:
     reward_weights: tuple[float, ...] = ()
     reward_functions: tuple[str, ...] = ()
     scale_rewards: ScaleRewards = "group"
-    multi_objective_aggregation: str = "sum_then_normalize"
-    unscorable: str = "zero"
+    multi_objective_aggregation: Literal["sum_then_normalize", "normalize_then_sum"] = (
+        "sum_then_normalize"
+    )
+    unscorable: Literal["zero", "exclude"] = "zero"
     advantage_eps: float = 1e-4
     q_temperature: float = 1.0
     q_epsilon: float = 1e-6
     tau: float | None = None
     beta: float = 0.0
-    weight_denominator: str = "tau"
+    weight_denominator: Literal["tau", "tau+beta"] = "tau"
     len_norm_ref: bool = True
     length_reweight: bool = False
     # loss
-    mode: str = "maxent"
+    mode: Literal["maxent", "grpo"] = "maxent"
     loss_type: str = "bnpo"
     use_clip_objective: bool = False
     clip_eps_low: float = 0.2

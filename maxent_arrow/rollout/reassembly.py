@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from maxent_arrow.arrow import schema as S
-from maxent_arrow.arrow.lists import single_array
+from maxent_arrow.arrow import single_array
 from maxent_arrow.errors import LayoutError, SchemaError
 
 __all__ = ["reassemble"]

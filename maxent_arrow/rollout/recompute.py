@@ -117,6 +117,7 @@ def _recompute(batch: RolloutBatch, cfg: RunConfig, overrides: dict[str, Any]) -
             utils = C.total_utils(rewards, weights, offsets=offsets)
             adv = C.group_advantages(utils, scale_rewards=cfg.scale_rewards, eps=cfg.advantage_eps)
     else:
+        assert utils is not None  # from_rewards otherwise
         utils = utils.with_values(utils.values.to(torch.float64))
         adv = C.group_advantages(
             utils,

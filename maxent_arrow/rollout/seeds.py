@@ -14,16 +14,16 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 import pyarrow as pa
 
 from maxent_arrow import arrow as A
 from maxent_arrow import types as T
+from maxent_arrow.arrow import list_offsets, regroup, single_array
 from maxent_arrow.arrow import registry as R
 from maxent_arrow.arrow import schema as S
-from maxent_arrow.arrow.lists import list_offsets, regroup, single_array
 from maxent_arrow.rollout.checks import BATCH_META_KEY, rewards_by_name
 
 
@@ -33,6 +33,12 @@ class RolloutBatch(Protocol):
 
     groups: pa.RecordBatch
     step_row: pa.RecordBatch
+
+    @property
+    def num_groups(self) -> int: ...
+
+    @property
+    def group_offsets(self) -> np.ndarray: ...
 
     def column(self, name: str) -> pa.Array | None: ...
 
@@ -147,7 +153,7 @@ def reward_computation(batch: RolloutBatch):
         rewards=rewards,
         prompts=pa.DictionaryArray.from_arrays(group_of, _raw(batch, "prompt")),
         prompt_messages=None if prompt_messages is None else prompt_messages.take(group_of),
-        completions=_raw(batch, "completions").flatten(),
+        completions=cast(pa.Array, _raw(batch, "completions")).flatten(),  # a required column
         completion_messages=T.sample_messages(batch.column("completion_messages"), offsets),
         pairs_metadata=_flat(info),
         ref_meta=_flat(batch.column("ref_meta")),

@@ -3,25 +3,11 @@ Parquet files, one pair per append, with atomic commits, checksums on every read
 replay, sandboxed SQL and maintenance.
 
 Names load on first use; importing this package imports no torch. :class:`ReadOnlyStore`
-(the read side) imports none of the write side.
+(the read side) imports none of the write side. The exports are what users rely on (the
+stores, their reports and options, the dataset); helpers only the packages above use (file
+names, the query check, the backend opener) are imported from their own modules.
 """
 
-from maxent_arrow import lazy
+import lazy_loader
 
-__all__, __getattr__, __dir__ = lazy.exports(
-    __name__,
-    {
-        ".store": ["RolloutStore"],
-        ".readonly": ["ReadOnlyStore"],
-        ".verify": ["StoreProblem", "VerifyReport"],
-        ".repair": ["RepairReport"],
-        ".backend": ["open_backend"],
-        ".catalog": ["Unit"],
-        ".dataset": ["ReplayDataset", "process_shard"],
-        ".names": ["FORMAT_NAME", "unit_name"],
-        ".reader": ["GroupFileRead"],
-        ".replay": ["ReplayOptions"],
-        ".session": ["check_query"],
-        ".sql": ["SqlViews"],
-    },
-)
+__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)

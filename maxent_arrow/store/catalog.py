@@ -15,7 +15,7 @@ import json
 import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -191,7 +191,8 @@ class Catalog:
     def step_names(self) -> list[str]:
         """Names in ``steps/`` that are store file names, in (step, kind, rank) order."""
         named = [(n, parse_name(n)) for n in self.listing(STEPS)]
-        return [n for n, p in sorted((x for x in named if x[1]), key=lambda x: _sort_key(*x))]
+        parsed = [(n, p) for n, p in named if p]
+        return [n for n, p in sorted(parsed, key=lambda x: _sort_key(*x))]
 
     # ------------------------------------------------------------------ step files
     def step_file(self, name: str) -> StepFile:
@@ -307,7 +308,7 @@ class Catalog:
         wanted_ranks = None if ranks is None else {int(r) for r in ranks}
         units = []
         for name in self.committed(on_error):
-            parsed = parse_name(name)
+            parsed = cast(UnitName, parse_name(name))  # committed names are store file names
             if kind is not None and parsed.kind != kind:
                 continue
             if wanted is not None and not any(

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
 
@@ -21,7 +21,7 @@ from maxent_arrow.errors import ArgumentError, StoreError
 from maxent_arrow.store.backend import crash_point
 from maxent_arrow.store.catalog import Catalog, Unit
 from maxent_arrow.store.commit import commit_unit
-from maxent_arrow.store.names import GROUPS, STEPS, compact_name, parse_name
+from maxent_arrow.store.names import GROUPS, STEPS, UnitName, compact_name, parse_name
 from maxent_arrow.store.reader import read_group_file
 from maxent_arrow.store.schemas import UnifiedSchemas
 
@@ -53,7 +53,8 @@ def compact(
         raise ArgumentError(f"compact: max_steps must be None or an int >= 1, got {max_steps!r}")
     units = catalog.units(kind=kind, steps=steps, ranks=ranks)
     if loose_only:
-        units = [u for u in units if not parse_name(u.step_file).compacted]
+        # A unit's step file is a committed store file name, so it parses.
+        units = [u for u in units if not cast(UnitName, parse_name(u.step_file)).compacted]
     by_kind: dict[str, list[Unit]] = {}
     for unit in units:
         by_kind.setdefault(unit.kind, []).append(unit)
@@ -132,7 +133,7 @@ def _compact_files(
     columns = (
         None
         if any(c is None for c in recorded)
-        else list(dict.fromkeys(c for names in recorded for c in names))
+        else list(dict.fromkeys(c for names in cast(list[list[str]], recorded) for c in names))
     )
 
     def inputs_still_committed() -> None:

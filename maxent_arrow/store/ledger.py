@@ -45,7 +45,7 @@ class ChecksumLedger:
 
     def __init__(self, backend: Backend, *, on_error: OnError, crc: bool):
         self.backend = backend
-        self.on_error = on_error
+        self.on_error: OnError = on_error
         self.crc = crc
         self.checked: set[tuple[str, str]] = set()
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.errors import SchemaError, StoreError
@@ -25,10 +25,10 @@ __all__ = ["create", "jsonable_config", "read"]
 def jsonable_config(config: Mapping[str, Any] | None) -> dict[str, Any]:
     if config is None:
         return {}
-    if hasattr(config, "to_dict"):
-        config = config.to_dict()
+    # A RunConfig (duck-typed: this module imports nothing above the store).
+    plain = cast(Any, config).to_dict() if hasattr(config, "to_dict") else config
     try:
-        return json.loads(json.dumps(dict(config)))
+        return json.loads(json.dumps(dict(plain)))
     except (TypeError, ValueError) as exc:
         raise SchemaError(
             f"RolloutStore config: expected JSON-serialisable values ({exc})"

@@ -85,11 +85,13 @@ def write_parquet(
         table.schema,
         compression=compression,
         compression_level=compression_level,
-        use_dictionary=dictionary,
-        write_statistics=statistics,
+        # pyarrow takes a bool or a list of columns for these three; its defaults make them
+        # `bool` to a checker.
+        use_dictionary=dictionary,  # pyright: ignore[reportArgumentType]
+        write_statistics=statistics,  # pyright: ignore[reportArgumentType]
         write_page_checksum=True,
         store_schema=True,
-        use_byte_stream_split=byte_stream_split or False,
+        use_byte_stream_split=byte_stream_split or False,  # pyright: ignore[reportArgumentType]
     ) as writer:
         # One row group per file: a step is read whole, and one chunk per column means readers
         # get contiguous arrays without a concatenating copy.

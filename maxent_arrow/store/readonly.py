@@ -65,7 +65,7 @@ class ReadOnlyStore:
     ):
         self.backend = open_backend(root, filesystem)
         self.manifest = manifest.read(self.backend)
-        self.on_error = check_on_error(on_error)
+        self.on_error: OnError = check_on_error(on_error)
         self.check_crc = bool(check_crc)
         self.catalog = Catalog(self.backend)
         self.schemas = UnifiedSchemas(self.catalog)

@@ -17,8 +17,8 @@ from typing import Any, Literal
 import numpy as np
 import pyarrow as pa
 
+from maxent_arrow.arrow import list_offsets
 from maxent_arrow.arrow import schema as S
-from maxent_arrow.arrow.lists import list_offsets
 from maxent_arrow.errors import ArgumentError, StoreError
 from maxent_arrow.rollout import RolloutBatch, reassemble
 from maxent_arrow.store.cache import read_cache

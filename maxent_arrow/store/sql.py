@@ -117,7 +117,7 @@ class SqlViews:
     ):
         self.catalog = catalog
         self.schemas = schemas
-        self.on_error = on_error
+        self.on_error: OnError = on_error
         self.threads = threads
         self.crc = crc
         self.ledger = ChecksumLedger(catalog.backend, on_error=on_error, crc=crc)

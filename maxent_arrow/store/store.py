@@ -18,7 +18,7 @@ import functools
 import os
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.errors import StoreError
@@ -156,7 +156,7 @@ class RolloutStore(ReadOnlyStore):
             and parsed.first_rank == rank
             and parsed.kind == kind
         ]
-        if len(loose) < self.compact_every:
+        if len(loose) < cast(int, self.compact_every):  # called only when it is set
             return
         try:
             with warnings.catch_warnings():

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
@@ -29,6 +29,7 @@ from maxent_arrow.store.names import (
     GROUPS,
     MANIFEST,
     STEPS,
+    UnitName,
     cache_name,
     parse_name,
     unit_name,
@@ -104,7 +105,7 @@ def verify(catalog: Catalog) -> VerifyReport:
 
 def _verify_step(report: VerifyReport, backend: Backend, step: StepFile) -> None:
     path = backend.path(f"{STEPS}/{step.name}")
-    parsed = parse_name(step.name)
+    parsed = cast(UnitName, parse_name(step.name))  # a committed step file's name
     rows = {c: step.column(c) for c in (*UNIT_KEY, "num_groups")}
     if not parsed.compacted and (
         len(rows["step"]) != 1

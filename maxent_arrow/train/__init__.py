@@ -4,22 +4,6 @@ evaluation through the seed's ``ValidationContext`` (:mod:`.evaluation`) and the
 re-scoring of saved steps (:mod:`.offline`).
 """
 
-from maxent_arrow import lazy
+import lazy_loader
 
-__all__, __getattr__, __dir__ = lazy.exports(
-    __name__,
-    {
-        ".generation": ["Rollouts", "sample_groups"],
-        ".scoring": [
-            "TokenScores",
-            "reference_logprobs",
-            "score_tokens",
-            "sequence_scores",
-            "supports_packing",
-        ],
-        ".trainer": ["MaxEntTrainer"],
-        ".snapshots": ["snapshot_loader", "snapshot_path"],
-        ".evaluation": ["evaluate", "greedy_generator", "should_evaluate"],
-        ".offline": ["ReplayedStep", "recompute_errors", "replay_losses"],
-    },
-)
+__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)

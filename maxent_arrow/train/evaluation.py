@@ -11,12 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from maxent_arrow.compute.group_math import length_stats
-from maxent_arrow.compute.reward_step import compute_rewards
+from maxent_arrow.compute import compute_rewards, length_stats
 from maxent_arrow.errors import LayoutError
-from maxent_arrow.rollout.batch import RolloutBatch
+from maxent_arrow.rollout import RolloutBatch
 from maxent_arrow.train.generation import sample_groups
-from maxent_arrow.types.rewards import GenerationBatch, RewardComputation, ValidationContext
+from maxent_arrow.types import GenerationBatch, RewardComputation, ValidationContext
 
 __all__ = ["evaluate", "should_evaluate", "greedy_generator"]
 
@@ -31,7 +30,7 @@ def should_evaluate(ctx: ValidationContext, step: int) -> bool:
 def greedy_generator(model: Any, tokenizer: Any, *, max_new_tokens: int, max_prompt_len: int):
     """A seed ``GenerationFn``: greedy completions of a ``transformers`` model, with metadata."""
 
-    def generate(prompts: list[str], num_samples: int, *_, **__) -> tuple[list, list]:
+    def generate(prompts: list[str], num_samples: int, *_, **__) -> tuple[list, list | None]:
         rollouts = sample_groups(
             model,
             tokenizer,

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from maxent_arrow.arrow import Ragged
-from maxent_arrow.types.rewards import GenerationBatch
+from maxent_arrow.types import GenerationBatch
 
 __all__ = ["Rollouts", "sample_groups"]
 

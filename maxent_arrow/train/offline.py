@@ -101,6 +101,7 @@ def replay_losses(
             max_completion_len=cfg.max_completion_len,
         )
         reference = batch.reference_logprobs
+        assert reference is not None  # sequence_scores reads it (a step stores its reference)
         with torch.no_grad():
             scores = sequence_scores(
                 model,

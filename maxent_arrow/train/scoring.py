@@ -33,8 +33,8 @@ from torch.utils.checkpoint import checkpoint
 
 from maxent_arrow.arrow import Ragged, arrow_to_torch
 from maxent_arrow.errors import ComputeError, LayoutError, SchemaError
-from maxent_arrow.ingest.packing import ModelChunk, SequenceLayout, iter_chunks, sequence_layout
-from maxent_arrow.types.rewards import ReferenceLogprobs, ScoreBatch, SequenceScores
+from maxent_arrow.ingest import ModelChunk, SequenceLayout, iter_chunks, sequence_layout
+from maxent_arrow.types import ReferenceLogprobs, ScoreBatch, SequenceScores
 
 __all__ = [
     "TokenScores",

@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -239,7 +239,7 @@ class MaxEntTrainer:
         return maxent_weights(
             q,
             rho,
-            tau=cfg.tau,
+            tau=cast(float, cfg.tau),  # None is refused there, with a ComputeError naming tau
             beta=cfg.beta,
             denominator=cfg.weight_denominator,
             token_counts=counts,

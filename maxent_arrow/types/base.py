@@ -36,8 +36,8 @@ import dataclasses
 import io
 import math
 import sys
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -123,7 +123,7 @@ class FieldSlot:
         return f"FieldSlot({self.name!r}, default={self.default!r})"
 
 
-def born(cls: type, source: Source, **fields: Any) -> Any:
+def born(cls: type[Record], source: Source, **fields: Any) -> Any:
     """An object of ``cls`` over ``source``; ``fields`` are set as given, the rest stay lazy."""
     obj = cls.__new__(cls)
     obj.__dict__[SOURCE] = source
@@ -238,7 +238,7 @@ class Layout(abc.ABC):
     # them with the old one, as the seed's ``replace`` shares every field.
     shared_on_replace: ClassVar[frozenset[str]] = frozenset()
     # Field name -> (column, flatten): the Arrow array of a list-typed field.
-    field_columns: ClassVar[dict[str, tuple[str, bool]]] = {}
+    field_columns: dict[str, tuple[str, bool]] = {}
 
     def bind(self, cls: type) -> None:  # noqa: B027 - an optional hook, empty by default
         """Called once with the class the layout belongs to."""
@@ -267,8 +267,12 @@ class Record:
     if TYPE_CHECKING:  # set by `record`; not a run-time annotation, so that
         # `typing.get_type_hints` of a record gives its fields only, as on the seed's classes
         _layout: ClassVar[Layout]
+        # What `dataclass` sets on each subclass (declared for checkers: `dataclasses.fields`).
+        __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
 
-    __hash__ = None  # mutable records are unhashable, like the seed's dataclasses
+    # Mutable records are unhashable, like the seed's dataclasses (typeshed declares
+    # `object.__hash__` a method; None is the data model's way to remove it).
+    __hash__ = None  # pyright: ignore[reportAssignmentType]
 
     # ------------------------------------------------------------------ Arrow
     def to_arrow(self) -> pa.RecordBatch:
@@ -388,7 +392,7 @@ def _ipc_bytes(batch: pa.RecordBatch) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def _rebuild(cls: type, ipc: bytes | None, state: dict[str, Any]):
+def _rebuild(cls: type[Record], ipc: bytes | None, state: dict[str, Any]):
     obj = cls.__new__(cls)
     if ipc is not None:
         with pa.ipc.open_stream(io.BytesIO(ipc)) as reader:
@@ -399,14 +403,17 @@ def _rebuild(cls: type, ipc: bytes | None, state: dict[str, Any]):
 
 
 # ---------------------------------------------------------------------------- the decorator
-def record(layout: Layout):
+R = TypeVar("R", bound="type[Record]")
+
+
+def record(layout: Layout) -> Callable[[R], R]:
     """Class decorator (over ``@dataclass(eq=False, repr=False)``): attach the layout and put a
     :class:`FieldSlot` on the class for each field (its default kept there, as on a dataclass).
 
     ``__init__`` is the one ``dataclass`` writes: it stores each argument as given.
     """
 
-    def decorate(cls: type) -> type:
+    def decorate(cls: R) -> R:
         cls._layout = layout
         layout.bind(cls)
         fields = dataclasses.fields(cls)

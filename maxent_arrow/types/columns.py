@@ -18,15 +18,14 @@ from __future__ import annotations
 
 import json
 import numbers
-from typing import Any
+from typing import Any, Literal, overload
 
 import numpy as np
 import pyarrow as pa
 import torch
 
-from maxent_arrow.arrow import Ragged, arrow_to_torch, torch_to_arrow
+from maxent_arrow.arrow import Ragged, arrow_to_torch, single_array, torch_to_arrow
 from maxent_arrow.arrow import prefix_lengths as ragged_prefix_lengths
-from maxent_arrow.arrow.lists import single_array
 from maxent_arrow.errors import LayoutError, SchemaError
 
 META_KEY = b"maxent_arrow"
@@ -68,7 +67,7 @@ def make_batch(
 ) -> pa.RecordBatch:
     """A record batch of ``columns`` (``None`` entries left out), the scalars as metadata."""
     names = [k for k, v in columns.items() if v is not None]
-    arrays = [columns[k] for k in names]
+    arrays = [a for a in columns.values() if a is not None]
     meta = {"class": cls_name, "schema_version": RECORD_VERSION, "scalars": scalars}
     try:
         text = json.dumps(meta, allow_nan=True)
@@ -193,7 +192,17 @@ def scalar(field: str, value: Any, *, optional: bool = False, kind: str = "float
 
 
 # ---------------------------------------------------------------------------- tensor fields
-def as_tensor(field: str, value: Any, *, ndim: int, kind: str, optional: bool = False):
+@overload
+def as_tensor(
+    field: str, value: Any, *, ndim: int, kind: str, optional: Literal[False] = False
+) -> tuple[torch.Tensor, dict]: ...
+@overload
+def as_tensor(
+    field: str, value: Any, *, ndim: int, kind: str, optional: bool
+) -> tuple[torch.Tensor, dict] | tuple[None, None]: ...
+def as_tensor(
+    field: str, value: Any, *, ndim: int, kind: str, optional: bool = False
+) -> tuple[torch.Tensor, dict] | tuple[None, None]:
     """A tensor field's value as ``(tensor, how)`` for storage, ``how`` its kind and dtype.
 
     Tensors are used as they are (detached on the CPU); numpy arrays, lists and numbers are
@@ -318,7 +327,9 @@ def padded_to_list(field: str, tensor: torch.Tensor, lengths: torch.Tensor) -> p
     return Ragged.from_padded(data, lengths=lengths).to_arrow()
 
 
-def list_to_padded(owner: str, array: pa.Array | None, width: int, dtype: str | None, pad):
+def list_to_padded(
+    owner: str, array: pa.Array | None, width: int | None, dtype: str | None, pad
+) -> tuple[torch.Tensor, torch.Tensor] | tuple[None, None]:
     """A ragged column back as ``(padded [N, width], lengths)``."""
     if array is None:
         return None, None

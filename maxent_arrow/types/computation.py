@@ -11,13 +11,13 @@ step, the rollout batch).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
 
+from maxent_arrow.arrow import list_offsets
 from maxent_arrow.arrow import registry as R
-from maxent_arrow.arrow.lists import list_offsets
 from maxent_arrow.errors import LayoutError, SchemaError
 from maxent_arrow.types import fields as F
 from maxent_arrow.types.base import SOURCE, Source, born, layout_of, lazy, peek, untouched_from
@@ -31,7 +31,7 @@ from maxent_arrow.types.columns import (
     require,
     scalar,
 )
-from maxent_arrow.types.records import BoundLayout, same_groups
+from maxent_arrow.types.records import BoundLayout, GroupedPairLayout, PairsLayout, same_groups
 
 __all__ = ["RewardsLayout", "rewards_batch"]
 
@@ -102,8 +102,10 @@ class RewardsLayout(BoundLayout):
         column, meta = source.column, source.meta
         if name in ("advantage", "q_distribution"):
             array = column("advantages" if name == "advantage" else "q")
+            assert array is not None  # check() required it
             cls = self.nested[name]
-            batch = make_batch(cls.__name__, {layout_of(cls).column: array}, {}, len(array))
+            grouped = cast(GroupedPairLayout, layout_of(cls))
+            batch = make_batch(cls.__name__, {grouped.column: array}, {}, len(array))
             return born(cls, Source(batch, {}, source))
         if name == "pairs":
             return self._pairs(source)
@@ -111,9 +113,11 @@ class RewardsLayout(BoundLayout):
             mean, std = meta.get("moments", [None, None])
             return self.nested["moments"](mean=mean, std=std)
         if name == "total_utils":
-            return column("total_utils").flatten().to_pylist()
+            total_utils = column("total_utils")
+            assert total_utils is not None  # check() required it
+            return total_utils.flatten().to_pylist()
         if name == "per_reward_values":
-            rewards = column("rewards")
+            rewards = cast(pa.Array, column("rewards"))  # absent only without reward keys
             return {k: rewards.field(k).flatten().to_pylist() for k in meta.get("reward_keys", [])}
         if name == "ref_logprob_meta":
             ref = column("ref_meta")
@@ -166,12 +170,12 @@ class RewardsLayout(BoundLayout):
             advantages = source.column("advantages")
         else:
             advantage = self._nested(obj, "advantage")
-            advantages = layout_of(advantage).grouped(advantage)
+            advantages = cast(GroupedPairLayout, layout_of(advantage)).grouped(advantage)
         if lazy(obj, "q_distribution") is not None:
             q = source.column("q")
         else:
             q_record = self._nested(obj, "q_distribution")
-            q = layout_of(q_record).grouped(q_record)
+            q = cast(GroupedPairLayout, layout_of(q_record)).grouped(q_record)
         offsets = list_offsets(advantages)
 
         # Per-sample values, flat.
@@ -180,7 +184,7 @@ class RewardsLayout(BoundLayout):
             pairs_meta = _flat_or_none(source.column("pairs_metadata"))
         else:
             record = self._nested(obj, "pairs")
-            own = layout_of(record).flat_columns(record)
+            own = cast(PairsLayout, layout_of(record)).flat_columns(record)
             pairs = dict(zip(_PAIR_COLUMNS, (plain_text(own["prompt"]), own["prompt_messages"])))
             pairs["completions"] = own["completion"]
             pairs["completion_messages"] = own["completion_messages"]
@@ -189,7 +193,9 @@ class RewardsLayout(BoundLayout):
         flat["ref_meta"] = self._flat_field(obj, "ref_logprob_meta", "ref_meta", F.json_array)
         shared, completion_meta = self._completion_meta(obj, source)
         rewards, keys = self._rewards(obj, source)
-        n = len(flat["total_utils"])
+        total_utils = flat["total_utils"]
+        assert total_utils is not None  # a required field
+        n = len(total_utils)
         per_sample = {
             "advantage.samples": advantages.flatten(),
             "q_distribution.samples": q.flatten(),
@@ -250,8 +256,8 @@ class RewardsLayout(BoundLayout):
             "completion_metadata_is_pairs_metadata": shared,
         }
         for field in _SCALARS:
-            if lazy(obj, field) is not None:
-                scalars[field] = source.meta.get(field)
+            if (field_source := lazy(obj, field)) is not None:
+                scalars[field] = field_source.meta.get(field)
             else:
                 scalars[field] = scalar(f"{name}.{field}", state[field], optional=True)
         return make_batch(name, columns, scalars, groups)
@@ -265,12 +271,12 @@ class RewardsLayout(BoundLayout):
 
     def _completion_meta(self, obj, source: Source | None) -> tuple[bool, pa.Array | None]:
         """(whether it is ``pairs.metadata``, its values when stored on their own)."""
-        if lazy(obj, "completion_metadata") is not None and source.meta.get(
+        if (lazy_source := lazy(obj, "completion_metadata")) is not None and lazy_source.meta.get(
             "completion_metadata_is_pairs_metadata"
         ):
             return True, None  # read, it would be pairs.metadata, whatever pairs holds now
-        if lazy(obj, "completion_metadata") is not None:
-            return False, _flat_or_none(source.column("completion_metadata"))
+        if lazy_source is not None:
+            return False, _flat_or_none(lazy_source.column("completion_metadata"))
         value = obj.__dict__["completion_metadata"]
         if value is None:
             return False, None
@@ -280,9 +286,9 @@ class RewardsLayout(BoundLayout):
         return False, F.info_array(f"{self.name}.completion_metadata", value)
 
     def _rewards(self, obj, source: Source | None) -> tuple[dict[str, pa.Array], list[str]]:
-        if lazy(obj, "per_reward_values") is not None:
-            keys = list(source.meta.get("reward_keys", []))
-            column = source.column("rewards")
+        if (lazy_source := lazy(obj, "per_reward_values")) is not None:
+            keys = list(lazy_source.meta.get("reward_keys", []))
+            column = cast(pa.Array, lazy_source.column("rewards"))  # absent only without keys
             return {k: column.field(k).flatten() for k in keys}, keys
         value = obj.__dict__["per_reward_values"]
         field = f"{self.name}.per_reward_values"
@@ -296,8 +302,8 @@ class RewardsLayout(BoundLayout):
         return out, list(out)
 
     def _moments(self, obj, source: Source | None) -> list:
-        if lazy(obj, "moments") is not None:
-            return source.meta.get("moments", [None, None])
+        if (lazy_source := lazy(obj, "moments")) is not None:
+            return lazy_source.meta.get("moments", [None, None])
         moments = self._nested(obj, "moments")
         owner = f"{self.name}.moments"
         return [scalar(f"{owner}.{n}", peek(moments, n)) for n in ("mean", "std")]

@@ -20,14 +20,14 @@ from __future__ import annotations
 import itertools
 import json
 import numbers
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
+from maxent_arrow.arrow import first_null, list_offsets
 from maxent_arrow.arrow import schema as S
-from maxent_arrow.arrow.lists import first_null, list_offsets
 from maxent_arrow.errors import LayoutError, SchemaError
 
 __all__ = [
@@ -175,6 +175,7 @@ def int_array(
     value = _plain(field, value, "a list of ints")
     if isinstance(value, np.ndarray) and value.ndim != 1:
         raise LayoutError(f"{field}: expected a 1-D array, got shape {value.shape}")
+    array: pa.Array | None
     if isinstance(value, pa.Array):
         array = value
     else:
@@ -185,7 +186,9 @@ def int_array(
             array = None
     if array is None or not (pa.types.is_integer(array.type) or pa.types.is_null(array.type)):
         if isinstance(value, pa.Array):
-            raise SchemaError(f"{field}: expected integers, got an Arrow array of {value.type}")
+            # pyarrow is untyped to a checker, so `isinstance` does not narrow `value` to it.
+            got = value.type  # pyright: ignore[reportAttributeAccessIssue]
+            raise SchemaError(f"{field}: expected integers, got an Arrow array of {got}")
         for i, item in enumerate(value):
             if item is not None and (
                 isinstance(item, bool | np.bool_) or not isinstance(item, numbers.Integral)
@@ -350,7 +353,7 @@ def _json_text(field: str, item: Any, where: str) -> str:
         ) from None
 
 
-_encode_many = None
+_encode_many: Callable[[Sequence], list[str]] | None = None
 if _C_ENCODER is not None:
     # One C encoder made once: `JSONEncoder.encode` builds a new one per call, most of its
     # cost on small dicts (there is one per completion). It skips the circular-reference
@@ -360,8 +363,10 @@ if _C_ENCODER is not None:
         True,
     )  # fmt: skip
 
-    def _encode_many(items: Sequence) -> list[str]:
+    def _encode_many_c(items: Sequence) -> list[str]:
         return ["".join(_make(item, 0)) for item in items]
+
+    _encode_many = _encode_many_c
 
 
 def json_array(field: str, value: Any, *, where: Where = _FLAT) -> pa.Array:
@@ -456,7 +461,10 @@ def _split_info(field: str, item: Mapping, where: str, *, ids_typed: bool = True
 
 def _is_int32_list(value: Any) -> bool:
     return all(
-        isinstance(t, numbers.Integral) and not isinstance(t, bool) and _INT32[0] <= t <= _INT32[1]
+        isinstance(t, numbers.Integral)
+        and not isinstance(t, bool)
+        # typeshed's numbers.Integral declares no `>=` (the reflection of `int <= t`).
+        and _INT32[0] <= t <= _INT32[1]  # pyright: ignore[reportOperatorIssue]
         for t in value
     )
 

@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from maxent_arrow.arrow import list_offsets
 from maxent_arrow.arrow import registry as R
-from maxent_arrow.arrow.lists import list_offsets
 from maxent_arrow.errors import LayoutError, SchemaError
 from maxent_arrow.types import fields as F
 from maxent_arrow.types.base import (
@@ -109,7 +109,9 @@ class ScalarLayout(BoundLayout):
                 require(self.name, batch, name, is_float, "double")
 
     def field(self, obj, source, name, *, cache=True):
-        value = source.column(name)[0].as_py()
+        column = source.column(name)
+        assert column is not None  # check() required it
+        value = column[0].as_py()
         return dict(value) if name in self.buckets else value
 
     def encode(self, obj) -> pa.RecordBatch:
@@ -156,7 +158,9 @@ class EntryLayout(BoundLayout):
                 require(self.name, batch, name, is_list_of(is_int), "list<int>")
 
     def field(self, obj, source, name, *, cache=True):
-        return source.column(name).flatten().to_pylist()
+        column = source.column(name)
+        assert column is not None  # check() required it
+        return column.flatten().to_pylist()
 
     def encode(self, obj) -> pa.RecordBatch:
         source = self.untouched(obj)
@@ -177,7 +181,9 @@ class EntryLayout(BoundLayout):
         """One field's values, from the source if untouched (a view), else converted."""
         source = lazy(obj, name)
         if source is not None:
-            return source.column(name).flatten()
+            column = source.column(name)
+            assert column is not None  # check() required it
+            return column.flatten()
         return F.int_array(f"{self.name}.{name}", obj.__dict__[name], self.kinds[name])
 
 
@@ -288,7 +294,9 @@ class GenerationLayout(BoundLayout):
         if name == "prompts":
             return F.decode_texts(column("prompt"), column("prompt_messages"))
         if name == "answers":
-            return column("answer").to_pylist()
+            answer = column("answer")
+            assert answer is not None  # check() required it
+            return answer.to_pylist()
         if name == "grouped_completions":
             return _decode_grouped_texts(column("completions"), column("completion_messages"))
         if name == "grouped_ref_meta":
@@ -324,16 +332,18 @@ class GenerationLayout(BoundLayout):
                 encode = F.json_array if field == "grouped_ref_meta" else F.info_array
                 columns[names[0]] = _grouped_flat(owner, value, encode)
         self._check(columns)
-        return make_batch(name, columns, {}, len(columns["prompt"]))
+        prompt = columns["prompt"]
+        assert prompt is not None  # prompts are required
+        return make_batch(name, columns, {}, len(prompt))
 
     def _check(self, columns: dict[str, pa.Array | None]) -> None:
-        name, p = self.name, len(columns["prompt"])
-        if len(columns["answer"]) != p:
+        prompt, answer, completions = columns["prompt"], columns["answer"], columns["completions"]
+        assert prompt is not None and answer is not None and completions is not None  # required
+        name, p = self.name, len(prompt)
+        if len(answer) != p:
             raise LayoutError(
-                f"{name}.answers: expected {p} answers (one per prompt), got "
-                f"{len(columns['answer'])}"
+                f"{name}.answers: expected {p} answers (one per prompt), got {len(answer)}"
             )
-        completions = columns["completions"]
         if len(completions) != p:
             raise LayoutError(
                 f"{name}.grouped_completions: expected {p} groups (one per prompt), got "
@@ -415,10 +425,12 @@ class PairsLayout(BoundLayout):
         if source is not None:
             return source.batch
         columns = self.flat_columns(obj)
-        if not pa.types.is_dictionary(columns["prompt"].type):
+        prompt = columns["prompt"]
+        assert prompt is not None  # prompts are required
+        if not pa.types.is_dictionary(prompt.type):
             # The prompt repeats K times per group: a dictionary keeps one copy of each.
-            columns["prompt"] = columns["prompt"].dictionary_encode()
-        return make_batch(self.name, columns, {}, len(columns["prompt"]))
+            columns["prompt"] = prompt = prompt.dictionary_encode()
+        return make_batch(self.name, columns, {}, len(prompt))
 
     def flat_columns(self, obj) -> dict[str, pa.Array | None]:
         """The columns, checked (prompts as plain strings, not dictionary-encoded)."""
@@ -435,7 +447,9 @@ class PairsLayout(BoundLayout):
             else:
                 text, messages = F.text_arrays(owner, value, text_of_messages=field != "prompts")
                 columns[names[0]], columns[names[1]] = text, messages
-        n = len(columns["prompt"])
+        prompt = columns["prompt"]
+        assert prompt is not None  # prompts are required
+        n = len(prompt)
         for field, column in (("completions", "completion"), ("metadata", "metadata")):
             value = columns[column]
             if value is not None and len(value) != n:
@@ -464,6 +478,7 @@ class GroupedPairLayout(BoundLayout):
 
     def field(self, obj, source, name, *, cache=True):
         array = source.column(self.column)
+        assert array is not None  # check() required it
         return array.to_pylist() if name == "grouped" else array.flatten().to_pylist()
 
     def encode(self, obj) -> pa.RecordBatch:

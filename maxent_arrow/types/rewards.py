@@ -21,7 +21,7 @@ in :mod:`maxent_arrow.types.records`, :mod:`maxent_arrow.types.computation` and
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, TypeVar, dataclass_transform
 
 from maxent_arrow.types.base import Record, record
 from maxent_arrow.types.computation import RewardsLayout
@@ -75,7 +75,14 @@ __all__ = [
 ]
 
 
-DATACLASS = dataclass(eq=False, repr=False)
+T = TypeVar("T")
+
+
+# `dataclass_transform`: a checker sees through this name to `dataclass` (an alias of
+# `dataclass(...)` hides the fields, so every constructor call looked wrong to it).
+@dataclass_transform(eq_default=False)
+def DATACLASS(cls: type[T]) -> type[T]:
+    return dataclass(eq=False, repr=False)(cls)
 
 
 # ---------------------------------------------------------------------------- PromptCacheEntry

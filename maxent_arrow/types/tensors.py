@@ -11,13 +11,13 @@ prefix mask.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
 import torch
 
-from maxent_arrow.arrow.lists import first_null
+from maxent_arrow.arrow import first_null
 from maxent_arrow.errors import LayoutError, SchemaError
 from maxent_arrow.types import fields as F
 from maxent_arrow.types.base import SOURCE, Source, layout_of, lazy
@@ -40,7 +40,7 @@ from maxent_arrow.types.columns import (
     scalar,
     tensor_column,
 )
-from maxent_arrow.types.records import BoundLayout
+from maxent_arrow.types.records import BoundLayout, EntryLayout
 
 __all__ = [
     "ScoreBatchLayout",
@@ -79,6 +79,7 @@ class _TensorLayout(BoundLayout):
         if column is not None and (
             name not in obj.__dict__ or same_memory(obj.__dict__[name], column)
         ):
+            assert source is not None  # the column came from it
             return column, _how(source.meta, name), len(column)
         if source is not None and name not in obj.__dict__:
             return None, None, None  # an optional field absent from the source
@@ -161,8 +162,9 @@ class ScoreBatchLayout(_TensorLayout):
     def field(self, obj, source, name, *, cache=True):
         meta = source.meta
         if name == "prompt_entries":
-            ids = source.column("prompt_ids").to_pylist()
-            masks = source.column("prompt_attention_mask").to_pylist()
+            ids, masks = source.column("prompt_ids"), source.column("prompt_attention_mask")
+            assert ids is not None and masks is not None  # check() required both
+            ids, masks = ids.to_pylist(), masks.to_pylist()
             return [self.entry(i, m) for i, m in zip(ids, masks)]
         if name in ("completion_ids", "completion_attention_mask"):
             owner = f"{self.name}.from_arrow: column 'completion_ids'"
@@ -180,6 +182,8 @@ class ScoreBatchLayout(_TensorLayout):
                 lengths = column_tensor(owner, stored, "int64")
             if name == "completion_ids":
                 return give_back(ids, how)
+            # check() required completion_ids; to_arrow() always stores the width.
+            assert lengths is not None and width is not None
             return give_back(mask_from_lengths(lengths, width, how["dtype"] or "int64"), how)
         return meta.get(name)
 
@@ -287,7 +291,7 @@ class ScoreBatchLayout(_TensorLayout):
             if j == len(unique):
                 unique.append(entry)
             index[i] = j
-        layout = layout_of(self.entry)
+        layout = cast(EntryLayout, layout_of(self.entry))
         ids, masks, sizes = [], [], np.empty(len(unique), dtype=np.int64)
         for j, entry in enumerate(unique):
             entry_ids = layout.flat(entry, "input_ids")
@@ -328,6 +332,7 @@ _SCORE_KINDS = {
 
 
 def _token_lengths(field: str, values, mask) -> torch.Tensor | None:
+    """Row lengths of per-token ``values`` (by ``mask`` when given); None only without values."""
     if values is None:
         return None
     if mask is not None:
@@ -366,6 +371,7 @@ class ScoresLayout(_TensorLayout):
             if counts is None:
                 return None
             lengths = column_tensor(owner, counts, "int64")
+            assert lengths is not None  # counts is not None
             return give_back(mask_from_lengths(lengths, widths["token_mask"], how["dtype"]), how)
         values, _ = list_to_padded(owner, source.column(name), widths.get(name), how["dtype"], 0.0)
         return give_back(values, how)
@@ -383,7 +389,7 @@ class ScoresLayout(_TensorLayout):
         )
         _record_how(scalars, "pooled_hidden", how)
         self._tokens(obj, columns, scalars, rows)
-        n = rows["cur_logp_sum"]
+        n = cast(int, rows["cur_logp_sum"])  # a required vector
         for field in (*_SCORE_KINDS, "pooled_hidden", *self._TOKENS):
             if rows.get(field) is not None and rows[field] != n:
                 raise LayoutError(
@@ -428,7 +434,9 @@ class ScoresLayout(_TensorLayout):
         for field, lens in (("token_logp", lengths), ("old_token_logp", old_lengths)):
             value = values[field]
             columns[field] = (
-                None if value is None else padded_to_list(f"{name}.{field}", value, lens)
+                None
+                if value is None
+                else padded_to_list(f"{name}.{field}", value, cast(torch.Tensor, lens))
             )
             scalars["widths"][field] = None if value is None else int(value.shape[1])
         if mask is not None:
@@ -477,6 +485,7 @@ class ReferenceLayout(_TensorLayout):
         how = _how(meta, name)
         # Without a stored width (older batches) the values are padded to the longest row.
         width = values.shape[1] if width is None else width
+        assert lengths is not None  # values is not None
         return give_back(mask_from_lengths(lengths, width, how["dtype"] or "int64"), how)
 
     def encode(self, obj) -> pa.RecordBatch:
@@ -503,7 +512,7 @@ class ReferenceLayout(_TensorLayout):
             )
         else:
             self._per_token(obj, columns, scalars, rows)
-        n = rows["ref_logp_sum"]
+        n = cast(int, rows["ref_logp_sum"])  # a required vector
         for field in ("ref_tok_counts", "ref_logp_sum_raw", "ref_token_logp", "ref_token_mask"):
             if rows.get(field) is not None and rows[field] != n:
                 raise LayoutError(
@@ -536,7 +545,9 @@ class ReferenceLayout(_TensorLayout):
             )
         lengths = _token_lengths(f"{name}.ref_token_mask", values, mask)
         columns["ref_token_logp"] = (
-            None if values is None else padded_to_list(f"{name}.ref_token_logp", values, lengths)
+            None
+            if values is None
+            else padded_to_list(f"{name}.ref_token_logp", values, cast(torch.Tensor, lengths))
         )
         scalars["width"] = None if values is None else int(values.shape[1])
         scalars["has_mask"] = mask is not None
@@ -598,7 +609,7 @@ class LossLayout(_TensorLayout):
                 )
                 for f in dataclasses.fields(bundle)
             }
-        return make_batch(name, columns, scalars, rows["log_ratio_train"])
+        return make_batch(name, columns, scalars, cast(int, rows["log_ratio_train"]))
 
 
 # ---------------------------------------------------------------------------- builders

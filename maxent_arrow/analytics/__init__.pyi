@@ -1,0 +1,12 @@
+# The exports of maxent_arrow.analytics: lazy_loader.attach_stub reads them at import time, type
+# checkers read their types (docs/architecture.md §4).
+
+from .export import export_hf as export_hf, export_ipc as export_ipc
+from .queries import ReadyMadeQueries as ReadyMadeQueries
+from .relations import RunRelations as RunRelations
+from .report import Report as Report, build_report as build_report
+from .run import (
+    DEFAULT_QUANTILES as DEFAULT_QUANTILES,
+    RunAnalytics as RunAnalytics,
+    open_run as open_run,
+)

@@ -1,0 +1,20 @@
+# The exports of maxent_arrow.arrow: lazy_loader.attach_stub reads them at import time, type
+# checkers read their types (docs/architecture.md §4).
+
+from .identity import (
+    GroupIdentity as GroupIdentity,
+    completion_index_of as completion_index_of,
+    default_group_ids as default_group_ids,
+)
+from .lists import (
+    first_null as first_null,
+    list_offsets as list_offsets,
+    regroup as regroup,
+    single_array as single_array,
+)
+from .ragged import (
+    Ragged as Ragged,
+    arrow_to_torch as arrow_to_torch,
+    prefix_lengths as prefix_lengths,
+    torch_to_arrow as torch_to_arrow,
+)

@@ -1,0 +1,19 @@
+# The exports of maxent_arrow.integrations: lazy_loader.attach_stub reads them at import time, type
+# checkers read their types (docs/architecture.md §4).
+
+from .ray import (
+    UNIT_COLUMN as UNIT_COLUMN,
+    ray_collate_fn as ray_collate_fn,
+    read_store as read_store,
+    recompute_dataset as recompute_dataset,
+    recompute_group_math as recompute_group_math,
+    recompute_store as recompute_store,
+    write_store as write_store,
+)
+from .trl import (
+    RecordingGRPOTrainer as RecordingGRPOTrainer,
+    RolloutRecorder as RolloutRecorder,
+    trl_group_table as trl_group_table,
+    trl_run_config as trl_run_config,
+)
+from .verl import from_dataproto as from_dataproto, to_dataproto as to_dataproto

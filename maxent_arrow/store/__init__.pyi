@@ -1,0 +1,12 @@
+# The exports of maxent_arrow.store: lazy_loader.attach_stub reads them at import time, type
+# checkers read their types (docs/architecture.md §4).
+
+from .catalog import Unit as Unit
+from .dataset import ReplayDataset as ReplayDataset, process_shard as process_shard
+from .reader import GroupFileRead as GroupFileRead
+from .readonly import ReadOnlyStore as ReadOnlyStore
+from .repair import RepairReport as RepairReport
+from .replay import ReplayOptions as ReplayOptions
+from .sql import SqlViews as SqlViews
+from .store import RolloutStore as RolloutStore
+from .verify import StoreProblem as StoreProblem, VerifyReport as VerifyReport

@@ -1,0 +1,23 @@
+# The exports of maxent_arrow.train: lazy_loader.attach_stub reads them at import time, type
+# checkers read their types (docs/architecture.md §4).
+
+from .evaluation import (
+    evaluate as evaluate,
+    greedy_generator as greedy_generator,
+    should_evaluate as should_evaluate,
+)
+from .generation import Rollouts as Rollouts, sample_groups as sample_groups
+from .offline import (
+    ReplayedStep as ReplayedStep,
+    recompute_errors as recompute_errors,
+    replay_losses as replay_losses,
+)
+from .scoring import (
+    TokenScores as TokenScores,
+    reference_logprobs as reference_logprobs,
+    score_tokens as score_tokens,
+    sequence_scores as sequence_scores,
+    supports_packing as supports_packing,
+)
+from .snapshots import snapshot_loader as snapshot_loader, snapshot_path as snapshot_path
+from .trainer import MaxEntTrainer as MaxEntTrainer
