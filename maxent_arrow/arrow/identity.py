@@ -80,17 +80,20 @@ class GroupIdentity:
         offsets = np.asarray(group_offsets, dtype=np.int64)
         p = len(offsets) - 1
         counts = np.diff(offsets).astype(np.int32)
+        ids: pa.Array
         if group_ids is None:
             ids = default_group_ids(step, rank, p)
+        elif isinstance(group_ids, pa.Array):
+            ids = group_ids
         else:
-            ids = group_ids if isinstance(group_ids, pa.Array) else pa.array(list(group_ids))
+            ids = pa.array(list(group_ids), pa.string())
         if len(ids) != p:
             raise LayoutError(f"group_ids: expected {p} ids (one per row), got {len(ids)}")
         sizes = counts if group_size is None else np.broadcast_to(np.asarray(group_size), (p,))
         if completion_index is None:
             index = completion_index_of(counts)
         else:
-            flat = (
+            flat: pa.Array = (
                 completion_index
                 if isinstance(completion_index, pa.Array)
                 else pa.array(np.asarray(completion_index, np.int32))

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Sequence
-from typing import Literal, overload
+from typing import Any, Literal, cast, overload
 
 import numpy as np
 import pyarrow as pa
@@ -567,16 +567,18 @@ def _check_prefix(
 ) -> None:
     """Every row of ``keep`` is the right- (left-) padding mask of its count, or LayoutError."""
     if isinstance(keep, np.ndarray):
-        bad = (keep != prefix_mask(counts, width, side=side)).any(axis=1)
+        padding = cast(Literal["right", "left"], side)
+        bad = np.not_equal(keep, prefix_mask(np.asarray(counts), width, side=padding)).any(axis=1)
         rows = np.flatnonzero(bad)
         row = int(rows[0]) if len(rows) else None
     else:
         columns = torch.arange(width, device=keep.device)
+        on = torch.as_tensor(counts, device=keep.device)
         if side == "left":
-            expected = columns >= (width - counts)[:, None]
+            expected = columns >= (width - on)[:, None]
         else:
-            expected = columns < counts[:, None]
-        bad = (keep != expected).any(dim=1)
+            expected = columns < on[:, None]
+        bad = torch.ne(keep, expected).any(dim=1)
         row = int(torch.nonzero(bad)[0, 0]) if bool(bad.any()) else None
     if row is None:
         return
@@ -618,9 +620,10 @@ def _on_host(data: object) -> bool:
     return not isinstance(data, torch.Tensor) or data.device.type == "cpu"
 
 
-def _row_index(rows, n: int, *, device: torch.device | None = None):
+def _row_index(rows: Any, n: int, *, device: torch.device | None = None) -> Any:
     """``rows`` as an int64 index in ``[0, n)``: numpy for the host path (``device`` None),
     else a tensor on ``device``."""
+    index: Any
     if device is None:
         index = rows.numpy() if isinstance(rows, torch.Tensor) else np.asarray(rows)
         if index.size == 0:

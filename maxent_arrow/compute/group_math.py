@@ -652,15 +652,12 @@ def scored_moments(values: Any) -> ScoredMoments:
     v = flat_values(values, "scored_moments: values").to(torch.float64)
     scored = ~torch.isnan(v)
     n = int(scored.sum())
-    if n == v.numel():
-        # All scored: two reductions, no masked copy (torch.var_mean's Welford loop is ~6x
-        # slower than both together).
-        mean, std = torch.stack([v.mean(), torch.std(v, correction=0)]).tolist() if n else (0, 0)
-    elif n:
-        kept = v[scored]
-        mean, std = torch.stack([kept.mean(), torch.std(kept, correction=0)]).tolist()
     if n == 0:
         return ScoredMoments(0, int(v.numel()), None, None)
+    # All scored: the two reductions over the values themselves, no masked copy
+    # (torch.var_mean's Welford loop is ~6x slower than both together).
+    kept = v if n == v.numel() else v[scored]
+    mean, std = torch.stack([kept.mean(), torch.std(kept, correction=0)]).tolist()
     return ScoredMoments(n, int(v.numel()) - n, float(mean), float(std))
 
 
@@ -768,7 +765,7 @@ def length_stats(token_counts: Any, *, max_completion_len: int) -> LengthStats:
         i = int(torch.nonzero(t < 0)[0, 0])
         raise ComputeError(f"{where}: expected counts >= 0, got {float(t[i])} at sample {i}")
     summary = length_summary(t, clipped_flags(t, max_completion_len=max_completion_len))
-    return LengthStats(*(0.0 if summary[f] is None else summary[f] for f in LENGTH_FIELDS))
+    return LengthStats(*(float(summary[f] or 0.0) for f in LENGTH_FIELDS))
 
 
 def merge_step_rows(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -787,7 +784,7 @@ def merge_step_rows(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     }
     out: dict[str, Any] = {}
     for column in R.columns(R.STEP, where=lambda c: c.merge is not None):
-        rule, _, by = column.merge.partition(":")
+        rule, _, by = str(column.merge).partition(":")
         name = column.name
         w = weights[by] if by else [1.0] * len(rows)
         kept = [(r, wi) for r, wi in zip(rows, w) if r.get(name) is not None and wi > 0]

@@ -64,7 +64,7 @@ def token_lists(
     The items are non-nullable, as the group schema declares them (``item``: their type,
     default ``flat``'s; a ``fixed_size_list`` carries several values per token).
     """
-    values = flat if isinstance(flat, pa.Array) else pa.array(flat)
+    values: pa.Array = flat if isinstance(flat, pa.Array) else pa.array(flat)
     inner = pa.ListArray.from_arrays(pa.array(np.asarray(token_offsets, np.int32)), values)
     kind = item if item is not None else values.type
     inner = inner.cast(pa.list_(pa.field("item", kind, nullable=False)))

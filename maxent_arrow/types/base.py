@@ -233,7 +233,7 @@ class Layout(abc.ABC):
     """
 
     field_names: frozenset[str] = frozenset()  # set by `record`
-    columns: ClassVar[dict[str, tuple[str, ...]]] = {}
+    columns: dict[str, tuple[str, ...]] = {}  # a class default; `bind` may set its own
     # Fields that :func:`evolve` decodes (cheap nested records), so that the new object shares
     # them with the old one, as the seed's ``replace`` shares every field.
     shared_on_replace: ClassVar[frozenset[str]] = frozenset()
