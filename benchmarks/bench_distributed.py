@@ -45,7 +45,7 @@ import harness  # noqa: E402
 from harness import Figure, faster_than  # noqa: E402
 
 from maxent_arrow.arrow import schema as S  # noqa: E402
-from maxent_arrow.arrow.identity import identity_columns  # noqa: E402
+from maxent_arrow.arrow import GroupIdentity  # noqa: E402
 from maxent_arrow.rollout.batch import RolloutBatch  # noqa: E402
 from maxent_arrow.store.store import RolloutStore  # noqa: E402
 

@@ -46,7 +46,7 @@ from harness import Figure, within  # noqa: E402
 
 from maxent_arrow import RolloutBatch, RolloutStore  # noqa: E402
 from maxent_arrow.arrow import schema as S  # noqa: E402
-from maxent_arrow.arrow.identity import identity_columns  # noqa: E402
+from maxent_arrow.arrow import GroupIdentity  # noqa: E402
 
 
 def _lists(offsets: np.ndarray, values: pa.Array) -> pa.Array:
@@ -76,9 +76,9 @@ def make_step(step: int, prompts: int, k: int, max_len: int, seed: int = 0) -> R
     p_off = np.concatenate([[0], np.cumsum(prompt_len)])
     utils = rng.random(n)
     columns = {
-        "step": pa.array(np.full(prompts, step, np.int64)),
-        "rank": pa.array(np.zeros(prompts, np.int32)),
-        **identity_columns(step, 0, "train", np.full(prompts, k)),
+        **GroupIdentity.of(
+            step=step, rank=0, kind="train", group_offsets=np.arange(0, k * prompts + 1, k)
+        ).columns(),
         "prompt": pa.array([f"What is {i} + {i}?" for i in range(prompts)]),
         "answer": pa.array([str(2 * i) for i in range(prompts)]),
         "prompt_ids": _lists(
