@@ -20,7 +20,7 @@ from maxent_arrow.analytics.relations import GROUP_KEY, RunRelations
 from maxent_arrow.arrow import registry as R
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.errors import LayoutError, SchemaError
-from maxent_arrow.store.sqlplan import quote, sql_string
+from maxent_arrow.store.sqlplan import quote, reward_aliases, sql_string
 
 __all__ = ["DEFAULT_QUANTILES", "ReadyMadeQueries"]
 
@@ -69,7 +69,7 @@ class ReadyMadeQueries:
         if any(not 0.0 <= q <= 1.0 for q in qs):
             raise LayoutError(f"quantiles: expected values in [0, 1], got {qs}")
         sources = [("total_utils", "total_util")] if "total_util" in self.rel.flat_exprs else []
-        sources += [(n, f"reward_{n}") for n in self.rel.reward_names]
+        sources += list(reward_aliases(self.rel.reward_names).items())
         if not sources:
             raise SchemaError("reward_curve: the store has neither 'total_utils' nor raw rewards")
         flat = self.rel.flat([a for _, a in sources], kind=kind)

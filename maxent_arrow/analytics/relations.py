@@ -26,7 +26,7 @@ from maxent_arrow.store.sqlplan import (
     SAMPLE_ALIASES,
     UNSCORED_AS_NULL,
     quote,
-    reward_alias,
+    reward_aliases,
     scored,
     sql_string,
 )
@@ -64,11 +64,9 @@ def flat_columns(columns: set[str], reward_names: Sequence[str]) -> dict[str, st
                 else quote(column)
             )
     if "reward_values" in columns:
-        for name in reward_names:
+        for name, alias in reward_aliases(reward_names).items():
             at = f"list_position(reward_names, {sql_string(name)})"
-            out[reward_alias(name)] = (
-                f"list_transform(reward_values, lambda x: {scored(f'x[{at}]')})"
-            )
+            out[alias] = f"list_transform(reward_values, lambda x: {scored(f'x[{at}]')})"
     info = "completion_info" in columns
     if "ref_tok_counts" in columns:
         out["length"] = "ref_tok_counts"
@@ -154,8 +152,9 @@ class RunRelations:
         alias = SCORE_ALIASES.get(name, name)
         if alias in self.flat_exprs:
             return alias
-        if reward_alias(name) in self.flat_exprs:
-            return reward_alias(name)
+        reward = reward_aliases(self.reward_names).get(name)
+        if reward is not None and reward in self.flat_exprs:
+            return reward
         known = [c for c, a in SCORE_ALIASES.items() if a in self.flat_exprs] + self.reward_names
         raise LayoutError(f"{what}: unknown score {name!r}; expected one of {known}")
 

@@ -26,6 +26,8 @@ import abc
 import contextlib
 import errno
 import fcntl
+import json
+import logging
 import os
 import queue
 import re
@@ -58,6 +60,7 @@ __all__ = [
     "TEMP_MARK",
     "crash_point",
     "is_temp_name",
+    "lock_holder",
     "open_backend",
     "writer_alive",
 ]
@@ -67,12 +70,15 @@ TEMP_MARK = ".tmp-"
 _TEMP_RE = re.compile(r"^\.(?P<final>.+)\.tmp-(?P<host>[^.]+)\.(?P<pid>\d+)\.[0-9a-f]+$")
 _HOST = re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname())[:64] or "host"
 # Test-only: MAXENT_ARROW_CRASH_AT=<point> kills the process with SIGKILL at that point of a
-# write (see crash_point), so the reliability tests crash at every step of a commit.
+# write, and MAXENT_ARROW_STOP_AT=<point> stops it there (SIGSTOP, as a debugger or a paused
+# job would), so the reliability tests crash or freeze a writer at every step of a commit.
 _CRASH_ENV = "MAXENT_ARROW_CRASH_AT"
+_STOP_ENV = "MAXENT_ARROW_STOP_AT"
 
 
 def crash_point(name: str) -> None:
-    """Die right here (SIGKILL, no cleanup) if ``MAXENT_ARROW_CRASH_AT`` names this point.
+    """Die right here (SIGKILL, no cleanup) if ``MAXENT_ARROW_CRASH_AT`` names this point,
+    or stop (SIGSTOP, until a SIGCONT) if ``MAXENT_ARROW_STOP_AT`` does.
 
     Points are ``"append:<stage>"`` and ``"compact:<stage>"``; the reliability tests run a
     writer in a subprocess with each one and check that nothing committed is lost and nothing
@@ -82,6 +88,10 @@ def crash_point(name: str) -> None:
         import signal
 
         os.kill(os.getpid(), signal.SIGKILL)
+    if os.environ.get(_STOP_ENV) == name:
+        import signal
+
+        os.kill(os.getpid(), signal.SIGSTOP)
 
 
 def is_temp_name(name: str) -> bool:
@@ -372,9 +382,16 @@ class Backend(abc.ABC):
         """Create directory ``rel`` and its parents."""
 
     @contextlib.contextmanager
-    def lock(self) -> Iterator[None]:
-        """Serialise commits across processes (none on object stores: one writer per rank)."""
+    def lock(self, timeout: float | None = None) -> Iterator[None]:
+        """Serialise commits across processes (none on object stores: one writer per rank).
+        ``timeout``: seconds to wait for another holder before a :class:`StoreError`."""
         yield
+
+    def escapes(self) -> list[tuple[str, str]]:
+        """``(relative path, target)`` of each symbolic link among the store's own files
+        and directories that resolves outside the store (none on object stores): what
+        ``verify`` reports, and what every operation here refuses to follow."""
+        return []
 
     def sync(self, directory: str) -> None:
         """Make renames and removals in ``directory`` durable (object stores: each PUT or
@@ -404,6 +421,7 @@ class LocalBackend(Backend):
         self._fs: pafs.FileSystem | None = None
         self._inside: dict[str, bool] = {}  # directory -> resolves inside the store
         self._root = str(path)
+        self._real: str | None = None  # the root, symlinks resolved (on first use)
 
     def __reduce__(self):
         return (LocalBackend, (str(self.root),))
@@ -500,8 +518,30 @@ class LocalBackend(Backend):
         temp = f".{name}{TEMP_MARK}{_HOST}.{os.getpid()}.{uuid.uuid4().hex[:12]}"
         return f"{directory}/{temp}" if directory else temp
 
+    def _real_root(self) -> str:
+        if self._real is None:
+            self._real = os.path.realpath(self._root)
+        return self._real
+
+    def _within(self, path: str) -> bool:
+        real, root = os.path.realpath(path), self._real_root()
+        return real == root or real.startswith(root.rstrip(os.sep) + os.sep)
+
+    def _write_dir(self, directory: str) -> str:
+        """The absolute path of the store directory ``directory`` to create or move a file
+        in; one that resolves outside the store (a symlink out, of it or of a directory
+        above it) is refused: nothing is ever written through it."""
+        path = os.path.join(self._root, directory) if directory else self._root
+        if not self._within(path):
+            raise StoreError(
+                f"{path}: resolves to {os.path.realpath(path)}, outside the store {self.root}; "
+                "nothing is written there"
+            )
+        return path
+
     def write_temp(self, final: str, data: Any = None, *, produce=None) -> Pending:
         temp = self._temp_name(final)
+        self._write_dir(temp.rpartition("/")[0])
         path = self.root / temp
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -559,39 +599,159 @@ class LocalBackend(Backend):
             os.unlink(self.path(rel))
 
     def move(self, rel: str, dest: str) -> None:
-        target = self.root / dest
-        target.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(self.path(rel), target)
+        source = self.path(rel)
+        directory, _, name = dest.rpartition("/")
+        self.makedirs(directory)
+        target = os.path.join(self._write_dir(directory), name)
+        if os.path.islink(target):
+            raise StoreError(f"{target}: a symbolic link; nothing is moved onto it")
+        os.replace(source, target)
 
     def makedirs(self, rel: str) -> None:
-        path = self.root / rel
+        """Create the store directory ``rel`` and its parents (the store's root and the
+        directories above it included, as ``mkdir -p``), each new directory's parent
+        fsynced so that the new entry is durable. A directory of the store that resolves
+        outside it is refused."""
+        missing = []
+        above = self.root
+        while not os.path.lexists(above) and above != above.parent:
+            missing.append(above)
+            above = above.parent
+        parts = [p for p in rel.split("/") if p] if rel else []
         try:
-            path.mkdir(parents=True, exist_ok=True)
+            for directory in reversed(missing):
+                self._mkdir(str(directory))
+            for i in range(len(parts)):
+                path = os.path.join(self._root, *parts[: i + 1])
+                if os.path.lexists(path):
+                    self._write_dir("/".join(parts[: i + 1]))
+                else:
+                    self._mkdir(path)
+        except FileExistsError:  # created meanwhile by another rank
+            return self.makedirs(rel)
         except OSError as exc:
-            raise os_error("cannot create", path, exc) from exc
+            if isinstance(exc, StoreError):
+                raise
+            raise os_error("cannot create", self.root / rel, exc) from exc
+
+    @staticmethod
+    def _mkdir(path: str) -> None:
+        os.mkdir(path)
+        _fsync_dir(os.path.dirname(path) or ".")
+
+    def escapes(self) -> list[tuple[str, str]]:
+        out = []
+        for directory in ("", "groups", "steps", "cache", "retired", "quarantine"):
+            base = os.path.join(self._root, directory) if directory else self._root
+            try:
+                entries = list(os.scandir(base))
+            except OSError:
+                continue
+            for entry in entries:
+                if entry.is_symlink() and not self._within(entry.path):
+                    rel = f"{directory}/{entry.name}" if directory else entry.name
+                    out.append((rel, os.path.realpath(entry.path)))
+        return out
 
     @contextlib.contextmanager
-    def lock(self) -> Iterator[None]:
+    def lock(self, timeout: float | None = None) -> Iterator[None]:
         """An exclusive ``flock`` on ``root/.lock`` around a commit (released by the kernel
-        if the holder dies, SIGKILL included)."""
-        path = self.root / ".lock"
+        if the holder dies, SIGKILL included). The holder writes its pid, host and start
+        time into the file (and clears them when done), so that a process waiting for it
+        can say whom it waits for: after :data:`LOCK_REPORT_SECONDS` a warning names the
+        holder (a stopped process holds its lock forever); after ``timeout`` seconds
+        (``None``: no limit) the wait is a :class:`StoreError` naming it."""
+        path = os.path.join(self._write_dir(""), ".lock")
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise StoreError(f"{path}: a symbolic link; refusing it as the lock") from None
             raise os_error("cannot open the lock file", path, exc) from exc
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
+            _acquire(fd, path, timeout)
+            try:
+                holder = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, json.dumps(holder).encode(), 0)
+                yield
+            finally:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, 0)
+                fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
 
     def sync(self, directory: str) -> None:
-        fd = os.open(self.root / directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        _fsync_dir(str(self.root / directory))
+
+
+def _fsync_dir(path: str) -> None:
+    """Make the entries of directory ``path`` durable (a new file's or directory's name)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# A process waiting for the store lock says whom it waits for after this long.
+LOCK_REPORT_SECONDS = 2.0
+_log = logging.getLogger("maxent_arrow.store")
+
+
+def lock_holder(path: str) -> str:
+    """Who holds the lock at ``path``, in words, from what the holder wrote into it."""
+    try:
+        with open(path, "rb") as f:
+            record = json.loads(f.read(4096) or b"{}")
+        pid, host, since = int(record["pid"]), str(record["host"]), float(record["since"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return "a process that recorded no pid (an older writer?)"
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since))
+    text = f"pid {pid} on host {host} (holding it since {when})"
+    if host == socket.gethostname():
         try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return (
+                f"a process that inherited it from pid {pid} on this host, which is gone "
+                f"(holding it since {when})"
+            )
+        except PermissionError:
+            pass
+    return text
+
+
+def _acquire(fd: int, path: str, timeout: float | None) -> None:
+    """``flock(fd, LOCK_EX)``, saying whom it waits for after a while, and giving up after
+    ``timeout`` seconds."""
+    start = time.monotonic()
+    reported = False
+    delay = 0.005
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pass
+        waited = time.monotonic() - start
+        if timeout is not None and waited >= timeout:
+            raise StoreError(
+                errno.ETIMEDOUT,
+                f"{path}: gave up after {timeout:g} s waiting for the store lock, held by "
+                f"{lock_holder(path)}",
+            )
+        if not reported and waited >= LOCK_REPORT_SECONDS:
+            reported = True
+            _log.warning(
+                "%s: waiting for the store lock, held by %s; a stopped process holds it until "
+                "it is continued or killed (lock_timeout= / --lock-timeout bound the wait)",
+                path,
+                lock_holder(path),
+            )
+        time.sleep(delay)
+        delay = min(delay * 2, 0.1)
 
 
 class ArrowFsBackend(Backend):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import numbers
 import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ import pyarrow.parquet as pq
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.arrow.registry import UNIT_KEY
 from maxent_arrow.arrow.upgrade import needs_upgrade, upgrade_steps
-from maxent_arrow.errors import StoreError
+from maxent_arrow.errors import ArgumentError, StoreError
 from maxent_arrow.store.backend import Backend, FileInfo
 from maxent_arrow.store.checksums import check_seal
 from maxent_arrow.store.names import GROUPS, STEPS, STORE_META_KEY, UnitName, parse_name
@@ -36,6 +37,7 @@ __all__ = [
     "Unit",
     "check_on_error",
     "fail",
+    "int_set",
     "rows_table",
     "step_rows_json",
 ]
@@ -44,8 +46,8 @@ OnError = Literal["raise", "skip"]
 
 
 def check_on_error(value: str) -> OnError:
-    if value not in ("raise", "skip"):
-        raise StoreError(f"on_error must be 'raise' or 'skip', got {value!r}")
+    if not isinstance(value, str) or value not in ("raise", "skip"):
+        raise ArgumentError(f"on_error must be 'raise' or 'skip', got {value!r}")
     return value  # type: ignore[return-value]
 
 
@@ -161,10 +163,16 @@ def _sort_key(name: str, parsed: UnitName) -> tuple:
 
 
 class Catalog:
-    """The step files of one store and what they commit."""
+    """The step files of one store and what they commit.
 
-    def __init__(self, backend: Backend):
+    ``run_id`` is the store's run identity (its manifest's; ``None`` for stores created
+    before it): a step file recording another run is refused, as is one whose record is of
+    another unit than its file name says (a copy, a rename, a sync mistake).
+    """
+
+    def __init__(self, backend: Backend, run_id: str | None = None):
         self.backend = backend
+        self.run_id = run_id
         self._steps: dict[str, tuple[tuple[int, int], StepFile]] = {}
         self._listing: dict[str, dict[str, FileInfo]] = {}
         self._frozen = False
@@ -206,8 +214,25 @@ class Catalog:
         if hit is not None and hit[0] == key:
             return hit[1]
         step = self._read_step_file(rel, name)
+        self._check_identity(step, self.backend.path(rel))
         self._steps[name] = (key, step)
         return step
+
+    def _check_identity(self, step: StepFile, path: Any) -> None:
+        """Refuse a step file that is not this store's commit of its own name."""
+        recorded = step.meta.get("unit", step.group_file)
+        if step.group_file != step.name or recorded != step.name:
+            raise StoreError(
+                f"{path}: the commit record inside is of {recorded}, not of this file's name "
+                "(a copied or renamed step file); not read"
+            )
+        run = step.meta.get("run")
+        if run is not None and run != self.run_id:
+            ours = f"run {self.run_id}" if self.run_id else "a store without a run id"
+            raise StoreError(
+                f"{path}: a step file of another run ({run}; this store is {ours}), copied "
+                "or synced in by mistake; not read"
+            )
 
     def _read_step_file(self, rel: str, name: str) -> StepFile:
         path = self.backend.path(rel)
@@ -305,7 +330,7 @@ class Catalog:
     ) -> list[Unit]:
         """The committed units, in (step, kind, rank) order, planned from step files alone."""
         wanted = None if steps is None else step_set(steps)
-        wanted_ranks = None if ranks is None else {int(r) for r in ranks}
+        wanted_ranks = None if ranks is None else int_set(ranks, what="ranks")
         units = []
         for name in self.committed(on_error):
             parsed = cast(UnitName, parse_name(name))  # committed names are store file names
@@ -350,7 +375,26 @@ class Catalog:
         return out
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def int_set(values: Iterable[int] | int, *, what: str) -> set[int]:
+    """``values`` (an int, or an iterable of ints) as a set; anything else (a string, whose
+    characters would read as digits, a float, a bool) is an :class:`ArgumentError` naming
+    ``what``."""
+    if _is_int(values):
+        return {int(values)}
+    if isinstance(values, str | bytes) or not isinstance(values, Iterable):
+        raise ArgumentError(f"{what}: expected an int or a list of ints, got {values!r}")
+    out = set()
+    for value in values:
+        if not _is_int(value):
+            raise ArgumentError(f"{what}: expected ints, got {value!r} in {values!r}")
+        out.add(int(value))
+    return out
+
+
 def step_set(steps: Iterable[int] | int) -> set[int]:
-    if isinstance(steps, int):
-        return {steps}
-    return {int(s) for s in steps}
+    """The steps asked for (:func:`int_set`)."""
+    return int_set(steps, what="steps")

@@ -19,7 +19,6 @@ the CRC of the bytes between two boundaries follows from the two running CRCs
 
 from __future__ import annotations
 
-import os
 import threading
 import zlib
 from collections.abc import Callable, Iterable, Mapping
@@ -34,8 +33,9 @@ __all__ = [
     "SEAL_PLACEHOLDER",
     "check_chunks",
     "check_seal",
-    "check_seal_file",
     "chunk_crcs",
+    "chunk_of",
+    "covered",
     "chunk_ranges",
     "in_background",
     "crc32_of",
@@ -155,7 +155,8 @@ def check_seal(data: Any, *, tail: int | None = None) -> bool | None:
     if at < 0 and base > 0:  # a footer larger than ``tail``: search everything
         base, at = 0, bytes(view).rfind(_SEAL_MARK)
     if at < 0:
-        return None
+        # No marker. A file that still carries the seal's key had one: its marker is damaged.
+        return False if bytes(view).rfind(SEAL_KEY) >= 0 else None
     start = base + at + len(_SEAL_MARK)
     stored = bytes(view[start : start + 8])
     try:
@@ -166,40 +167,6 @@ def check_seal(data: Any, *, tail: int | None = None) -> bool | None:
     crc = zlib.crc32(b"00000000", crc)
     crc = zlib.crc32(view[start + 8 :], crc)
     return crc & 0xFFFFFFFF == expected
-
-
-def check_seal_file(path: str, *, tail: int = 1 << 16, block: int = 1 << 22) -> bool | None:
-    """:func:`check_seal` of the file at ``path``, read in ``block``-sized pieces into one
-    reused buffer: the pass adds no more than a block to the process's memory (a memory map
-    read through would keep every page of the file resident)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        size = os.fstat(fd).st_size
-        base = max(0, size - tail)
-        at = os.pread(fd, size - base, base).rfind(_SEAL_MARK)
-        if at < 0:  # a footer larger than ``tail``, or no seal: the plain check decides
-            with open(path, "rb") as f:
-                return check_seal(f.read())
-        start = base + at + len(_SEAL_MARK)
-        try:
-            expected = int(os.pread(fd, 8, start), 16)
-        except ValueError:
-            return False
-        buffer = bytearray(block)
-        view = memoryview(buffer)
-        crc = 0
-        for lo, hi in ((0, start), (start + 8, size)):
-            if lo == start + 8:
-                crc = zlib.crc32(b"00000000", crc)
-            while lo < hi:
-                got = os.preadv(fd, [view[: min(block, hi - lo)]], lo)
-                if got <= 0:
-                    return False
-                crc = zlib.crc32(view[:got], crc)
-                lo += got
-        return crc & 0xFFFFFFFF == expected
-    finally:
-        os.close(fd)
 
 
 # ---------------------------------------------------------------------------- group files
@@ -254,11 +221,25 @@ def chunk_crcs(
     return {"footer": [f_offset, f_length, crc(f_offset, f_length)], "row_groups": groups}
 
 
-def _wanted(path: str, columns: Iterable[str] | None) -> bool:
-    if columns is None:
+def chunk_of(path: str, columns: Iterable[str]) -> bool:
+    """Whether the column chunk at Parquet ``path`` may belong to one of ``columns``
+    (top-level names).
+
+    A Parquet path joins the names of its schema nodes with ``.``, and a column's own name
+    may hold dots (``my.score``), so the path is not split: a chunk belongs to ``c`` when its
+    path is ``c`` or starts with ``c.``. With columns ``my`` and ``my.score`` both present a
+    chunk of the second also counts for the first: a check keyed on this reads more chunks,
+    never fewer.
+    """
+    return any(path == c or path.startswith(c + ".") for c in columns)
+
+
+def covered(path: str, columns: set[str] | None) -> bool:
+    """:func:`chunk_of` with a fast path: the path's first part a wanted name (``None``: every
+    chunk is wanted)."""
+    if columns is None or path.split(".", 1)[0] in columns:
         return True
-    top = path.split(".", 1)[0]
-    return top in columns
+    return "." in path and chunk_of(path, columns)
 
 
 def check_chunks(
@@ -276,7 +257,7 @@ def check_chunks(
     wanted.append(("(footer)", f_offset, f_length, f_crc))
     for group in recorded["row_groups"]:
         for path, (offset, length, crc) in group.items():
-            if _wanted(path, columns):
+            if covered(path, columns):
                 wanted.append((path, offset, length, crc))
     chunks = read_ranges([(offset, length) for _, offset, length, _ in wanted])
     for (path, offset, length, crc), data in zip(wanted, chunks):

@@ -36,7 +36,7 @@ from maxent_arrow.errors import StoreError
 from maxent_arrow.store.backend import Backend, Pending, crash_point
 from maxent_arrow.store.catalog import step_rows_json
 from maxent_arrow.store.checksums import chunk_crcs
-from maxent_arrow.store.names import GROUPS, STEPS, STORE_META_KEY
+from maxent_arrow.store.names import GROUPS, STEPS, STORE_META_KEY, UNIT_META_KEY
 from maxent_arrow.store.parquet import group_file_settings, parquet_bytes, write_parquet
 from maxent_arrow.store.schemas import schema_key
 
@@ -112,14 +112,22 @@ def commit_unit(
     operation: str,
     compression: str,
     compression_level: int | None,
+    run: str | None = None,
 ) -> Pending:
     """Write and commit the unit ``name``: its group file (``groups``, with
     ``group_metadata`` in the Parquet footer) and its step file (``step_rows``, with
-    ``record`` beside what :func:`group_file_meta` records). ``check`` raises when the commit
+    ``record`` beside what :func:`group_file_meta` records, and the unit's own name and
+    ``run``, the store's run identity, in both files). ``check`` raises when the commit
     must not happen; it runs once before anything is written and again under the lock.
     Returns the committed group file's pending record (its size and CRC-32). Raises
     (:class:`StoreError`, ``OSError`` as ``StoreError``) with the store as it was."""
     check()  # early and cheap: refuse before encoding anything
+    # Who this unit is, in both files: a step file names its unit and run (readers refuse a
+    # copy under another name or from another run), and a group file whose step file is
+    # lost still says what it is (verify: a suspected lost commit).
+    identity = {"unit": name, **({} if run is None else {"run": run})}
+    record = {**record, **identity}
+    group_metadata = {**group_metadata, UNIT_META_KEY: json.dumps(identity).encode()}
     group = write_group_file(
         backend,
         f"{GROUPS}/{name}",

@@ -159,6 +159,7 @@ def _compact_files(
         operation="compact",
         compression=compression,
         compression_level=compression_level,
+        run=catalog.run_id,
     )
     # Committed: the inputs are hidden by `replaces`; removing them is only tidying.
     for replaced in inputs:

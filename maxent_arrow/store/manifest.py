@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import uuid
 from collections.abc import Mapping
 from typing import Any, cast
 
@@ -19,7 +20,7 @@ from maxent_arrow.errors import SchemaError, StoreError
 from maxent_arrow.store.backend import Backend, is_temp_name
 from maxent_arrow.store.names import CACHE, FORMAT_NAME, GROUPS, MANIFEST, STEPS
 
-__all__ = ["create", "jsonable_config", "read"]
+__all__ = ["create", "jsonable_config", "read", "run_id"]
 
 
 def jsonable_config(config: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -44,6 +45,12 @@ def _not_a_store(backend: Backend) -> StoreError:
     elif not backend.is_dir(""):
         return StoreError(f"{backend.uri}: no such store (the directory does not exist)")
     return StoreError(f"{backend.uri}: not a rollout store (no {MANIFEST}){hint}")
+
+
+def run_id(manifest: dict[str, Any]) -> str | None:
+    """The run identity recorded in ``manifest`` (``None`` for stores created before it)."""
+    value = manifest.get("run_id")
+    return value if isinstance(value, str) and value else None
 
 
 def read(backend: Backend) -> dict[str, Any]:
@@ -83,6 +90,9 @@ def create(backend: Backend, config: Mapping[str, Any] | None) -> dict[str, Any]
         "format": FORMAT_NAME,
         "schema_version": S.SCHEMA_VERSION,
         "created_at": dt.datetime.now(dt.UTC).isoformat(),
+        # The run's identity: every commit records it, so a step file of another run (a copy
+        # or sync mistake) is refused by name (stores created before it have none).
+        "run_id": uuid.uuid4().hex,
         "config": jsonable_config(config),
     }
     for directory in ("", GROUPS, STEPS):

@@ -40,6 +40,7 @@ __all__ = [
     "QUARANTINE",
     "STEPS",
     "STORE_META_KEY",
+    "UNIT_META_KEY",
     "UnitName",
     "cache_name",
     "compact_name",
@@ -55,6 +56,9 @@ GROUPS, STEPS, CACHE, QUARANTINE = "groups", "steps", "cache", "quarantine"
 STORE_META_KEY = b"maxent_arrow.store"
 # The run config (JSON) in a group file's metadata, so a lone group file is self-describing.
 CONFIG_META_KEY = b"maxent_arrow.config"
+# JSON in a group file's metadata: the unit it was written as and the run it belongs to, so a
+# group file whose step file is gone still says what it is (``verify``: a lost commit).
+UNIT_META_KEY = b"maxent_arrow.unit"
 
 MAX_STEP = 10**10 - 1
 MAX_RANK = 10**5 - 1

@@ -23,13 +23,19 @@ from maxent_arrow.arrow.upgrade import (
     needs_upgrade,
     upgrade_groups,
 )
-from maxent_arrow.errors import SchemaError, StoreError
+from maxent_arrow.errors import ArgumentError, SchemaError, StoreError
 from maxent_arrow.store.backend import Backend, FileInfo
 from maxent_arrow.store.catalog import Catalog, OnError, StepFile, fail
-from maxent_arrow.store.checksums import check_chunks, crc32_of, in_background
+from maxent_arrow.store.checksums import check_chunks, covered, crc32_of, in_background
 from maxent_arrow.store.names import GROUPS, parse_name
 
-__all__ = ["GroupFileRead", "check_group_size", "read_group_file", "read_table"]
+__all__ = [
+    "GroupFileRead",
+    "check_group_size",
+    "check_known_columns",
+    "read_group_file",
+    "read_table",
+]
 
 
 def _kind_of(step: StepFile) -> str:
@@ -70,8 +76,10 @@ def read_group_file(
     try:
         source: Any
         chunks = step.meta.get("chunks")
-        stored = {path.split(".")[0] for rg in (chunks or {}).get("row_groups", []) for path in rg}
-        partial = wanted is not None and not stored <= set(wanted)
+        paths = {path for rg in (chunks or {}).get("row_groups", []) for path in rg}
+        # Partial: some chunk belongs to no wanted column (names may hold dots: chunk_of).
+        want = None if wanted is None else set(wanted)
+        partial = want is not None and not all(covered(p, want) for p in paths)
         if crc and partial and chunks is not None and not upgrade:
             # Only the columns read, and the footer: no pass over the rest of the file; the
             # pass runs beside the decode, and nothing is returned before it has matched.
@@ -153,6 +161,22 @@ def flat_columns(schema: pa.Schema) -> list[str]:
     return [f.name for f in schema if not (pa.types.is_list(f.type) or pa.types.is_struct(f.type))]
 
 
+def check_known_columns(columns: Any, unified: pa.Schema, *, where: str) -> None:
+    """``columns`` is ``None`` or a list of column names of ``unified``: a string, a
+    non-string name or an unknown column is refused by name."""
+    if columns is None:
+        return
+    if (
+        isinstance(columns, str | bytes)
+        or not isinstance(columns, list | tuple)
+        or not all(isinstance(c, str) for c in columns)
+    ):
+        raise ArgumentError(f"{where}: columns must be a list of column names, got {columns!r}")
+    unknown = [c for c in columns if c not in unified.names]
+    if unknown:
+        raise SchemaError(f"{where}: unknown column(s) {unknown}; the store has {unified.names}")
+
+
 def read_table(
     catalog: Catalog,
     unified: pa.Schema,
@@ -168,13 +192,7 @@ def read_table(
 ) -> pa.Table:
     """Rows of ``table`` (``"groups"`` or ``"steps"``) of the committed units, as one table
     over ``unified``, the store's unified schema of that table."""
-    if columns is not None:
-        unknown = [c for c in columns if c not in unified.names]
-        if unknown:
-            raise SchemaError(
-                f"RolloutStore.read: unknown column(s) {unknown} in {table}; the store has "
-                f"{unified.names}"
-            )
+    check_known_columns(columns, unified, where=f"RolloutStore.read ({table})")
     wanted = unified.names if columns is None else list(columns)
     # A filter may use the flat columns, so read them too (token columns only when asked).
     needed = wanted if filter is None else list(dict.fromkeys(wanted + flat_columns(unified)))
@@ -200,5 +218,8 @@ def read_table(
         parts.append(S.conform(data, target))
     result = pa.concat_tables(parts) if parts else target.empty_table()
     if filter is not None:
-        result = result.filter(filter).select(wanted)
+        try:
+            result = result.filter(filter).select(wanted)
+        except (pa.ArrowException, TypeError, ValueError) as exc:
+            raise ArgumentError(f"RolloutStore.read: filter {filter}: {exc}") from None
     return result.replace_schema_metadata(unified.metadata)

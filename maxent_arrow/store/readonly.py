@@ -26,6 +26,7 @@ from maxent_arrow.store.catalog import Catalog, OnError, Unit, check_on_error
 from maxent_arrow.store.names import GROUPS, STEPS
 from maxent_arrow.store.reader import GroupFileRead, read_table
 from maxent_arrow.store.schemas import UnifiedSchemas
+from maxent_arrow.store.session import QueryLimits, check_timeout
 from maxent_arrow.store.sql import SqlViews
 from maxent_arrow.store.verify import VerifyReport, verify
 
@@ -53,6 +54,10 @@ class ReadOnlyStore:
     check_crc:
         Check what is read against the CRC-32s recorded at commit (whole files for
         ``read``/``replay``, the footer and the column chunks a query reads for SQL).
+    query_timeout:
+        Seconds any one SQL query may run (``sql``, ``sql_views``, the analytics and the
+        report over this store); ``None``: no limit. Memory and threads of a query are
+        bounded by :class:`~maxent_arrow.store.session.QueryLimits` (sized from the machine).
     """
 
     def __init__(
@@ -62,12 +67,14 @@ class ReadOnlyStore:
         filesystem: pafs.FileSystem | None = None,
         on_error: OnError = "raise",
         check_crc: bool = True,
+        query_timeout: float | None = None,
     ):
+        self.query_timeout = check_timeout(query_timeout)
         self.backend = open_backend(root, filesystem)
         self.manifest = manifest.read(self.backend)
         self.on_error: OnError = check_on_error(on_error)
         self.check_crc = bool(check_crc)
-        self.catalog = Catalog(self.backend)
+        self.catalog = Catalog(self.backend, manifest.run_id(self.manifest))
         self.schemas = UnifiedSchemas(self.catalog)
 
     # ------------------------------------------------------------------ identity
@@ -212,22 +219,37 @@ class ReadOnlyStore:
             crc=self.check_crc,
         )
 
-    def sql_views(self, *, on_error: OnError | None = None, threads: int | None = None) -> SqlViews:
+    def sql_views(
+        self,
+        *,
+        on_error: OnError | None = None,
+        threads: int | None = None,
+        timeout: float | None = None,
+        limits: QueryLimits | None = None,
+    ) -> SqlViews:
         """A DuckDB connection with the views ``groups``, ``samples`` and ``steps`` over the
         committed files, checked and sandboxed (:class:`~maxent_arrow.store.sql.SqlViews`);
-        close it when done."""
+        close it when done. Each query may run ``timeout`` seconds (default the store's
+        ``query_timeout``) within ``limits`` (default sized from the machine)."""
+        limits = limits or QueryLimits()
+        timeout = check_timeout(timeout) or limits.timeout or self.query_timeout
         return SqlViews(
             self.catalog,
             self.schemas,
             on_error=self._on_error(on_error),
             threads=threads,
             crc=self.check_crc,
+            limits=QueryLimits(memory=limits.memory, threads=limits.threads, timeout=timeout),
         )
 
-    def sql(self, query: str, *, on_error: OnError | None = None) -> pa.Table:
+    def sql(
+        self, query: str, *, on_error: OnError | None = None, timeout: float | None = None
+    ) -> pa.Table:
         """Run one read-only DuckDB query over the views ``groups`` (one row per group),
-        ``samples`` (one row per completion) and ``steps``; the result as Arrow."""
-        with self.sql_views(on_error=on_error) as views:
+        ``samples`` (one row per completion) and ``steps``; the result as Arrow. It may run
+        ``timeout`` seconds (default the store's ``query_timeout``; a :class:`StoreError`
+        after it)."""
+        with self.sql_views(on_error=on_error, timeout=timeout) as views:
             return views.query(query)
 
     # ------------------------------------------------------------------ checking

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import numbers
 import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from maxent_arrow.arrow import schema as S
 from maxent_arrow.errors import ArgumentError, StoreError
 from maxent_arrow.rollout import RolloutBatch, reassemble
 from maxent_arrow.store.cache import read_cache
-from maxent_arrow.store.catalog import Catalog, OnError, Unit, check_on_error, fail
+from maxent_arrow.store.catalog import Catalog, OnError, Unit, check_on_error, fail, int_set
 from maxent_arrow.store.padding import strip_padding
 from maxent_arrow.store.reader import read_group_file
 
@@ -83,13 +84,24 @@ class ReplayOptions:
 
     def __post_init__(self) -> None:
         if self.whole_groups and self.batch_groups is not None:
-            raise StoreError(
+            raise ArgumentError(
                 "replay: whole_groups gives one batch per step; batch_groups cannot split it "
                 "(its group count is known once the ranks' parts are merged)"
             )
         b = self.batch_groups
         if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < 1):
-            raise StoreError(f"replay: batch_groups must be a positive int, got {b!r}")
+            raise ArgumentError(f"replay: batch_groups must be a positive int, got {b!r}")
+        if self.steps is not None:
+            int_set(self.steps, what="replay: steps")
+        columns = self.columns
+        if columns is not None and (
+            isinstance(columns, str | bytes)
+            or not isinstance(columns, list | tuple)
+            or not all(isinstance(c, str) for c in columns)
+        ):
+            raise ArgumentError(f"replay: columns must be a list of column names, got {columns!r}")
+        if not isinstance(self.seed, numbers.Integral) or isinstance(self.seed, bool):
+            raise ArgumentError(f"replay: seed must be an int, got {self.seed!r}")
         if self.rank is not None or self.world_size is not None:
             if self.shard is not None:
                 raise ArgumentError("replay: give shard=(index, count), not also rank/world_size")
@@ -104,8 +116,8 @@ class ReplayOptions:
             object.__setattr__(self, "shard", (self.rank, self.world_size))
         if self.shard is not None:
             object.__setattr__(self, "shard", check_shard(self.shard, where="replay"))
-        if self.source not in ("auto", "cache", "parquet"):
-            raise StoreError(
+        if not isinstance(self.source, str) or self.source not in ("auto", "cache", "parquet"):
+            raise ArgumentError(
                 f"replay: source must be 'auto', 'cache' or 'parquet', got {self.source!r}"
             )
         if self.on_error is not None:
@@ -154,22 +166,37 @@ def _fingerprint(units: list[Unit], **params: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _position(start: Any, fingerprint: str) -> int:
+def _position(start: Any, fingerprint: str, count: int) -> int:
+    """Where a replay of ``count`` batches starts: after the batch ``start`` (a cursor, its
+    JSON text, or a position) was yielded."""
     if start is None:
         return 0
+    given = start
     if isinstance(start, str):
-        start = json.loads(start)
-    if isinstance(start, int) and not isinstance(start, bool):
-        return start
-    if not isinstance(start, dict) or "position" not in start:
-        raise StoreError(f"replay: start must be a cursor from batch.cursor, got {start!r}")
-    if start.get("fingerprint") not in (None, fingerprint):
-        raise StoreError(
-            "replay: the cursor was made by a different replay (other steps, arguments or store "
-            "contents); pass the same steps=, batch_groups=, shuffle=, seed= and shard= to "
-            "resume"
+        try:
+            start = json.loads(start)
+        except ValueError:
+            raise ArgumentError(
+                f"replay: start must be a cursor from batch.cursor, got {given!r}"
+            ) from None
+    if isinstance(start, dict) and "position" in start:
+        if start.get("fingerprint") not in (None, fingerprint):
+            raise StoreError(
+                "replay: the cursor was made by a different replay (other steps, arguments or "
+                "store contents); pass the same steps=, batch_groups=, shuffle=, seed= and "
+                "shard= to resume"
+            )
+        position = start["position"]
+    else:
+        position = start
+    # A position counts batches already yielded: never negative (a Python index from the end
+    # would replay the last batches again) and never past the plan.
+    if isinstance(position, bool) or not isinstance(position, int) or not 0 <= position <= count:
+        raise ArgumentError(
+            f"replay: start must be a cursor from batch.cursor (a position in [0, {count}] of "
+            f"this replay), got {given!r}"
         )
-    return int(start["position"])
+    return position
 
 
 def replay(
@@ -191,11 +218,11 @@ def replay(
         merged = _by_step(units, o.shuffle, o.seed)
         if o.shard is not None:
             merged = merged[o.shard[0] :: o.shard[1]]
-        position = _position(o.start, fingerprint)
+        position = _position(o.start, fingerprint, len(merged))
         return _iterate_whole(catalog, merged, position, fingerprint, o, on_error, crc)
     if o.shard is not None:
         items = items[o.shard[0] :: o.shard[1]]
-    position = _position(o.start, fingerprint)
+    position = _position(o.start, fingerprint, len(items))
     return _iterate(catalog, units, items, position, fingerprint, o, on_error, crc)
 
 

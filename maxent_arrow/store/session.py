@@ -14,18 +14,28 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import re
 import threading
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 
-from maxent_arrow.errors import MissingExtraError, QueryError, StoreError
+from maxent_arrow.errors import ArgumentError, MissingExtraError, QueryError, StoreError
 from maxent_arrow.store.sqlplan import ViewPlan, sql_string
 
-__all__ = ["SqlSession", "check_query", "duckdb_module"]
+__all__ = [
+    "QueryLimits",
+    "SqlSession",
+    "check_query",
+    "check_timeout",
+    "duckdb_module",
+    "machine_memory",
+    "machine_threads",
+]
 
 
 def duckdb_module() -> Any:
@@ -37,7 +47,11 @@ def duckdb_module() -> Any:
     return duckdb
 
 
-_EXPLAIN = re.compile(r"^\s*explain\s+(analyze\s+)?(\([^)]*\)\s*)?", re.IGNORECASE)
+# Whitespace or a comment between the words of ``EXPLAIN [ANALYZE] [(options)]``.
+_GAP = r"(?:\s|--[^\n]*(?:\n|$)|/\*.*?\*/)"
+_EXPLAIN = re.compile(
+    rf"^{_GAP}*explain{_GAP}*(?:analyze{_GAP}*)?(?:\([^)]*\){_GAP}*)?", re.IGNORECASE | re.DOTALL
+)
 
 
 def check_query(query: str) -> str:
@@ -55,7 +69,10 @@ def check_query(query: str) -> str:
     kind = statement.type
     if kind == duckdb.StatementType.EXPLAIN:
         inner = _EXPLAIN.sub("", statement.query, count=1)
-        inner_statements = duckdb.extract_statements(inner) if inner.strip() else []
+        try:
+            inner_statements = duckdb.extract_statements(inner) if inner.strip() else []
+        except duckdb.Error:
+            inner_statements = []
         if len(inner_statements) != 1 or inner_statements[0].type != duckdb.StatementType.SELECT:
             raise QueryError("query: EXPLAIN is allowed of a SELECT only")
     elif kind != duckdb.StatementType.SELECT:
@@ -66,24 +83,114 @@ def check_query(query: str) -> str:
     return query
 
 
+def machine_memory() -> int:
+    """Bytes of memory this process may use: the machine's, or its cgroup's limit when
+    lower (a container's; DuckDB's own default looks at the machine only, and a query
+    sized to the host's memory is killed by the container's OOM killer)."""
+    total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        with contextlib.suppress(OSError, ValueError):
+            with open(path) as f:
+                text = f.read().strip()
+            if text.isdigit():
+                total = min(total, int(text))
+    return total
+
+
+def machine_threads() -> int:
+    """CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+# The share of the machine's memory a query may use, and again its result: DuckDB's own
+# memory limit does not cover the Arrow result handed back to Python.
+MEMORY_SHARE = 0.4
+
+
+def check_timeout(timeout: Any) -> float | None:
+    """``timeout`` if it is ``None`` or a positive, finite number of seconds, else an
+    :class:`ArgumentError`."""
+    if timeout is None:
+        return None
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float)
+        or not 0 < timeout < float("inf")
+    ):
+        raise ArgumentError(f"timeout: expected a positive number of seconds, got {timeout!r}")
+    return float(timeout)
+
+
+# Rows per Arrow batch of a result (the result's size is checked batch by batch).
+_RESULT_BATCH_ROWS = 1 << 17
+
+
+class _ResultTooLarge(Exception):
+    """A result over the memory limit (raised in the query's worker thread)."""
+
+
+@dataclass(frozen=True)
+class QueryLimits:
+    """What one query may take: ``memory`` bytes inside DuckDB and again for its result,
+    ``threads`` DuckDB worker threads, and ``timeout`` seconds (``None``: no limit).
+
+    Defaults are sized from the machine (:func:`machine_memory`, :func:`machine_threads`).
+    DuckDB does not spill to disk here (a reader writes nothing, and DuckDB's default spill
+    directory is ``.tmp`` in the working directory): a query that needs more memory fails
+    with DuckDB's out-of-memory error.
+    """
+
+    memory: int | None = None
+    threads: int | None = None
+    timeout: float | None = None
+
+    def __post_init__(self) -> None:
+        for name, low in (("memory", 1 << 20), ("threads", 1)):
+            value = getattr(self, name)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < low
+            ):
+                raise ArgumentError(f"query limits: {name} must be an int >= {low}, got {value!r}")
+        check_timeout(self.timeout)
+        if self.memory is None:
+            object.__setattr__(self, "memory", max(int(machine_memory() * MEMORY_SHARE), 1 << 26))
+        if self.threads is None:
+            object.__setattr__(self, "threads", machine_threads())
+
+
 class SqlSession:
     """One in-memory DuckDB connection holding the store's views.
 
     Parameters
     ----------
     threads:
-        DuckDB worker threads (default: DuckDB's, all cores).
+        DuckDB worker threads (default: :attr:`QueryLimits.threads`, the cores this process
+        may use).
+    limits:
+        Memory, threads and timeout of every query (:class:`QueryLimits`; ``threads`` above
+        overrides its threads).
 
     :meth:`install` creates a :class:`~.sqlplan.ViewPlan`'s views and then sets the
     sandbox, which cannot be changed afterwards; :meth:`register` adds a table for this
     library's own (trusted) queries.
     """
 
-    def __init__(self, *, threads: int | None = None):
+    def __init__(self, *, threads: int | None = None, limits: QueryLimits | None = None):
+        limits = limits or QueryLimits()
+        if threads is not None:
+            limits = QueryLimits(memory=limits.memory, threads=threads, timeout=limits.timeout)
+        self.limits = limits
         self.con: Any = duckdb_module().connect(database=":memory:")
         self.sandboxed = False
-        if threads is not None:
-            self.con.execute(f"SET threads = {int(threads)}")
+        self.con.execute(f"SET threads = {int(limits.threads)}")
+        self.con.execute(f"SET memory_limit = '{int(limits.memory)}B'")
+        # No spill files (DuckDB's default for an in-memory database is ./.tmp), and no
+        # progress bar drawn on stdout between the rows a command prints.
+        self.con.execute("SET temp_directory = ''")
+        self.con.execute("SET enable_progress_bar = false")
 
     def install(self, plan: ViewPlan) -> None:
         """Register the plan's tables, create its views, then lock the connection down:
@@ -120,42 +227,75 @@ class SqlSession:
         ~0.7 s: asked only when a file lacks a column or stores another type)."""
         return spell_types(self.con, types)
 
-    def run(self, query: str, params: Any = None) -> pa.Table:
-        """Run ``query`` (already checked, or trusted) and return its result as Arrow; Ctrl-C
-        interrupts it (``KeyboardInterrupt``); a DuckDB error is a :class:`StoreError`."""
+    def run(self, query: str, params: Any = None, *, timeout: float | None = None) -> pa.Table:
+        """Run ``query`` (already checked, or trusted) and return its result as Arrow.
+
+        Ctrl-C interrupts it (``KeyboardInterrupt``); so does ``timeout`` (seconds; default
+        the session's :attr:`QueryLimits.timeout`), raising a :class:`StoreError`. A DuckDB
+        error (out of memory included) and a result larger than the memory limit are a
+        :class:`StoreError` too.
+        """
         duckdb = duckdb_module()
         result: dict[str, Any] = {}
+        budget = int(self.limits.memory)
+        timeout = self.limits.timeout if timeout is None else timeout
 
         def work() -> None:
-            relation = None
+            relation = reader = None
             try:
                 relation = self.con.sql(query, params=params)
-                result["table"] = pa.table({}) if relation is None else relation.to_arrow_table()
+                if relation is None:
+                    result["table"] = pa.table({})
+                    return
+                # In batches, so that a result larger than the memory limit stops the query
+                # instead of the machine (DuckDB's limit does not cover the Arrow result).
+                reader = relation.to_arrow_reader(_RESULT_BATCH_ROWS)
+                batches, size = [], 0
+                for batch in reader:
+                    size += batch.nbytes
+                    if size > budget:
+                        raise _ResultTooLarge(
+                            f"query failed: its result exceeds the memory limit of "
+                            f"{budget / 2**20:,.0f} MiB; aggregate, or add a LIMIT"
+                        )
+                    batches.append(batch)
+                result["table"] = pa.Table.from_batches(batches, schema=reader.schema)
             except BaseException as exc:  # re-raised in the caller's thread
                 # Without its traceback: the frames would keep the relation, and with it the
                 # connection, busy after an interrupt.
                 result["error"] = exc.with_traceback(None)
             finally:
-                del relation
+                del relation, reader
 
         thread = threading.Thread(target=work, name="maxent-arrow-query", daemon=True)
         thread.start()
+        deadline = None if timeout is None else time.monotonic() + timeout
         try:
             while thread.is_alive():
                 thread.join(0.1)
+                if deadline is not None and time.monotonic() > deadline and thread.is_alive():
+                    self._stop(thread)
+                    raise StoreError(
+                        f"query stopped after its timeout of {timeout:g} s (timeout=, --timeout)"
+                    )
         except KeyboardInterrupt:
-            # Interrupt until the worker is done: an interrupt that lands between DuckDB
-            # planning the statement and starting to execute it is cleared by the start.
-            while thread.is_alive():
-                self.con.interrupt()
-                thread.join(0.1)
+            self._stop(thread)
             raise
         error = result.get("error")
         if error is not None:
             if isinstance(error, duckdb.Error):
                 raise StoreError(f"query failed: {str(error).splitlines()[0]}") from None
+            if isinstance(error, _ResultTooLarge):
+                raise StoreError(str(error)) from None
             raise error
         return result["table"]
+
+    def _stop(self, thread: threading.Thread) -> None:
+        """Interrupt until the worker is done: an interrupt that lands between DuckDB
+        planning the statement and starting to execute it is cleared by the start."""
+        while thread.is_alive():
+            self.con.interrupt()
+            thread.join(0.1)
 
     def plan_json(self, query: str) -> str | None:
         """DuckDB's plan of ``query`` as JSON text, or ``None`` if it cannot be planned."""

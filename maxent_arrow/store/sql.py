@@ -35,7 +35,7 @@ query stops on Ctrl-C.
 from __future__ import annotations
 
 import json
-import re
+from collections.abc import Iterable
 from typing import Any
 
 import pyarrow as pa
@@ -49,42 +49,80 @@ from maxent_arrow.store.ledger import ChecksumLedger
 from maxent_arrow.store.names import GROUPS, STEPS
 from maxent_arrow.store.reader import read_group_file
 from maxent_arrow.store.schemas import UnifiedSchemas
-from maxent_arrow.store.session import SqlSession, check_query
+from maxent_arrow.store.session import QueryLimits, SqlSession, check_query, check_timeout
 from maxent_arrow.store.sqlplan import FileSet, ViewPlan, plan_views
 
-__all__ = ["SqlViews", "scanned_columns"]
-
-_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+__all__ = ["SqlViews", "plan_scans", "scanned_columns"]
 
 
-def scanned_columns(plan_json: str | None, known: set[str]) -> set[str] | None:
-    """Top-level columns (of ``known``) that the Parquet scans of a DuckDB plan (``EXPLAIN
-    (FORMAT JSON)`` text) read, or ``None`` when the plan does not say (then every column
-    must be checked)."""
+def _scan(node: dict) -> bool:
+    """Whether a plan node scans data: a Parquet file set DuckDB reads itself, or an Arrow
+    table or dataset handed to it (a store on object storage)."""
+    name = str(node.get("name", "")).upper()
+    function = str((node.get("extra_info") or {}).get("Function", "")).upper()
+    return any("PARQUET" in x or "ARROW_SCAN" in x for x in (name, function))
+
+
+def _named(item: str, known: dict[str, list[str]]) -> list[str]:
+    """The known columns a scan's projection item names: the item itself (DuckDB compares
+    identifiers without regard to case), or a column whose name it starts with (a struct
+    field, ``name.field``)."""
+    lower = item.lower()
+    hit = known.get(lower)
+    if hit is not None:
+        return hit
+    return [c for key, names in known.items() for c in names if lower.startswith(key + ".")]
+
+
+def plan_scans(plan_json: str | None, known: Iterable[str]) -> tuple[bool, set[str] | None]:
+    """What the data scans of a DuckDB plan (``EXPLAIN (FORMAT JSON)`` text) read: whether
+    there is any (then every file's footer is parsed, even by a ``count(*)`` that reads no
+    column), and the columns of ``known`` they read (``None``: the plan does not say, so
+    every column must be checked).
+
+    Column names are matched as DuckDB spells them in the plan, whatever they hold (spaces,
+    dots, dashes, other scripts) and without regard to case; a filter's text counts every
+    known name it contains. Both rules can only add columns, never miss one.
+    """
     if plan_json is None:
-        return None
+        return True, None
     try:
         plans = json.loads(plan_json)
     except (ValueError, TypeError):
-        return None
+        return True, None
+    by_lower: dict[str, list[str]] = {}
+    for name in known:
+        by_lower.setdefault(name.lower(), []).append(name)
     found: set[str] = set()
+    touched = False
 
     def walk(node: dict) -> bool:
-        info = node.get("extra_info") or {}
-        if "PARQUET" in str(node.get("name", "")).upper() or info.get("Function") == "READ_PARQUET":
+        nonlocal touched
+        if _scan(node):
+            touched = True
+            info = node.get("extra_info") or {}
             projections = info.get("Projections")
             if projections is None:
                 return False
             items = projections if isinstance(projections, list) else [projections]
             for item in items:
-                found.update(n for n in _IDENTIFIER.findall(str(item)) if n in known)
+                if str(item):
+                    found.update(_named(str(item), by_lower))
             filters = info.get("Filters")
             if filters:
-                found.update(n for n in _IDENTIFIER.findall(str(filters)) if n in known)
+                text = str(filters).lower()
+                found.update(c for key, names in by_lower.items() if key in text for c in names)
         return all(walk(child) for child in node.get("children", []))
 
     ok = all(walk(plan) for plan in (plans if isinstance(plans, list) else [plans]))
-    return found if ok else None
+    return touched, (found if ok else None)
+
+
+def scanned_columns(plan_json: str | None, known: set[str]) -> set[str] | None:
+    """Top-level columns (of ``known``) that the data scans of a DuckDB plan read, or
+    ``None`` when the plan does not say (then every column must be checked); see
+    :func:`plan_scans`."""
+    return plan_scans(plan_json, known)[1]
 
 
 class SqlViews:
@@ -98,7 +136,10 @@ class SqlViews:
         ``"raise"`` (a damaged or missing file is a :class:`StoreError` naming it) or
         ``"skip"`` (left out of the views with a warning).
     threads:
-        DuckDB worker threads (default: DuckDB's, all cores).
+        DuckDB worker threads (default: the cores this process may use).
+    limits:
+        Memory, threads and timeout of every query (:class:`~.session.QueryLimits`; default
+        sized from the machine, no timeout).
     crc:
         Check footers and column chunks against the CRC-32s recorded at append (``False``:
         sizes only; the store's ``check_crc``).
@@ -114,8 +155,10 @@ class SqlViews:
         on_error: OnError,
         threads: int | None = None,
         crc: bool = True,
+        limits: QueryLimits | None = None,
     ):
         self.catalog = catalog
+        self.limits = limits or QueryLimits()
         self.schemas = schemas
         self.on_error: OnError = on_error
         self.threads = threads
@@ -208,7 +251,7 @@ class SqlViews:
         """A new session holding views over :attr:`files`, :attr:`steps` and :attr:`legacy`."""
         if self.session is not None:
             self.session.close()
-        self.session = session = SqlSession(threads=self.threads)
+        self.session = session = SqlSession(threads=self.threads, limits=self.limits)
         backend = self.catalog.backend
         # Files of one schema form one set (DuckDB binds a set to its first file's footer).
         group_sets: list[FileSet] = []
@@ -293,19 +336,32 @@ class SqlViews:
             raise StoreError("SqlViews: the session is closed")
         return self.session
 
-    def query(self, query: str, params: Any = None, *, trusted: bool = False) -> pa.Table:
+    def query(
+        self,
+        query: str,
+        params: Any = None,
+        *,
+        trusted: bool = False,
+        timeout: float | None = None,
+    ) -> pa.Table:
         """Run ``query`` and return its result as one Arrow table.
 
         User queries are checked (:func:`~.session.check_query`); ``trusted`` queries (this
-        library's own: views, materialised tables) are not. The columns the query reads are
-        checked first; Ctrl-C stops the query (``KeyboardInterrupt``).
+        library's own: views, materialised tables) are not. The footers and the columns the
+        query reads are checked first; Ctrl-C stops the query (``KeyboardInterrupt``), and so
+        does ``timeout`` (seconds; default :attr:`limits`' timeout), with a
+        :class:`StoreError`.
         """
+        timeout = check_timeout(timeout)
         if not trusted:
             check_query(query)
         if self.crc:
-            known = set(self.group_schema.names)
-            self.check_columns(scanned_columns(self._session().plan_json(query), known))
-        return self._session().run(query, params)
+            # Every file's footer whenever the query scans files at all: DuckDB parses each
+            # footer it opens, also for a count(*) that reads no column chunk.
+            touched, columns = plan_scans(self._session().plan_json(query), self.group_schema.names)
+            if touched:
+                self.check_columns(columns, footers=True)
+        return self._session().run(query, params, timeout=timeout)
 
     def register(self, name: str, table: Any) -> None:
         """Make an Arrow table of this library's own queryable as ``name`` (trusted)."""

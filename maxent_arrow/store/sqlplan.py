@@ -9,7 +9,7 @@ connection.
 
 The naming rule of the ``samples`` view (one row per completion, each per-completion list
 column under its singular alias, one ``reward_<name>`` column per reward function) is
-:data:`SAMPLE_ALIASES` and :func:`reward_alias`: the analytics use the same table.
+:data:`SAMPLE_ALIASES` and :func:`reward_aliases`: the analytics use the same table.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ __all__ = [
     "plan_views",
     "quote",
     "reward_alias",
+    "reward_aliases",
     "samples_view_sql",
     "scored",
     "sql_string",
@@ -61,8 +62,29 @@ def scored(expression: str) -> str:
 
 
 def reward_alias(name: str) -> str:
-    """The ``samples`` column of reward function ``name``."""
+    """The ``samples`` column of reward function ``name`` when no other reward's column
+    clashes with it (:func:`reward_aliases` gives every reward's, clashes resolved)."""
     return "reward_" + name
+
+
+def reward_aliases(names: Sequence[str]) -> dict[str, str]:
+    """The ``samples`` column of each reward function in ``names``, unique without regard to
+    case: DuckDB's identifiers ignore case, so ``reward_Acc`` and ``reward_acc`` would be one
+    column. The first name of a clash keeps ``reward_<name>``; each later one gets
+    ``reward_<name>_2``, ``_3``, ... (a name clashing with ``reward_names`` or
+    ``reward_values``, the list columns, too)."""
+    taken = {"reward_names", "reward_values"}
+    out: dict[str, str] = {}
+    for name in names:
+        if name in out:
+            continue
+        alias, n = reward_alias(name), 1
+        while alias.lower() in taken:
+            n += 1
+            alias = f"{reward_alias(name)}_{n}"
+        taken.add(alias.lower())
+        out[name] = alias
+    return out
 
 
 def quote(name: str) -> str:
@@ -101,10 +123,10 @@ def samples_view_sql(
         out.append(f"{value} AS {quote(alias)}")
     if "reward_names" in cols:
         out.append("g.reward_names AS reward_names")
-        for name in reward_names:
+        for name, alias in reward_aliases(reward_names).items():
             at = f"list_position(g.reward_names, {sql_string(name)})"
             value = scored(f"g.reward_values[g._i][{at}]")
-            out.append(f"{value} AS {quote(reward_alias(name))}")
+            out.append(f"{value} AS {quote(alias)}")
     k = "num_completions" if "num_completions" in cols else "len(completions)"
     return (
         f"SELECT {', '.join(out)} FROM (SELECT *, unnest(generate_series(1, {k})) AS _i "

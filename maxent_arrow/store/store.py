@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 from maxent_arrow.arrow import schema as S
-from maxent_arrow.errors import StoreError
+from maxent_arrow.errors import ArgumentError, StoreError
 from maxent_arrow.rollout import RolloutBatch
 from maxent_arrow.store import manifest
 from maxent_arrow.store.backend import Backend, open_backend
@@ -31,7 +31,7 @@ from maxent_arrow.store.compaction import compact
 from maxent_arrow.store.names import cache_name, parse_name
 from maxent_arrow.store.padding import strip_padding
 from maxent_arrow.store.parquet import check_compression
-from maxent_arrow.store.reader import read_group_file
+from maxent_arrow.store.reader import check_known_columns, read_group_file
 from maxent_arrow.store.readonly import ReadOnlyStore
 from maxent_arrow.store.repair import RepairReport, repair
 from maxent_arrow.store.replay import ReplayOptions, replay
@@ -207,12 +207,17 @@ class RolloutStore(ReadOnlyStore):
         parts of each group that ranks stored separately merged (TRL runs).
         """
         if options is None:
-            options = ReplayOptions(**kwargs)
+            try:
+                options = ReplayOptions(**kwargs)
+            except TypeError as exc:  # an unknown keyword
+                raise ArgumentError(f"replay: {exc}") from None
         elif kwargs:
-            raise StoreError("replay: pass a ReplayOptions or keywords, not both")
-        return replay(
-            self.catalog, options, on_error=self._on_error(options.on_error), crc=self.check_crc
-        )
+            raise ArgumentError("replay: pass a ReplayOptions or keywords, not both")
+        on_error = self._on_error(options.on_error)
+        if options.columns is not None:  # unknown names are refused, as by read()
+            schema = self.schemas.get("groups", on_error)
+            check_known_columns(options.columns, schema, where="replay")
+        return replay(self.catalog, options, on_error=on_error, crc=self.check_crc)
 
     # ------------------------------------------------------------------ maintenance
     def compact(

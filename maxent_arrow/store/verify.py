@@ -164,11 +164,23 @@ def _verify_cache(
     report.checked += 1
     try:
         data = backend.read(cache).to_pybytes()
-        if check_seal(data) is False:
+        sealed = check_seal(data)
+        if sealed is False:
             raise StoreError("IPC cache CRC-32 differs from the one sealed in it (corrupt)")
         cached = ipc.open_file(pa.BufferReader(data)).read_all()
-        recorded = json.loads((cached.schema.metadata or {}).get(CACHE_META_KEY, b"{}"))
-        if recorded.get("group_crc32") not in (None, unit_group_crc32(step, unit)):
+        try:
+            recorded = json.loads((cached.schema.metadata or {}).get(CACHE_META_KEY, b"{}"))
+        except ValueError:
+            recorded = None
+        if sealed is None or not isinstance(recorded, dict) or recorded.get("unit") != unit:
+            report.notes.append(
+                StoreProblem(
+                    backend.path(cache),
+                    "not a cache copy written by this library (no seal or record); never served",
+                )
+            )
+            return
+        if recorded.get("group_crc32") != unit_group_crc32(step, unit):
             report.notes.append(
                 StoreProblem(backend.path(cache), "copy of another commit of its unit (not served)")
             )

@@ -81,6 +81,7 @@ class Writer:
             operation="append",
             compression=self.compression,
             compression_level=self.compression_level,
+            run=self.catalog.run_id,
         )
         if self.cache and self.backend.can_mmap:
             try:

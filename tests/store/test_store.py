@@ -617,7 +617,7 @@ def test_replay_whole_groups_merges_what_ranks_stored_of_each_group(tmp_path, so
             )
         )
         assert got == want
-    with pytest.raises(StoreError, match="batch_groups"):
+    with pytest.raises(ArgumentError, match="batch_groups"):
         store.replay(whole_groups=True, batch_groups=2)
     # The SQL views count a group once, whichever ranks hold its parts.
     n = store.sql("SELECT count(DISTINCT group_id) AS n FROM samples WHERE step = 0")
