@@ -32,6 +32,8 @@ import argparse
 import contextlib
 import io
 import json
+import logging
+import math
 import os
 import sys
 import threading
@@ -92,18 +94,31 @@ def _busy(description: str, enabled: bool) -> Iterator[None]:
         bar.close()
 
 
+def _finite(value: Any) -> Any:
+    """``value`` with each non-finite float (NaN, infinities: not JSON) as ``None``."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
 def _print_json(value: Any) -> None:
-    sys.stdout.write(json.dumps(value, indent=2, default=str) + "\n")
+    text = json.dumps(_finite(value), indent=2, default=str, allow_nan=False)
+    sys.stdout.write(text + "\n")
 
 
 def _store(args: argparse.Namespace) -> Any:
     """An existing rollout store, opened for reading (nothing of the write side loads)."""
-    return store.ReadOnlyStore(args.run, on_error=args.on_error)
+    timeout = getattr(args, "timeout", None)
+    return store.ReadOnlyStore(args.run, on_error=args.on_error, query_timeout=timeout)
 
 
 def _writable_store(args: argparse.Namespace) -> Any:
     """An existing rollout store, opened to tidy (``compact``, ``repair``); never created."""
-    return store.RolloutStore(args.run, on_error=args.on_error)
+    return store.RolloutStore(args.run, on_error=args.on_error, lock_timeout=args.lock_timeout)
 
 
 # ---------------------------------------------------------------------- commands
@@ -144,7 +159,8 @@ def _csv(table: Any) -> str:
     import pyarrow as pa
     import pyarrow.csv as pacsv
 
-    # CSV has no nested types: lists, structs and maps are written as JSON text.
+    # CSV has no nested types: lists, structs and maps are written as JSON text; a type the
+    # CSV writer cannot print (an interval) as its Python text.
     columns = []
     for field in table.schema:
         column = table.column(field.name)
@@ -152,6 +168,10 @@ def _csv(table: Any) -> str:
             column = pa.array(
                 [None if v is None else json.dumps(v, default=str) for v in column.to_pylist()],
                 pa.string(),
+            )
+        elif pa.types.is_interval(field.type):
+            column = pa.array(
+                [None if v is None else str(v) for v in column.to_pylist()], pa.string()
             )
         columns.append(column)
     flat = pa.table(columns, names=table.column_names)
@@ -290,6 +310,35 @@ def _parser() -> argparse.ArgumentParser:
         )
         return p
 
+    def seconds(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+        if not 0 < value < math.inf:
+            raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text}")
+        return value
+
+    def timeout_option(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--timeout",
+            type=seconds,
+            default=None,
+            metavar="SECONDS",
+            help="stop a query that runs longer (exit 1); memory and threads are bounded "
+            "by the machine's size in any case",
+        )
+
+    def lock_option(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--lock-timeout",
+            type=seconds,
+            default=None,
+            metavar="SECONDS",
+            help="give up waiting for the store lock after this long (exit 1, naming the "
+            "pid and host that hold it); default: wait, saying whom for after 2 s",
+        )
+
     sub.add_parser("demo", help="run the end-to-end demo (see `maxent-arrow demo --help`)")
 
     p = command("inspect", "Schema version, steps, ranks, rows, sizes and config of a run.")
@@ -311,6 +360,7 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also build the in-memory sample_scalars table (one scan) before the query",
     )
+    timeout_option(p)
     p.set_defaults(func=_cmd_query)
 
     p = command("report", "Plots (PNG), an HTML page and a Markdown summary of a run.")
@@ -319,6 +369,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--k", type=int, nargs="+", default=[1, 4], help="pass@k for these k")
     p.add_argument("--bins", type=int, default=50, help="advantage histogram bins")
     p.add_argument("--json", action="store_true", help="print what was written as JSON")
+    timeout_option(p)
     p.set_defaults(func=_cmd_report)
 
     p = command("verify", "Check every file of a store; exit 1 if any is damaged.")
@@ -331,12 +382,14 @@ def _parser() -> argparse.ArgumentParser:
         "RUN/quarantine/; prints what it moved. Nothing is deleted.",
     )
     p.add_argument("--json", action="store_true", help="print JSON")
+    lock_option(p)
     p.set_defaults(func=_cmd_repair)
 
     p = command("compact", "Merge the per-append files of a store (atomic).")
     p.add_argument("--kind", default=None, help="only this kind (train/eval)")
     p.add_argument("--max-steps", type=int, default=None, help="steps per merged file")
     p.add_argument("--json", action="store_true", help="print JSON")
+    lock_option(p)
     p.set_defaults(func=_cmd_compact)
 
     p = command("export", "Export a run as Arrow IPC files or a HuggingFace dataset.")
@@ -362,6 +415,22 @@ def _warn(command: str, caught: list[warnings.WarningMessage]) -> None:
         if issubclass(item.category, UserWarning) and "maxent_arrow" in item.filename:
             text = " ".join(str(item.message).split())
             sys.stderr.write(f"maxent-arrow {command}: warning: {text}\n")
+
+
+@contextlib.contextmanager
+def _log_lines(command: str) -> Iterator[None]:
+    """The library's log warnings (a wait for the store lock, naming its holder) as one line
+    each on stderr while the command runs, when they happen (a recorded warning would only
+    be shown once the command is done)."""
+    logger = logging.getLogger("maxent_arrow")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(logging.Formatter(f"maxent-arrow {command}: warning: %(message)s"))
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -398,7 +467,7 @@ def _run(argv: list[str]) -> int:
     except SystemExit as exc:  # argparse: --help (0) or a usage error (2), already printed
         return int(exc.code or 0) if isinstance(exc.code, int | None) else EXIT_USAGE
     try:
-        with warnings.catch_warnings(record=True) as caught:
+        with warnings.catch_warnings(record=True) as caught, _log_lines(args.command):
             warnings.simplefilter("always")
             try:
                 return args.func(args)

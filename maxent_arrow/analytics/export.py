@@ -94,15 +94,22 @@ def export_hf(
         steps = None
         for path in export_ipc(store, tmp / "ipc", progress=progress):
             table = pa.ipc.open_file(str(path)).read_all()
+            if table.num_rows == 0:
+                # A kind of only 0-group steps: IPC gives columns without chunks, which
+                # `datasets` cannot type; one empty chunk per column carries the type.
+                table = table.schema.empty_table()
             if path.name == "steps.arrow":
                 steps = datasets.Dataset(table)
             else:
                 splits[path.name.split(".")[1]] = datasets.Dataset(table)
         made = []
         if splits:
-            # A dict subclass; its stubs declare no mapping constructor.
+            # One shard per split even when empty: datasets writes none for an empty split
+            # otherwise, and then cannot load what it saved. (A dict subclass; its stubs
+            # declare no mapping constructor.)
+            shards = {kind: 1 for kind, split in splits.items() if split.num_rows == 0}
             dataset_dict = datasets.DatasetDict(splits)  # pyright: ignore[reportCallIssue, reportArgumentType]
-            dataset_dict.save_to_disk(str(out / "groups"))
+            dataset_dict.save_to_disk(str(out / "groups"), num_shards=shards or None)
             made.append(out / "groups")
         if steps is not None:
             steps.save_to_disk(str(out / "steps"))

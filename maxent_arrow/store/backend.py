@@ -61,7 +61,9 @@ __all__ = [
     "crash_point",
     "is_temp_name",
     "lock_holder",
+    "missing_error",
     "open_backend",
+    "temp_final",
     "writer_alive",
 ]
 
@@ -97,6 +99,12 @@ def crash_point(name: str) -> None:
 def is_temp_name(name: str) -> bool:
     """Whether ``name`` is a temp file of an unfinished write."""
     return name.startswith(".") and TEMP_MARK in name
+
+
+def temp_final(name: str) -> str | None:
+    """The final name a temp file ``name`` was written for (``None``: not a temp file)."""
+    match = _TEMP_RE.match(name)
+    return None if match is None else match["final"]
 
 
 # A temp file whose writer cannot be asked (on another host) counts as abandoned after a day.
@@ -227,6 +235,14 @@ def _stream(produce: Callable[[Any], None], fd: int | None) -> _ThreadedSink:
         raise
     sink.finish()
     return sink
+
+
+def missing_error(message: str) -> StoreError:
+    """A :class:`StoreError` saying a file is not there (``errno`` ENOENT, so that a reader
+    can tell it from damage), with ``message`` as its text."""
+    error = StoreError(message)
+    error.errno = errno.ENOENT
+    return error
 
 
 def os_error(action: str, path: Any, exc: OSError) -> StoreError:
@@ -380,6 +396,11 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def makedirs(self, rel: str) -> None:
         """Create directory ``rel`` and its parents."""
+
+    def touch(self, rel: str) -> None:
+        """Set ``rel``'s modification time to now (where the file system keeps one that can
+        be set; compaction dates what it retires by it)."""
+        return None
 
     @contextlib.contextmanager
     def lock(self, timeout: float | None = None) -> Iterator[None]:
@@ -634,6 +655,9 @@ class LocalBackend(Backend):
                 raise
             raise os_error("cannot create", self.root / rel, exc) from exc
 
+    def touch(self, rel: str) -> None:
+        os.utime(self.path(rel))
+
     @staticmethod
     def _mkdir(path: str) -> None:
         os.mkdir(path)
@@ -804,7 +828,7 @@ class ArrowFsBackend(Backend):
             with self._fs.open_input_stream(str(self.root / rel)) as stream:
                 return stream.read_buffer()
         except FileNotFoundError:
-            raise StoreError(f"{self.root / rel}: missing") from None
+            raise missing_error(f"{self.root / rel}: missing") from None
         except (pa.ArrowException, OSError) as exc:
             raise StoreError(f"{self.root / rel}: cannot read ({exc})") from None
 

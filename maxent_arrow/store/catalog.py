@@ -10,6 +10,7 @@ checked against the CRC-32 sealed in it, and its schema-1.x rows are upgraded.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import json
 import numbers
@@ -25,9 +26,16 @@ from maxent_arrow.arrow import schema as S
 from maxent_arrow.arrow.registry import UNIT_KEY
 from maxent_arrow.arrow.upgrade import needs_upgrade, upgrade_steps
 from maxent_arrow.errors import ArgumentError, StoreError
-from maxent_arrow.store.backend import Backend, FileInfo
+from maxent_arrow.store.backend import Backend, FileInfo, missing_error
 from maxent_arrow.store.checksums import check_seal
-from maxent_arrow.store.names import GROUPS, STEPS, STORE_META_KEY, UnitName, parse_name
+from maxent_arrow.store.names import (
+    GROUPS,
+    STEPS,
+    STORE_META_KEY,
+    UnitName,
+    parse_name,
+    retired_path,
+)
 from maxent_arrow.store.parquet import footer_value
 
 __all__ = [
@@ -38,11 +46,28 @@ __all__ = [
     "check_on_error",
     "fail",
     "int_set",
+    "locate",
     "rows_table",
     "step_rows_json",
 ]
 
 OnError = Literal["raise", "skip"]
+
+
+def locate(backend: Backend, rel: str) -> tuple[str, FileInfo] | None:
+    """Where the committed file ``rel`` is now, and its size: in place, or moved to
+    ``retired/`` by a compaction that replaced it after the reader listed the store
+    (``docs/commit-protocol.md``, "Readers and compaction"); ``None`` if it is in neither."""
+    for where in (rel, retired_path(rel)):
+        info = backend.stat(where)
+        if info is not None:
+            return where, info
+    return None
+
+
+def is_missing(exc: BaseException) -> bool:
+    """Whether ``exc`` says a file is not there (as opposed to damaged)."""
+    return isinstance(exc, FileNotFoundError) or getattr(exc, "errno", None) == errno.ENOENT
 
 
 def check_on_error(value: str) -> OnError:
@@ -206,14 +231,23 @@ class Catalog:
     def step_file(self, name: str) -> StepFile:
         """The step file ``name``, checked (seal, readability, version) and cached."""
         rel = f"{STEPS}/{name}"
-        info = self.listing(STEPS, fresh=False).get(name) or self.backend.stat(rel)
-        if info is None:
-            raise StoreError(f"{self.backend.path(rel)}: step file missing")
+        info = self.listing(STEPS, fresh=False).get(name)
+        found = (rel, info) if info is not None else locate(self.backend, rel)
+        if found is None:
+            raise missing_error(f"{self.backend.path(rel)}: step file missing")
+        where, info = found
         key = (info.size, info.mtime_ns)
         hit = self._steps.get(name)
-        if hit is not None and hit[0] == key:
-            return hit[1]
-        step = self._read_step_file(rel, name)
+        if hit is not None and hit[0][0] == key[0] and (hit[0] == key or where != rel):
+            return hit[1]  # (a retired file is the same bytes, retouched when it was moved)
+        try:
+            step = self._read_step_file(where, name)
+        except StoreError as exc:
+            # Moved to retired/ by a compaction between the listing and the read.
+            moved = locate(self.backend, rel) if is_missing(exc) else None
+            if moved is None or moved[0] == where:
+                raise
+            step = self._read_step_file(moved[0], name)
         self._check_identity(step, self.backend.path(rel))
         self._steps[name] = (key, step)
         return step
@@ -365,7 +399,8 @@ class Catalog:
         present = self.listing(GROUPS)
         out = []
         for name in names:
-            if name in present:
+            # Not listed: moved to retired/ by a compaction since steps/ was listed?
+            if name in present or locate(self.backend, f"{GROUPS}/{name}") is not None:
                 out.append(f"{GROUPS}/{name}")
             else:
                 path = self.backend.path(f"{GROUPS}/{name}")

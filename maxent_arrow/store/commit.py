@@ -12,13 +12,14 @@ so the protocol of ``docs/commit-protocol.md`` is written once:
 3. under the store lock (where the backend has one): the caller's precondition is checked
    again (no duplicate step; the inputs of a compaction still committed), the group file is
    renamed into place, then the step file is published exclusively. The step file's
-   appearance is the commit; if publishing it fails the group file is removed again, and
-   the temp files are dropped in every case.
+   appearance is the commit; if publishing it fails the group file is removed again (under
+   a lock only: on object storage it may be another writer's), and the temp files are
+   dropped in every case.
 
 A crash before step 3's publish leaves nothing a reader of this library sees (temp files, at
 most an uncommitted group file); after it, the whole unit. ``crash_point`` names each stage
-(``{operation}:group-written``, ``step-written``, ``group-published``, ``committed``) for the
-kill tests.
+(``{operation}:group-written``, ``step-written``, ``locked``, ``group-published``,
+``committed``) for the kill and stop tests.
 """
 
 from __future__ import annotations
@@ -113,11 +114,13 @@ def commit_unit(
     compression: str,
     compression_level: int | None,
     run: str | None = None,
+    lock_timeout: float | None = None,
 ) -> Pending:
     """Write and commit the unit ``name``: its group file (``groups``, with
     ``group_metadata`` in the Parquet footer) and its step file (``step_rows``, with
     ``record`` beside what :func:`group_file_meta` records, and the unit's own name and
-    ``run``, the store's run identity, in both files). ``check`` raises when the commit
+    ``run``, the store's run identity, in both files). ``lock_timeout``: seconds to wait
+    for the store lock (``None``: as long as it takes). ``check`` raises when the commit
     must not happen; it runs once before anything is written and again under the lock.
     Returns the committed group file's pending record (its size and CRC-32). Raises
     (:class:`StoreError`, ``OSError`` as ``StoreError``) with the store as it was."""
@@ -145,16 +148,21 @@ def commit_unit(
         raise
     crash_point(f"{operation}:step-written")
     try:
-        with backend.lock():
+        with backend.lock(lock_timeout):
             check()
+            crash_point(f"{operation}:locked")
             backend.publish(group, exclusive=False)
             crash_point(f"{operation}:group-published")
             try:
                 backend.publish(step, exclusive=True)
             except BaseException:
-                # Not committed: remove the group file so the store is as it was.
-                with contextlib.suppress(OSError, StoreError):
-                    backend.remove(f"{GROUPS}/{name}")
+                # Not committed: remove the group file so the store is as it was, where it
+                # is certainly ours (under the lock). Without a lock (object storage) a
+                # refused step object means another writer committed this name, and the
+                # group object may be the one it committed.
+                if backend.can_lock:
+                    with contextlib.suppress(OSError, StoreError):
+                        backend.remove(f"{GROUPS}/{name}")
                 raise
     finally:
         backend.discard(group)  # no-ops once published

@@ -3,14 +3,17 @@
 A segment's group file and step file are written and committed by the one commit function
 (:func:`.commit.commit_unit`), its step file listing every file it replaces (and what they
 replaced): readers see the inputs or the segment, never both and never neither, also after a
-crash at any point. The inputs are removed after the commit (tidying only). Compaction
+crash at any point. The inputs leave ``groups/`` and ``steps/`` after the commit. Compaction
 rewrites other writers' files, so it needs a backend that can lock and rename atomically
-(local stores).
+(local stores). Its inputs are not deleted but moved to ``retired/`` and removed by a later
+compaction after :data:`RETIRE_SECONDS`, so that readers that listed the store before it
+keep reading them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterable
 from typing import Any, cast
 
@@ -18,14 +21,21 @@ import pyarrow as pa
 
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.errors import ArgumentError, StoreError
-from maxent_arrow.store.backend import crash_point
-from maxent_arrow.store.catalog import Catalog, Unit
+from maxent_arrow.store.backend import Backend, crash_point
+from maxent_arrow.store.catalog import Catalog, Unit, is_missing
 from maxent_arrow.store.commit import commit_unit
-from maxent_arrow.store.names import GROUPS, STEPS, UnitName, compact_name, parse_name
+from maxent_arrow.store.names import (
+    GROUPS,
+    STEPS,
+    UnitName,
+    compact_name,
+    parse_name,
+    retired_path,
+)
 from maxent_arrow.store.reader import read_group_file
 from maxent_arrow.store.schemas import UnifiedSchemas
 
-__all__ = ["compact"]
+__all__ = ["RETIRE_SECONDS", "compact", "expire_retired", "retire"]
 
 
 def compact(
@@ -39,6 +49,7 @@ def compact(
     compression: str,
     compression_level: int | None,
     loose_only: bool = False,
+    lock_timeout: float | None = None,
 ) -> list[Any]:
     """Merge committed files (per kind; ``max_steps`` distinct steps per segment) into
     segments, each committed atomically: readers see the inputs or the segment, never both
@@ -72,7 +83,9 @@ def compact(
             if len(whole) < 2:
                 continue  # one file is already as compact as it gets
             made.append(
-                _compact_files(catalog, schemas, knd, chunk, compression, compression_level)
+                _compact_files(
+                    catalog, schemas, knd, chunk, compression, compression_level, lock_timeout
+                )
             )
     return made
 
@@ -96,6 +109,7 @@ def _compact_files(
     units: list[Unit],
     compression: str,
     compression_level: int | None,
+    lock_timeout: float | None,
 ) -> Any:
     backend = catalog.backend
     group_schema = schemas.get(GROUPS, "raise")
@@ -160,13 +174,49 @@ def _compact_files(
         compression=compression,
         compression_level=compression_level,
         run=catalog.run_id,
+        lock_timeout=lock_timeout,
     )
-    # Committed: the inputs are hidden by `replaces`; removing them is only tidying.
+    # Committed: the inputs are hidden by `replaces`. They leave groups/ and steps/ (plain
+    # readers glob those) for retired/, where readers that listed the store before this
+    # commit still find them, until RETIRE_SECONDS have passed.
     for replaced in inputs:
-        backend.remove(f"{GROUPS}/{replaced}")
+        retire(backend, f"{GROUPS}/{replaced}")
         crash_point("compact:cleaning")
-        backend.remove(f"{STEPS}/{replaced}")
+        retire(backend, f"{STEPS}/{replaced}")
     with contextlib.suppress(OSError):
         backend.sync(GROUPS)
         backend.sync(STEPS)
+    expire_retired(backend, RETIRE_SECONDS)
     return backend.path(f"{STEPS}/{name}")
+
+
+# How long a compaction's inputs stay in retired/ for the readers that listed the store
+# before it (docs/commit-protocol.md, "Readers and compaction").
+RETIRE_SECONDS = 3600.0
+
+
+def retire(backend: Backend, rel: str) -> None:
+    """Move the replaced file ``rel`` to ``retired/``, dated now (its modification time)."""
+    try:
+        backend.touch(rel)
+        backend.move(rel, retired_path(rel))
+    except FileNotFoundError:
+        pass  # retired already (a compaction that crashed while tidying, run again)
+    except StoreError as exc:
+        if not is_missing(exc):
+            raise
+
+
+def expire_retired(backend: Backend, grace: float) -> list[str]:
+    """Remove retired files older than ``grace`` seconds; returns their relative paths. No
+    reader that started more than ``grace`` seconds ago needs them any longer: replay
+    re-plans a unit whose files are gone from the commit record, SQL views are refreshed."""
+    limit = time.time_ns() - int(grace * 1e9)
+    gone = []
+    for directory in (GROUPS, STEPS):
+        where = retired_path(directory)
+        for name, info in backend.list(where).items():
+            if info.mtime_ns < limit:
+                backend.remove(f"{where}/{name}")
+                gone.append(f"{where}/{name}")
+    return gone

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 
 from maxent_arrow.errors import StoreError
 from maxent_arrow.store.backend import Backend, FileInfo
-from maxent_arrow.store.catalog import OnError, StepFile, fail
+from maxent_arrow.store.catalog import OnError, StepFile, fail, is_missing, locate
 from maxent_arrow.store.checksums import check_chunks, crc32_of
 from maxent_arrow.store.reader import check_group_size
 
@@ -48,20 +48,42 @@ class ChecksumLedger:
         self.on_error: OnError = on_error
         self.crc = crc
         self.checked: set[tuple[str, str]] = set()
+        # Committed files a compaction moved to retired/ since they were listed: where they
+        # are now (the same bytes, so what was checked stays checked).
+        self.moved: dict[str, str] = {}
 
     def clear(self) -> None:
         self.checked.clear()
+        self.moved.clear()
+
+    def where(self, rel: str) -> str:
+        """Where the committed file ``rel`` is read from now."""
+        return self.moved.get(rel, rel)
+
+    def relocate(self, rel: str) -> bool:
+        """Look for ``rel`` again (a compaction may have moved it to retired/ since it was
+        listed); whether it is somewhere else than where it was read from."""
+        found = locate(self.backend, rel)
+        if found is None or found[0] == self.where(rel):
+            return False
+        if found[0] == rel:
+            self.moved.pop(rel, None)
+        else:
+            self.moved[rel] = found[0]
+        return True
 
     def admit(self, rel: str, step: StepFile, info: FileInfo | None) -> None:
         """Check the group file ``rel`` before a view may read it: there, of the size its
-        step file recorded (``info``: from the directory listing), and, when it was written
-        before chunk CRCs were recorded, its whole-file CRC-32 (once). Raises
-        :class:`StoreError`."""
+        step file recorded (``info``: from the directory listing; a file missing from it is
+        looked for in retired/), and, when it was written before chunk CRCs were recorded,
+        its whole-file CRC-32 (once). Raises :class:`StoreError`."""
         path = self.backend.fs_path(rel)
+        if info is None and self.relocate(rel):
+            info = self.backend.stat(self.where(rel))
         check_group_size(path, step, info)
         recorded = step.meta.get("group_crc32")
         if self.crc and step.meta.get("chunks") is None and recorded is not None:
-            if crc32_of(self.backend.read(rel)) != recorded:
+            if crc32_of(self.backend.read(self.where(rel))) != recorded:
                 raise StoreError(f"{path}: CRC-32 differs from the recorded one (corrupt)")
             self.checked.add((rel, WHOLE))
 
@@ -113,9 +135,13 @@ class ChecksumLedger:
 
     def _check(self, rel: str, step: StepFile, columns: Iterable[str] | None) -> None:
         backend = self.backend
-        check_chunks(
-            backend.fs_path(rel),
-            step.meta["chunks"],
-            lambda ranges: backend.read_ranges(rel, ranges),
-            columns,
-        )
+
+        def read_ranges(ranges: list[tuple[int, int]]) -> list[bytes]:
+            try:
+                return backend.read_ranges(self.where(rel), ranges)
+            except StoreError as exc:
+                if is_missing(exc) and self.relocate(rel):
+                    return backend.read_ranges(self.where(rel), ranges)
+                raise
+
+        check_chunks(backend.fs_path(rel), step.meta["chunks"], read_ranges, columns)

@@ -6,6 +6,8 @@
     root/groups/{unit}.parquet         group rows of one append (or a compacted segment)
     root/steps/{unit}.parquet          its step rows: the commit record (written last)
     root/cache/{unit}.arrow            optional IPC copy of a unit for memory-mapped replay
+    root/retired/{groups,steps}/...    inputs of a compaction, kept for readers that listed
+                                       the store before it (removed after a grace period)
     root/quarantine/...                what ``repair`` moved aside (never read)
 
     unit of an append:     step-{step:010d}.rank-{rank:05d}.{kind}.parquet
@@ -38,6 +40,7 @@ __all__ = [
     "MAX_RANK",
     "MAX_STEP",
     "QUARANTINE",
+    "RETIRED",
     "STEPS",
     "STORE_META_KEY",
     "UNIT_META_KEY",
@@ -45,12 +48,14 @@ __all__ = [
     "cache_name",
     "compact_name",
     "parse_name",
+    "retired_path",
     "unit_name",
 ]
 
 FORMAT_NAME = "maxent-arrow-rollouts"
 MANIFEST = "manifest.json"
 GROUPS, STEPS, CACHE, QUARANTINE = "groups", "steps", "cache", "quarantine"
+RETIRED = "retired"
 # JSON in a step file's metadata: its group file's name, size and checksums, and for a
 # compacted segment the row ranges of its units and the files it replaces.
 STORE_META_KEY = b"maxent_arrow.store"
@@ -125,3 +130,10 @@ def parse_name(name: str) -> UnitName | None:
 def cache_name(unit: str) -> str:
     """The IPC cache file of a unit: ``{unit without .parquet}.arrow``."""
     return unit.removesuffix(".parquet") + ".arrow"
+
+
+def retired_path(rel: str) -> str:
+    """Where a compaction's input ``rel`` (``groups/x`` or ``steps/x``) is kept after the
+    compaction committed: ``retired/groups/x``. Unit names are committed once, so one
+    place per name."""
+    return f"{RETIRED}/{rel}"

@@ -24,8 +24,8 @@ from maxent_arrow.arrow.upgrade import (
     upgrade_groups,
 )
 from maxent_arrow.errors import ArgumentError, SchemaError, StoreError
-from maxent_arrow.store.backend import Backend, FileInfo
-from maxent_arrow.store.catalog import Catalog, OnError, StepFile, fail
+from maxent_arrow.store.backend import Backend, FileInfo, missing_error
+from maxent_arrow.store.catalog import Catalog, OnError, StepFile, fail, is_missing, locate
 from maxent_arrow.store.checksums import check_chunks, covered, crc32_of, in_background
 from maxent_arrow.store.names import GROUPS, parse_name
 
@@ -49,7 +49,7 @@ def _kind_of(step: StepFile) -> str:
 def check_group_size(path: Any, step: StepFile, info: FileInfo | None) -> None:
     """The group file of ``step`` is there (``info``), of the size its step file recorded."""
     if info is None:
-        raise StoreError(f"{path}: group file missing (its step file is committed)")
+        raise missing_error(f"{path}: group file missing (its step file is committed)")
     expected = step.meta.get("group_size")
     if expected is not None and info.size != expected:
         raise StoreError(
@@ -64,10 +64,33 @@ def read_group_file(
     *,
     crc: bool = True,
 ) -> pa.Table:
-    """The group rows of ``step``'s group file (``columns`` of them, or all), checked."""
+    """The group rows of ``step``'s group file (``columns`` of them, or all), checked; read
+    from ``retired/`` when a compaction moved the file there after the caller listed the
+    store."""
     rel = f"{GROUPS}/{step.group_file}"
-    path = backend.path(rel)
-    check_group_size(path, step, backend.stat(rel))
+    found = locate(backend, rel)
+    try:
+        return _read_group_file(backend, step, columns, crc, rel, found)
+    except StoreError as exc:
+        if not is_missing(exc):
+            raise
+        again = locate(backend, rel)  # moved between the stat and the read?
+        if again is None or (found is not None and again[0] == found[0]):
+            raise
+        return _read_group_file(backend, step, columns, crc, rel, again)
+
+
+def _read_group_file(
+    backend: Backend,
+    step: StepFile,
+    columns: Iterable[str] | None,
+    crc: bool,
+    committed: str,
+    found: tuple[str, FileInfo] | None,
+) -> pa.Table:
+    path = backend.path(committed)  # errors name the committed path
+    rel, info = found if found is not None else (committed, None)
+    check_group_size(path, step, info)
     upgrade = needs_upgrade(step.version)
     wanted = None if columns is None else list(dict.fromkeys(columns))
     # Parquet page CRCs are checked only where no CRC recorded at commit covers the bytes.

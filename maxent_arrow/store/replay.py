@@ -23,7 +23,15 @@ from maxent_arrow.arrow import schema as S
 from maxent_arrow.errors import ArgumentError, StoreError
 from maxent_arrow.rollout import RolloutBatch, reassemble
 from maxent_arrow.store.cache import read_cache
-from maxent_arrow.store.catalog import Catalog, OnError, Unit, check_on_error, fail, int_set
+from maxent_arrow.store.catalog import (
+    Catalog,
+    OnError,
+    Unit,
+    check_on_error,
+    fail,
+    int_set,
+    is_missing,
+)
 from maxent_arrow.store.padding import strip_padding
 from maxent_arrow.store.reader import read_group_file
 
@@ -249,7 +257,7 @@ def _iterate_whole(
 ) -> Iterator[RolloutBatch]:
     for index in range(position, len(merged)):
         try:
-            loaded = [_load(catalog, unit, options, crc) for unit in merged[index]]
+            loaded = [_load_unit(catalog, unit, options, crc) for unit in merged[index]]
         except StoreError as exc:
             fail(on_error, exc)
             continue
@@ -282,7 +290,7 @@ def _iterate(
         try:
             if loaded is None or loaded[0] != item.unit:
                 loaded = None  # drop the previous step before reading the next
-                loaded = (item.unit, *_load(catalog, unit, options, crc))
+                loaded = (item.unit, *_load_unit(catalog, unit, options, crc))
         except StoreError as exc:
             fail(on_error, exc)
             continue
@@ -306,6 +314,35 @@ def _as_batch(table: pa.Table) -> pa.RecordBatch:
     if table.num_rows == 0:
         return pa.RecordBatch.from_pylist([], schema=table.schema)
     return table.combine_chunks().to_batches()[0]
+
+
+def _load_unit(
+    catalog: Catalog, unit: Unit, options: ReplayOptions, crc: bool
+) -> tuple[pa.RecordBatch, pa.RecordBatch]:
+    """:func:`_load` of ``unit`` where the plan found it, or, if a compaction has replaced
+    that file since (and its retired copy is gone too), where the commit record has it now:
+    a unit's rows never change, whichever file holds them."""
+    try:
+        return _load(catalog, unit, options, crc)
+    except StoreError as exc:
+        if not is_missing(exc):
+            raise
+        moved = _current(catalog, unit)
+        if moved is None:
+            raise
+        return _load(catalog, moved, options, crc)
+
+
+def _current(catalog: Catalog, unit: Unit) -> Unit | None:
+    """``unit`` as the commit record has it now, if another file holds it than the plan's."""
+    try:
+        now = catalog.units(kind=unit.kind, steps=[unit.step], ranks=[unit.rank])
+    except StoreError:
+        return None
+    for other in now:
+        if (other.step, other.rank, other.kind) == (unit.step, unit.rank, unit.kind):
+            return other if other.step_file != unit.step_file else None
+    return None
 
 
 def _load(

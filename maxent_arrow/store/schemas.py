@@ -17,17 +17,18 @@ from maxent_arrow.arrow import registry as R
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.arrow.upgrade import needs_upgrade, upgrade_groups, upgrade_steps
 from maxent_arrow.errors import StoreError
-from maxent_arrow.store.catalog import Catalog, OnError, fail
+from maxent_arrow.store.catalog import Catalog, OnError, fail, locate
 from maxent_arrow.store.names import GROUPS, STEPS
 
 __all__ = ["UnifiedSchemas", "file_schema", "schema_key"]
 
 
-def file_schema(catalog: Catalog, rel: str) -> pa.Schema:
-    """The schema of one committed file as this library reads it (footer only)."""
+def file_schema(catalog: Catalog, rel: str, where: str | None = None) -> pa.Schema:
+    """The schema of one committed file as this library reads it (footer only), read from
+    ``where`` (default ``rel``; a compaction may have moved it to retired/)."""
     backend = catalog.backend
     try:
-        with backend.open(rel) as source:
+        with backend.open(where or rel) as source:
             schema = pq.read_schema(source)
     except (pa.ArrowException, OSError, ValueError) as exc:  # damaged bytes
         raise StoreError(f"{backend.path(rel)}: unreadable Parquet footer ({exc})") from None
@@ -113,14 +114,15 @@ class UnifiedSchemas:
             key = step.meta.get("schema_key")
             if key is not None and key in self._by_key:
                 return self._by_key[key]
-        info = self.catalog.backend.stat(rel)
-        if info is None:
+        found = locate(self.catalog.backend, rel)  # in place, or retired meanwhile
+        if found is None:
             raise StoreError(f"{self.catalog.backend.path(rel)}: missing")
+        where, info = found
         stamp = (info.size, info.mtime_ns)
         hit = self._files.get(rel)
-        if hit is not None and hit[0] == stamp:
+        if hit is not None and hit[0][0] == stamp[0] and (hit[0] == stamp or where != rel):
             return hit[1]
-        schema = file_schema(self.catalog, rel)
+        schema = file_schema(self.catalog, rel, where)
         self._files[rel] = (stamp, schema)
         if key is not None:
             self._by_key[key] = schema

@@ -175,6 +175,9 @@ class SqlViews:
         self.step_schema: pa.Schema = S.step_schema()
         self.data_columns: set[str] = set()
         self.reward_names: list[str] = []
+        # This library's own tables and statements on the session (register, execute),
+        # replayed on every new session built over the same files.
+        self.own: list[tuple[str, Any]] = []
         self.refresh()
 
     def __enter__(self) -> SqlViews:
@@ -198,10 +201,12 @@ class SqlViews:
 
     # ------------------------------------------------------------------ building
     def refresh(self) -> None:
-        """List the committed files again and rebuild the views (a new session)."""
+        """List the committed files again and rebuild the views (a new session, without the
+        tables registered on the old one)."""
         with self.catalog.snapshot():
             backend = self.catalog.backend
             self.ledger.clear()
+            self.own.clear()
             self.steps = list(self.catalog.committed_steps(self.on_error))
             listing = self.catalog.listing(GROUPS)
             self.files, self.legacy = [], []
@@ -265,7 +270,7 @@ class SqlViews:
             if dropped:
                 self.files = [f for f in self.files if f[0] not in dropped]
             if sound:
-                rels = [rel for rel, _ in sound]
+                rels = [self.ledger.where(rel) for rel, _ in sound]
                 group_sets.append(FileSet(schema, backend.duckdb_source(rels, schema)))
         # Step files: DuckDB reads the current ones itself where it can open them (they were
         # read and their seals checked already); the others are handed over as Arrow rows.
@@ -278,7 +283,7 @@ class SqlViews:
             else:
                 by_names.setdefault(tuple(step.schema.names), []).append(step)
         for members in by_names.values():
-            rels = [f"{STEPS}/{s.name}" for s in members]
+            rels = [self.ledger.where(f"{STEPS}/{s.name}") for s in members]
             source = backend.duckdb_source(rels, members[0].schema)
             if source.paths:
                 step_sets.append(FileSet(members[0].schema, source))
@@ -313,6 +318,33 @@ class SqlViews:
             spell=spell,
         )
         session.install(self.plan)
+        for kind, item in self.own:
+            if kind == "register":
+                session.register(*item)
+            else:
+                session.execute(item)
+
+    def _relocate(self) -> bool:
+        """After a query failed: whether files the views read were moved to retired/ by a
+        compaction since the views were built (then the views are rebuilt over the files
+        where they are now: the same bytes, the same rows). A file that is in neither place
+        (retired longer ago than the grace period) is a :class:`StoreError` asking for a
+        :meth:`refresh`."""
+        moved = False
+        rels = [rel for rel, _ in self.files] + [f"{STEPS}/{s.name}" for s in self.steps]
+        for rel in rels:
+            if self.catalog.backend.stat(self.ledger.where(rel)) is not None:
+                continue
+            if not self.ledger.relocate(rel):
+                raise StoreError(
+                    f"{self.catalog.backend.path(rel)}: replaced by a compaction longer ago than "
+                    "the grace period of its retired copies, after these views were built; "
+                    "refresh() them (RunAnalytics.refresh)"
+                )
+            moved = True
+        if moved:
+            self._install()
+        return moved
 
     # ------------------------------------------------------------------ checking
     def check_columns(self, columns: set[str] | None, *, footers: bool = False) -> None:
@@ -355,21 +387,31 @@ class SqlViews:
         timeout = check_timeout(timeout)
         if not trusted:
             check_query(query)
-        if self.crc:
-            # Every file's footer whenever the query scans files at all: DuckDB parses each
-            # footer it opens, also for a count(*) that reads no column chunk.
-            touched, columns = plan_scans(self._session().plan_json(query), self.group_schema.names)
-            if touched:
-                self.check_columns(columns, footers=True)
-        return self._session().run(query, params, timeout=timeout)
+        for attempt in range(3):
+            try:
+                if self.crc:
+                    # Every file's footer whenever the query scans files at all: DuckDB
+                    # parses each footer it opens, also for a count(*) that reads no column.
+                    plan = self._session().plan_json(query)
+                    touched, columns = plan_scans(plan, self.group_schema.names)
+                    if touched:
+                        self.check_columns(columns, footers=True)
+                return self._session().run(query, params, timeout=timeout)
+            except StoreError:
+                # A compaction may have moved the files under the views: read them there.
+                if attempt == 2 or not self._relocate():
+                    raise
+        raise AssertionError("unreachable")
 
     def register(self, name: str, table: Any) -> None:
         """Make an Arrow table of this library's own queryable as ``name`` (trusted)."""
         self._session().register(name, table)
+        self.own.append(("register", (name, table)))
 
     def execute(self, sql: str) -> None:
         """Run a statement of this library's own (a view over registered tables; trusted)."""
         self._session().execute(sql)
+        self.own.append(("execute", sql))
 
     def explain(self, query: str) -> str:
         """DuckDB's physical plan of ``query`` (shows which columns each scan reads)."""

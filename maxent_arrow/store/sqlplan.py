@@ -63,8 +63,9 @@ def scored(expression: str) -> str:
 
 def reward_alias(name: str) -> str:
     """The ``samples`` column of reward function ``name`` when no other reward's column
-    clashes with it (:func:`reward_aliases` gives every reward's, clashes resolved)."""
-    return "reward_" + name
+    clashes with it (:func:`reward_aliases` gives every reward's, clashes resolved). A NUL
+    character, which no DuckDB identifier can hold, reads as ``\u2400`` (the NUL symbol)."""
+    return "reward_" + name.replace("\x00", "\u2400")
 
 
 def reward_aliases(names: Sequence[str]) -> dict[str, str]:
@@ -93,8 +94,12 @@ def quote(name: str) -> str:
 
 
 def sql_string(text: str) -> str:
-    """A DuckDB string literal."""
-    return "'" + str(text).replace("'", "''") + "'"
+    """A DuckDB string literal (a NUL character, which would end the statement's text, is
+    spelled ``chr(0)``)."""
+    text = str(text)
+    if "\x00" in text:
+        return "(" + " || chr(0) || ".join(sql_string(part) for part in text.split("\x00")) + ")"
+    return "'" + text.replace("'", "''") + "'"
 
 
 def samples_view_sql(

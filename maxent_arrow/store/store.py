@@ -35,6 +35,7 @@ from maxent_arrow.store.reader import check_known_columns, read_group_file
 from maxent_arrow.store.readonly import ReadOnlyStore
 from maxent_arrow.store.repair import RepairReport, repair
 from maxent_arrow.store.replay import ReplayOptions, replay
+from maxent_arrow.store.session import check_timeout
 from maxent_arrow.store.writer import Writer
 
 if TYPE_CHECKING:
@@ -78,6 +79,12 @@ class RolloutStore(ReadOnlyStore):
         the merge starts; a merge that fails is a warning, retried at the next append.
         ``None`` never merges. Each row is written twice in all (once per append, once in its
         segment); segments are never merged again.
+    lock_timeout:
+        Seconds an append, ``compact`` or ``repair`` waits for the store lock (local stores)
+        before a :class:`StoreError` naming its holder (pid and host); ``None`` waits as
+        long as it takes, and after two seconds logs whom it waits for.
+    query_timeout:
+        Seconds any one SQL query may run (``None``: no limit).
     """
 
     def __init__(
@@ -91,8 +98,17 @@ class RolloutStore(ReadOnlyStore):
         compression: str = "zstd",
         compression_level: int | None = 1,
         compact_every: int | None = DEFAULT_COMPACT_EVERY,
+        lock_timeout: float | None = None,
+        query_timeout: float | None = None,
     ):
-        super().__init__(root, filesystem=filesystem, on_error=on_error, check_crc=check_crc)
+        super().__init__(
+            root,
+            filesystem=filesystem,
+            on_error=on_error,
+            check_crc=check_crc,
+            query_timeout=query_timeout,
+        )
+        self.lock_timeout = check_timeout(lock_timeout)
         every = compact_every
         bad = isinstance(every, bool) or not isinstance(every, int) or every < 2
         if every is not None and bad:
@@ -111,6 +127,7 @@ class RolloutStore(ReadOnlyStore):
             compression=self.compression,
             compression_level=self.compression_level,
             cache=self.cache_enabled,
+            lock_timeout=self.lock_timeout,
         )
 
     @classmethod
@@ -171,6 +188,7 @@ class RolloutStore(ReadOnlyStore):
                     compression=self.compression,
                     compression_level=self.compression_level,
                     loose_only=True,
+                    lock_timeout=self.lock_timeout,
                 )
         except (StoreError, OSError) as exc:
             warnings.warn(
@@ -241,10 +259,11 @@ class RolloutStore(ReadOnlyStore):
             max_steps=max_steps,
             compression=self.compression,
             compression_level=self.compression_level,
+            lock_timeout=self.lock_timeout,
         )
 
     def repair(self) -> RepairReport:
         """Move leftovers of crashed writes (temp files of writers that are gone, uncommitted
         group files, files a committed compaction replaced) into ``quarantine/``; says what it
         moved. Local stores only."""
-        return repair(self.catalog)
+        return repair(self.catalog, lock_timeout=self.lock_timeout)

@@ -14,12 +14,13 @@ from typing import Any, cast
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
+import pyarrow.parquet as pq
 
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.arrow.registry import UNIT_KEY
 from maxent_arrow.arrow.upgrade import needs_upgrade, upgrade_groups
 from maxent_arrow.errors import StoreError
-from maxent_arrow.store.backend import Backend, is_temp_name
+from maxent_arrow.store.backend import Backend, is_temp_name, temp_final
 from maxent_arrow.store.cache import CACHE_META_KEY, unit_group_crc32
 from maxent_arrow.store.catalog import Catalog, StepFile
 from maxent_arrow.store.checksums import check_chunks, check_seal
@@ -29,6 +30,7 @@ from maxent_arrow.store.names import (
     GROUPS,
     MANIFEST,
     STEPS,
+    UNIT_META_KEY,
     UnitName,
     cache_name,
     parse_name,
@@ -36,7 +38,7 @@ from maxent_arrow.store.names import (
 )
 from maxent_arrow.store.reader import read_group_file
 
-__all__ = ["StoreProblem", "VerifyReport", "verify"]
+__all__ = ["StoreProblem", "VerifyReport", "classify_uncommitted", "verify"]
 
 
 @dataclass(frozen=True)
@@ -74,18 +76,27 @@ class VerifyReport:
 def verify(catalog: Catalog) -> VerifyReport:
     """Check every file: the manifest; each step file (seal, name, rows); each committed
     group file (size, CRC-32 of the whole file and of every chunk, rows); each cache copy.
-    Leftovers (temp files, uncommitted or replaced files) are notes, not problems."""
+    Leftovers (temp files, uncommitted or replaced files) are notes, not problems; a group
+    file that looks like a lost commit (:func:`classify_uncommitted`) and a symbolic link out
+    of the store are problems. One problem never stops the report."""
     report = VerifyReport()
     backend = catalog.backend
+    for rel, target in backend.escapes():
+        report.problems.append(
+            StoreProblem(
+                backend.root / rel,
+                f"a symbolic link to {target}, outside the store: never read or written",
+            )
+        )
     try:
         read_manifest(backend)
     except StoreError as exc:
-        report.problems.append(StoreProblem(backend.path(MANIFEST), str(exc)))
+        report.problems.append(StoreProblem(backend.root / MANIFEST, str(exc)))
     names = catalog.step_names()
     replaced = catalog.hidden(names, "skip")
     committed: set[str] = set()
     for name in names:
-        path = backend.path(f"{STEPS}/{name}")
+        path = backend.root / STEPS / name
         if name in replaced:
             report.notes.append(
                 StoreProblem(path, "replaced by a compaction; `repair` moves it aside")
@@ -98,8 +109,11 @@ def verify(catalog: Catalog) -> VerifyReport:
             report.problems.append(StoreProblem(path, str(exc).removeprefix(f"{path}: ")))
             continue
         committed.add(step.group_file)
-        _verify_step(report, backend, step)
-    _leftovers(report, backend, committed, replaced)
+        try:
+            _verify_step(report, backend, step)
+        except StoreError as exc:  # a path refused (a symlink out): reported, and on
+            report.problems.append(StoreProblem(path, str(exc)))
+    _leftovers(report, catalog, committed, replaced)
     return report
 
 
@@ -159,8 +173,11 @@ def _verify_cache(
 ) -> None:
     """A unit's IPC cache copy, if any: its seal, and its rows against the archive's."""
     cache = f"{CACHE}/{cache_name(unit)}"
-    if backend.stat(cache) is None:
-        return
+    try:
+        if backend.stat(cache) is None:
+            return
+    except StoreError:
+        return  # a symbolic link out of the store: reported as such (Backend.escapes)
     report.checked += 1
     try:
         data = backend.read(cache).to_pybytes()
@@ -197,11 +214,70 @@ def _verify_cache(
         report.problems.append(StoreProblem(backend.path(cache), str(exc)))
 
 
+def classify_uncommitted(catalog: Catalog, names: set[str]) -> dict[str, tuple[str, str]]:
+    """What each group file in ``names`` (listed in ``groups/``, a store file name, neither
+    committed nor replaced) is: ``(kind, why)`` with ``kind`` one of
+
+    - ``"unfinished"``: an append or compaction that did not finish: the temp file of its
+      step file is still in ``steps/`` (the commit writes it before the group file's rename,
+      and only the commit's last step removes it), or the store is on object storage, which
+      keeps no such evidence (a lost commit there looks the same: the commit log will tell);
+    - ``"foreign"``: its footer records another unit or another run;
+    - ``"incomplete"``: not a readable Parquet file whose page checksums all match;
+    - ``"lost"``: a complete, checksummed group file of this unit and run with no step file
+      and no sign of an unfinished write: a *suspected lost commit* (its step file deleted
+      or lost), which ``verify`` reports as a problem and ``repair`` never moves.
+    """
+    backend = catalog.backend
+    pending = {temp_final(n) for n in backend.list(STEPS) if is_temp_name(n)}
+    out: dict[str, tuple[str, str]] = {}
+    for name in sorted(names):
+        if name in pending:
+            out[name] = ("unfinished", "uncommitted: an append that did not finish")
+        elif not backend.can_lock:
+            out[name] = (
+                "unfinished",
+                "uncommitted: an append that did not finish (or a lost commit: object "
+                "storage keeps no evidence to tell them apart)",
+            )
+        else:
+            out[name] = _examine(backend, name, catalog.run_id)
+    return out
+
+
+def _examine(backend: Backend, name: str, run_id: str | None) -> tuple[str, str]:
+    """A group file without step file and without an unfinished write: lost, or not ours."""
+    rel = f"{GROUPS}/{name}"
+    try:
+        with backend.open(rel) as source:
+            reader = pq.ParquetFile(source, page_checksum_verification=True)
+            raw = (reader.schema_arrow.metadata or {}).get(UNIT_META_KEY)
+            identity = json.loads(raw) if raw else {}
+            for i in range(reader.num_row_groups):
+                reader.read_row_group(i)
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        return "incomplete", f"uncommitted and unreadable ({exc}); `repair` moves it aside"
+    unit, run = identity.get("unit", name), identity.get("run")
+    if unit != name or (run is not None and run != run_id):
+        return (
+            "foreign",
+            f"uncommitted: records unit {unit} of run {run}, not this store's; `repair` moves "
+            "it aside",
+        )
+    return (
+        "lost",
+        "suspected lost commit: a complete group file (its page checksums match) without "
+        "its step file, and no unfinished write left a trace; `repair` keeps it",
+    )
+
+
 def _leftovers(
-    report: VerifyReport, backend: Backend, committed: set[str], replaced: set[str]
+    report: VerifyReport, catalog: Catalog, committed: set[str], replaced: set[str]
 ) -> None:
+    backend = catalog.backend
+    orphans = set()
     for name in backend.list(GROUPS):
-        path = backend.path(f"{GROUPS}/{name}")
+        path = backend.root / GROUPS / name
         if is_temp_name(name):
             report.notes.append(StoreProblem(path, "temp file of an unfinished write"))
         elif name in replaced:
@@ -209,12 +285,15 @@ def _leftovers(
                 StoreProblem(path, "replaced by a compaction; `repair` moves it aside")
             )
         elif parse_name(name) is not None and name not in committed:
-            report.notes.append(StoreProblem(path, "uncommitted (an append that did not finish)"))
+            orphans.add(name)
+    for name, (kind, why) in classify_uncommitted(catalog, orphans).items():
+        target = report.problems if kind == "lost" else report.notes
+        target.append(StoreProblem(backend.root / GROUPS / name, why))
     for directory in (STEPS, CACHE):
         for name in backend.list(directory):
             if is_temp_name(name):
                 report.notes.append(
                     StoreProblem(
-                        backend.path(f"{directory}/{name}"), "temp file of an unfinished write"
+                        backend.root / directory / name, "temp file of an unfinished write"
                     )
                 )

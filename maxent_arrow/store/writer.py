@@ -46,8 +46,10 @@ class Writer:
         compression: str,
         compression_level: int | None,
         cache: bool,
+        lock_timeout: float | None = None,
     ):
         self.catalog = catalog
+        self.lock_timeout = lock_timeout
         self.backend = catalog.backend
         self.schemas = schemas
         self.compression = compression
@@ -82,6 +84,7 @@ class Writer:
             compression=self.compression,
             compression_level=self.compression_level,
             run=self.catalog.run_id,
+            lock_timeout=self.lock_timeout,
         )
         if self.cache and self.backend.can_mmap:
             try:
