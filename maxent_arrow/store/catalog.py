@@ -399,14 +399,16 @@ class Catalog:
         present = self.listing(GROUPS)
         out = []
         for name in names:
-            # Not listed: moved to retired/ by a compaction since steps/ was listed?
-            if name in present or locate(self.backend, f"{GROUPS}/{name}") is not None:
-                out.append(f"{GROUPS}/{name}")
-            else:
-                path = self.backend.path(f"{GROUPS}/{name}")
-                fail(
-                    on_error, StoreError(f"{path}: group file missing (its step file is committed)")
-                )
+            rel = f"{GROUPS}/{name}"
+            try:
+                # Not listed: moved to retired/ by a compaction since steps/ was listed?
+                if name in present or locate(self.backend, rel) is not None:
+                    out.append(rel)
+                    continue
+                path = self.backend.root / rel
+                raise missing_error(f"{path}: group file missing (its step file is committed)")
+            except StoreError as exc:  # missing, or a link out of the store
+                fail(on_error, exc)
         return out
 
 

@@ -7,20 +7,24 @@ names the field and the position, and nothing is written: the store is byte for 
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from types import SimpleNamespace
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from fault_harness import snapshot
 from store_fixtures import make_batch, make_parts
 
 from maxent_arrow import (
+    ArgumentError,
     GenerationBatch,
     LayoutError,
     RolloutBatch,
     RolloutStore,
+    RunAnalytics,
     SchemaError,
     StoreError,
 )
@@ -170,3 +174,89 @@ def test_appends_that_fail_write_nothing(store):
         with pytest.raises(error, match=re.escape(pattern)):
             call()
         assert snapshot(store.root) == before
+
+
+# ---------------------------------------------------------------------- replay and read arguments
+@pytest.fixture
+def three(tmp_path):
+    store = RolloutStore.create(tmp_path / "three")
+    for step in range(3):
+        store.append(make_batch(step))
+    return store
+
+
+def test_a_negative_start_is_refused_not_replayed_twice(three):
+    """A cursor position counts the batches already yielded: -1 (a Python index from the
+    end) or a position past the plan is refused, never a replay of the last batches."""
+    cursor = next(iter(three.replay())).cursor
+    for bad in (-1, {**cursor, "position": -1}, json.dumps({**cursor, "position": -2}), 4):
+        with pytest.raises(ArgumentError, match="start"):
+            list(three.replay(start=bad))
+    assert [b.step for b in three.replay(start=cursor)] == [1, 2]
+    assert [b.step for b in three.replay(start=3)] == []
+
+
+BAD_ARGUMENTS = {
+    "replay steps='12'": (lambda s: s.replay(steps="12"), ArgumentError, "steps"),
+    "read steps='12'": (lambda s: s.read(steps="12"), ArgumentError, "steps"),
+    "read steps=[1.5]": (lambda s: s.read(steps=[1.5]), ArgumentError, "steps"),
+    "read ranks='0'": (lambda s: s.read(ranks="0"), ArgumentError, "ranks"),
+    "start not JSON": (lambda s: s.replay(start="not a cursor"), ArgumentError, "start"),
+    "start a list": (lambda s: s.replay(start=[1]), ArgumentError, "start"),
+    "read columns='step'": (lambda s: s.read(columns="step"), ArgumentError, "columns"),
+    "filter on no field": (lambda s: s.read(filter=pc.field("nope") > 1), ArgumentError, "filter"),
+    "replay unknown column": (lambda s: s.replay(columns=["nope"]), SchemaError, "nope"),
+    "replay columns='q'": (lambda s: s.replay(columns="q"), ArgumentError, "columns"),
+    "replay source=None": (lambda s: s.replay(source=None), ArgumentError, "source"),
+    "batch_groups=0": (lambda s: s.replay(batch_groups=0), ArgumentError, "batch_groups"),
+    "unknown option": (lambda s: s.replay(no_such_option=1), ArgumentError, "no_such_option"),
+    "on_error='maybe'": (lambda s: s.read(on_error="maybe"), ArgumentError, "on_error"),
+    "sql timeout=-1": (lambda s: s.sql("SELECT 1", timeout=-1), ArgumentError, "timeout"),
+    "lock_timeout='soon'": (
+        lambda s: RolloutStore(s.root, lock_timeout="soon"),
+        ArgumentError,
+        "timeout",
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "pattern"), list(BAD_ARGUMENTS.values()), ids=list(BAD_ARGUMENTS)
+)
+def test_bad_arguments_are_typed_errors_naming_the_argument(three, call, error, pattern):
+    """``steps="12"`` is not steps {1, 2}; a cursor that is not JSON, a filter on an unknown
+    field, an unknown replay column: each a typed error naming the argument (an
+    :class:`ArgumentError` is a usage error, exit 2, on the command line)."""
+    before = snapshot(three.root)
+    with pytest.raises(error, match=pattern):
+        out = call(three)
+        if hasattr(out, "__next__"):
+            list(out)
+    assert snapshot(three.root) == before
+
+
+def test_rewards_named_alike_but_for_case_keep_their_own_values(tmp_path):
+    """DuckDB's identifiers ignore case: two reward functions ``Acc`` and ``acc`` get two
+    columns of samples (``reward_Acc``, ``reward_acc_2``) and two curves, each its own."""
+    store = RolloutStore.create(tmp_path / "s")
+    batch = make_batch(0, reward_names=("Acc", "acc"))
+    store.append(batch)
+    row = batch.groups.to_pylist()[0]
+    own = {
+        n: [v[row["reward_names"].index(n)] for v in row["reward_values"]] for n in ("Acc", "acc")
+    }
+    assert own["Acc"] != own["acc"]
+    got = store.sql(
+        "SELECT reward_Acc, reward_acc_2 FROM samples WHERE group_index = 0 ORDER BY sample_index"
+    )
+    assert got.column("reward_Acc").to_pylist() == own["Acc"]
+    assert got.column("reward_acc_2").to_pylist() == own["acc"]
+    values = {
+        n: [x for r in batch.groups.to_pylist() for v in r["reward_values"]
+            for x in [v[r["reward_names"].index(n)]]]
+        for n in ("Acc", "acc")
+    }  # fmt: skip
+    with RunAnalytics(store) as run:
+        curve = {r["reward"]: r["mean"] for r in run.reward_curve().to_pylist()}
+        assert curve["Acc"] == pytest.approx(np.mean(values["Acc"]))
+        assert curve["acc"] == pytest.approx(np.mean(values["acc"]))

@@ -7,17 +7,19 @@ traceback. Read commands change nothing on disk.
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from fault_harness import env, snapshot
 from store_fixtures import make_batch
 
-from maxent_arrow import RolloutStore
+from maxent_arrow import RolloutBatch, RolloutStore, StoreError
 from maxent_arrow.cli import EXIT_DATA, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, main
 
 READ_COMMANDS = [
@@ -200,3 +202,117 @@ def test_ctrl_c_stops_a_long_query_with_exit_130(run_dir):
         pytest.fail("the query did not stop on Ctrl-C")
     assert proc.returncode == EXIT_INTERRUPTED, err
     assert "interrupted" in err and "Traceback" not in err
+
+
+# ---------------------------------------------------------------------------- what a query may be
+@pytest.mark.parametrize(
+    ("sql", "code"),
+    [
+        ("EXPLAIN /**/ ANALYZE SELECT count(*) FROM groups", EXIT_OK),
+        ("EXPLAIN -- a comment\n ANALYZE SELECT 1", EXIT_OK),
+        ("EXPLAIN /* ) */ ANALYZE COPY (SELECT 1) TO 'OUT/x.csv'", EXIT_USAGE),
+        ("EXPLAIN /**/ (FORMAT JSON) INSTALL httpfs", EXIT_USAGE),
+    ],
+)
+def test_explain_with_comments_is_checked_like_any_statement(capsys, tmp_path, run_dir, sql, code):
+    (tmp_path / "out").mkdir()
+    got, out, lines = _call(capsys, ["query", run_dir / "store", sql.replace("OUT", str(tmp_path))])
+    assert got == code, lines
+    if code == EXIT_USAGE:
+        assert len(lines) == 1 and "EXPLAIN" in lines[0], lines
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_query_prints_every_type_duckdb_returns(capsys, run_dir):
+    """An INTERVAL in CSV, NaN and infinities in JSON (which has no such numbers: null)."""
+    root = run_dir / "store"
+    code, out, lines = _call(capsys, ["query", root, "SELECT INTERVAL 1 DAY AS i, 2 AS n", "--csv"])
+    assert code == EXIT_OK and out.splitlines()[0] == '"i","n"' and "days=1" in out, lines
+    sql = "SELECT 'nan'::DOUBLE AS x, 'inf'::DOUBLE AS y, 1.5::DOUBLE AS z"
+    code, out, lines = _call(capsys, ["query", root, sql, "--json"])
+
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"not JSON: {constant}")
+
+    assert code == EXIT_OK, lines
+    assert json.loads(out, parse_constant=refuse) == [{"x": None, "y": None, "z": 1.5}]
+
+
+def test_a_reward_name_with_a_nul_byte_is_reported_and_queried(capsys, tmp_path):
+    root = tmp_path / "store"
+    store = RolloutStore.create(root)
+    batch = make_batch(0, reward_names=("a\x00b", "acc"))
+    store.append(batch)
+    code, _, lines = _call(capsys, ["report", root, "--out", tmp_path / "report", "--json"])
+    assert code == EXIT_OK, lines
+    sql = "SELECT count(*) AS n, sum(reward_acc) AS s FROM samples"
+    code, out, lines = _call(capsys, ["query", root, sql, "--json"])
+    assert code == EXIT_OK, lines
+    assert json.loads(out)[0]["n"] == batch.num_samples
+
+
+def test_export_hf_of_a_kind_with_only_empty_steps(capsys, tmp_path):
+    datasets = pytest.importorskip("datasets")
+    root = tmp_path / "store"
+    store = RolloutStore.create(root)
+    store.append(make_batch(0))
+    empty = make_batch(1, kind="eval")
+    row = {**empty.step_row.to_pylist()[0], "num_groups": 0, "num_samples": 0}
+    store.append(
+        RolloutBatch(empty.groups.slice(0, 0), pa.Table.from_pylist([row], empty.step_row.schema))
+    )
+    code, _, lines = _call(capsys, ["export", root, "--to", "hf", tmp_path / "hf"])
+    assert code == EXIT_OK, lines
+    groups = datasets.load_from_disk(str(tmp_path / "hf" / "groups"))
+    assert groups["train"].num_rows == make_batch(0).num_groups and groups["eval"].num_rows == 0
+
+
+# ---------------------------------------------------------------------------- bounded queries (F13)
+def test_every_query_session_has_a_memory_limit_and_threads_from_the_machine(run_dir):
+    """DuckDB's own default looks at the host's memory, not a container's limit, and spills
+    to ./.tmp: every session here sets both bounds and no spill directory."""
+    from maxent_arrow.store.session import (
+        MEMORY_SHARE,
+        QueryLimits,
+        machine_memory,
+        machine_threads,
+    )
+
+    store = RolloutStore(run_dir / "store")
+    with store.sql_views() as views:
+        settings = views.con.execute(
+            "SELECT current_setting('memory_limit'), current_setting('threads'), "
+            "current_setting('temp_directory')"
+        ).fetchall()[0]
+        limit = views.limits.memory
+    assert limit == int(machine_memory() * MEMORY_SHARE) and settings[1] == machine_threads()
+    assert settings[2] == ""
+    with store.sql_views(limits=QueryLimits(memory=64 << 20)) as views:
+        with pytest.raises(StoreError, match="memory limit"):
+            views.query("SELECT repeat('x', 1000) AS s FROM range(200000)")  # a 200 MB result
+
+
+def test_a_query_stops_at_its_timeout(capsys, run_dir):
+    start = time.monotonic()
+    code, _, lines = _call(capsys, ["query", run_dir / "store", LONG_QUERY, "--timeout", "1"])
+    assert code == EXIT_DATA and len(lines) == 1 and "timeout of 1 s" in lines[0], lines
+    assert time.monotonic() - start < 30
+    store = RolloutStore(run_dir / "store", query_timeout=0.5)
+    with pytest.raises(StoreError, match="timeout"):
+        store.sql(LONG_QUERY)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["report", "STORE", "--out", "OUT", "--bins", "1000000000"],
+        ["report", "STORE", "--out", "OUT", "--k", "100000000"],
+        ["report", "STORE", "--out", "OUT", "--timeout", "0"],
+        ["query", "STORE", "SELECT 1", "--timeout", "soon"],
+        ["compact", "STORE", "--lock-timeout", "-1"],
+    ],
+)
+def test_report_and_query_bounds_are_usage_errors(capsys, tmp_path, run_dir, argv):
+    argv = [a.replace("STORE", str(run_dir / "store")).replace("OUT", str(tmp_path)) for a in argv]
+    code, _, lines = _call(capsys, argv)
+    assert code == EXIT_USAGE and len(lines) >= 1, lines

@@ -116,3 +116,30 @@ def test_cursor_json_is_plain(tmp_path):
     store.append(make_batch(0))
     batch = next(store.replay())
     assert json.loads(json.dumps(batch.cursor)) == batch.cursor
+
+
+def test_creating_a_store_makes_its_directory_entries_durable(tmp_path, monkeypatch):
+    """A new store's directory is a new entry in its parent: the parent is fsynced (as each
+    new directory's parent is) before the store counts as created, or a power cut could
+    lose the whole store after ``create`` returned. Observed with a spy that records which
+    directories ``os.fsync`` was called on and calls through."""
+    opened: dict[int, str] = {}
+    synced: list[str] = []
+    real_open, real_fsync = os.open, os.fsync
+
+    def spy_open(path, flags, *args, **kwargs):
+        fd = real_open(path, flags, *args, **kwargs)
+        opened[fd] = os.path.abspath(os.fspath(path))
+        return fd
+
+    def spy_fsync(fd):
+        synced.append(opened.get(fd, "?"))
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "open", spy_open)
+    monkeypatch.setattr(os, "fsync", spy_fsync)
+    root = tmp_path / "runs" / "store"
+    RolloutStore.create(root)
+    monkeypatch.undo()
+    for directory in (tmp_path, tmp_path / "runs", root):
+        assert str(directory) in synced, (directory, synced)
