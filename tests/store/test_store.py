@@ -167,10 +167,18 @@ def test_replay_rank_and_world_size_are_a_deprecated_spelling_of_shard(store):
 
 
 def test_ipc_cache_replay_is_zero_copy(tmp_path):
+    """Unchecked (``check_crc=False``) a cache copy is memory-mapped: nothing is decoded or
+    copied. Checked (the default) it is read into memory once and the bytes checked are the
+    bytes served (views into that one buffer: still no decode and no Arrow allocation)."""
     store = RolloutStore.create(tmp_path / "s", cache=True)
     big = make_batch(0, groups=64, k=(8, 8), max_tokens=256)
     store.append(big)
     assert (store.root / "cache" / "step-0000000000.rank-00000.train.arrow").exists()
+    before = pa.total_allocated_bytes()
+    (checked,) = store.replay(source="cache")
+    assert pa.total_allocated_bytes() - before < big.groups.nbytes / 100
+    assert checked.groups.equals(big.groups)
+    store = RolloutStore(store.root, check_crc=False)
     before = pa.total_allocated_bytes()
     (batch,) = store.replay(source="cache")
     tokens = batch.ragged("ref_token_logp")  # a torch view of the mapped bytes
@@ -186,7 +194,7 @@ def test_ipc_cache_replay_is_zero_copy(tmp_path):
 
 def test_ipc_cache_copies_stay_served_after_compaction(tmp_path):
     """A segment records the CRC of the group file each unit was appended in, so the copies
-    tied to it are still served (memory-mapped) after ``compact``; verify checks them."""
+    tied to it are still served after ``compact``; verify checks them."""
     store = RolloutStore.create(tmp_path / "s", cache=True)
     batches = [make_batch(s, groups=16, k=(8, 8), max_tokens=64) for s in range(3)]
     for b in batches:
