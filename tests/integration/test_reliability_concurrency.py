@@ -6,6 +6,7 @@ lost or doubled, and exactly one writer wins a race.
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -367,3 +368,36 @@ def test_two_writers_of_one_rank_on_s3_never_damage_an_acknowledged_step(s3):
     first.communicate(timeout=120)
     (batch,) = RolloutStore(root).replay()  # the acknowledged step, as acknowledged
     assert batch.groups.equals(make_batch(5, seed=2, groups=4).groups)
+
+
+HOLDER_DIES = textwrap.dedent(
+    """
+    import os, sys, time
+    from maxent_arrow.store.backend import LocalBackend
+    with LocalBackend(sys.argv[1]).lock():
+        child = os.fork()
+        if child == 0:  # keeps the inherited descriptor, and with it the lock
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, 1)  # and lets the test read its parent's output to the end
+            os.dup2(null, 2)
+            time.sleep(60)
+            os._exit(0)
+        print("CHILD", child, "HOLDER", os.getpid(), flush=True)
+        os._exit(0)  # the recorded holder dies without unlocking
+    """
+)
+
+
+def test_a_lock_whose_recorded_holder_is_dead_is_named_as_such(tmp_path):
+    """The kernel releases a dead process's ``flock``; a lock still held after its recorded
+    holder died is held by a process that inherited the descriptor (a fork), and the error
+    says so instead of naming the dead pid as if it were alive."""
+    root = tmp_path / "store"
+    RolloutStore.create(root)
+    done = run_script(HOLDER_DIES, root)
+    _, child, _, holder = done.stdout.split()
+    try:
+        with pytest.raises(StoreError, match=f"inherited it from pid {holder}.*gone"):
+            RolloutStore(root, lock_timeout=0.5).repair()
+    finally:
+        os.kill(int(child), signal.SIGKILL)
