@@ -87,6 +87,8 @@ def compact(
                     catalog, schemas, knd, chunk, compression, compression_level, lock_timeout
                 )
             )
+    if not made:  # each merge tidies retired/; without one, do it here
+        expire_retired(backend, RETIRE_SECONDS)
     return made
 
 

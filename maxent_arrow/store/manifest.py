@@ -18,7 +18,7 @@ from typing import Any, cast
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.errors import SchemaError, StoreError
 from maxent_arrow.store.backend import Backend, is_temp_name
-from maxent_arrow.store.names import CACHE, FORMAT_NAME, GROUPS, MANIFEST, STEPS
+from maxent_arrow.store.names import CACHE, FORMAT_NAME, GROUPS, MANIFEST, RETIRED, STEPS
 
 __all__ = ["create", "jsonable_config", "read", "run_id"]
 
@@ -78,7 +78,7 @@ def create(backend: Backend, config: Mapping[str, Any] | None) -> dict[str, Any]
         return read(backend)
     if backend.stat("") is not None:
         raise StoreError(f"{backend.uri}: exists and is not a directory")
-    own = {GROUPS, STEPS, CACHE, ".lock", MANIFEST}
+    own = {GROUPS, STEPS, CACHE, RETIRED, ".lock", MANIFEST}
     present = set(backend.list("")) | {d for d in (GROUPS, STEPS, CACHE) if backend.is_dir(d)}
     foreign = sorted(n for n in present if n not in own and not is_temp_name(n))
     if foreign:
