@@ -49,7 +49,13 @@ from maxent_arrow.store.ledger import ChecksumLedger
 from maxent_arrow.store.names import GROUPS, STEPS
 from maxent_arrow.store.reader import read_group_file
 from maxent_arrow.store.schemas import UnifiedSchemas
-from maxent_arrow.store.session import QueryLimits, SqlSession, check_query, check_timeout
+from maxent_arrow.store.session import (
+    QueryLimits,
+    SqlSession,
+    check_query,
+    check_timeout,
+    duckdb_module,
+)
 from maxent_arrow.store.sqlplan import FileSet, ViewPlan, plan_views
 
 __all__ = ["SqlViews", "plan_scans", "scanned_columns"]
@@ -253,7 +259,21 @@ class SqlViews:
         return list(names)
 
     def _install(self) -> None:
-        """A new session holding views over :attr:`files`, :attr:`steps` and :attr:`legacy`."""
+        """A new session holding views over :attr:`files`, :attr:`steps` and :attr:`legacy`.
+        DuckDB opens files as it creates the views: one a compaction moved to retired/
+        meanwhile is read there (:meth:`_relocate`)."""
+        duckdb = duckdb_module()
+        for attempt in range(3):
+            try:
+                return self._install_once()
+            except duckdb.Error as exc:
+                if attempt == 2 or not self._relocate(install=False):
+                    raise StoreError(
+                        f"{self.catalog.backend.uri}: cannot build the SQL views: "
+                        f"{str(exc).splitlines()[0]}"
+                    ) from None
+
+    def _install_once(self) -> None:
         if self.session is not None:
             self.session.close()
         self.session = session = SqlSession(threads=self.threads, limits=self.limits)
@@ -324,7 +344,7 @@ class SqlViews:
             else:
                 session.execute(item)
 
-    def _relocate(self) -> bool:
+    def _relocate(self, *, install: bool = True) -> bool:
         """After a query failed: whether files the views read were moved to retired/ by a
         compaction since the views were built (then the views are rebuilt over the files
         where they are now: the same bytes, the same rows). A file that is in neither place
@@ -337,12 +357,12 @@ class SqlViews:
                 continue
             if not self.ledger.relocate(rel):
                 raise StoreError(
-                    f"{self.catalog.backend.path(rel)}: replaced by a compaction longer ago than "
-                    "the grace period of its retired copies, after these views were built; "
-                    "refresh() them (RunAnalytics.refresh)"
+                    f"{self.catalog.backend.path(rel)}: gone since these views were built "
+                    "(replaced by a compaction longer ago than the grace period of its retired "
+                    "copy, or deleted); refresh() them (RunAnalytics.refresh)"
                 )
             moved = True
-        if moved:
+        if moved and install:
             self._install()
         return moved
 
