@@ -17,7 +17,7 @@ import numbers
 import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import Any, Literal, TypeGuard, cast
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -412,7 +412,7 @@ class Catalog:
         return out
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: object) -> TypeGuard[numbers.Integral]:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 

@@ -19,7 +19,7 @@ import re
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
@@ -32,6 +32,7 @@ __all__ = [
     "SqlSession",
     "check_query",
     "check_timeout",
+    "default_memory",
     "duckdb_module",
     "machine_memory",
     "machine_threads",
@@ -110,6 +111,11 @@ def machine_threads() -> int:
 MEMORY_SHARE = 0.4
 
 
+def default_memory() -> int:
+    """The default memory limit of a query: :data:`MEMORY_SHARE` of :func:`machine_memory`."""
+    return max(int(machine_memory() * MEMORY_SHARE), 1 << 26)
+
+
 def check_timeout(timeout: Any) -> float | None:
     """``timeout`` if it is ``None`` or a positive, finite number of seconds, else an
     :class:`ArgumentError`."""
@@ -143,22 +149,16 @@ class QueryLimits:
     with DuckDB's out-of-memory error.
     """
 
-    memory: int | None = None
-    threads: int | None = None
+    memory: int = field(default_factory=default_memory)
+    threads: int = field(default_factory=machine_threads)
     timeout: float | None = None
 
     def __post_init__(self) -> None:
         for name, low in (("memory", 1 << 20), ("threads", 1)):
             value = getattr(self, name)
-            if value is not None and (
-                isinstance(value, bool) or not isinstance(value, int) or value < low
-            ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ArgumentError(f"query limits: {name} must be an int >= {low}, got {value!r}")
         check_timeout(self.timeout)
-        if self.memory is None:
-            object.__setattr__(self, "memory", max(int(machine_memory() * MEMORY_SHARE), 1 << 26))
-        if self.threads is None:
-            object.__setattr__(self, "threads", machine_threads())
 
 
 class SqlSession:

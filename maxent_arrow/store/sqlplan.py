@@ -22,6 +22,7 @@ import pyarrow as pa
 
 from maxent_arrow.arrow import registry as R
 from maxent_arrow.arrow import schema as S
+from maxent_arrow.rollout.config import unique_names
 from maxent_arrow.store.backend import DuckSource
 
 __all__ = [
@@ -70,22 +71,15 @@ def reward_alias(name: str) -> str:
 
 def reward_aliases(names: Sequence[str]) -> dict[str, str]:
     """The ``samples`` column of each reward function in ``names``, unique without regard to
-    case: DuckDB's identifiers ignore case, so ``reward_Acc`` and ``reward_acc`` would be one
-    column. The first name of a clash keeps ``reward_<name>``; each later one gets
-    ``reward_<name>_2``, ``_3``, ... (a name clashing with ``reward_names`` or
-    ``reward_values``, the list columns, too)."""
-    taken = {"reward_names", "reward_values"}
-    out: dict[str, str] = {}
-    for name in names:
-        if name in out:
-            continue
-        alias, n = reward_alias(name), 1
-        while alias.lower() in taken:
-            n += 1
-            alias = f"{reward_alias(name)}_{n}"
-        taken.add(alias.lower())
-        out[name] = alias
-    return out
+    case (DuckDB's identifiers ignore it, so ``reward_Acc`` and ``reward_acc`` would be one
+    column), by the rule that makes a run's reward names unique
+    (:func:`~maxent_arrow.rollout.config.unique_names`: the first keeps its name, a later
+    one gets ``_1``, ``_2``...), with ``names`` and ``values`` taken by the list columns
+    ``reward_names`` and ``reward_values``. A store written before that rule may hold
+    clashing names; its columns are told apart here."""
+    distinct = list(dict.fromkeys(names))
+    unique = unique_names(("names", "values", *distinct))[2:]
+    return {name: reward_alias(alias) for name, alias in zip(distinct, unique)}
 
 
 def quote(name: str) -> str:

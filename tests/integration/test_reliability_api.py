@@ -237,7 +237,7 @@ def test_bad_arguments_are_typed_errors_naming_the_argument(three, call, error, 
 
 def test_rewards_named_alike_but_for_case_keep_their_own_values(tmp_path):
     """DuckDB's identifiers ignore case: two reward functions ``Acc`` and ``acc`` get two
-    columns of samples (``reward_Acc``, ``reward_acc_2``) and two curves, each its own."""
+    columns of samples (``reward_Acc``, ``reward_acc_1``) and two curves, each its own."""
     store = RolloutStore.create(tmp_path / "s")
     batch = make_batch(0, reward_names=("Acc", "acc"))
     store.append(batch)
@@ -247,10 +247,10 @@ def test_rewards_named_alike_but_for_case_keep_their_own_values(tmp_path):
     }
     assert own["Acc"] != own["acc"]
     got = store.sql(
-        "SELECT reward_Acc, reward_acc_2 FROM samples WHERE group_index = 0 ORDER BY sample_index"
+        "SELECT reward_Acc, reward_acc_1 FROM samples WHERE group_index = 0 ORDER BY sample_index"
     )
     assert got.column("reward_Acc").to_pylist() == own["Acc"]
-    assert got.column("reward_acc_2").to_pylist() == own["acc"]
+    assert got.column("reward_acc_1").to_pylist() == own["acc"]
     values = {
         n: [x for r in batch.groups.to_pylist() for v in r["reward_values"]
             for x in [v[r["reward_names"].index(n)]]]
