@@ -295,6 +295,7 @@ def _spawn_stopped(point: str, *args) -> subprocess.Popen:
     raise AssertionError(f"the writer never stopped at {point}")
 
 
+@pytest.mark.slow
 def test_a_stopped_lock_holder_is_named_and_the_wait_can_time_out(tmp_path, capsys):
     """A writer stopped (SIGSTOP) while it holds the store lock holds it until continued:
     others say whom they wait for (pid and host, recorded in the lock) instead of waiting
@@ -334,6 +335,7 @@ def _s3_root(endpoint: str, name: str) -> str:
     return f"s3://runs/{name}?endpoint_override={endpoint}&scheme=http&region=us-east-1"
 
 
+@pytest.mark.slow
 def test_a_refused_writer_on_s3_leaves_the_other_writers_group_object(s3):
     """Two writers of one rank on object storage (outside the protocol): the one whose step
     object is refused does not delete the group object, which is the other's commit."""
@@ -352,6 +354,7 @@ def test_a_refused_writer_on_s3_leaves_the_other_writers_group_object(s3):
     assert store.verify().ok
 
 
+@pytest.mark.slow
 @pytest.mark.xfail(
     strict=True,
     reason="needs the commit log of the run-history issue (or a conditional PUT): without a "
