@@ -86,7 +86,7 @@ def generate(root: Path, *, steps: int, prompts: int, k: int, seed: int = 0) -> 
         cols = {
             "step": pa.array(np.full(prompts, step, np.int64)),
             "rank": pa.array(np.zeros(prompts, np.int32)),
-            **identity_columns(step, 0, "train", np.full(prompts, k)),
+            **GroupIdentity.of(step=step, rank=0, kind="train", group_offsets=goff).columns(),
             "prompt": pa.array([f"prompt {step}-{i}" for i in range(prompts)]),
             "prompt_ids": _lists(poff, pa.array(rng.integers(3, 384, poff[-1], dtype=np.int32))),
             "completions": _lists(goff, pa.array(["text"] * n)),
