@@ -123,8 +123,12 @@ def visible(schema: pa.Schema, families: Iterable[str], table: str) -> pa.Schema
     return pa.schema(fields, metadata=schema.metadata)
 
 
-def check_version(version: str | bytes | None, *, where: str) -> str:
-    """Accept any minor version of our major; refuse a newer major (and a malformed one)."""
+def check_version(
+    version: str | bytes | None, *, where: str, newest: str = SCHEMA_VERSION
+) -> str:
+    """Accept any minor version of our major; refuse a newer major (and a malformed one).
+    ``newest``: the newest version this library reads (files: :data:`SCHEMA_VERSION`; a
+    store's manifest has a version of its own, ``store/manifest.py``)."""
     if version is None:
         raise SchemaVersionError(f"{where}: no schema version in the metadata")
     if isinstance(version, bytes):
@@ -133,10 +137,10 @@ def check_version(version: str | bytes | None, *, where: str) -> str:
         major = int(str(version).split(".")[0])
     except ValueError:
         raise SchemaVersionError(f"{where}: malformed schema version {version!r}") from None
-    if major > SCHEMA_MAJOR:
+    if major > int(newest.split(".")[0]):
         raise SchemaVersionError(
             f"{where}: written with schema version {version}, newer than this maxent-arrow "
-            f"reads ({SCHEMA_VERSION}); upgrade maxent-arrow"
+            f"reads ({newest}); upgrade maxent-arrow"
         )
     return str(version)
 

@@ -377,6 +377,16 @@ class Backend(abc.ABC):
     def open_pending(self, pending: Pending) -> Any:
         """A random-access reader of a pending write's bytes (to read its Parquet footer)."""
 
+    def put_if_absent(self, rel: str, data: bytes) -> bool:
+        """Create ``rel`` holding ``data`` only if no file of that name exists; whether it did.
+        Atomic against a concurrent writer of the same name where :attr:`exclusive_create`
+        holds (a local ``link``, an S3 conditional PUT); elsewhere a check, then a write:
+        safe with one writer only (``docs/commit-protocol.md``)."""
+        if self.stat(rel) is not None:
+            return False
+        self.write_file(rel, data)
+        return True
+
     def write_file(self, final: str, data: Any, *, exclusive: bool = False) -> None:
         """:meth:`write_temp` + :meth:`publish` of ``data``."""
         pending = self.write_temp(final, data)
@@ -677,6 +687,18 @@ class LocalBackend(Backend):
                     out.append((rel, os.path.realpath(entry.path)))
         return out
 
+    def put_if_absent(self, rel: str, data: bytes) -> bool:
+        pending = self.write_temp(rel, data)
+        try:
+            self.publish(pending, exclusive=True)
+        except StoreError as exc:
+            if exc.errno == errno.EEXIST:
+                return False
+            raise
+        finally:
+            self.discard(pending)
+        return True
+
     @contextlib.contextmanager
     def lock(self, timeout: float | None = None) -> Iterator[None]:
         """An exclusive ``flock`` on ``root/.lock`` around a commit (released by the kernel
@@ -788,6 +810,47 @@ class ArrowFsBackend(Backend):
         self._fs = filesystem
         self.root = PurePosixPath(root)
         self.uri = uri
+        # S3 (and S3-compatible servers) create an object exclusively with a conditional PUT
+        # (If-None-Match: *), which pyarrow.fs does not expose: through boto3.
+        self._s3: Any = None
+        self.exclusive_create = filesystem.type_name == "s3" and _has_boto3()
+
+    def _s3_client(self) -> Any:
+        """A boto3 client for this store's S3 endpoint (its options from the pyarrow file
+        system: endpoint, scheme, region, explicit keys; else boto3's own credential chain)."""
+        if self._s3 is None:
+            import boto3  # only here: the `s3` extra, for conditional creates
+
+            options = self._fs.__reduce__()[1][0]
+            endpoint = options.get("endpoint_override") or None
+            if endpoint and "://" not in endpoint:
+                endpoint = f"{options.get('scheme') or 'https'}://{endpoint}"
+            keys = {}
+            if options.get("access_key"):
+                keys = {
+                    "aws_access_key_id": options["access_key"],
+                    "aws_secret_access_key": options.get("secret_key") or None,
+                    "aws_session_token": options.get("session_token") or None,
+                }
+            self._s3 = boto3.client(
+                "s3", endpoint_url=endpoint, region_name=options.get("region") or None, **keys
+            )
+        return self._s3
+
+    def put_if_absent(self, rel: str, data: bytes) -> bool:
+        if not self.exclusive_create:
+            return super().put_if_absent(rel, data)
+        bucket, _, key = str(self.root / rel).partition("/")
+        client = self._s3_client()
+        try:
+            client.put_object(Bucket=bucket, Key=key, Body=bytes(data), IfNoneMatch="*")
+        except client.exceptions.ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code", "")
+            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412):
+                return False
+            raise StoreError(f"cannot write {self.root / rel}: {exc}") from None
+        return True
 
     def __reduce__(self):
         return (ArrowFsBackend, (self._fs, str(self.root), self.uri))
@@ -878,6 +941,15 @@ class ArrowFsBackend(Backend):
             self._fs.create_dir(str(self.root / rel), recursive=True)
         except (pa.ArrowException, OSError) as exc:
             raise StoreError(f"cannot create {self.root / rel}: {exc}") from None
+
+
+def _has_boto3() -> bool:
+    try:
+        import importlib.util
+
+        return importlib.util.find_spec("boto3") is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def _pafs() -> Any:

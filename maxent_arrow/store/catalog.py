@@ -15,7 +15,7 @@ import functools
 import json
 import numbers
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, TypeGuard, cast
 
@@ -28,6 +28,8 @@ from maxent_arrow.arrow.upgrade import needs_upgrade, upgrade_steps
 from maxent_arrow.errors import ArgumentError, StoreError
 from maxent_arrow.store.backend import Backend, FileInfo, missing_error
 from maxent_arrow.store.checksums import check_seal
+from maxent_arrow.store.log import CommitLog, LogState
+from maxent_arrow.store.manifest import has_log
 from maxent_arrow.store.names import (
     GROUPS,
     STEPS,
@@ -39,7 +41,12 @@ from maxent_arrow.store.names import (
 from maxent_arrow.store.parquet import footer_value
 
 __all__ = [
+    "HISTORIES",
     "Catalog",
+    "History",
+    "LogCatalog",
+    "check_history",
+    "open_catalog",
     "OnError",
     "StepFile",
     "Unit",
@@ -384,10 +391,30 @@ class Catalog:
             for i, (step, rank, knd, count) in enumerate(zip(*columns)):
                 if wanted is not None and step not in wanted:
                     continue
+                if not self.keeps(name, step):
+                    continue
                 if wanted_ranks is not None and rank not in wanted_ranks:
                     continue
                 units.append(Unit(step, rank, knd, name, step_file.group_file, i, starts[i], count))
         return sorted(units, key=lambda u: (u.step, u.kind, u.rank))
+
+    # Whether readers read the step rows from the step files (DuckDB reads them by path,
+    # sealed and checked by this catalog); a commit log holds them itself.
+    reads_step_files = True
+
+    def keeps(self, name: str, step: int) -> bool:
+        """Whether the unit of ``step`` in step file ``name`` is in the history this catalog
+        reads (a store without a commit log has one history: every unit)."""
+        return True
+
+    def row_filter(self, name: str) -> str | None:
+        """SQL that keeps the rows of step file ``name``'s group file in the history this
+        catalog reads, when it holds some that are not (``None``: every row)."""
+        return None
+
+    def attempt_of(self, name: str) -> str:
+        """The attempt that wrote step file ``name`` (``""``: a store without attempts)."""
+        return ""
 
     def committed_files(self, table: str, on_error: OnError = "raise") -> list[str]:
         """Relative paths of the committed files of ``table`` (``"groups"``/``"steps"``)."""
@@ -435,3 +462,133 @@ def int_set(values: Iterable[int] | int, *, what: str) -> set[int]:
 def step_set(steps: Iterable[int] | int) -> set[int]:
     """The steps asked for (:func:`int_set`)."""
     return int_set(steps, what="steps")
+
+
+History = Literal["effective", "all", "superseded"]
+HISTORIES = ("effective", "all", "superseded")
+
+
+class LogCatalog(Catalog):
+    """The commit record of a store with a commit log (format 3): what its log says.
+
+    No listing of ``steps/`` and no read of a step file: the committed units, their commit
+    records and step rows are the log's (:mod:`.log`), and within :meth:`snapshot` one
+    version of it (a reader's pin). ``history``: the units readers see: ``"effective"`` (the
+    run's history: not superseded by a later attempt), ``"all"``, or ``"superseded"``.
+    """
+
+    def __init__(
+        self, backend: Backend, run_id: str | None, log: CommitLog, history: History = "effective"
+    ):
+        super().__init__(backend, run_id)
+        self.log = log
+        self.history: History = check_history(history)
+        self._pinned: LogState | None = None
+        self._files: dict[str, StepFile] = {}
+
+    def state(self) -> LogState:
+        """The log's state: the pinned version within :meth:`snapshot`, else the newest."""
+        return self._pinned if self._pinned is not None else self.log.state()
+
+    @contextlib.contextmanager
+    def snapshot(self) -> Iterator[None]:
+        """One version of the log (and one listing of each directory) for everything done
+        inside: a reader building one view of the store pins the version it read."""
+        outer = self._pinned
+        self._pinned = self.log.state().copy() if outer is None else outer
+        try:
+            with super().snapshot():
+                yield
+        finally:
+            self._pinned = outer
+
+    def step_names(self) -> list[str]:
+        """The step files the log commits (every attempt's), in (step, kind, rank) order."""
+        names = [rel.rpartition("/")[2] for rel in self.state().units]
+        parsed = [(n, p) for n in names if (p := parse_name(n)) is not None]
+        return [n for n, p in sorted(parsed, key=lambda x: _sort_key(*x))]
+
+    def step_file(self, name: str) -> StepFile:
+        """A committed step file's record, from the log (the step file is not read)."""
+        entry = self.state().units.get(f"{STEPS}/{name}")
+        if entry is None:
+            raise missing_error(f"{self.backend.path(f'{STEPS}/{name}')}: not committed")
+        hit = self._files.get(name)
+        if hit is not None and hit.meta is entry.record:
+            return hit
+        record = dict(entry.record)
+        version = str(record.pop("schema_version", S.SCHEMA_VERSION))
+        step = StepFile(name, record, version)
+        self._files[name] = step
+        return step
+
+    def hidden(self, names: Iterable[str], on_error: OnError) -> set[str]:
+        return set()  # what a compaction replaced is not in the log's state
+
+    def committed(self, on_error: OnError = "raise", history: History | None = None) -> list[str]:
+        """The step files of ``history`` (default this catalog's)."""
+        state = self.state()
+        which = check_history(history or self.history)
+        if which == "all":
+            keep = set(state.units)
+        else:
+            effective = set(state.effective())
+            if which == "effective":
+                keep = effective
+            else:  # superseded: files with at least one superseded unit
+                keep = {
+                    rel
+                    for rel, e in state.units.items()
+                    if rel not in effective
+                    or any(not state.is_effective(s, e.attempt) for s in e.record["rows"]["step"])
+                }
+        return [n for n in self.step_names() if f"{STEPS}/{n}" in keep]
+
+    reads_step_files = False
+
+    def attempt_of(self, name: str) -> str:
+        entry = self.state().units.get(f"{STEPS}/{name}")
+        return "" if entry is None else entry.attempt
+
+    def row_filter(self, name: str) -> str | None:
+        entry = self.state().units.get(f"{STEPS}/{name}")
+        if entry is None or self.history == "all":
+            return None
+        cut = self.state().cutoff(entry.attempt)
+        steps = entry.record["rows"]["step"]
+        if cut is None or not any(s >= cut for s in steps) or not any(s < cut for s in steps):
+            return None  # the whole file is in, or out of, the history
+        return f"step < {int(cut)}" if self.history == "effective" else f"step >= {int(cut)}"
+
+    def keeps(self, name: str, step: int) -> bool:
+        """Whether the unit of ``step`` in step file ``name`` is in this catalog's history."""
+        if self.history == "all":
+            return True
+        entry = self.state().units.get(f"{STEPS}/{name}")
+        if entry is None:
+            return False
+        effective = self.state().is_effective(step, entry.attempt)
+        return effective if self.history == "effective" else not effective
+
+    def with_history(self, history: History) -> LogCatalog:
+        """A catalog of the same log and backend that sees ``history``."""
+        other = LogCatalog(self.backend, self.run_id, self.log, history)
+        other._pinned = self._pinned
+        return other
+
+
+def check_history(value: object) -> History:
+    if value not in HISTORIES:
+        raise ArgumentError(f"attempts: expected one of {HISTORIES}, got {value!r}")
+    return value  # type: ignore[return-value]
+
+
+def open_catalog(
+    backend: Backend, manifest: Mapping[str, Any], *, history: History = "effective"
+) -> Catalog:
+    """The catalog of the store of ``manifest``: its commit log's (format 3), else the step
+    files' (older stores)."""
+    run = manifest.get("run_id") if isinstance(manifest.get("run_id"), str) else None
+    if has_log(manifest):
+        return LogCatalog(backend, run, CommitLog(backend, run), history)
+    return Catalog(backend, run)

@@ -20,13 +20,23 @@ A crash before step 3's publish leaves nothing a reader of this library sees (te
 most an uncommitted group file); after it, the whole unit. ``crash_point`` names each stage
 (``{operation}:group-written``, ``step-written``, ``locked``, ``group-published``,
 ``committed``) for the kill and stop tests.
+
+**Stores with a commit log** (format 3, :mod:`.log`): steps 1 and 2 as above, under a file
+name of the commit's own (the unit's name and a token), so no other writer's file can be
+overwritten and no lock is needed to publish; 3. both files are published (exclusively),
+then the commit is the log's next entry, created exclusively after the precondition is
+checked again against the log's newest state. A refused or failed entry removes the two
+files again. A crash before the entry leaves files no entry names (leftovers ``repair``
+moves aside); after it, the whole unit. Stages: ``group-published``, ``step-published``,
+``log:entry-written``, ``committed``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -37,11 +47,12 @@ from maxent_arrow.errors import StoreError
 from maxent_arrow.store.backend import Backend, Pending, crash_point
 from maxent_arrow.store.catalog import step_rows_json
 from maxent_arrow.store.checksums import chunk_crcs
-from maxent_arrow.store.names import GROUPS, STEPS, STORE_META_KEY, UNIT_META_KEY
+from maxent_arrow.store.log import CommitLog, LogState
+from maxent_arrow.store.names import GROUPS, STEPS, STORE_META_KEY, UNIT_META_KEY, with_token
 from maxent_arrow.store.parquet import group_file_settings, parquet_bytes, write_parquet
 from maxent_arrow.store.schemas import schema_key
 
-__all__ = ["commit_unit", "group_file_meta", "step_file_bytes", "write_group_file"]
+__all__ = ["Committed", "commit_unit", "group_file_meta", "step_file_bytes", "write_group_file"]
 
 
 def write_group_file(
@@ -101,6 +112,17 @@ def step_file_bytes(step_rows: pa.Table, meta: dict[str, Any]) -> bytes:
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class Committed:
+    """What :func:`commit_unit` committed: the file name of its group and step files (the
+    unit's name, with a token of its own in a store with a commit log), the group file's
+    pending record (size, CRC-32) and the log version (``None`` without a log)."""
+
+    name: str
+    group: Pending
+    version: int | None = None
+
+
 def commit_unit(
     backend: Backend,
     name: str,
@@ -109,22 +131,32 @@ def commit_unit(
     step_rows: pa.Table,
     record: dict[str, Any],
     *,
-    check: Callable[[], None],
+    check: Callable[[LogState | None], None],
     operation: str,
     compression: str,
     compression_level: int | None,
     run: str | None = None,
     lock_timeout: float | None = None,
-) -> Pending:
+    log: CommitLog | None = None,
+    attempt: str = "",
+    replaces: Sequence[str] = (),
+) -> Committed:
     """Write and commit the unit ``name``: its group file (``groups``, with
     ``group_metadata`` in the Parquet footer) and its step file (``step_rows``, with
     ``record`` beside what :func:`group_file_meta` records, and the unit's own name and
     ``run``, the store's run identity, in both files). ``lock_timeout``: seconds to wait
-    for the store lock (``None``: as long as it takes). ``check`` raises when the commit
-    must not happen; it runs once before anything is written and again under the lock.
-    Returns the committed group file's pending record (its size and CRC-32). Raises
-    (:class:`StoreError`, ``OSError`` as ``StoreError``) with the store as it was."""
-    check()  # early and cheap: refuse before encoding anything
+    for the store lock (``None``: as long as it takes).
+
+    ``check(state)`` raises when the commit must not happen; it runs once before anything
+    is written and again at the commit: under the lock, with the log's newest state
+    (``None`` without a log). With a ``log`` the files get a name of their own
+    (:func:`~.names.with_token`), the commit is the log's next entry (written by ``attempt``;
+    a compaction's ``replaces`` its inputs' step files) and a refused commit removes its own
+    files. Raises (:class:`StoreError`, ``OSError`` as ``StoreError``) with the store as it
+    was."""
+    if log is not None:
+        name = with_token(name)
+    check(None if log is None else log.state())  # early and cheap: refuse before encoding
     # Who this unit is, in both files: a step file names its unit and run (readers refuse a
     # copy under another name or from another run), and a group file whose step file is
     # lost still says what it is (verify: a suspected lost commit).
@@ -147,9 +179,16 @@ def commit_unit(
         backend.discard(group)
         raise
     crash_point(f"{operation}:step-written")
+    if log is not None:
+        version = _commit_to_log(
+            backend, log, name, group, step, meta, step_rows, check, operation, attempt,
+            replaces, lock_timeout,
+        )  # fmt: skip
+        crash_point(f"{operation}:committed")
+        return Committed(name, group, version)
     try:
         with backend.lock(lock_timeout):
-            check()
+            check(None)
             crash_point(f"{operation}:locked")
             backend.publish(group, exclusive=False)
             crash_point(f"{operation}:group-published")
@@ -168,4 +207,58 @@ def commit_unit(
         backend.discard(group)  # no-ops once published
         backend.discard(step)
     crash_point(f"{operation}:committed")
-    return group
+    return Committed(name, group)
+
+
+def _commit_to_log(
+    backend: Backend,
+    log: CommitLog,
+    name: str,
+    group: Pending,
+    step: Pending,
+    meta: dict[str, Any],
+    step_rows: pa.Table,
+    check: Callable[[LogState | None], None],
+    operation: str,
+    attempt: str,
+    replaces: Sequence[str],
+    lock_timeout: float | None,
+) -> int:
+    """Publish the unit's files (names of their own: no lock needed) and commit them as the
+    log's next entry; a refused or failed commit removes them again (they are certainly
+    ours), so the store is as it was."""
+    try:
+        backend.publish(group, exclusive=True)
+        crash_point(f"{operation}:group-published")
+        backend.publish(step, exclusive=True)
+        crash_point(f"{operation}:step-published")
+        entry = {
+            "op": operation,
+            "attempt": attempt,
+            "step_file": f"{STEPS}/{name}",
+            "step_size": step.size,
+            "step_crc32": step.crc,
+            # The commit record, as the step file holds it, and its rows: readers read the
+            # log, never the step files (plain readers do).
+            "record": {
+                **meta,
+                "rows": step_rows_json(step_rows),
+                "schema_version": S.SCHEMA_VERSION,
+            },
+            "replaces": [f"{STEPS}/{r}" for r in replaces],
+        }
+
+        def at_commit(state: LogState) -> None:
+            check(state)
+
+        version = log.commit(entry, check=at_commit, lock_timeout=lock_timeout)
+        assert version is not None  # at_commit never declines
+        return version
+    except BaseException:
+        for rel in (f"{GROUPS}/{name}", f"{STEPS}/{name}"):
+            with contextlib.suppress(OSError, StoreError):
+                backend.remove(rel)
+        raise
+    finally:
+        backend.discard(group)
+        backend.discard(step)

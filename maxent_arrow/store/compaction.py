@@ -22,8 +22,9 @@ import pyarrow as pa
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.errors import ArgumentError, StoreError
 from maxent_arrow.store.backend import Backend, crash_point
-from maxent_arrow.store.catalog import Catalog, Unit, is_missing
+from maxent_arrow.store.catalog import Catalog, LogCatalog, Unit, is_missing
 from maxent_arrow.store.commit import commit_unit
+from maxent_arrow.store.log import LogState
 from maxent_arrow.store.names import (
     GROUPS,
     STEPS,
@@ -62,15 +63,19 @@ def compact(
         isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1
     ):
         raise ArgumentError(f"compact: max_steps must be None or an int >= 1, got {max_steps!r}")
+    if isinstance(catalog, LogCatalog):
+        # Every attempt's units (a superseded one is still kept, until it is retired), each
+        # merged only with its own attempt's: a segment belongs to the attempt that wrote it.
+        catalog = catalog.with_history("all")
     units = catalog.units(kind=kind, steps=steps, ranks=ranks)
     if loose_only:
         # A unit's step file is a committed store file name, so it parses.
         units = [u for u in units if not cast(UnitName, parse_name(u.step_file)).compacted]
-    by_kind: dict[str, list[Unit]] = {}
+    by_kind: dict[tuple[str, str], list[Unit]] = {}
     for unit in units:
-        by_kind.setdefault(unit.kind, []).append(unit)
+        by_kind.setdefault((unit.kind, catalog.attempt_of(unit.step_file)), []).append(unit)
     made = []
-    for knd, members in sorted(by_kind.items()):
+    for (knd, _), members in sorted(by_kind.items()):
         distinct = sorted({u.step for u in members})
         size = max_steps or len(distinct)
         for at in range(0, len(distinct), size):
@@ -152,13 +157,17 @@ def _compact_files(
         else list(dict.fromkeys(c for names in cast(list[list[str]], recorded) for c in names))
     )
 
-    def inputs_still_committed() -> None:
-        current = set(catalog.committed())
+    def inputs_still_committed(state: LogState | None) -> None:
+        if state is None:
+            current = set(catalog.committed())
+        else:
+            current = {rel.rpartition("/")[2] for rel in state.units}
         gone = [n for n in inputs if n not in current]
         if gone:
             raise StoreError(f"compact: {gone[0]} was compacted by another writer meanwhile")
 
-    commit_unit(
+    log = catalog.log if isinstance(catalog, LogCatalog) else None
+    committed = commit_unit(
         backend,
         name,
         _keep_nullability(pa.concat_tables(groups), group_schema),
@@ -177,7 +186,11 @@ def _compact_files(
         compression_level=compression_level,
         run=catalog.run_id,
         lock_timeout=lock_timeout,
+        log=log,
+        attempt=catalog.attempt_of(inputs[0]),
+        replaces=inputs,
     )
+    name = committed.name
     # Committed: the inputs are hidden by `replaces`. They leave groups/ and steps/ (plain
     # readers glob those) for retired/, where readers that listed the store before this
     # commit still find them, until RETIRE_SECONDS have passed.

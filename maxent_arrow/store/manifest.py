@@ -18,9 +18,29 @@ from typing import Any, cast
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.errors import SchemaError, StoreError
 from maxent_arrow.store.backend import Backend, is_temp_name
-from maxent_arrow.store.names import CACHE, FORMAT_NAME, GROUPS, MANIFEST, RETIRED, STEPS
+from maxent_arrow.store.names import (
+    CACHE,
+    FORMAT_NAME,
+    GROUPS,
+    LOG,
+    MANIFEST,
+    RECORDS,
+    RETIRED,
+    STEPS,
+)
 
-__all__ = ["create", "jsonable_config", "read", "run_id"]
+__all__ = ["STORE_VERSION", "create", "has_log", "jsonable_config", "read", "run_id"]
+
+# The version of a store's own format, in its manifest's `schema_version` (its files carry the
+# table schema's, arrow/schema.py): 1.x and 2.x stores are a directory of committed step files;
+# 3.0 stores have a commit log (store/log.py), which readers of 2.x refuse to guess at.
+STORE_VERSION = "3.0"
+
+
+def has_log(manifest: Mapping[str, Any]) -> bool:
+    """Whether the store of ``manifest`` commits through a commit log (format 3 and later)."""
+    version = str(manifest.get("schema_version") or "0")
+    return int(version.split(".")[0]) >= 3
 
 
 def jsonable_config(config: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -64,7 +84,9 @@ def read(backend: Backend) -> dict[str, Any]:
         raise StoreError(f"{backend.path(MANIFEST)}: unreadable manifest ({exc})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
         raise StoreError(f"{backend.path(MANIFEST)}: not a {FORMAT_NAME} manifest")
-    S.check_version(manifest.get("schema_version"), where=str(backend.path(MANIFEST)))
+    S.check_version(
+        manifest.get("schema_version"), where=str(backend.path(MANIFEST)), newest=STORE_VERSION
+    )
     return manifest
 
 
@@ -78,7 +100,7 @@ def create(backend: Backend, config: Mapping[str, Any] | None) -> dict[str, Any]
         return read(backend)
     if backend.stat("") is not None:
         raise StoreError(f"{backend.uri}: exists and is not a directory")
-    own = {GROUPS, STEPS, CACHE, RETIRED, ".lock", MANIFEST}
+    own = {GROUPS, STEPS, CACHE, RETIRED, LOG, RECORDS, ".lock", MANIFEST}
     present = set(backend.list("")) | {d for d in (GROUPS, STEPS, CACHE) if backend.is_dir(d)}
     foreign = sorted(n for n in present if n not in own and not is_temp_name(n))
     if foreign:
@@ -88,14 +110,17 @@ def create(backend: Backend, config: Mapping[str, Any] | None) -> dict[str, Any]
         )
     manifest = {
         "format": FORMAT_NAME,
-        "schema_version": S.SCHEMA_VERSION,
+        "schema_version": STORE_VERSION,
+        # The table schema of the files it is created with (each file records its own).
+        "table_schema_version": S.SCHEMA_VERSION,
+        "log": {"format": 1},
         "created_at": dt.datetime.now(dt.UTC).isoformat(),
         # The run's identity: every commit records it, so a step file of another run (a copy
         # or sync mistake) is refused by name (stores created before it have none).
         "run_id": uuid.uuid4().hex,
         "config": jsonable_config(config),
     }
-    for directory in ("", GROUPS, STEPS):
+    for directory in ("", GROUPS, STEPS, LOG):
         backend.makedirs(directory)
     try:
         backend.write_file(MANIFEST, json.dumps(manifest, indent=2).encode(), exclusive=True)

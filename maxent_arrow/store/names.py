@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import re
+import secrets
 from dataclasses import dataclass
 
 from maxent_arrow.arrow import schema as S
@@ -36,10 +37,12 @@ __all__ = [
     "CONFIG_META_KEY",
     "FORMAT_NAME",
     "GROUPS",
+    "LOG",
     "MANIFEST",
     "MAX_RANK",
     "MAX_STEP",
     "QUARANTINE",
+    "RECORDS",
     "RETIRED",
     "STEPS",
     "STORE_META_KEY",
@@ -50,12 +53,16 @@ __all__ = [
     "parse_name",
     "retired_path",
     "unit_name",
+    "unit_of",
+    "with_token",
 ]
 
 FORMAT_NAME = "maxent-arrow-rollouts"
 MANIFEST = "manifest.json"
 GROUPS, STEPS, CACHE, QUARANTINE = "groups", "steps", "cache", "quarantine"
 RETIRED = "retired"
+# Stores with a commit log: the log's entries and checkpoints, and the files of record tables.
+LOG, RECORDS = "log", "records"
 # JSON in a step file's metadata: its group file's name, size and checksums, and for a
 # compacted segment the row ranges of its units and the files it replaces.
 STORE_META_KEY = b"maxent_arrow.store"
@@ -69,7 +76,11 @@ MAX_STEP = 10**10 - 1
 MAX_RANK = 10**5 - 1
 
 _KIND = S.KIND_PATTERN
-_UNIT_RE = re.compile(rf"^step-(\d{{10}})\.rank-(\d{{5}})\.({_KIND})\.parquet$")
+# In a store with a commit log every commit writes files of a name of its own: the unit's
+# name and a random token (two attempts of a run, or two racing writers, never share a file).
+_UNIT_RE = re.compile(
+    rf"^step-(\d{{10}})\.rank-(\d{{5}})\.({_KIND})(?:\.(t[0-9a-f]{{12}}))?\.parquet$"
+)
 _COMPACT_RE = re.compile(
     rf"^compact-(\d{{10}})-(\d{{10}})\.({_KIND})\.r(\d{{5}})-(\d{{5}})\.([0-9a-f]{{12}})\.parquet$"
 )
@@ -98,6 +109,23 @@ def unit_name(step: int, rank: int, kind: str) -> str:
         raise StoreError(f"rank {rank} out of range [0, {MAX_RANK}] for the store's file names")
     S.check_kind(kind, where="store file name")
     return f"step-{step:010d}.rank-{rank:05d}.{kind}.parquet"
+
+
+def with_token(name: str) -> str:
+    """``name`` (a unit's file name) made unique: ``….{kind}.t{12 hex}.parquet`` (stores with
+    a commit log: every commit writes files of a name of its own). A compacted segment's
+    name is unique already (a digest of its inputs)."""
+    if _UNIT_RE.match(name) is None:
+        return name
+    return f"{name.removesuffix('.parquet')}.t{secrets.token_hex(6)}.parquet"
+
+
+def unit_of(name: str) -> str:
+    """The unit's own name of a file name (its token removed)."""
+    match = _UNIT_RE.match(name)
+    if match is None or match[4] is None:
+        return name
+    return name.replace(f".{match[4]}.parquet", ".parquet")
 
 
 def compact_name(kind: str, steps: tuple[int, int], ranks: tuple[int, int], inputs: list) -> str:

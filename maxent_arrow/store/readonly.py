@@ -22,7 +22,14 @@ import pyarrow.compute as pc
 from maxent_arrow.errors import StoreError
 from maxent_arrow.store import manifest
 from maxent_arrow.store.backend import Backend, open_backend
-from maxent_arrow.store.catalog import Catalog, OnError, Unit, check_on_error
+from maxent_arrow.store.catalog import (
+    History,
+    OnError,
+    Unit,
+    check_history,
+    check_on_error,
+    open_catalog,
+)
 from maxent_arrow.store.names import GROUPS, STEPS
 from maxent_arrow.store.reader import GroupFileRead, read_table
 from maxent_arrow.store.schemas import UnifiedSchemas
@@ -58,6 +65,11 @@ class ReadOnlyStore:
         Seconds any one SQL query may run (``sql``, ``sql_views``, the analytics and the
         report over this store); ``None``: no limit. Memory and threads of a query are
         bounded by :class:`~maxent_arrow.store.session.QueryLimits` (sized from the machine).
+    attempts:
+        Which history every reader of this object sees (stores with a commit log):
+        ``"effective"`` (the default: what the model trained on; steps a resumed or re-run
+        attempt superseded are left out), ``"all"`` (every attempt's), or ``"superseded"``
+        (only what later attempts superseded). ``docs/commit-protocol.md``, "Attempts".
     """
 
     def __init__(
@@ -68,13 +80,14 @@ class ReadOnlyStore:
         on_error: OnError = "raise",
         check_crc: bool = True,
         query_timeout: float | None = None,
+        attempts: History = "effective",
     ):
         self.query_timeout = check_timeout(query_timeout)
         self.backend = open_backend(root, filesystem)
         self.manifest = manifest.read(self.backend)
         self.on_error: OnError = check_on_error(on_error)
         self.check_crc = bool(check_crc)
-        self.catalog = Catalog(self.backend, manifest.run_id(self.manifest))
+        self.catalog = open_catalog(self.backend, self.manifest, history=check_history(attempts))
         self.schemas = UnifiedSchemas(self.catalog)
 
     # ------------------------------------------------------------------ identity

@@ -273,6 +273,12 @@ class SqlViews:
                         f"{str(exc).splitlines()[0]}"
                     ) from None
 
+    def _kept_rows(self, step: StepFile) -> pa.Table:
+        """The step rows of ``step`` in the history the catalog reads."""
+        steps = step.column("step")
+        keep = [i for i, s in enumerate(steps) if self.catalog.keeps(step.name, s)]
+        return step.table if len(keep) == len(steps) else step.table.take(pa.array(keep))
+
     def _install_once(self) -> None:
         if self.session is not None:
             self.session.close()
@@ -280,25 +286,28 @@ class SqlViews:
         backend = self.catalog.backend
         # Files of one schema form one set (DuckDB binds a set to its first file's footer).
         group_sets: list[FileSet] = []
-        by_schema: dict[int, tuple[pa.Schema, list[tuple[str, StepFile]]]] = {}
+        # (A file the history reads in part, a segment a resumed run superseded in part,
+        # forms a set of its own, with its filter.)
+        by_schema: dict[tuple, tuple[pa.Schema, str | None, list[tuple[str, StepFile]]]] = {}
         for rel, step in self.files:
             schema = self.schemas.file(rel)  # files of one schema share the object
-            by_schema.setdefault(id(schema), (schema, []))[1].append((rel, step))
-        for schema, members in by_schema.values():
+            where = self.catalog.row_filter(step.name)
+            by_schema.setdefault((id(schema), where), (schema, where, []))[2].append((rel, step))
+        for schema, where, members in by_schema.values():
             sound = self.ledger.first_sound(members)
             dropped = {rel for rel, _ in members[: len(members) - len(sound)]}
             if dropped:
                 self.files = [f for f in self.files if f[0] not in dropped]
             if sound:
                 rels = [self.ledger.where(rel) for rel, _ in sound]
-                group_sets.append(FileSet(schema, backend.duckdb_source(rels, schema)))
+                group_sets.append(FileSet(schema, backend.duckdb_source(rels, schema), where))
         # Step files: DuckDB reads the current ones itself where it can open them (they were
         # read and their seals checked already); the others are handed over as Arrow rows.
         step_sets: list[FileSet] = []
         handed: list[StepFile] = []
         by_names: dict[tuple[str, ...], list[StepFile]] = {}
         for step in self.steps:
-            if needs_upgrade(step.version):
+            if needs_upgrade(step.version) or not self.catalog.reads_step_files:
                 handed.append(step)
             else:
                 by_names.setdefault(tuple(step.schema.names), []).append(step)
@@ -312,7 +321,10 @@ class SqlViews:
         step_rows = None
         if handed:
             step_rows = pa.concat_tables(
-                [S.conform(s.table.replace_schema_metadata(), self.step_schema) for s in handed]
+                [
+                    S.conform(self._kept_rows(s).replace_schema_metadata(), self.step_schema)
+                    for s in handed
+                ]
             )
         legacy = (
             pa.concat_tables([S.conform(t, self.group_schema) for t in self.legacy])

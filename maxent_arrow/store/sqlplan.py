@@ -135,10 +135,13 @@ def samples_view_sql(
 
 @dataclass(frozen=True)
 class FileSet:
-    """Parquet files of one schema and how DuckDB reads them (its paths, or a dataset)."""
+    """Parquet files of one schema and how DuckDB reads them (its paths, or a dataset);
+    ``where``: a filter of their rows (the steps of the history read, in a file that a
+    resumed run superseded in part), or ``None``."""
 
     schema: pa.Schema
     source: DuckSource
+    where: str | None = None
 
 
 @dataclass
@@ -187,14 +190,15 @@ def _union(
     parts = []
     for i, files in enumerate(sets):
         projection = _projection(unified, files.schema, spell)
+        where = f" WHERE {files.where}" if files.where else ""
         if files.source.paths:
             plan.allowed_paths.extend(files.source.paths)
             listing = "[" + ", ".join(sql_string(p) for p in files.source.paths) + "]"
-            parts.append(f"SELECT {projection} FROM read_parquet({listing})")
+            parts.append(f"SELECT {projection} FROM read_parquet({listing}){where}")
         elif files.source.dataset is not None:
             table = f"_maxent_{name}_set_{i}"
             plan.tables[table] = files.source.dataset
-            parts.append(f"SELECT {projection} FROM {table}")
+            parts.append(f"SELECT {projection} FROM {table}{where}")
     if rows is not None or not parts:
         table = f"_maxent_{name}_rows"
         plan.tables[table] = S.conform(rows, unified) if rows is not None else unified.empty_table()

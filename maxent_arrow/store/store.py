@@ -24,11 +24,12 @@ from maxent_arrow.arrow import schema as S
 from maxent_arrow.errors import ArgumentError, StoreError
 from maxent_arrow.rollout import RolloutBatch
 from maxent_arrow.store import manifest
+from maxent_arrow.store.attempts import AttemptSpec, IfExists
 from maxent_arrow.store.backend import Backend, open_backend
 from maxent_arrow.store.cache import unit_group_crc32, write_cache
-from maxent_arrow.store.catalog import OnError
+from maxent_arrow.store.catalog import History, OnError
 from maxent_arrow.store.compaction import compact
-from maxent_arrow.store.names import cache_name, parse_name
+from maxent_arrow.store.names import MANIFEST, cache_name, parse_name
 from maxent_arrow.store.padding import strip_padding
 from maxent_arrow.store.parquet import check_compression
 from maxent_arrow.store.reader import check_known_columns, read_group_file
@@ -85,6 +86,17 @@ class RolloutStore(ReadOnlyStore):
         long as it takes, and after two seconds logs whom it waits for.
     query_timeout:
         Seconds any one SQL query may run (``None``: no limit).
+    if_exists, resume_from, attempt, role:
+        How this object's writes begin their attempt, in a store with a commit log
+        (:class:`~maxent_arrow.store.attempts.AttemptSpec`): a fresh run into a store that
+        holds steps of an earlier run is refused (``if_exists="error"``, the default) before
+        anything is written; ``resume_from=step`` resumes it at a checkpoint's step (the
+        stored steps from there on are superseded), ``if_exists="resume"`` continues after
+        its last step, ``if_exists="new_attempt"`` records a re-run that supersedes it all.
+        Ranks of one launch share one attempt (:func:`~.attempts.default_attempt_id`).
+    attempts:
+        Which history the readers of this object see (``"effective"``, ``"all"``,
+        ``"superseded"``; :class:`ReadOnlyStore`).
     """
 
     def __init__(
@@ -100,6 +112,11 @@ class RolloutStore(ReadOnlyStore):
         compact_every: int | None = DEFAULT_COMPACT_EVERY,
         lock_timeout: float | None = None,
         query_timeout: float | None = None,
+        if_exists: IfExists | None = None,
+        resume_from: int | None = None,
+        attempt: str | None = None,
+        role: str = "trainer",
+        attempts: History = "effective",
     ):
         super().__init__(
             root,
@@ -107,6 +124,10 @@ class RolloutStore(ReadOnlyStore):
             on_error=on_error,
             check_crc=check_crc,
             query_timeout=query_timeout,
+            attempts=attempts,
+        )
+        self.attempt_spec = AttemptSpec(
+            if_exists=if_exists, resume_from=resume_from, attempt=attempt, role=role
         )
         self.lock_timeout = check_timeout(lock_timeout)
         every = compact_every
@@ -128,7 +149,15 @@ class RolloutStore(ReadOnlyStore):
             compression_level=self.compression_level,
             cache=self.cache_enabled,
             lock_timeout=self.lock_timeout,
+            attempt=self.attempt_spec,
         )
+
+    def begin_attempt(self, *, config: Mapping[str, Any] | None = None) -> str | None:
+        """Begin this object's attempt now (an append begins it otherwise), so that a fresh
+        run into a store holding an earlier run's steps is refused before any training
+        step: call it when the trainer starts. ``config``: the run config to record with
+        the attempt. Returns the attempt id (``None``: a store without a commit log)."""
+        return self.writer.begin_attempt(config=config)
 
     @classmethod
     def create(
@@ -137,19 +166,33 @@ class RolloutStore(ReadOnlyStore):
         *,
         config: Mapping[str, Any] | None = None,
         filesystem: pafs.FileSystem | None = None,
+        if_exists: IfExists | None = None,
         **options: Any,
     ) -> RolloutStore:
-        """Create a store at ``root`` (or open the one there) and return it.
+        """Create a store at ``root`` and return it, open to write.
 
         ``config`` (a dict or :class:`~maxent_arrow.rollout.RunConfig`) goes into a new
-        store's manifest; an existing store keeps its own (each step row carries its own
-        snapshot anyway). Ranks creating one store at once all succeed with one manifest. A
+        store's manifest. Ranks creating one store at once all succeed with one manifest. A
         non-empty directory that is not a store is refused, and nothing is written into it.
+        ``if_exists``: what a store already there means for this run, as in the constructor
+        (``"error"``: a fresh run into a store that holds steps is refused at its first
+        write; ``"resume"``; ``"new_attempt"``). Not given, an existing store is opened and
+        continued (``"resume"``), as before, with a DeprecationWarning: say which.
         ``options`` are those of the constructor.
         """
         backend = open_backend(root, filesystem)
+        existed = backend.stat(MANIFEST) is not None
         manifest.create(backend, config)
-        return cls(backend, **options)
+        if existed and if_exists is None and options.get("resume_from") is None:
+            warnings.warn(
+                f"RolloutStore.create({backend.uri!r}): the store exists; opening it without "
+                "if_exists= is deprecated (pass if_exists='resume' to continue it, 'error' to "
+                "refuse a fresh run into it, or 'new_attempt')",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            if_exists = "resume"
+        return cls(backend, if_exists=if_exists, **options)
 
     # ------------------------------------------------------------------ writing
     def append(self, batch: RolloutBatch) -> Any:

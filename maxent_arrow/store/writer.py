@@ -10,6 +10,7 @@ commit).
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -18,9 +19,11 @@ from maxent_arrow.arrow import registry as R
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.errors import SchemaError, StoreError
 from maxent_arrow.rollout import BATCH_META_KEY, RolloutBatch
+from maxent_arrow.store.attempts import AttemptSpec, attempt_entry
 from maxent_arrow.store.cache import write_cache
-from maxent_arrow.store.catalog import Catalog
+from maxent_arrow.store.catalog import Catalog, LogCatalog
 from maxent_arrow.store.commit import commit_unit
+from maxent_arrow.store.log import LogState
 from maxent_arrow.store.names import CONFIG_META_KEY, STEPS, unit_name
 from maxent_arrow.store.padding import pad_to_layout
 from maxent_arrow.store.schemas import UnifiedSchemas
@@ -47,8 +50,12 @@ class Writer:
         compression_level: int | None,
         cache: bool,
         lock_timeout: float | None = None,
+        attempt: AttemptSpec | None = None,
     ):
         self.catalog = catalog
+        self.log = catalog.log if isinstance(catalog, LogCatalog) else None
+        self.attempt = attempt or AttemptSpec()
+        self._begun: str | None = None
         self.lock_timeout = lock_timeout
         self.backend = catalog.backend
         self.schemas = schemas
@@ -66,7 +73,8 @@ class Writer:
         S.check_version(version or S.SCHEMA_VERSION.encode(), where=f"batch for {name}")
         self._check_conflicts(batch)
         families = self._run_families(batch)
-        group = commit_unit(
+        attempt = self.begin_attempt()
+        committed = commit_unit(
             self.backend,
             name,
             pad_to_layout(pa.Table.from_batches([batch.groups]), S.group_schema(families=families)),
@@ -79,21 +87,50 @@ class Writer:
                 "columns": batch.groups.schema.names,  # the rest is padding (store/padding.py)
                 "families": list(families),
             },
-            check=lambda: self._refuse_duplicate(name, batch),
+            check=lambda state: self._refuse_duplicate(name, batch, state),
             operation="append",
             compression=self.compression,
             compression_level=self.compression_level,
             run=self.catalog.run_id,
             lock_timeout=self.lock_timeout,
+            log=self.log,
+            attempt=attempt or "",
         )
         if self.cache and self.backend.can_mmap:
             try:
-                write_cache(self.backend, batch, name, group.crc)
+                write_cache(self.backend, batch, name, committed.group.crc)
             except (OSError, StoreError) as exc:
                 warnings.warn(
                     f"step {name} is committed but its IPC cache copy failed: {exc}", stacklevel=3
                 )
-        return self.backend.path(f"{STEPS}/{name}")
+        return self.backend.path(f"{STEPS}/{committed.name}")
+
+    def begin_attempt(self, *, config: Mapping[str, Any] | None = None) -> str | None:
+        """Record this writer's attempt in the commit log, once (a store without a log has no
+        attempts: ``None``). A fresh run into a store that holds an earlier run's steps is
+        refused here (:func:`~.attempts.attempt_entry`)."""
+        if self.log is None:
+            return None
+        if self._begun is not None:
+            return self._begun
+        spec = self.attempt
+        if config is not None:
+            spec.config = dict(config)
+        uri = self.backend.uri
+
+        def begin(state: LogState) -> bool | None:
+            entry = attempt_entry(spec, state, uri)
+            if entry is None:
+                return False  # begun already (another rank of the launch, or before)
+            fields.update(entry)
+            return None
+
+        # The entry is made from the newest state, under the lock: `begin` fills `fields`,
+        # which the log reads after the check has run.
+        fields: dict[str, Any] = {}
+        self.log.commit(fields, check=begin, lock_timeout=self.lock_timeout)
+        self._begun = spec.id
+        return spec.id
 
     def _run_families(self, batch: RolloutBatch) -> tuple[str, ...]:
         """The run's layout families: the store's (fixed at its first append), which must
@@ -119,9 +156,19 @@ class Writer:
             )
         return run
 
-    def _refuse_duplicate(self, name: str, batch: RolloutBatch) -> None:
-        names = self.catalog.step_names()
-        if name in names or name in self.catalog.hidden(names, "skip"):
+    def _refuse_duplicate(self, name: str, batch: RolloutBatch, state: LogState | None) -> None:
+        """Refuse a (step, rank, kind) the store holds already: in a store with a commit
+        log, as effective history (a superseded write of a resumed run's step is no
+        duplicate); else as any committed step file."""
+        if state is None:
+            names = self.catalog.step_names()
+            taken = name in names or name in self.catalog.hidden(names, "skip")
+        else:
+            taken = any(
+                state.is_effective(batch.step, e.attempt)
+                for e in state.writes_of(batch.step, batch.rank, batch.kind)
+            )
+        if taken:
             raise StoreError(
                 f"{self.backend.path(f'{STEPS}/{name}')}: step {batch.step} of rank "
                 f"{batch.rank} ({batch.kind}) is already in the store; each (step, rank, kind) "

@@ -1,0 +1,181 @@
+"""Attempts: every writer session of a run, recorded in the commit log.
+
+A run is written by one or more *attempts*: a launch of the trainer (all its ranks), a resume
+after a crash or a preemption, a re-run into the same directory. Each begins with an
+``attempt`` entry in the log: its id, role, start time, the step it resumed from, its mode
+and config, and the units of earlier attempts it supersedes (the tombstones of a resume).
+
+**Effective history.** Resuming at step ``s`` supersedes every stored step ``>= s`` written by
+an earlier attempt of the same role: a stored step is *effective* when its attempt is the
+latest attempt of its role whose resume point is at or below that step. Readers see the
+effective history by default (``docs/commit-protocol.md``, "Attempts").
+
+**Identity.** All ranks of one launch share one attempt id: ``MAXENT_ARROW_ATTEMPT`` when
+set; else torchrun's (``accelerate launch`` runs torchrun) ``TORCHELASTIC_RUN_ID`` when it is
+a real id; else, under torchrun without one, the launcher process (host, parent pid and its
+start time: the ranks of one node); else this process (host, pid, start time). A process
+that opens a store several times is one attempt.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import hashlib
+import os
+import socket
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from maxent_arrow.errors import ArgumentError, StoreError
+from maxent_arrow.store.log import Attempt, LogState
+
+__all__ = ["IfExists", "AttemptSpec", "attempt_entry", "default_attempt_id", "IF_EXISTS"]
+
+IfExists = Literal["error", "resume", "new_attempt"]
+IF_EXISTS = ("error", "resume", "new_attempt")
+
+
+def _start_time(pid: int) -> str:
+    """A process's start time (clock ticks since boot, from ``/proc``): with the pid, an id
+    no other process on this host has had."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return "0"
+
+
+@functools.cache
+def _process_attempt(pid: int) -> str:
+    host = socket.gethostname()
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    if run_id and run_id != "none":
+        return f"torchrun-{run_id}"
+    if run_id is not None:  # torchrun without a run id: the ranks of one node share a parent
+        parent = os.getppid()
+        seed = f"{host}:{parent}:{_start_time(parent)}"
+    else:
+        seed = f"{host}:{pid}:{_start_time(pid)}"
+    return hashlib.sha256(seed.encode()).hexdigest()[:16]
+
+
+def default_attempt_id() -> str:
+    """This process's attempt id (see the module docstring)."""
+    explicit = os.environ.get("MAXENT_ARROW_ATTEMPT")
+    if explicit:
+        return explicit
+    return _process_attempt(os.getpid())
+
+
+class AttemptSpec:
+    """How a writer begins its attempt.
+
+    Parameters
+    ----------
+    if_exists:
+        When the store already holds steps of other attempts of this role: ``"error"`` (the
+        default: refuse, naming the choices), ``"resume"`` (resume the run: at
+        ``resume_from`` when given, superseding the stored steps from there on; else
+        continue after them, superseding nothing) or ``"new_attempt"`` (a re-run: the new
+        attempt supersedes every stored step of the role).
+    resume_from:
+        The step the run resumes at (a checkpoint's ``global_step``); implies ``"resume"``.
+    attempt:
+        An explicit attempt id (default :func:`default_attempt_id`).
+    role:
+        What this writer writes (``"trainer"``); an asynchronous generator and trainer
+        writing one store are two roles, each with its own attempts.
+    config:
+        The run config (JSON) recorded with the attempt.
+    """
+
+    def __init__(
+        self,
+        *,
+        if_exists: IfExists | None = None,
+        resume_from: int | None = None,
+        attempt: str | None = None,
+        role: str = "trainer",
+        config: Mapping[str, Any] | None = None,
+    ):
+        if resume_from is not None:
+            if isinstance(resume_from, bool) or not isinstance(resume_from, int) or resume_from < 0:
+                raise ArgumentError(f"resume_from: expected a step >= 0, got {resume_from!r}")
+            if if_exists not in (None, "resume"):
+                raise ArgumentError(
+                    f"resume_from={resume_from} resumes the run; it cannot go with "
+                    f"if_exists={if_exists!r}"
+                )
+            if_exists = "resume"
+        if if_exists is not None and if_exists not in IF_EXISTS:
+            raise ArgumentError(f"if_exists: expected one of {IF_EXISTS}, got {if_exists!r}")
+        if not isinstance(role, str) or not role:
+            raise ArgumentError(f"role: expected a name, got {role!r}")
+        self.if_exists: IfExists = if_exists or "error"
+        self.resume_from = 0 if self.if_exists == "new_attempt" else resume_from
+        self.id = attempt or default_attempt_id()
+        self.role = role
+        self.config = dict(config or {})
+
+    def attempt(self) -> Attempt:
+        return Attempt(
+            id=self.id,
+            role=self.role,
+            resume_from=self.resume_from,
+            started_at=dt.datetime.now(dt.UTC).isoformat(),
+            mode=self.if_exists,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            config=self.config,
+        )
+
+
+def attempt_entry(spec: AttemptSpec, state: LogState, uri: str) -> dict[str, Any] | None:
+    """The ``attempt`` entry that begins ``spec``'s attempt given the log's ``state``, or
+    ``None`` when it has begun already (another rank of the launch, or this process before).
+    A fresh run into a store that holds steps of another attempt of its role is refused."""
+    if state.attempt(spec.id) is not None:
+        return None
+    others = [
+        e
+        for e in state.units.values()
+        if e.attempt != spec.id
+        and (a := state.attempt(e.attempt)) is not None
+        and a.role == spec.role
+    ]
+    if others and spec.if_exists == "error":
+        steps = sorted(
+            {
+                s
+                for e in others
+                for s in e.record.get("rows", {}).get("step", [])
+                if state.is_effective(s, e.attempt)
+            }
+        )
+        shown = f"{steps[0]}..{steps[-1]}" if steps else "none"
+        raise StoreError(
+            f"{uri}: this store already holds {len(steps)} steps ({shown}) of an earlier run "
+            f"(attempt {others[-1].attempt}); a fresh run into it is refused. Resume it "
+            "(resume_from=<the checkpoint's step>, or if_exists='resume' to continue after "
+            "its last step; the CLI's --resume), or write to a new run directory; "
+            "if_exists='new_attempt' records this run as a new attempt that supersedes it"
+        )
+    attempt = spec.attempt()
+    # The tombstones: each earlier attempt of the role whose steps from the resume point on
+    # this attempt supersedes (readers compute the same from the attempts; this says it).
+    superseded = []
+    if attempt.resume_from is not None:
+        for a in state.attempts:
+            if a.role != spec.role:
+                continue
+            steps = [
+                s
+                for e in state.units.values()
+                if e.attempt == a.id
+                for s in e.record.get("rows", {}).get("step") or []
+                if s >= attempt.resume_from and state.is_effective(s, a.id)
+            ]
+            if steps:
+                superseded.append({"attempt": a.id, "steps": sorted(set(steps))})
+    return {"op": "attempt", "attempt": attempt.to_json(), "superseded": superseded}

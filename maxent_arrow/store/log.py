@@ -1,0 +1,484 @@
+"""The commit log: the ordered, append-only record of every commit of a store.
+
+::
+
+    root/log/{version:020d}.json          one entry per commit, created exclusively: the commit
+    root/log/checkpoint-{version}.parquet the state at that version (every CHECKPOINT_EVERY)
+    root/log/_checkpoint.parquet          the newest checkpoint, under a stable name (a copy)
+    root/log/_last_checkpoint.json        which checkpoint is newest (a hint; readers check it)
+
+A commit is the exclusive creation of the next entry: on a local disk a hard link under the
+store lock (``link`` refuses an existing name), on S3 a conditional PUT (``If-None-Match: *``,
+through boto3: ``pyarrow.fs`` has no conditional create). Two writers racing for a version
+never both win: the loser reads the winner's entry, checks its own commit still makes sense
+(its unit not committed meanwhile) and takes the next version. Files an entry names are
+written and made durable before it, so an entry never names a file that is not there; a file
+no entry names is a leftover of a crashed write, invisible to every reader.
+
+A reader reads the newest checkpoint, then the entries after it, in order, until a version is
+missing: never a listing of the store's files, so opening costs O(entries since the last
+checkpoint), not O(commits). A reader pins the version it read: what it serves is the state
+at that version, whatever commits after it (``docs/commit-protocol.md``).
+
+Entries are JSON objects ``{"format": 1, "version": v, "time": ..., "run": ..., "attempt":
+..., "op": ...}`` with, by ``op``:
+
+``"attempt"``
+    a writer session begins (:class:`Attempt`); ``superseded`` lists the units of earlier
+    attempts it supersedes (the tombstones of a resume).
+``"append"``
+    a unit: its step file and group file (relative paths) and its commit record (the step
+    file's store metadata: sizes, checksums, columns, reward names, families, step rows).
+``"compact"``
+    a segment that replaces step files (``replaces``), atomically.
+``"records"``
+    rows of a record table (trainer figures, group lifecycle): a Parquet file, its size and
+    CRC-32, its row count.
+``"retire"``
+    files no reader may need any more (superseded or replaced, past the grace period).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime as dt
+import json
+import warnings
+import zlib
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from maxent_arrow.errors import StoreError
+from maxent_arrow.store.backend import crash_point
+from maxent_arrow.store.names import LOG
+
+__all__ = [
+    "CHECKPOINT_EVERY",
+    "LOG_FORMAT",
+    "CommitLog",
+    "Attempt",
+    "LogState",
+    "UnitEntry",
+    "entry_name",
+    "parse_entry",
+]
+
+LOG_FORMAT = 1
+# A checkpoint every this many versions: a reader replays at most this many entries.
+CHECKPOINT_EVERY = 100
+CHECKPOINT = "_checkpoint.parquet"
+LAST_CHECKPOINT = "_last_checkpoint.json"
+
+
+def entry_name(version: int) -> str:
+    """``log/{version:020d}.json``: sortable, one per version."""
+    return f"{LOG}/{version:020d}.json"
+
+
+def checkpoint_name(version: int) -> str:
+    return f"{LOG}/checkpoint-{version:020d}.parquet"
+
+
+@dataclasses.dataclass(frozen=True)
+class Attempt:
+    """One writer session of a run (every rank of one launch shares it).
+
+    ``resume_from``: the step it resumed at (every stored step at or after it, written by an
+    earlier attempt of the same ``role``, is superseded), ``None`` for a session that
+    continues where the store ends (supersedes nothing); ``role``: what it writes
+    (``"trainer"``: a trainer that generates and trains, as TRL and ours; an asynchronous
+    generator and trainer are two roles). ``version``: the log version that began it."""
+
+    id: str
+    role: str = "trainer"
+    resume_from: int | None = None
+    started_at: str = ""
+    mode: str = "new"
+    host: str = ""
+    pid: int = 0
+    config: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    version: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["config"] = dict(self.config)
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Attempt:
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+@dataclasses.dataclass(frozen=True)
+class UnitEntry:
+    """A committed step file: its relative path, its commit record (the step file's store
+    metadata), the attempt that wrote it and the version that committed it."""
+
+    step_file: str
+    record: Mapping[str, Any]
+    attempt: str
+    version: int
+
+
+@dataclasses.dataclass
+class LogState:
+    """The store's state at :attr:`version`, built by applying entries in order."""
+
+    version: int = 0
+    run: str | None = None
+    attempts: list[Attempt] = dataclasses.field(default_factory=list)
+    # step file (relative path) -> its entry, for every step file not replaced by a compaction
+    units: dict[str, UnitEntry] = dataclasses.field(default_factory=dict)
+    # record table name -> [(relative path, size, crc32, rows, attempt, version)]
+    records: dict[str, list[dict[str, Any]]] = dataclasses.field(default_factory=dict)
+    # files replaced or superseded and not yet retired: relative path -> version it left
+    retiring: dict[str, int] = dataclasses.field(default_factory=dict)
+    # (step, rank, kind) -> the step files that hold a write of it (an index of `units`)
+    writes: dict[tuple[int, int, str], list[str]] = dataclasses.field(default_factory=dict)
+
+    def writes_of(self, step: int, rank: int, kind: str) -> list[UnitEntry]:
+        """The committed writes of one unit (several when attempts rewrote it)."""
+        return [self.units[rel] for rel in self.writes.get((step, rank, kind), ())]
+
+    def _add(self, rel: str, entry: UnitEntry) -> None:
+        self.units[rel] = entry
+        rows = entry.record.get("rows", {})
+        for key in zip(rows.get("step", ()), rows.get("rank", ()), rows.get("kind", ())):
+            self.writes.setdefault(key, []).append(rel)
+
+    def _drop(self, rel: str) -> UnitEntry | None:
+        entry = self.units.pop(rel, None)
+        if entry is not None:
+            rows = entry.record.get("rows", {})
+            for key in zip(rows.get("step", ()), rows.get("rank", ()), rows.get("kind", ())):
+                held = self.writes.get(key)
+                if held and rel in held:
+                    held.remove(rel)
+        return entry
+
+    def copy(self) -> LogState:
+        """A copy that later entries do not change (a reader's pinned version)."""
+        return LogState(
+            version=self.version,
+            run=self.run,
+            attempts=list(self.attempts),
+            units=dict(self.units),
+            records={k: list(v) for k, v in self.records.items()},
+            retiring=dict(self.retiring),
+            writes={k: list(v) for k, v in self.writes.items()},
+        )
+
+    def apply(self, entry: Mapping[str, Any]) -> None:
+        """Apply the next entry (its version must be :attr:`version` + 1)."""
+        version = int(entry["version"])
+        if version != self.version + 1:
+            raise StoreError(f"commit log: entry {version} applied after version {self.version}")
+        op = entry.get("op")
+        attempt = str(entry.get("attempt") or "")
+        if self.run is None:
+            self.run = entry.get("run")
+        if op == "attempt":
+            self.attempts.append(Attempt.from_json({**entry["attempt"], "version": version}))
+        elif op in ("append", "compact"):
+            for rel in entry.get("replaces") or ():
+                if self._drop(rel) is not None:
+                    self.retiring[rel] = version
+            rel = entry["step_file"]
+            self._add(rel, UnitEntry(rel, entry["record"], attempt, version))
+        elif op == "records":
+            self.records.setdefault(entry["name"], []).append(
+                {**entry["file"], "attempt": attempt, "version": version}
+            )
+        elif op == "retire":
+            for rel in entry.get("files") or ():
+                self.retiring.pop(rel, None)
+        elif op != "noop":
+            raise StoreError(f"commit log: entry {version} has an unknown op {op!r}")
+        self.version = version
+
+    # ------------------------------------------------------------------ the history
+    def attempt(self, attempt_id: str) -> Attempt | None:
+        for a in self.attempts:
+            if a.id == attempt_id:
+                return a
+        return None
+
+    def cutoff(self, attempt_id: str) -> int | None:
+        """The first step of ``attempt_id``'s writes that later attempts supersede: the
+        lowest resume point of a later attempt of its role (``None``: nothing superseded).
+        A step is *effective* when it is below its attempt's cutoff."""
+        mine = self.attempt(attempt_id)
+        if mine is None:
+            return None
+        points = [
+            a.resume_from
+            for a in self.attempts
+            if a.version > mine.version and a.role == mine.role and a.resume_from is not None
+        ]
+        return min(points) if points else None
+
+    def is_effective(self, step: int, attempt_id: str) -> bool:
+        """Whether ``attempt_id``'s write of ``step`` is the run's history."""
+        cut = self.cutoff(attempt_id)
+        return cut is None or step < cut
+
+    def effective(self) -> dict[str, UnitEntry]:
+        """The committed step files with at least one effective unit (a compacted segment
+        may be superseded in part: readers filter its rows by :meth:`cutoff`)."""
+        out = {}
+        for rel, e in self.units.items():
+            steps = e.record.get("rows", {}).get("step") or []
+            if any(self.is_effective(s, e.attempt) for s in steps):
+                out[rel] = e
+        return out
+
+    # ------------------------------------------------------------------ checkpoints
+    def to_table(self) -> pa.Table:
+        """The state as a checkpoint table: one row per live item, typed columns for plain
+        readers (``kind``, ``path``, ``effective``) and the item itself as JSON."""
+        rows: list[dict[str, Any]] = []
+        effective = self.effective()
+        for rel, e in self.units.items():
+            group = f"groups/{e.record['group_file']}"
+            for kind, path in (("step_file", rel), ("group_file", group)):
+                rows.append(
+                    {
+                        "kind": kind,
+                        "path": path,
+                        "effective": rel in effective,
+                        "cutoff": self.cutoff(e.attempt),
+                        "attempt": e.attempt,
+                        "version": e.version,
+                        "item": json.dumps({"step_file": rel, "record": e.record}),
+                    }
+                )
+        for name, files in self.records.items():
+            for f in files:
+                rows.append(
+                    {
+                        "kind": f"records:{name}",
+                        "path": f["path"],
+                        "effective": True,
+                        "cutoff": None,
+                        "attempt": f["attempt"],
+                        "version": f["version"],
+                        "item": json.dumps(f),
+                    }
+                )
+        for a in self.attempts:
+            rows.append(
+                {
+                    "kind": "attempt",
+                    "path": None,
+                    "effective": True,
+                    "cutoff": None,
+                    "attempt": a.id,
+                    "version": a.version,
+                    "item": json.dumps(a.to_json()),
+                }
+            )
+        for path, version in self.retiring.items():
+            rows.append(
+                {
+                    "kind": "retiring",
+                    "path": path,
+                    "effective": False,
+                    "cutoff": None,
+                    "attempt": None,
+                    "version": version,
+                    "item": "{}",
+                }
+            )
+        schema = pa.schema(
+            [
+                ("kind", pa.string()),
+                ("path", pa.string()),
+                ("effective", pa.bool_()),
+                # Rows of the file at or after this step are superseded (a resume).
+                ("cutoff", pa.int64()),
+                ("attempt", pa.string()),
+                ("version", pa.int64()),
+                ("item", pa.string()),
+            ],
+            metadata={
+                b"maxent_arrow.log": json.dumps(
+                    {"format": LOG_FORMAT, "version": self.version, "run": self.run}
+                ).encode()
+            },
+        )
+        return pa.Table.from_pylist(rows, schema=schema)
+
+    @classmethod
+    def from_table(cls, table: pa.Table) -> LogState:
+        meta = json.loads((table.schema.metadata or {})[b"maxent_arrow.log"])
+        state = cls(version=int(meta["version"]), run=meta.get("run"))
+        for row in table.to_pylist():
+            item = json.loads(row["item"])
+            kind = row["kind"]
+            if kind == "step_file":
+                state._add(
+                    item["step_file"],
+                    UnitEntry(item["step_file"], item["record"], row["attempt"], row["version"]),
+                )
+            elif kind == "attempt":
+                state.attempts.append(Attempt.from_json(item))
+            elif kind.startswith("records:"):
+                state.records.setdefault(kind.partition(":")[2], []).append(item)
+            elif kind == "retiring":
+                state.retiring[row["path"]] = row["version"]
+        state.attempts.sort(key=lambda a: a.version)
+        return state
+
+
+def _canonical(entry: Mapping[str, Any]) -> bytes:
+    body = {k: v for k, v in entry.items() if k != "crc32"}
+    return json.dumps(body, sort_keys=True, allow_nan=False, separators=(",", ":")).encode()
+
+
+def parse_entry(data: bytes, version: int, where: str) -> dict[str, Any]:
+    """A log entry's JSON, checked: an object of this format, for ``version``, whose CRC-32
+    (of its canonical JSON) is the one it carries."""
+    try:
+        entry = json.loads(data)
+    except ValueError as exc:
+        raise StoreError(f"{where}: unreadable commit log entry ({exc})") from None
+    if not isinstance(entry, dict) or entry.get("format") != LOG_FORMAT:
+        raise StoreError(f"{where}: not a commit log entry of format {LOG_FORMAT}")
+    if entry.get("crc32") != crc32(_canonical(entry)):
+        raise StoreError(f"{where}: CRC-32 differs from the one in the entry (corrupt)")
+    if entry.get("version") != version:
+        raise StoreError(
+            f"{where}: entry says version {entry.get('version')}, its name says {version}"
+        )
+    return entry
+
+
+def encode_entry(entry: Mapping[str, Any]) -> bytes:
+    """An entry as the bytes of its file: JSON, with the time it was made and the CRC-32 of
+    its canonical form."""
+    full = {"format": LOG_FORMAT, "time": dt.datetime.now(dt.UTC).isoformat(), **entry}
+    full["crc32"] = crc32(_canonical(full))
+    return json.dumps(full, sort_keys=True, allow_nan=False).encode()
+
+
+def checkpoint_bytes(state: LogState) -> bytes:
+    """A checkpoint file's bytes (Parquet, zstd)."""
+    sink = pa.BufferOutputStream()
+    pq.write_table(state.to_table(), sink, compression="zstd")
+    return sink.getvalue().to_pybytes()
+
+
+def crc32(data: bytes) -> int:
+    return zlib.crc32(data) & 0xFFFFFFFF
+
+
+def versions_after(start: int) -> Iterator[int]:
+    version = start + 1
+    while True:
+        yield version
+        version += 1
+
+
+# ---------------------------------------------------------------------------- the log itself
+class CommitLog:
+    """The commit log of one store: its state at the newest version this object has read,
+    kept up to date incrementally, and the one way to commit."""
+
+    def __init__(self, backend: Any, run: str | None = None):
+        self.backend = backend
+        self.run = run
+        self._state: LogState | None = None
+
+    # ------------------------------------------------------------------ reading
+    def state(self, *, fresh: bool = True) -> LogState:
+        """The state at the newest version (``fresh``: read the entries committed since the
+        last call; else the state as last read, a pinned version)."""
+        state = self._state
+        if state is None:
+            state = self._from_checkpoint() or LogState(run=self.run)
+        elif not fresh:
+            return state
+        for version in versions_after(state.version):
+            data = self._read_entry(version)
+            if data is None:
+                break
+            state.apply(parse_entry(data, version, str(self.backend.path(entry_name(version)))))
+        self._state = state
+        return state
+
+    def _read_entry(self, version: int) -> bytes | None:
+        rel = entry_name(version)
+        if self.backend.stat(rel) is None:
+            return None
+        return self.backend.read(rel).to_pybytes()
+
+    def _from_checkpoint(self) -> LogState | None:
+        """The state of the newest readable checkpoint (``None``: none yet)."""
+        pointer = f"{LOG}/{LAST_CHECKPOINT}"
+        if self.backend.stat(pointer) is None:
+            return None
+        try:
+            hint = json.loads(self.backend.read(pointer).to_pybytes())
+            data = self.backend.read(checkpoint_name(int(hint["version"]))).to_pybytes()
+            if crc32(data) != hint["crc32"]:
+                raise StoreError("checkpoint CRC-32 differs from the one recorded")
+            return LogState.from_table(pq.read_table(pa.BufferReader(data)))
+        except (StoreError, ValueError, KeyError, TypeError, pa.ArrowException) as exc:
+            # A damaged checkpoint costs time, not correctness: replay the entries instead.
+            where = self.backend.path(pointer)
+            warnings.warn(f"{where}: checkpoint not used ({exc})", stacklevel=3)
+            return None
+
+    # ------------------------------------------------------------------ committing
+    def commit(
+        self,
+        fields: Mapping[str, Any],
+        *,
+        check: Callable[[LogState], bool | None] | None = None,
+        lock_timeout: float | None = None,
+    ) -> int | None:
+        """Commit one entry (``fields`` without ``version``) and return its version.
+
+        Under the store lock where the backend has one, ``check(state)`` runs on the newest
+        state: it raises when the commit must not happen, and returns ``False`` when it need
+        not (nothing is committed; ``None`` is returned). Then the next entry is created
+        exclusively. A writer that loses a race for a version (object stores: no lock) reads
+        the winner's entry, checks again and takes the next version."""
+        for _ in range(_RACES):
+            with self.backend.lock(lock_timeout):
+                state = self.state()
+                if check is not None and check(state) is False:
+                    return None
+                version = state.version + 1
+                entry = {**fields, "version": version, "run": state.run or self.run}
+                data = encode_entry(entry)
+                crash_point("log:entry-written")
+                if self.backend.put_if_absent(entry_name(version), data):
+                    state.apply(parse_entry(data, version, entry_name(version)))
+                    if version % CHECKPOINT_EVERY == 0:
+                        with contextlib.suppress(OSError, StoreError):
+                            self.write_checkpoint(state)  # a speed-up: failing it loses nothing
+                    return version
+        raise StoreError(
+            f"{self.backend.uri}: lost the race for a commit log version {_RACES} times"
+        )
+
+    def write_checkpoint(self, state: LogState | None = None) -> int:
+        """Write a checkpoint of ``state`` (default: the newest) and point readers at it, also
+        under the stable name ``log/_checkpoint.parquet`` (what plain readers read). Returns
+        its version. A crash leaves the older checkpoint in use."""
+        state = state or self.state()
+        data = checkpoint_bytes(state)
+        self.backend.write_file(checkpoint_name(state.version), data)
+        self.backend.write_file(f"{LOG}/{CHECKPOINT}", data)
+        hint = {"version": state.version, "crc32": crc32(data), "size": len(data)}
+        self.backend.write_file(f"{LOG}/{LAST_CHECKPOINT}", json.dumps(hint).encode())
+        return state.version
+
+
+_RACES = 1000
