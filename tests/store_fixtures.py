@@ -201,3 +201,14 @@ def make_batch(step: int, *, rank: int = 0, kind: str = "train", seed: int | Non
     """A full RolloutBatch for ``step`` (seeded by step and rank unless ``seed`` is given)."""
     parts = make_parts(seed=step * 1000 + rank if seed is None else seed, **kw)
     return RolloutBatch.from_parts(step, rank=rank, kind=kind, **parts)
+
+
+def unit_path(store, table: str, step: int, *, rank: int = 0, kind: str = "train"):
+    """The committed file of ``table`` (``"groups"``/``"steps"``) that holds the unit
+    (step, rank, kind) alone: in a store with a commit log its name is the unit's and a token
+    of its commit (``names.unit_of`` takes the token off)."""
+    from maxent_arrow.store.names import unit_name, unit_of
+
+    want = unit_name(step, rank, kind)
+    (path,) = [p for p in store.committed_files(table) if unit_of(p.name) == want]
+    return path

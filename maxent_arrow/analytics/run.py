@@ -150,7 +150,10 @@ class RunAnalytics(ReadyMadeQueries):
         return {
             "root": str(self.root),
             "format": manifest.get("format"),
-            "schema_version": manifest.get("schema_version"),
+            # The table layout's version (what readers of the columns care about); the
+            # store format's (its commit protocol) is `store_version`.
+            "schema_version": manifest.get("table_schema_version", manifest.get("schema_version")),
+            "store_version": manifest.get("schema_version"),
             "file_schema_versions": versions,
             "created_at": manifest.get("created_at"),
             "kinds": {row.pop("kind"): row for row in steps},

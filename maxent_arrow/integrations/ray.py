@@ -394,8 +394,10 @@ def _write_unit(
     filesystem: pafs.FileSystem | None,
     step_rows: Mapping[str, str],
     config_update: str | None,
+    attempt: str,
 ) -> pa.Table:
-    """Runs in a Ray worker: commit one unit's rows to the target store as one append."""
+    """Runs in a Ray worker: commit one unit's rows to the target store as one append, in
+    the driver's attempt (the workers of one write are one attempt)."""
     names = rows.column(UNIT_COLUMN).unique().to_pylist()
     if len(names) != 1:
         raise StoreError(f"write_store: expected the rows of one unit, got units {names}")
@@ -411,7 +413,7 @@ def _write_unit(
         step_row = step_row.set_column(
             index, "config", pa.array([json.dumps(merged, sort_keys=True)])
         )
-    store = _open(target, filesystem)
+    store = RolloutStore(target, filesystem=filesystem, attempt=attempt)
     path = store.append(RolloutBatch(rows, step_row))
     return pa.table({"unit": [name], "groups": [rows.num_rows], "path": [str(path)]})
 
@@ -446,6 +448,7 @@ def write_store(
     base = {**src.config, **dict(config or {})}
     created = RolloutStore.create(root, filesystem=filesystem, config=base)
     target = created.uri
+    attempt = created.begin_attempt()
     # Few partitions: a unit is small, and Ray's default (200) costs seconds of empty tasks.
     partitions = max(1, min(len(step_rows), int(ray.cluster_resources().get("CPU", 1)) * 2))
     written = dataset.groupby(UNIT_COLUMN, num_partitions=partitions).map_groups(
@@ -456,6 +459,7 @@ def write_store(
             "filesystem": filesystem,
             "step_rows": step_rows,
             "config_update": None if config is None else json.dumps(dict(config)),
+            "attempt": attempt,
         },
     )
     done = pa.concat_tables(ray.get(written.to_arrow_refs())) if step_rows else None

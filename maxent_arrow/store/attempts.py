@@ -40,9 +40,9 @@ def _start_time(pid: int) -> str:
     """A process's start time (clock ticks since boot, from ``/proc``): with the pid, an id
     no other process on this host has had."""
     try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError, UnicodeDecodeError):
         return "0"
 
 
@@ -114,9 +114,17 @@ class AttemptSpec:
             raise ArgumentError(f"role: expected a name, got {role!r}")
         self.if_exists: IfExists = if_exists or "error"
         self.resume_from = 0 if self.if_exists == "new_attempt" else resume_from
-        self.id = attempt or default_attempt_id()
+        self._id = attempt
         self.role = role
         self.config = dict(config or {})
+
+    @property
+    def id(self) -> str:
+        """The attempt id: the explicit one, else :func:`default_attempt_id` (worked out when
+        first asked: only a writer needs it)."""
+        if self._id is None:
+            self._id = default_attempt_id()
+        return self._id
 
     def attempt(self) -> Attempt:
         return Attempt(

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypeGuard, cast
 
 import pyarrow as pa
+import pyarrow.json as pj
 import pyarrow.parquet as pq
 
 from maxent_arrow.arrow import schema as S
@@ -28,7 +29,7 @@ from maxent_arrow.arrow.upgrade import needs_upgrade, upgrade_steps
 from maxent_arrow.errors import ArgumentError, StoreError
 from maxent_arrow.store.backend import Backend, FileInfo, missing_error
 from maxent_arrow.store.checksums import check_seal
-from maxent_arrow.store.log import CommitLog, LogState
+from maxent_arrow.store.log import CommitLog, LogState, UnitEntry
 from maxent_arrow.store.manifest import has_log
 from maxent_arrow.store.names import (
     GROUPS,
@@ -114,14 +115,28 @@ def rows_table(rows: dict[str, list], layout: pa.Schema) -> pa.Table | None:
     if not set(rows) <= set(layout.names):
         return None
     fields = [layout.field(name) for name in rows]
-    arrays = [
-        # Timestamps from their integers: pa.array of ints as a timestamp imports pandas.
-        pa.array(values, pa.int64()).cast(f.type)
-        if pa.types.is_timestamp(f.type)
-        else pa.array(values, type=f.type)
-        for f, values in zip(fields, rows.values())
-    ]
-    return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+    # Parsed by Arrow's JSON reader, one line per row: ``pa.array`` of Python values imports
+    # pandas (0.4 s) on its first call, which the command line never pays. Timestamps are
+    # read as their integers.
+    parsed = pa.schema(
+        [
+            pa.field(f.name, pa.int64() if pa.types.is_timestamp(f.type) else f.type)
+            for f in fields
+        ]
+    )
+    names = list(rows)
+    lines = b"".join(
+        json.dumps(dict(zip(names, values)), allow_nan=True).encode() + b"\n"
+        for values in zip(*rows.values())
+    )
+    if not lines:
+        return parsed.empty_table().cast(pa.schema(fields))
+    table = pj.read_json(
+        pa.BufferReader(lines),
+        read_options=pj.ReadOptions(use_threads=False),
+        parse_options=pj.ParseOptions(explicit_schema=parsed, unexpected_field_behavior="error"),
+    )
+    return table.select(names).cast(pa.schema(fields))
 
 
 @dataclass(frozen=True)
@@ -484,7 +499,8 @@ class LogCatalog(Catalog):
         self.log = log
         self.history: History = check_history(history)
         self._pinned: LogState | None = None
-        self._files: dict[str, StepFile] = {}
+        # step file name -> (the log's record it was built from, the StepFile)
+        self._files: dict[str, tuple[Mapping[str, Any], StepFile]] = {}
 
     def state(self) -> LogState:
         """The log's state: the pinned version within :meth:`snapshot`, else the newest."""
@@ -510,17 +526,24 @@ class LogCatalog(Catalog):
 
     def step_file(self, name: str) -> StepFile:
         """A committed step file's record, from the log (the step file is not read)."""
-        entry = self.state().units.get(f"{STEPS}/{name}")
+        entry = self._entry(name)
         if entry is None:
             raise missing_error(f"{self.backend.path(f'{STEPS}/{name}')}: not committed")
         hit = self._files.get(name)
-        if hit is not None and hit.meta is entry.record:
-            return hit
+        if hit is not None and hit[0] is entry.record:
+            return hit[1]
         record = dict(entry.record)
         version = str(record.pop("schema_version", S.SCHEMA_VERSION))
         step = StepFile(name, record, version)
-        self._files[name] = step
+        self._files[name] = (entry.record, step)
         return step
+
+    def _entry(self, name: str) -> UnitEntry | None:
+        """Step file ``name``'s entry: committed, or replaced since a reader planned (its
+        entry stays until the file is retired: the reader still reads it, from retired/)."""
+        state = self.state()
+        rel = f"{STEPS}/{name}"
+        return state.units.get(rel) or state.replaced.get(rel)
 
     def hidden(self, names: Iterable[str], on_error: OnError) -> set[str]:
         return set()  # what a compaction replaced is not in the log's state
@@ -547,11 +570,11 @@ class LogCatalog(Catalog):
     reads_step_files = False
 
     def attempt_of(self, name: str) -> str:
-        entry = self.state().units.get(f"{STEPS}/{name}")
+        entry = self._entry(name)
         return "" if entry is None else entry.attempt
 
     def row_filter(self, name: str) -> str | None:
-        entry = self.state().units.get(f"{STEPS}/{name}")
+        entry = self._entry(name)
         if entry is None or self.history == "all":
             return None
         cut = self.state().cutoff(entry.attempt)
@@ -564,7 +587,7 @@ class LogCatalog(Catalog):
         """Whether the unit of ``step`` in step file ``name`` is in this catalog's history."""
         if self.history == "all":
             return True
-        entry = self.state().units.get(f"{STEPS}/{name}")
+        entry = self._entry(name)
         if entry is None:
             return False
         effective = self.state().is_effective(step, entry.attempt)

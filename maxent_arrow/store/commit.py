@@ -140,6 +140,7 @@ def commit_unit(
     log: CommitLog | None = None,
     attempt: str = "",
     replaces: Sequence[str] = (),
+    locked: bool = False,
 ) -> Committed:
     """Write and commit the unit ``name``: its group file (``groups``, with
     ``group_metadata`` in the Parquet footer) and its step file (``step_rows``, with
@@ -152,8 +153,8 @@ def commit_unit(
     (``None`` without a log). With a ``log`` the files get a name of their own
     (:func:`~.names.with_token`), the commit is the log's next entry (written by ``attempt``;
     a compaction's ``replaces`` its inputs' step files) and a refused commit removes its own
-    files. Raises (:class:`StoreError`, ``OSError`` as ``StoreError``) with the store as it
-    was."""
+    files. ``locked``: the caller holds the store lock (``repair``). Raises
+    (:class:`StoreError`, ``OSError`` as ``StoreError``) with the store as it was."""
     if log is not None:
         name = with_token(name)
     check(None if log is None else log.state())  # early and cheap: refuse before encoding
@@ -182,12 +183,12 @@ def commit_unit(
     if log is not None:
         version = _commit_to_log(
             backend, log, name, group, step, meta, step_rows, check, operation, attempt,
-            replaces, lock_timeout,
+            replaces, lock_timeout, locked,
         )  # fmt: skip
         crash_point(f"{operation}:committed")
         return Committed(name, group, version)
     try:
-        with backend.lock(lock_timeout):
+        with contextlib.nullcontext() if locked else backend.lock(lock_timeout):
             check(None)
             crash_point(f"{operation}:locked")
             backend.publish(group, exclusive=False)
@@ -223,41 +224,51 @@ def _commit_to_log(
     attempt: str,
     replaces: Sequence[str],
     lock_timeout: float | None,
+    locked: bool,
 ) -> int:
-    """Publish the unit's files (names of their own: no lock needed) and commit them as the
-    log's next entry; a refused or failed commit removes them again (they are certainly
-    ours), so the store is as it was."""
+    """Publish the unit's files (names of their own) and commit them as the log's next
+    entry; a refused or failed commit removes them again (they are certainly ours), so the
+    store is as it was. The files are published at the commit, under the store lock where
+    the backend has one: ``repair`` (which holds it) never sees a published file that no
+    entry names yet as anything but a leftover of a writer that is gone."""
+    entry = {
+        "op": operation,
+        "attempt": attempt,
+        "step_file": f"{STEPS}/{name}",
+        "step_size": step.size,
+        "step_crc32": step.crc,
+        # The commit record, as the step file holds it, and its rows: readers read the log,
+        # never the step files (plain readers do).
+        "record": {
+            **meta,
+            "rows": step_rows_json(step_rows),
+            "schema_version": S.SCHEMA_VERSION,
+        },
+        "replaces": [f"{STEPS}/{r}" for r in replaces],
+    }
+    published = False
+
+    def at_commit(state: LogState) -> None:
+        nonlocal published
+        check(state)
+        if not published:
+            backend.publish(group, exclusive=True)
+            crash_point(f"{operation}:group-published")
+            backend.publish(step, exclusive=True)
+            published = True
+            crash_point(f"{operation}:step-published")
+
     try:
-        backend.publish(group, exclusive=True)
-        crash_point(f"{operation}:group-published")
-        backend.publish(step, exclusive=True)
-        crash_point(f"{operation}:step-published")
-        entry = {
-            "op": operation,
-            "attempt": attempt,
-            "step_file": f"{STEPS}/{name}",
-            "step_size": step.size,
-            "step_crc32": step.crc,
-            # The commit record, as the step file holds it, and its rows: readers read the
-            # log, never the step files (plain readers do).
-            "record": {
-                **meta,
-                "rows": step_rows_json(step_rows),
-                "schema_version": S.SCHEMA_VERSION,
-            },
-            "replaces": [f"{STEPS}/{r}" for r in replaces],
-        }
-
-        def at_commit(state: LogState) -> None:
-            check(state)
-
-        version = log.commit(entry, check=at_commit, lock_timeout=lock_timeout)
+        version = log.commit(entry, check=at_commit, lock_timeout=lock_timeout, locked=locked)
         assert version is not None  # at_commit never declines
         return version
     except BaseException:
-        for rel in (f"{GROUPS}/{name}", f"{STEPS}/{name}"):
-            with contextlib.suppress(OSError, StoreError):
-                backend.remove(rel)
+        # Our files go again unless the entry made it (an interrupt just after its creation):
+        # a leftover is harmless, removing a committed file is a loss.
+        with contextlib.suppress(Exception):
+            if f"{STEPS}/{name}" not in log.state().units:
+                for rel in (f"{GROUPS}/{name}", f"{STEPS}/{name}"):
+                    backend.remove(rel)
         raise
     finally:
         backend.discard(group)

@@ -27,6 +27,7 @@ from maxent_arrow.store.commit import commit_unit
 from maxent_arrow.store.log import LogState
 from maxent_arrow.store.names import (
     GROUPS,
+    RETIRED,
     STEPS,
     UnitName,
     compact_name,
@@ -51,22 +52,40 @@ def compact(
     compression_level: int | None,
     loose_only: bool = False,
     lock_timeout: float | None = None,
+    drop_superseded: bool = False,
 ) -> list[Any]:
     """Merge committed files (per kind; ``max_steps`` distinct steps per segment) into
     segments, each committed atomically: readers see the inputs or the segment, never both
     and never neither, also after a crash at any point. ``loose_only`` merges one-step files
     only (segments stay as they are: the writer's policy never rewrites data twice). Returns
-    the new step files."""
+    the new step files.
+
+    ``drop_superseded`` (stores with a commit log): first retire the units that later
+    attempts superseded (:func:`drop_superseded`). A store with a commit log compacts on
+    any backend whose log entries are created exclusively (S3 too: its files are never
+    renamed in place); an older store needs a lock and atomic renames (local disks)."""
     backend = catalog.backend
-    backend.require("can_rewrite", "compact")
     if max_steps is not None and (
         isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1
     ):
         raise ArgumentError(f"compact: max_steps must be None or an int >= 1, got {max_steps!r}")
+    made = []
     if isinstance(catalog, LogCatalog):
+        backend.require("exclusive_create", "compact")
+        if drop_superseded:
+            made += _drop_superseded(
+                catalog, schemas, kind, compression, compression_level, lock_timeout
+            )
         # Every attempt's units (a superseded one is still kept, until it is retired), each
         # merged only with its own attempt's: a segment belongs to the attempt that wrote it.
         catalog = catalog.with_history("all")
+    else:
+        backend.require("can_rewrite", "compact")
+        if drop_superseded:
+            raise ArgumentError(
+                "compact: drop_superseded needs a store with a commit log (store format 3): "
+                "an older store has no attempts"
+            )
     units = catalog.units(kind=kind, steps=steps, ranks=ranks)
     if loose_only:
         # A unit's step file is a committed store file name, so it parses.
@@ -74,7 +93,6 @@ def compact(
     by_kind: dict[tuple[str, str], list[Unit]] = {}
     for unit in units:
         by_kind.setdefault((unit.kind, catalog.attempt_of(unit.step_file)), []).append(unit)
-    made = []
     for (knd, _), members in sorted(by_kind.items()):
         distinct = sorted({u.step for u in members})
         size = max_steps or len(distinct)
@@ -93,8 +111,75 @@ def compact(
                 )
             )
     if not made:  # each merge tidies retired/; without one, do it here
-        expire_retired(backend, RETIRE_SECONDS)
+        _expire(catalog)
     return made
+
+
+def _drop_superseded(
+    catalog: LogCatalog,
+    schemas: UnifiedSchemas,
+    kind: str | None,
+    compression: str,
+    compression_level: int | None,
+    lock_timeout: float | None,
+) -> list[Any]:
+    """Retire what later attempts superseded: the files whose every unit is superseded leave
+    the history in one ``drop`` entry (then ``retired/``, like a compaction's inputs); a
+    segment superseded in part is rewritten with its effective units only. Returns the new
+    step files."""
+    state = catalog.log.state()
+    doomed, partial = [], []
+    for rel, entry in sorted(state.units.items()):
+        rows = entry.record.get("rows") or {}
+        if kind is not None and kind not in rows.get("kind", ()):
+            continue
+        effective = [state.is_effective(s, entry.attempt) for s in rows.get("step", ())]
+        if not any(effective):
+            doomed.append(rel)
+        elif not all(effective):
+            partial.append(rel.rpartition("/")[2])
+
+    def still_committed(now: LogState) -> None:
+        gone = [rel for rel in doomed if rel not in now.units]
+        if gone:
+            raise StoreError(f"compact: {gone[0]} was retired by another writer meanwhile")
+
+    backend = catalog.backend
+    if doomed:
+        catalog.log.commit(
+            {"op": "drop", "attempt": "", "replaces": doomed, "why": "superseded"},
+            check=still_committed,
+            lock_timeout=lock_timeout,
+        )
+        for rel in doomed:
+            group = state.units[rel].record["group_file"]
+            retire(backend, f"{GROUPS}/{group}")
+            crash_point("drop:cleaning")
+            retire(backend, rel)
+    made = []
+    effective = catalog.with_history("effective")
+    for name in partial:
+        units = [u for u in effective.units() if u.step_file == name]
+        made.append(
+            _compact_files(
+                effective, schemas, units[0].kind, units, compression, compression_level,
+                lock_timeout,
+            )  # fmt: skip
+        )
+    return made
+
+
+def _expire(catalog: Catalog) -> None:
+    """Remove retired files past the grace period; a commit log records that they are gone."""
+    gone = expire_retired(catalog.backend, RETIRE_SECONDS)
+    if gone and isinstance(catalog, LogCatalog):
+        catalog.log.commit(
+            {
+                "op": "retire",
+                "attempt": "",
+                "files": [rel.removeprefix(f"{RETIRED}/") for rel in gone],
+            }
+        )
 
 
 def _keep_nullability(table: pa.Table, schema: pa.Schema) -> pa.Table:
@@ -201,7 +286,7 @@ def _compact_files(
     with contextlib.suppress(OSError):
         backend.sync(GROUPS)
         backend.sync(STEPS)
-    expire_retired(backend, RETIRE_SECONDS)
+    _expire(catalog)
     return backend.path(f"{STEPS}/{name}")
 
 

@@ -31,6 +31,15 @@ Entries are JSON objects ``{"format": 1, "version": v, "time": ..., "run": ..., 
     file's store metadata: sizes, checksums, columns, reward names, families, step rows).
 ``"compact"``
     a segment that replaces step files (``replaces``), atomically.
+``"restore"``
+    ``repair``'s new copy of a unit whose group file was lost (from its IPC cache copies),
+    replacing it, by the attempt that wrote it.
+``"step_file"``
+    ``repair`` wrote the step file of a committed unit again (lost or damaged) from the
+    log's record of it: its new size and CRC-32.
+``"drop"``
+    step files (``replaces``) leave the store's history: superseded units, retired by
+    ``compact(drop_superseded=True)``.
 ``"records"``
     rows of a record table (trainer figures, group lifecycle): a Parquet file, its size and
     CRC-32, its row count.
@@ -43,6 +52,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as dt
+import errno
 import json
 import warnings
 import zlib
@@ -54,7 +64,7 @@ import pyarrow.parquet as pq
 
 from maxent_arrow.errors import StoreError
 from maxent_arrow.store.backend import crash_point
-from maxent_arrow.store.names import LOG
+from maxent_arrow.store.names import GROUPS, LOG
 
 __all__ = [
     "CHECKPOINT_EVERY",
@@ -117,12 +127,15 @@ class Attempt:
 @dataclasses.dataclass(frozen=True)
 class UnitEntry:
     """A committed step file: its relative path, its commit record (the step file's store
-    metadata), the attempt that wrote it and the version that committed it."""
+    metadata), the attempt that wrote it, the version that committed it, and the step file's
+    size and CRC-32 (what ``verify`` checks it against)."""
 
     step_file: str
     record: Mapping[str, Any]
     attempt: str
     version: int
+    step_size: int | None = None
+    step_crc32: int | None = None
 
 
 @dataclasses.dataclass
@@ -138,6 +151,9 @@ class LogState:
     records: dict[str, list[dict[str, Any]]] = dataclasses.field(default_factory=dict)
     # files replaced or superseded and not yet retired: relative path -> version it left
     retiring: dict[str, int] = dataclasses.field(default_factory=dict)
+    # the entries of replaced step files not yet retired (readers that planned before the
+    # replacement still read them, from retired/)
+    replaced: dict[str, UnitEntry] = dataclasses.field(default_factory=dict)
     # (step, rank, kind) -> the step files that hold a write of it (an index of `units`)
     writes: dict[tuple[int, int, str], list[str]] = dataclasses.field(default_factory=dict)
 
@@ -170,6 +186,7 @@ class LogState:
             units=dict(self.units),
             records={k: list(v) for k, v in self.records.items()},
             retiring=dict(self.retiring),
+            replaced=dict(self.replaced),
             writes={k: list(v) for k, v in self.writes.items()},
         )
 
@@ -184,12 +201,35 @@ class LogState:
             self.run = entry.get("run")
         if op == "attempt":
             self.attempts.append(Attempt.from_json({**entry["attempt"], "version": version}))
-        elif op in ("append", "compact"):
+        elif op in ("append", "compact", "restore", "drop"):
             for rel in entry.get("replaces") or ():
-                if self._drop(rel) is not None:
+                gone = self._drop(rel)
+                if gone is not None:
+                    self.replaced[rel] = gone
                     self.retiring[rel] = version
+                    self.retiring[f"{GROUPS}/{gone.record['group_file']}"] = version
+            rel = entry.get("step_file")
+            if rel is None:  # a drop: files leave the history, none comes in
+                self.version = version
+                return
+            self._add(
+                rel,
+                UnitEntry(
+                    rel,
+                    entry["record"],
+                    attempt,
+                    version,
+                    entry.get("step_size"),
+                    entry.get("step_crc32"),
+                ),
+            )
+        elif op == "step_file":
             rel = entry["step_file"]
-            self._add(rel, UnitEntry(rel, entry["record"], attempt, version))
+            unit = self.units.get(rel)
+            if unit is not None:
+                self.units[rel] = dataclasses.replace(
+                    unit, step_size=entry.get("step_size"), step_crc32=entry.get("step_crc32")
+                )
         elif op == "records":
             self.records.setdefault(entry["name"], []).append(
                 {**entry["file"], "attempt": attempt, "version": version}
@@ -197,6 +237,7 @@ class LogState:
         elif op == "retire":
             for rel in entry.get("files") or ():
                 self.retiring.pop(rel, None)
+                self.replaced.pop(rel, None)
         elif op != "noop":
             raise StoreError(f"commit log: entry {version} has an unknown op {op!r}")
         self.version = version
@@ -254,7 +295,7 @@ class LogState:
                         "cutoff": self.cutoff(e.attempt),
                         "attempt": e.attempt,
                         "version": e.version,
-                        "item": json.dumps({"step_file": rel, "record": e.record}),
+                        "item": json.dumps(_unit_item(e)),
                     }
                 )
         for name, files in self.records.items():
@@ -283,15 +324,16 @@ class LogState:
                 }
             )
         for path, version in self.retiring.items():
+            gone = self.replaced.get(path)
             rows.append(
                 {
                     "kind": "retiring",
                     "path": path,
                     "effective": False,
                     "cutoff": None,
-                    "attempt": None,
+                    "attempt": None if gone is None else gone.attempt,
                     "version": version,
-                    "item": "{}",
+                    "item": "{}" if gone is None else json.dumps(_unit_item(gone)),
                 }
             )
         schema = pa.schema(
@@ -321,23 +363,44 @@ class LogState:
             item = json.loads(row["item"])
             kind = row["kind"]
             if kind == "step_file":
-                state._add(
-                    item["step_file"],
-                    UnitEntry(item["step_file"], item["record"], row["attempt"], row["version"]),
-                )
+                state._add(item["step_file"], _unit_from_item(item, row))
             elif kind == "attempt":
                 state.attempts.append(Attempt.from_json(item))
             elif kind.startswith("records:"):
                 state.records.setdefault(kind.partition(":")[2], []).append(item)
             elif kind == "retiring":
                 state.retiring[row["path"]] = row["version"]
+                if item:
+                    state.replaced[row["path"]] = _unit_from_item(item, row)
         state.attempts.sort(key=lambda a: a.version)
         return state
 
 
+def _unit_item(e: UnitEntry) -> dict[str, Any]:
+    """A unit entry as a checkpoint's ``item`` JSON (its attempt and version are columns)."""
+    return {
+        "step_file": e.step_file,
+        "record": e.record,
+        "step_size": e.step_size,
+        "step_crc32": e.step_crc32,
+        "unit_version": e.version,
+    }
+
+
+def _unit_from_item(item: Mapping[str, Any], row: Mapping[str, Any]) -> UnitEntry:
+    return UnitEntry(
+        item["step_file"],
+        item["record"],
+        row["attempt"],
+        int(item.get("unit_version", row["version"])),
+        item.get("step_size"),
+        item.get("step_crc32"),
+    )
+
+
 def _canonical(entry: Mapping[str, Any]) -> bytes:
     body = {k: v for k, v in entry.items() if k != "crc32"}
-    return json.dumps(body, sort_keys=True, allow_nan=False, separators=(",", ":")).encode()
+    return json.dumps(body, sort_keys=True, allow_nan=True, separators=(",", ":")).encode()
 
 
 def parse_entry(data: bytes, version: int, where: str) -> dict[str, Any]:
@@ -363,7 +426,8 @@ def encode_entry(entry: Mapping[str, Any]) -> bytes:
     its canonical form."""
     full = {"format": LOG_FORMAT, "time": dt.datetime.now(dt.UTC).isoformat(), **entry}
     full["crc32"] = crc32(_canonical(full))
-    return json.dumps(full, sort_keys=True, allow_nan=False).encode()
+    # (NaN and infinities as Python's json writes them: step rows may hold them.)
+    return json.dumps(full, sort_keys=True, allow_nan=True).encode()
 
 
 def checkpoint_bytes(state: LogState) -> bytes:
@@ -412,10 +476,14 @@ class CommitLog:
         return state
 
     def _read_entry(self, version: int) -> bytes | None:
-        rel = entry_name(version)
-        if self.backend.stat(rel) is None:
-            return None
-        return self.backend.read(rel).to_pybytes()
+        """The entry of ``version`` (``None``: not committed yet). One read, no listing: on
+        an object store one GET per poll."""
+        try:
+            return self.backend.read(entry_name(version)).to_pybytes()
+        except StoreError as exc:
+            if exc.errno == errno.ENOENT:
+                return None
+            raise
 
     def _from_checkpoint(self) -> LogState | None:
         """The state of the newest readable checkpoint (``None``: none yet)."""
@@ -441,6 +509,7 @@ class CommitLog:
         *,
         check: Callable[[LogState], bool | None] | None = None,
         lock_timeout: float | None = None,
+        locked: bool = False,
     ) -> int | None:
         """Commit one entry (``fields`` without ``version``) and return its version.
 
@@ -448,9 +517,10 @@ class CommitLog:
         state: it raises when the commit must not happen, and returns ``False`` when it need
         not (nothing is committed; ``None`` is returned). Then the next entry is created
         exclusively. A writer that loses a race for a version (object stores: no lock) reads
-        the winner's entry, checks again and takes the next version."""
+        the winner's entry, checks again and takes the next version. ``locked``: the caller
+        holds the store lock already (``repair``)."""
         for _ in range(_RACES):
-            with self.backend.lock(lock_timeout):
+            with contextlib.nullcontext() if locked else self.backend.lock(lock_timeout):
                 state = self.state()
                 if check is not None and check(state) is False:
                     return None

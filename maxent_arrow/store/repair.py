@@ -12,12 +12,34 @@ from __future__ import annotations
 
 import contextlib
 import time
+import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any, cast
 
+import pyarrow as pa
+
+from maxent_arrow.arrow import schema as S
+from maxent_arrow.arrow.registry import UNIT_KEY
+from maxent_arrow.errors import StoreError
 from maxent_arrow.store.backend import is_temp_name, writer_alive
-from maxent_arrow.store.catalog import Catalog
-from maxent_arrow.store.names import CACHE, GROUPS, QUARANTINE, STEPS, parse_name
-from maxent_arrow.store.verify import StoreProblem, classify_uncommitted
+from maxent_arrow.store.cache import read_cache, unit_group_crc32
+from maxent_arrow.store.catalog import Catalog, LogCatalog, StepFile
+from maxent_arrow.store.commit import commit_unit, step_file_bytes
+from maxent_arrow.store.compaction import retire
+from maxent_arrow.store.log import LogState, UnitEntry
+from maxent_arrow.store.names import (
+    CACHE,
+    GROUPS,
+    QUARANTINE,
+    STEPS,
+    UnitName,
+    compact_name,
+    parse_name,
+    unit_name,
+)
+from maxent_arrow.store.padding import pad_to_layout
+from maxent_arrow.store.verify import StoreProblem, classify_uncommitted, describe_units
 
 __all__ = ["RepairReport", "repair"]
 
@@ -29,9 +51,13 @@ class RepairReport:
 
     moved: list[StoreProblem] = field(default_factory=list)
     kept: list[StoreProblem] = field(default_factory=list)
+    # Lost committed files written again (stores with a commit log): from the log's record
+    # (a step file) or from IPC cache copies (a group file).
+    restored: list[StoreProblem] = field(default_factory=list)
 
     def __str__(self) -> str:
-        lines = [f"{len(self.moved)} files moved to quarantine/"]
+        lines = [f"{len(self.moved)} files moved to quarantine/, {len(self.restored)} restored"]
+        lines += [f"  restored {p}" for p in self.restored]
         lines += [f"  moved {p}" for p in self.moved]
         lines += [f"  kept {p}" for p in self.kept]
         return "\n".join(lines)
@@ -46,6 +72,9 @@ def repair(catalog: Catalog, *, lock_timeout: float | None = None) -> RepairRepo
     report = RepairReport()
     stamp = time.strftime("%Y%m%dT%H%M%S")
     with backend.lock(lock_timeout):
+        if isinstance(catalog, LogCatalog):
+            _repair_logged(catalog, report, stamp, lock_timeout)
+            return report
         names = catalog.step_names()
         replaced = catalog.hidden(names, "skip")
         committed = {n for n in names if n not in replaced}
@@ -90,3 +119,158 @@ def repair(catalog: Catalog, *, lock_timeout: float | None = None) -> RepairRepo
             with contextlib.suppress(OSError):
                 backend.sync(directory)
     return report
+
+
+def _repair_logged(
+    catalog: LogCatalog, report: RepairReport, stamp: str, lock_timeout: float | None
+) -> None:
+    """A store with a commit log, under its lock (no commit in flight: a writer publishes its
+    files under the lock, at its commit): a file no entry names is a leftover and moves aside;
+    a lost step file is rewritten from the log's record of it; a lost group file is restored
+    from the IPC cache copies of its units (a new commit that replaces the lost one, by the
+    same attempt), or kept reported when there are none."""
+    backend = catalog.backend
+    state = catalog.log.state()
+    live: set[str] = set()
+    for rel, entry in state.units.items():
+        live |= {rel, f"{GROUPS}/{entry.record['group_file']}"}
+
+    def move(rel: str, why: str) -> None:
+        directory, _, name = rel.partition("/")
+        backend.move(rel, f"{QUARANTINE}/{stamp}/{directory}/{name.lstrip('.')}")
+        report.moved.append(StoreProblem(backend.path(rel), why))
+
+    for directory in (GROUPS, STEPS, CACHE):
+        for name, info in backend.list(directory).items():
+            rel = f"{directory}/{name}"
+            if is_temp_name(name):
+                if writer_alive(name, info.mtime_ns):
+                    report.kept.append(
+                        StoreProblem(backend.path(rel), "temp file of a running writer")
+                    )
+                else:
+                    move(rel, "temp file of a writer that is gone")
+            elif directory != CACHE and rel in state.retiring:
+                # What a compaction (or a drop) that stopped before tidying left: retired as
+                # it would have done, where readers pinned to an older version find it.
+                retire(backend, rel)
+                report.moved.append(
+                    StoreProblem(backend.path(rel), "replaced (commit log): moved to retired/")
+                )
+            elif directory != CACHE and rel not in live:
+                move(rel, "no commit log entry names it (a write that did not finish)")
+    for rel, entry in sorted(state.units.items()):
+        step = catalog.step_file(rel.rpartition("/")[2])
+        what = describe_units(entry.record)
+        if backend.stat(f"{GROUPS}/{step.group_file}") is None:
+            restored = restore_from_cache(catalog, step, entry, lock_timeout)
+            path = backend.path(f"{GROUPS}/{step.group_file}")
+            if restored is None:
+                report.kept.append(
+                    StoreProblem(path, f"lost group file of {what}: no IPC cache copy of it")
+                )
+            else:
+                report.restored.append(
+                    StoreProblem(path, f"lost group file of {what}: restored as {restored}")
+                )
+        else:
+            info = backend.stat(rel)
+            if info is None:
+                why = "lost"
+            elif info.size != entry.step_size or (
+                entry.step_crc32 is not None
+                and zlib.crc32(backend.read(rel)) & 0xFFFFFFFF != entry.step_crc32
+            ):
+                why = "damaged"
+                move(rel, f"damaged step file of {what} (its size or CRC-32 is not the log's)")
+            else:
+                continue
+            data = step_file_bytes(step.table, _stored_meta(step.meta))
+            backend.write_file(rel, data)
+            catalog.log.commit(
+                {
+                    "op": "step_file",
+                    "attempt": entry.attempt,
+                    "step_file": rel,
+                    "step_size": len(data),
+                    "step_crc32": zlib.crc32(data) & 0xFFFFFFFF,
+                },
+                locked=True,
+            )
+            report.restored.append(
+                StoreProblem(
+                    backend.path(rel), f"{why} step file of {what}: written again from the log"
+                )
+            )
+    for directory in (GROUPS, STEPS):
+        with contextlib.suppress(OSError):
+            backend.sync(directory)
+
+
+def _stored_meta(record: Mapping[str, Any]) -> dict[str, Any]:
+    """The store metadata a step file holds, from its commit record in the log."""
+    return {k: v for k, v in record.items() if k not in ("rows", "schema_version")}
+
+
+def restore_from_cache(
+    catalog: LogCatalog, step: StepFile, entry: UnitEntry, lock_timeout: float | None
+) -> str | None:
+    """Commit the rows of a lost group file again from its units' IPC cache copies (checked
+    against their seals and tied to the lost file's CRC-32): new files, by the attempt that
+    wrote the lost ones, replacing them. Returns the new step file's name, or ``None`` when
+    a unit has no cache copy (nothing is written)."""
+    backend = catalog.backend
+    parts = []
+    for s, r, k in zip(*(step.column(c) for c in UNIT_KEY)):
+        batch = read_cache(backend, step, unit_name(s, r, k), check=True)
+        if batch is None:
+            return None
+        parts.append(pa.Table.from_batches([batch]))
+    meta = _stored_meta(step.meta)
+    families = tuple(meta.get("families") or ())
+    groups = pad_to_layout(pa.concat_tables(parts, promote_options="default"),
+                           S.group_schema(families=families))
+    parsed = cast(UnitName, parse_name(step.name))
+    keys = list(zip(*(step.column(c) for c in UNIT_KEY)))
+    name = (
+        compact_name(
+            parsed.kind,
+            (parsed.first_step, parsed.last_step),
+            (parsed.first_rank, parsed.last_rank),
+            [(step.name, "restored")],
+        )
+        if parsed.compacted
+        else unit_name(*keys[0])
+    )
+    record = {
+        k: v
+        for k, v in meta.items()
+        if k not in ("group_file", "group_size", "group_crc32", "schema_key", "chunks", "unit", "run")
+    }
+    # Cache copies (and readers' checks of them) stay tied to the CRC-32 of the file each
+    # unit was appended in.
+    record["unit_crc32"] = {unit_name(*key): unit_group_crc32(step, unit_name(*key)) for key in keys}
+
+    def still_lost(state: LogState | None) -> None:
+        if state is not None and entry.step_file not in state.units:
+            raise StoreError(f"repair: {step.name} was replaced by another writer meanwhile")
+
+    committed = commit_unit(
+        backend,
+        name,
+        groups,
+        {S.METADATA_KEY: S.SCHEMA_VERSION.encode()},
+        step.table,
+        record,
+        check=still_lost,
+        operation="restore",
+        compression="zstd",
+        compression_level=None,
+        run=catalog.run_id,
+        lock_timeout=lock_timeout,
+        log=catalog.log,
+        attempt=entry.attempt,
+        replaces=[step.name],
+        locked=True,
+    )
+    return committed.name

@@ -277,7 +277,7 @@ class SqlViews:
         """The step rows of ``step`` in the history the catalog reads."""
         steps = step.column("step")
         keep = [i for i, s in enumerate(steps) if self.catalog.keeps(step.name, s)]
-        return step.table if len(keep) == len(steps) else step.table.take(pa.array(keep))
+        return step.table if len(keep) == len(steps) else step.table.take(pa.array(keep, pa.int64()))
 
     def _install_once(self) -> None:
         if self.session is not None:

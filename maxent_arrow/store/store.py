@@ -288,11 +288,14 @@ class RolloutStore(ReadOnlyStore):
         steps: Iterable[int] | None = None,
         ranks: Iterable[int] | None = None,
         max_steps: int | None = None,
+        drop_superseded: bool = False,
     ) -> list[Any]:
         """Merge committed files (of ``kind``, ``steps`` and ``ranks``, if given; at most
         ``max_steps`` steps per segment) into segments, each committed atomically with the
         list of files it replaces: readers see the old files or the segment, never both and
-        never neither, also after a crash. Local stores only. Returns the new step files."""
+        never neither, also after a crash. ``drop_superseded``: first retire the steps that a
+        resumed attempt superseded (they leave ``attempts="all"`` too). Local stores, and
+        object stores with a commit log. Returns the new step files."""
         return compact(
             self.catalog,
             self.schemas,
@@ -303,6 +306,7 @@ class RolloutStore(ReadOnlyStore):
             compression=self.compression,
             compression_level=self.compression_level,
             lock_timeout=self.lock_timeout,
+            drop_superseded=drop_superseded,
         )
 
     def repair(self) -> RepairReport:

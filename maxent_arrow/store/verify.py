@@ -9,6 +9,8 @@ leftovers of crashed writes (temp files, uncommitted or replaced files) are *not
 from __future__ import annotations
 
 import json
+import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -22,12 +24,14 @@ from maxent_arrow.arrow.upgrade import needs_upgrade, upgrade_groups
 from maxent_arrow.errors import StoreError
 from maxent_arrow.store.backend import Backend, is_temp_name, temp_final
 from maxent_arrow.store.cache import CACHE_META_KEY, unit_group_crc32
-from maxent_arrow.store.catalog import Catalog, StepFile
+from maxent_arrow.store.catalog import Catalog, LogCatalog, StepFile
 from maxent_arrow.store.checksums import check_chunks, check_seal
+from maxent_arrow.store.log import UnitEntry
 from maxent_arrow.store.manifest import read as read_manifest
 from maxent_arrow.store.names import (
     CACHE,
     GROUPS,
+    LOG,
     MANIFEST,
     STEPS,
     UNIT_META_KEY,
@@ -38,7 +42,7 @@ from maxent_arrow.store.names import (
 )
 from maxent_arrow.store.reader import read_group_file
 
-__all__ = ["StoreProblem", "VerifyReport", "classify_uncommitted", "verify"]
+__all__ = ["StoreProblem", "VerifyReport", "classify_uncommitted", "describe_units", "verify"]
 
 
 @dataclass(frozen=True)
@@ -92,6 +96,9 @@ def verify(catalog: Catalog) -> VerifyReport:
         read_manifest(backend)
     except StoreError as exc:
         report.problems.append(StoreProblem(backend.root / MANIFEST, str(exc)))
+    if isinstance(catalog, LogCatalog):
+        _verify_logged(report, catalog)
+        return report
     names = catalog.step_names()
     replaced = catalog.hidden(names, "skip")
     committed: set[str] = set()
@@ -115,6 +122,112 @@ def verify(catalog: Catalog) -> VerifyReport:
             report.problems.append(StoreProblem(path, str(exc)))
     _leftovers(report, catalog, committed, replaced)
     return report
+
+
+def _verify_logged(report: VerifyReport, catalog: LogCatalog) -> None:
+    """A store with a commit log: the log is the authority. Every file it commits must be
+    there with the size and CRC-32 it recorded (a missing one is a *lost* commit, named with
+    its steps); a file no entry names is a leftover of a write that did not finish (a note)."""
+    backend = catalog.backend
+    try:
+        state = catalog.log.state()
+    except StoreError as exc:
+        report.problems.append(StoreProblem(backend.root / LOG, str(exc)))
+        return
+    live = set(state.retiring)
+    for rel, entry in sorted(state.units.items()):
+        name = rel.rpartition("/")[2]
+        step = catalog.step_file(name)
+        group_rel = f"{GROUPS}/{step.group_file}"
+        live |= {rel, group_rel}
+        what = f"{describe_units(entry.record)}, committed at log version {entry.version}"
+        report.checked += 1
+        try:
+            _check_logged_step_file(backend, entry, what)
+        except StoreError as exc:
+            report.problems.append(StoreProblem(backend.root / rel, str(exc)))
+        try:
+            present = backend.stat(group_rel) is not None
+        except StoreError as exc:  # a path refused (a symlink out): reported, and on
+            report.problems.append(StoreProblem(backend.root / group_rel, str(exc)))
+            continue
+        if not present:
+            restorable = backend.can_mmap and all(
+                backend.stat(f"{CACHE}/{cache_name(unit_name(s, r, k))}") is not None
+                for s, r, k in _unit_keys(entry.record)
+            )
+            how = (
+                "`repair` restores it from its IPC cache copies"
+                if restorable
+                else "no IPC cache copy to restore it from"
+            )
+            report.problems.append(
+                StoreProblem(backend.root / group_rel, f"lost: the group file of {what}; {how}")
+            )
+            continue
+        try:
+            _verify_step(report, backend, step)
+        except StoreError as exc:  # a path refused (a symlink out): reported, and on
+            report.problems.append(StoreProblem(backend.root / rel, str(exc)))
+    for directory in (GROUPS, STEPS):
+        for name in backend.list(directory):
+            rel = f"{directory}/{name}"
+            if is_temp_name(name):
+                report.notes.append(
+                    StoreProblem(backend.root / rel, "temp file of an unfinished write")
+                )
+            elif rel in state.retiring:
+                report.notes.append(
+                    StoreProblem(
+                        backend.root / rel,
+                        "replaced or retired (commit log); readers pinned to an older version "
+                        "may still read it",
+                    )
+                )
+            elif rel not in live:
+                report.notes.append(
+                    StoreProblem(
+                        backend.root / rel,
+                        "uncommitted: no commit log entry names it (a write that did not "
+                        "finish); invisible to readers; `repair` moves it aside",
+                    )
+                )
+    for name in backend.list(CACHE):
+        if is_temp_name(name):
+            report.notes.append(
+                StoreProblem(backend.root / CACHE / name, "temp file of an unfinished write")
+            )
+
+
+def _unit_keys(record: Mapping[str, Any]) -> list[tuple[int, int, str]]:
+    rows = record.get("rows") or {}
+    return list(zip(rows.get("step", ()), rows.get("rank", ()), rows.get("kind", ())))
+
+
+def describe_units(record: Mapping[str, Any]) -> str:
+    """The units a commit record holds, in words: ``step 3 (rank 0, train)``."""
+    keys = _unit_keys(record)
+    if len(keys) == 1:
+        step, rank, kind = keys[0]
+        return f"step {step} (rank {rank}, {kind})"
+    steps = sorted({k[0] for k in keys})
+    return f"steps {steps[0]}..{steps[-1]} ({len(keys)} units)"
+
+
+def _check_logged_step_file(backend: Backend, entry: UnitEntry, what: str) -> None:
+    """A committed step file against the log: present, of the recorded size and CRC-32."""
+    info = backend.stat(entry.step_file)  # (a path refused: the caller reports it)
+    if info is None:
+        raise StoreError(
+            f"lost: the step file of {what}; readers read its record from the log, "
+            "`repair` rewrites it from there"
+        )
+    if entry.step_size is not None and info.size != entry.step_size:
+        raise StoreError(f"{info.size} bytes, the commit log recorded {entry.step_size}")
+    if entry.step_crc32 is not None:
+        crc = zlib.crc32(backend.read(entry.step_file)) & 0xFFFFFFFF
+        if crc != entry.step_crc32:
+            raise StoreError("CRC-32 differs from the one the commit log recorded (corrupt)")
 
 
 def _verify_step(report: VerifyReport, backend: Backend, step: StepFile) -> None:

@@ -17,10 +17,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from analytics_fixtures import BUCKETS, Written, _name, write_store
+from store_fixtures import unit_path
 
 from maxent_arrow.analytics.run import RunAnalytics
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.errors import LayoutError, StoreError
+from maxent_arrow.store.names import unit_of
 from maxent_arrow.store.store import RolloutStore
 
 
@@ -45,14 +47,14 @@ def _pop_std(x):
 def test_uncommitted_and_temporary_files_are_invisible(tmp_path):
     w = write_store(tmp_path / "s", steps=range(2), ranks=1)
     # An in-flight write and a group file whose commit marker (step file) is missing.
-    src = tmp_path / "s" / "groups" / _name(0, 0, "train")
+    src = unit_path(RolloutStore(w.root), "groups", 0)
     (tmp_path / "s" / "groups" / ".tmp-abc.parquet").write_bytes(src.read_bytes())
     temp = f".{_name(2, 0, 'train')}.tmp-host.1.abc"
     (tmp_path / "s" / "groups" / temp).write_bytes(src.read_bytes())
     (tmp_path / "s" / "groups" / _name(7, 0, "train")).write_bytes(src.read_bytes())
     (tmp_path / "s" / "steps" / ".tmp-x.parquet").write_bytes(b"garbage")
     files = RolloutStore(w.root).committed_files("groups")
-    assert [f.name for f in files] == [_name(0, 0, "train"), _name(1, 0, "train")]
+    assert [unit_of(f.name) for f in files] == [_name(0, 0, "train"), _name(1, 0, "train")]
     with RunAnalytics(w.root) as run:
         got = run.sql("SELECT count(*) AS n FROM groups").column("n")[0].as_py()
         assert got == len(w.groups)
@@ -347,7 +349,7 @@ def test_two_schema_versions_queried_as_one(tmp_path, materialize):
 
 def test_a_file_changed_after_its_commit_is_refused_by_name(tmp_path):
     w = write_store(tmp_path / "s", steps=range(2), ranks=1)
-    path = w.root / "groups" / _name(1, 0, "train")
+    path = unit_path(RolloutStore(w.root), "groups", 1)
     t = pq.read_table(path)
     t = t.set_column(
         t.column_names.index("group_index"),
@@ -355,7 +357,7 @@ def test_a_file_changed_after_its_commit_is_refused_by_name(tmp_path):
         t.column("group_index").cast(pa.string()),
     )
     pq.write_table(t, path)
-    with pytest.raises(StoreError, match=_name(1, 0, "train")):
+    with pytest.raises(StoreError, match=path.name):
         RunAnalytics(w.root)
 
 
@@ -584,21 +586,23 @@ def test_reward_curve_in_memory_histogram_path_matches_numpy(tmp_path):
                 assert r[col] == pytest.approx(np.quantile(values, q), rel=1e-12, abs=1e-12)
 
 
-def test_step_rows_come_from_the_checked_step_files(store, tmp_path):
-    """DuckDB reads the committed step files itself, once the catalog has read them and
-    checked their sealed CRCs; a damaged one stops the open, naming it."""
+def test_step_rows_come_from_the_checked_commit_log(store, tmp_path):
+    """In a store with a commit log the step rows are the log's (each entry sealed by its
+    CRC-32), handed to DuckDB as Arrow: a damaged step file changes nothing a reader serves
+    (verify names it), a damaged log entry stops the open, naming it."""
     with RunAnalytics(store.root) as run:
-        assert "READ_PARQUET" in run.explain("SELECT * FROM steps").upper()
-        rows = run.sql("SELECT count(*) AS n FROM steps").column("n")[0].as_py()
-        assert rows == len(store.step_rows)
-        assert sorted(run.views.step_paths) == sorted(
-            str(p) for p in RolloutStore(store.root).committed_files("steps")
-        )
+        assert "ARROW_SCAN" in run.explain("SELECT * FROM steps").upper()
+        expected = run.sql("SELECT * FROM steps ORDER BY step, kind, rank")
+        assert expected.num_rows == len(store.step_rows)
     copy = tmp_path / "copy"
     shutil.copytree(store.root, copy)
     victim = sorted((copy / "steps").glob("*.parquet"))[1]
     data = bytearray(victim.read_bytes())
     data[len(data) // 2] ^= 0x01
     victim.write_bytes(bytes(data))
-    with pytest.raises(StoreError, match=victim.name):
+    assert RunAnalytics(copy).sql("SELECT * FROM steps ORDER BY step, kind, rank").equals(expected)
+    assert victim in [p.path for p in RolloutStore(copy).verify().problems]
+    entry = sorted((copy / "log").glob("*.json"))[2]
+    entry.write_text(entry.read_text().replace('"num_groups": [', '"num_groups": [1'))
+    with pytest.raises(StoreError, match=f"{entry.name}.*CRC-32"):
         RunAnalytics(copy).sql("SELECT count(*) FROM steps")

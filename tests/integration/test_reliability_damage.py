@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from fault_harness import env, flip, truncate
-from store_fixtures import make_batch
+from store_fixtures import make_batch, unit_path
 
 from maxent_arrow import RolloutBatch, RolloutStore, RunAnalytics, StoreError
 from maxent_arrow.cli import EXIT_DATA, EXIT_OK, main
@@ -46,7 +46,7 @@ def store(pristine, tmp_path) -> RolloutStore:
 
 
 def _group(store: RolloutStore) -> Path:
-    return store.root / "groups" / f"step-{VICTIM:010d}.rank-00000.train.parquet"
+    return unit_path(store, "groups", VICTIM)
 
 
 def _chunk_offset(path: Path, column: str) -> int:
@@ -170,14 +170,20 @@ def test_cli_on_error_skip_serves_the_rest(store, capsys):
 
 @pytest.mark.parametrize("how", ["flipped", "truncated"])
 def test_damaged_step_file_is_named(store, how):
-    path = store.root / "steps" / f"step-{VICTIM:010d}.rank-00000.train.parquet"
+    """In a store with a commit log the step file is a copy of the log's record (for plain
+    readers): damaged, verify names it, readers go on serving every unit exactly (they read
+    the record from the log), and repair writes it again from the log."""
+    path = unit_path(store, "steps", VICTIM)
     flip(path, path.stat().st_size // 2) if how == "flipped" else truncate(path)
-    assert path in [p.path for p in store.verify().problems]
-    for reader in (_read, _replay, _sql):
-        with pytest.raises(StoreError, match=path.name):
-            reader(store, "raise")
-    with pytest.warns(UserWarning, match=path.name):
-        assert store.steps(on_error="skip") == [0, 2, 3]
+    assert [p.path for p in store.verify().problems] == [path]
+    expected = pa.Table.from_batches([make_batch(s).groups for s in STEPS])
+    assert store.read(columns=expected.column_names).to_pylist() == expected.to_pylist()
+    assert [b.step for b in store.replay(source="parquet")] == list(STEPS)
+    assert store.sql(COUNT).to_pylist() == [{"n": expected.num_rows}]
+    report = store.repair()
+    assert [p.path for p in report.restored] == [path]
+    assert store.verify().ok
+    assert pq.read_table(path).column("step").to_pylist() == [VICTIM]
 
 
 @pytest.mark.parametrize("how", ["deleted", "not JSON", "another format", "newer major"])
@@ -347,7 +353,7 @@ def test_an_ipc_file_without_its_record_is_never_served(store):
 
 # ---------------------------------------------------------------------------- identity (F11)
 def _unit(store: RolloutStore, table: str, step: int) -> Path:
-    return store.root / table / f"step-{step:010d}.rank-00000.train.parquet"
+    return unit_path(store, table, step)
 
 
 def test_a_step_file_under_another_units_name_is_refused(store, capsys):
@@ -370,58 +376,89 @@ def test_a_step_file_under_another_units_name_is_refused(store, capsys):
 
 
 def test_a_step_file_of_another_run_is_refused(store, tmp_path):
-    """A pair of the same unit name from another run (another store's files synced in) is
-    not this run's commit: the manifest's run id is recorded in every step file."""
+    """A pair of the same unit from another run (another store's files synced in over this
+    one's): the commit log records each file's size and CRC-32, so every reader refuses the
+    group file by name."""
     other = RolloutStore.create(tmp_path / "other")
     other.append(make_batch(VICTIM, seed=7))
     for table in ("steps", "groups"):
         shutil.copyfile(_unit(other, table, VICTIM), _unit(store, table, VICTIM))
-    path = _unit(store, "steps", VICTIM)
-    for read in (lambda: store.read(), lambda: list(store.replay()), lambda: store.sql(COUNT)):
-        with pytest.raises(StoreError, match=f"{path.name}.*another run"):
+    path = _unit(store, "groups", VICTIM)
+    readers = (
+        lambda: store.read(),
+        lambda: list(store.replay(source="parquet")),  # ("auto": the unit's own cache copy)
+        lambda: store.sql(COUNT),
+    )
+    for read in readers:
+        with pytest.raises(StoreError, match=path.name):
             read()
-    assert path in [p.path for p in store.verify().problems]
+    problems = [p.path for p in store.verify().problems]
+    assert path in problems and _unit(store, "steps", VICTIM) in problems
 
 
 def test_a_damaged_seal_marker_is_damage(store):
     """The 13 bytes that mark a step file's sealed CRC, damaged, make a damaged file, not an
-    unsealed older one that verify passes."""
+    unsealed older one that verify passes (readers read the log's record of it)."""
     path = _unit(store, "steps", VICTIM)
     flip(path, path.read_bytes().rfind(b"maxent-crc32=") + 3)
     assert path in [p.path for p in store.verify().problems]
-    with pytest.raises(StoreError, match=path.name):
-        store.read()
+    assert store.steps() == list(STEPS)
 
 
 # ---------------------------------------------------------------------------- lost commits (F17)
-def test_a_lost_step_file_is_reported_and_repair_keeps_its_rows(store, capsys):
-    """A complete, checksummed group file whose step file is gone, without the temp file an
-    unfinished append leaves, is a suspected lost commit: verify fails naming it, and repair
-    leaves it where it is (it says so)."""
-    _unit(store, "steps", VICTIM).unlink()
-    group = _unit(store, "groups", VICTIM)
+def test_a_lost_step_file_is_reported_and_repair_writes_it_again(store, capsys):
+    """A committed step file deleted: the commit log says it was committed, so verify fails
+    naming it and the step (not "an append that did not finish"); readers still serve the
+    unit (its record is the log's); repair writes it again from the log."""
+    path = _unit(store, "steps", VICTIM)
+    path.unlink()
     report = store.verify()
-    assert not report.ok
-    assert [(p.path, "lost commit" in p.problem) for p in report.problems] == [(group, True)]
+    assert [(p.path, "lost" in p.problem, f"step {VICTIM}" in p.problem) for p in report.problems] == [
+        (path, True, True)
+    ]
     code = main(["verify", str(store.root)])
     out, _ = capsys.readouterr()
-    assert code == EXIT_DATA and f"PROBLEM {group}" in out
-    before = group.read_bytes()
+    assert code == EXIT_DATA and f"PROBLEM {path}" in out
+    assert store.steps() == list(STEPS)
     repaired = store.repair()
-    assert group.read_bytes() == before and not repaired.moved
-    assert [p.path for p in repaired.kept] == [group]
+    assert [p.path for p in repaired.restored] == [path] and path.exists()
+    assert store.verify().ok
 
 
-@pytest.mark.xfail(
-    strict=True, reason="needs the commit log of the run-history issue: readers see no loss"
-)
 def test_readers_report_a_lost_unit(store):
     """The exact form of F17: every reader, not only verify, says that a committed unit is
-    gone. Without a log of commits, a reader that lists steps/ cannot know a step file it
-    does not see was ever there."""
-    _unit(store, "steps", VICTIM).unlink()
-    with pytest.raises(StoreError, match=f"step-{VICTIM:010d}"):
-        store.read()
+    gone. The commit log says what was committed, so a lost group file is an error naming it,
+    never a silently shorter history; verify names its step."""
+    group = _group(store)
+    group.unlink()
+    for read in (
+        lambda: store.read(),
+        lambda: list(store.replay(source="parquet")),
+        lambda: store.sql(COUNT),
+        lambda: RunAnalytics(store).reward_curve(),
+    ):
+        with pytest.raises(StoreError, match=group.name):
+            read()
+    (problem,) = store.verify().problems
+    assert problem.path == group and f"lost: the group file of step {VICTIM}" in problem.problem
+    # Its IPC cache copy is there: repair commits the unit again from it, by its attempt.
+    before = [b.groups for b in RolloutStore(store.root).replay(source="cache")]
+    report = store.repair()
+    assert len(report.restored) == 1 and store.verify().ok
+    after = [b.groups for b in store.replay(source="parquet")]
+    assert [a.equals(b) for a, b in zip(after, before)] == [True] * len(STEPS)
+
+
+def test_deleting_a_leftover_of_an_unfinished_append_changes_nothing(store, tmp_path):
+    """A file no log entry names (here: an append killed after publishing its files, before
+    its entry) is a note for verify and invisible to readers; deleting it changes nothing."""
+    loose = store.root / "groups" / "step-0000000009.rank-00000.train.t0123456789ab.parquet"
+    shutil.copyfile(_group(store), loose)
+    before = store.read()
+    report = store.verify()
+    assert report.ok and loose in [n.path for n in report.notes]
+    loose.unlink()
+    assert store.read().equals(before) and store.verify().ok and store.steps() == list(STEPS)
 
 
 # ---------------------------------------------------------------------------- signals (F21)

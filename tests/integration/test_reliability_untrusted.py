@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from fault_harness import snapshot
-from store_fixtures import make_batch
+from store_fixtures import make_batch, unit_path
 
 from maxent_arrow import RolloutStore, StoreError
 
@@ -80,7 +80,7 @@ def test_nothing_is_created_or_moved_through_a_directory_linked_out(store, outsi
 
 
 def test_verify_reports_a_link_out_and_checks_everything_else(store, outside):
-    victim = store.root / "groups" / "step-0000000001.rank-00000.train.parquet"
+    victim = unit_path(store, "groups", 1)
     shutil.move(victim, outside / victim.name)
     victim.symlink_to(outside / victim.name)
     cache = store.root / "cache" / "step-0000000002.rank-00000.train.arrow"

@@ -16,11 +16,12 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 
-from store_fixtures import CONFIG, make_batch  # noqa: E402
+from store_fixtures import CONFIG, make_batch, unit_path  # noqa: E402
 
 from maxent_arrow import RolloutStore  # noqa: E402
 from maxent_arrow.errors import StoreError  # noqa: E402
 from maxent_arrow.store.backend import ArrowFsBackend, LocalBackend  # noqa: E402
+from maxent_arrow.store.names import unit_of  # noqa: E402
 
 
 def test_object_store_backend_files_are_local_store_files(tmp_path: Path) -> None:
@@ -71,8 +72,9 @@ def test_appends_and_reads_equal_a_local_store(pair) -> None:
     assert remote.schema("groups").equals(local.schema("groups"))
     subset = dict(steps=[1], columns=["step", "rank", "weights"], kind="train")
     assert remote.read(**subset).equals(local.read(**subset))
-    assert [p.name for p in remote.committed_files("groups")] == [
-        p.name for p in local.committed_files("groups")
+    # The same units, each under a name of its own commit (the unit's name and a token).
+    assert [unit_of(p.name) for p in remote.committed_files("groups")] == [
+        unit_of(p.name) for p in local.committed_files("groups")
     ]
 
 
@@ -152,7 +154,7 @@ def test_commit_rule_refusals_and_damage(s3) -> None:
     store = RolloutStore.create("runs/run-2", filesystem=fs, config=CONFIG)
     first = make_batch(0)
     store.append(first)
-    # A crashed append: its group object exists, its step object (the commit marker) not.
+    # A crashed append: its group object exists, no commit log entry names it.
     with fs.open_output_stream("runs/run-2/groups/step-0000000005.rank-00000.train.parquet") as f:
         f.write(b"PAR1 partial")
     assert store.steps() == [0]
@@ -163,24 +165,26 @@ def test_commit_rule_refusals_and_damage(s3) -> None:
         store.append(make_batch(0, seed=99))
     assert store.read().equals(before)
     # Damage a committed group object: the read names it.
-    path = "runs/run-2/groups/step-0000000000.rank-00000.train.parquet"
+    name = unit_path(store, "groups", 0).name
+    path = f"runs/run-2/groups/{name}"
     with fs.open_input_stream(path) as f:
         data = bytearray(f.read())
     data[64] ^= 0xFF
     with fs.open_output_stream(path) as f:
         f.write(bytes(data))
-    with pytest.raises(StoreError, match=r"step-0000000000.rank-00000.train.parquet: CRC-32"):
+    with pytest.raises(StoreError, match=rf"{name}: CRC-32"):
         store.read()
     assert RolloutStore("runs/run-2", filesystem=fs, check_crc=False).steps() == [0]
-    # Step objects carry a sealed CRC-32 (the same format RolloutStore writes).
-    step = "runs/run-2/steps/step-0000000000.rank-00000.train.parquet"
+    # Step objects: copies of the log's records (readers read the log); verify checks them.
+    step = f"runs/run-2/steps/{name}"
     with fs.open_input_stream(step) as f:
         data = bytearray(f.read())
     data[40] ^= 0x01
     with fs.open_output_stream(step) as f:
         f.write(bytes(data))
-    with pytest.raises(StoreError, match="sealed in the file"):
-        RolloutStore("runs/run-2", filesystem=fs).steps()
+    assert RolloutStore("runs/run-2", filesystem=fs).steps() == [0]
+    problems = {str(p.path) for p in RolloutStore("runs/run-2", filesystem=fs).verify().problems}
+    assert any(p.endswith(f"steps/{name}") for p in problems), problems
     # A prefix holding other data is not taken for a store.
     with fs.open_output_stream("runs/other/data.csv") as f:
         f.write(b"a,b\n")
@@ -190,11 +194,27 @@ def test_commit_rule_refusals_and_damage(s3) -> None:
         RolloutStore.create(_uri(endpoint, "other"))
     with pytest.raises(StoreError, match="bucket or file system root"):
         RolloutStore("s3://", filesystem=fs)
-    # Compaction and repair rewrite other writers' files: local stores only.
-    with pytest.raises(StoreError, match="needs a store on a local file system"):
-        store.compact()
+    # Repair moves other writers' files aside under a lock: local stores only.
     with pytest.raises(StoreError, match="needs a store on a local file system"):
         store.repair()
+
+
+def test_compaction_on_s3_through_the_commit_log(s3) -> None:
+    """Object storage has no rename and no lock, but a store with a commit log compacts
+    there: the segment is new objects and one log entry (a conditional create) replacing
+    the inputs, which readers that planned before it still read from retired/."""
+    endpoint, _ = s3
+    store = RolloutStore.create(_uri(endpoint, "compact"))
+    for step in range(4):
+        store.append(make_batch(step))
+    before = store.read()
+    stream = store.replay(source="parquet")
+    first = next(stream)
+    (segment,) = store.compact()
+    assert [p.name for p in store.committed_files("groups")] == [segment.name]
+    assert RolloutStore(_uri(endpoint, "compact")).read().equals(before)
+    assert [first.step, *(b.step for b in stream)] == [0, 1, 2, 3]
+    assert RolloutStore(_uri(endpoint, "compact")).verify().ok
 
 
 def test_one_class_dispatches_on_the_uri(s3, tmp_path: Path) -> None:
@@ -220,15 +240,19 @@ def test_replay_dataset_keeps_an_s3_uri(pair) -> None:
     assert all(a[2].equals(b[2]) for a, b in zip(got, want))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs the commit log of the run-history issue: object storage leaves no trace "
-    "that tells a lost step object from an append that did not finish",
-)
 def test_a_lost_step_object_is_reported_by_verify(s3) -> None:
+    """Object storage keeps no trace of an unfinished append, but the commit log says what
+    was committed: a lost step object is a problem naming its step, and an object no entry
+    names (an append that did not finish) is a note."""
     endpoint, fs = s3
     store = RolloutStore.create(_uri(endpoint, "lost-step"))
     for step in range(3):
         store.append(make_batch(step))
-    fs.delete_file("runs/lost-step/steps/step-0000000001.rank-00000.train.parquet")
-    assert not RolloutStore(_uri(endpoint, "lost-step")).verify().ok
+    name = unit_path(store, "steps", 1).name
+    fs.delete_file(f"runs/lost-step/steps/{name}")
+    with fs.open_output_stream("runs/lost-step/groups/step-0000000007.rank-00000.train.parquet") as f:
+        f.write(b"PAR1 partial")
+    report = RolloutStore(_uri(endpoint, "lost-step")).verify()
+    (problem,) = report.problems
+    assert str(problem.path).endswith(name) and "lost: the step file of step 1" in problem.problem
+    assert any("step-0000000007" in str(n.path) for n in report.notes)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -25,6 +26,8 @@ from maxent_arrow import (
 )
 from maxent_arrow.arrow import registry as R
 from maxent_arrow.arrow import schema as S
+from maxent_arrow.store.manifest import STORE_VERSION
+from maxent_arrow.store.names import unit_of
 from maxent_arrow.types import records_equal
 
 
@@ -41,19 +44,26 @@ def test_layout_on_disk(store):
     root = store.root
     manifest = json.loads((root / "manifest.json").read_text())
     assert manifest["format"] == "maxent-arrow-rollouts"
-    assert manifest["schema_version"] == S.SCHEMA_VERSION == "2.1" and manifest["config"] == {
-        "run": "test"
-    }
+    assert manifest["schema_version"] == STORE_VERSION == "3.0"
+    assert manifest["table_schema_version"] == S.SCHEMA_VERSION == "2.1"
+    assert manifest["log"] == {"format": 1} and manifest["config"] == {"run": "test"}
     names = sorted(p.name for p in (root / "groups").iterdir())
-    assert names == [
+    # Every commit writes files of a name of its own: the unit's name and a token.
+    assert [unit_of(n) for n in names] == [
         "step-0000000000.rank-00000.train.parquet",
         "step-0000000001.rank-00000.train.parquet",
         "step-0000000001.rank-00001.train.parquet",
         "step-0000000002.rank-00000.train.parquet",
     ]
+    assert all(re.fullmatch(r"step-\d{10}\.rank-\d{5}\.train\.t[0-9a-f]{12}\.parquet", n) for n in names)
     assert sorted(p.name for p in (root / "steps").iterdir()) == names
     assert store.committed_files("groups") == [root / "groups" / n for n in names]
     assert store.committed_files("steps") == [root / "steps" / n for n in names]
+    # One log entry per commit: the attempt, then the four appends.
+    entries = sorted(p.name for p in (root / "log").glob("*.json"))
+    assert entries == [f"{v:020d}.json" for v in range(1, 6)]
+    ops = [json.loads((root / "log" / e).read_text())["op"] for e in entries]
+    assert ops == ["attempt", "append", "append", "append", "append"]
 
 
 def test_parquet_file_properties(store):
@@ -308,8 +318,8 @@ def test_newer_schema_major_is_refused(tmp_path):
     store.append(make_batch(0))
     manifest = store.root / "manifest.json"
     data = json.loads(manifest.read_text())
-    manifest.write_text(json.dumps({**data, "schema_version": "3.0"}))
-    with pytest.raises(SchemaVersionError, match="3.0"):
+    manifest.write_text(json.dumps({**data, "schema_version": "4.0"}))
+    with pytest.raises(SchemaVersionError, match="4.0"):
         RolloutStore(store.root)
     manifest.write_text(json.dumps(data))
     # A file written by a newer major: readers refuse it by name.
@@ -384,7 +394,8 @@ def test_compact_crash_before_cleanup_shows_no_duplicates(tmp_path):
     assert len(report.moved) == len(originals)
     assert not any(p.exists() for p in originals)
     assert store.read().equals(before) and store.verify().ok
-    assert len(list((store.root / "quarantine").rglob("*.parquet"))) == len(originals)
+    # Retired, as the compaction would have done: readers pinned before it still find them.
+    assert len(list((store.root / "retired").rglob("*.parquet"))) == len(originals)
 
 
 READER_SCRIPT = textwrap.dedent(
