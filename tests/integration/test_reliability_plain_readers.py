@@ -15,7 +15,7 @@ import textwrap
 
 import pytest
 from fault_harness import env
-from store_fixtures import make_batch
+from store_fixtures import make_batch, unit_path
 
 from maxent_arrow import RolloutBatch, RolloutStore
 
@@ -79,7 +79,7 @@ def evolving(tmp_path_factory):
             store.append(evaluation)
             rows["eval"] += evaluation.num_groups
     # A crashed append's temp files are left where a writer would leave them.
-    source = root / "groups" / "step-0000000001.rank-00000.train.parquet"
+    source = unit_path(store, "groups", 1)
     (root / "groups" / ".step-0000000009.rank-00000.train.parquet.tmp-x.1.abc").write_bytes(
         source.read_bytes()
     )

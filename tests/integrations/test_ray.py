@@ -19,13 +19,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 
-from store_fixtures import CONFIG, make_batch  # noqa: E402
+from store_fixtures import CONFIG, make_batch, unit_path  # noqa: E402
 
 from maxent_arrow.errors import ComputeError, LayoutError, SchemaError  # noqa: E402
 from maxent_arrow.ingest.collate import GroupCollator  # noqa: E402
 from maxent_arrow.ingest.packing import iter_chunks, sequence_layout  # noqa: E402
 from maxent_arrow.ingest.score_batch import build_score_batch  # noqa: E402
 from maxent_arrow.rollout.checks import rewards_by_name  # noqa: E402
+from maxent_arrow.store.names import unit_of  # noqa: E402
 from maxent_arrow.store.store import RolloutStore  # noqa: E402
 
 MATH = ("advantages", "q", "weights")
@@ -200,11 +201,11 @@ def test_read_store_follows_the_commit_rule(ray_cluster, store_root: Path, tmp_p
     root = tmp_path / "copy"
     shutil.copytree(store_root, root)
     groups = root / "groups"
-    # A crashed append (group file without its step file) and an in-flight temp file.
-    source = groups / "step-0000000000.rank-00000.train.parquet"
-    shutil.copy(source, groups / "step-0000000009.rank-00000.train.parquet")
-    shutil.copy(source, groups / ".tmp-host.1.abc.step-0000000010.rank-00000.train.parquet")
     store = RolloutStore(root)
+    # A crashed append (group file no log entry names) and an in-flight temp file.
+    source = unit_path(store, "groups", 0)
+    shutil.copy(source, groups / source.name.replace("step-0000000000", "step-0000000009"))
+    shutil.copy(source, groups / f".tmp-host.1.abc.{source.name}")
     assert read_store(root).count() == store.read().num_rows
     store.compact(kind="train")  # several units per file, sliced by the step rows
     assert _collect(ray_cluster, read_store(root, steps=[1, 2])).equals(store.read(steps=[1, 2]))
@@ -216,11 +217,11 @@ def test_read_store_detects_a_corrupt_file(ray_cluster, store_root: Path, tmp_pa
 
     root = tmp_path / "copy"
     shutil.copytree(store_root, root)
-    path = root / "groups" / "step-0000000001.rank-00001.train.parquet"
+    path = unit_path(RolloutStore(root), "groups", 1, rank=1)
     data = bytearray(path.read_bytes())
     data[64] ^= 0xFF  # inside the first data page, not the footer the planner reads
     path.write_bytes(bytes(data))
-    with pytest.raises(Exception, match=r"rank-00001.train.parquet: CRC-32 \w+, expected"):
+    with pytest.raises(Exception, match=r"rank-00001\.train\.\w+\.parquet: CRC-32 \w+, expected"):
         read_store(root).materialize()
     with pytest.raises(SchemaError, match="unknown column"):
         read_store(store_root, columns=["step", "nope"])
@@ -322,8 +323,8 @@ def test_recompute_store_writes_one_append_per_unit(
     source = RolloutStore(store_root)
     target = recompute_store(store_root, tmp_path / "recomputed", tau=0.3)
     assert isinstance(target, RolloutStore)
-    assert [p.name for p in target.committed_files("groups")] == [
-        p.name for p in source.committed_files("groups")
+    assert [unit_of(p.name) for p in target.committed_files("groups")] == [
+        unit_of(p.name) for p in source.committed_files("groups")
     ]
     got, old = target.read(), source.read()
     assert got.drop_columns(list(MATH)).equals(old.drop_columns(list(MATH)))
