@@ -59,6 +59,7 @@ loudly when TRL changes either.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import inspect
 import json
@@ -75,6 +76,7 @@ import pyarrow.compute as pc
 import torch
 
 from maxent_arrow.arrow import GroupIdentity, Ragged, regroup
+from maxent_arrow.arrow import registry as R
 from maxent_arrow.arrow.registry import CORE, TRL
 from maxent_arrow.errors import LayoutError, MissingExtraError, SchemaError
 from maxent_arrow.integrations.adapters import (
@@ -99,6 +101,7 @@ from maxent_arrow.integrations.context import (
 from maxent_arrow.integrations.messages import is_conversation, messages_array, strip_images
 from maxent_arrow.integrations.steps import step_row
 from maxent_arrow.rollout import RolloutBatch, RunConfig, declare_families
+from maxent_arrow.rollout.metrics import METRICS_KEY, trainer_metrics_table
 from maxent_arrow.store import RolloutStore
 
 try:
@@ -111,10 +114,16 @@ __all__ = [
     "ALWAYS_OUTPUT_KEYS",
     "OPTIONAL_OUTPUT_KEYS",
     "HostRound",
+    "LOGGED_STEP_OFFSET",
     "RecordingGRPOTrainer",
     "RolloutRecorder",
     "host_round",
+    "logged_kind",
+    "register_trl_log",
+    "rollout_step",
     "round_table",
+    "trl_metrics_row",
+    "trl_trainer_metrics",
     "trl_group_table",
     "trl_run_config",
 ]
@@ -591,6 +600,106 @@ def trl_run_config(trainer: Any) -> RunConfig:
     )
 
 
+# ---------------------------------------------------------------------------- TRL's log
+# The step-numbering rule (docs/integrations.md, "Step numbers"): a training round generated
+# at TRL's global_step s is stored as step s, and TRL logs what it measured of it under the
+# step its update completes, s + 1; an evaluation round is stored and logged at its own step.
+LOGGED_STEP_OFFSET = {"train": 1, "eval": 0}
+# TRL's log keys of the record table's figure columns (from the registry).
+_FIGURES = {c.logged_as: c.name for c in R.columns(R.TRAINER_METRICS) if c.logged_as}
+
+
+def logged_kind(entry: Mapping[str, Any]) -> str | None:
+    """Which kind of record a ``log_history`` entry is: ``"train"`` (a training log, it has
+    ``loss``), ``"eval"`` (an evaluation, ``eval_`` keys) or ``None`` (the end-of-training
+    summary, ``train_runtime`` and the like: not a record)."""
+    if "loss" in entry:
+        return "train"
+    if any(key.startswith("eval_") for key in entry):
+        return "eval"
+    return None
+
+
+def rollout_step(optimizer_step: int, kind: str, train_steps: Sequence[int]) -> int | None:
+    """The stored rollout step whose data TRL's logged step ``optimizer_step`` trained on:
+    for training, the latest round generated at a global_step of at most
+    ``optimizer_step - 1`` (``train_steps``: the run's stored train steps, ascending; a round
+    serves ``num_iterations × steps_per_generation`` micro-steps); for an evaluation, its own
+    step. ``None`` when no stored round precedes it."""
+    if kind != "train":
+        return optimizer_step - LOGGED_STEP_OFFSET[kind]
+    i = bisect.bisect_right(train_steps, optimizer_step - LOGGED_STEP_OFFSET[kind])
+    return int(train_steps[i - 1]) if i else None
+
+
+def trl_metrics_row(
+    entry: Mapping[str, Any],
+    *,
+    train_steps: Sequence[int],
+    previous: int = 0,
+    counts: Mapping[str, int] | None = None,
+) -> dict[str, Any] | None:
+    """The ``trainer_metrics`` record of one ``log_history`` entry, or ``None`` for an entry
+    that is not a record (:func:`logged_kind`).
+
+    ``previous`` is the optimizer step of the run's previous training log (TRL averages the
+    loss and its own figures over the steps since); ``counts`` the ``loss_batches`` and
+    ``rounds`` TRL averaged (the recorder counts them; unknown afterwards)."""
+    kind = logged_kind(entry)
+    if kind is None:
+        return None
+    t = int(entry["step"])
+    averaged = t - previous if kind == "train" else 0
+    prefix = "eval_" if kind == "eval" else ""
+    values = {k.removeprefix(prefix): v for k, v in entry.items() if k != "step"}
+    row: dict[str, Any] = {
+        "optimizer_step": t,
+        "kind": kind,
+        "step": rollout_step(t, kind, train_steps),
+        "first_step": rollout_step(t - max(averaged, 1) + 1, kind, train_steps),
+        "averaged_steps": averaged,
+        **(counts or {}),
+    }
+    for key, column in _FIGURES.items():
+        row[column] = values.pop(key, None)
+    row[METRICS_KEY] = {k: v for k, v in values.items() if v is None or isinstance(v, int | float)}
+    return row
+
+
+def trl_trainer_metrics(
+    log_history: Sequence[Mapping[str, Any]], *, train_steps: Sequence[int]
+) -> pa.Table:
+    """The ``trainer_metrics`` records of TRL's log (``trainer.state.log_history``, or the
+    ``log_history`` of a checkpoint's ``trainer_state.json``): one per training log and per
+    evaluation, joined to the stored rollout steps ``train_steps`` by :func:`rollout_step`.
+    What the recorder writes during training, less the counts only it sees."""
+    steps = sorted(set(train_steps))
+    rows, previous = [], 0
+    for entry in log_history:
+        row = trl_metrics_row(entry, train_steps=steps, previous=previous)
+        if row is None:
+            continue
+        if row["kind"] == "train":
+            previous = row["optimizer_step"]
+        rows.append(row)
+    return trainer_metrics_table(rows)
+
+
+def register_trl_log(
+    views: Any, log_history: Sequence[Mapping[str, Any]], *, name: str = "trl_log"
+) -> pa.Table:
+    """Make TRL's log queryable beside a store: registers the records of ``log_history``
+    (:func:`trl_trainer_metrics`, joined to the store's train steps) as the view ``name`` on
+    ``views`` (a :class:`~maxent_arrow.RunAnalytics` or the store's ``sql_views()``), where
+    ``optimizer_step`` is TRL's logged ``step`` and ``(step, kind)`` joins ``steps``,
+    ``groups`` and ``samples``. Returns the registered table."""
+    session = getattr(views, "views", views)
+    stored = session.query("SELECT DISTINCT step FROM steps WHERE kind = 'train'", trusted=True)
+    table = trl_trainer_metrics(log_history, train_steps=stored.column("step").to_pylist())
+    session.register(name, table)
+    return table
+
+
 # ---------------------------------------------------------------------------- the recorder
 # A mixin over TRL's trainer: checkers see the trainer's attributes and `super()` methods it
 # uses; at run time its base stays `object` (the trainer comes in through the subclass's MRO).
@@ -679,6 +788,10 @@ class RolloutRecorder(_Trainer):
         extras = [n.removeprefix(EXTRA) for n in stored.names if n.startswith(EXTRA)]
         self._rollout_extras: list[str] | None = extras if units else None
         self._rollout_late: set[str] = set()  # log_extra columns left out (said once)
+        # The trainer-figure records (docs/arrow-layout.md, "Trainer metrics"): the stored
+        # train steps they join to, and the records of this trainer's logs.
+        self._rollout_train_steps = sorted({u.step for u in units if u.kind == "train"})
+        self.rollout_metrics: list[dict[str, Any]] = []
         self._rollout_answers: bool | None = None  # answers JSON-able (known at the 1st round)
 
     def _dataset_context(
@@ -742,6 +855,20 @@ class RolloutRecorder(_Trainer):
         self.record_round(inputs, output)
         return output
 
+    # -- the Trainer's public hook for what it logs
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        mode = "train" if self.model.training else "eval"
+        # What TRL is about to average (it clears these in its log): one entropy per loss
+        # computation, one reward per generation round.
+        counts = {
+            "loss_batches": len(self._metrics[mode].get("entropy", ())),
+            "rounds": len(self._metrics[mode].get("reward", ())),
+        }
+        super().log(logs, start_time)
+        *earlier, entry = self.state.log_history
+        previous = next((int(e["step"]) for e in reversed(earlier) if logged_kind(e) == "train"), 0)
+        self.record_log(entry, counts, previous=previous)
+
     def train(self, *args: Any, **kwargs: Any) -> Any:
         try:
             return super().train(*args, **kwargs)
@@ -787,6 +914,8 @@ class RolloutRecorder(_Trainer):
             pending = None
         if pending is None:
             pending = self._rollout_pending[kind] = _Pending(step)
+            if kind == "train" and step not in self._rollout_train_steps:
+                bisect.insort(self._rollout_train_steps, step)
         lengths = None
         if self.mask_truncated_completions:  # the mask zeroes truncated rows: use the ids
             lengths = np.fromiter(map(len, ids_list), dtype=np.int64, count=b)
@@ -835,6 +964,27 @@ class RolloutRecorder(_Trainer):
         if kind == "train" and generate_every >= self.args.gradient_accumulation_steps:
             # Rounds are at least an optimizer step apart: none can share this step.
             self.flush_rollouts(kind)
+
+    def record_log(
+        self, entry: Mapping[str, Any], counts: Mapping[str, int], *, previous: int = 0
+    ) -> None:
+        """Record one entry of TRL's log (:func:`trl_metrics_row`; ``previous``: the step of
+        the run's previous training log) in ``rollout_metrics`` and, from the main process,
+        in the store's ``trainer_metrics`` records."""
+        row = trl_metrics_row(
+            entry, train_steps=self._rollout_train_steps, previous=previous, counts=counts
+        )
+        if row is None:
+            return
+        self.rollout_metrics.append(row)
+        append = getattr(self.rollout_store, "append_records", None)
+        if append is not None and self.accelerator.is_main_process:
+            table = trainer_metrics_table([row])
+            self.rollout_appender.submit(functools.partial(append, R.TRAINER_METRICS, table))
+
+    def trainer_metrics(self) -> pa.Table:
+        """The ``trainer_metrics`` records of this trainer's logs so far."""
+        return trainer_metrics_table(self.rollout_metrics)
 
     def _round_answers(self, inputs: Sequence[Mapping[str, Any]]) -> Sequence[Any] | None:
         """The rows' answers, or None: no ``answer`` key, or answers JSON cannot hold (said
