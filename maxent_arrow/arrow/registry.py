@@ -413,8 +413,8 @@ REGISTRY: tuple[Column, ...] = (
        logged_as="loss"),
     _m("grad_norm", _f64, "the gradient norm of the last averaged optimizer step, before "
        "clipping (not an average)", logged_as="grad_norm"),
-    _m("learning_rate", _f64, "the scheduler's learning rate when the record was logged",
-       logged_as="learning_rate"),
+    _m("learning_rate", _f64, "the learning rate of the last averaged optimizer step (HF's "
+       "Trainer reads it before its scheduler steps)", logged_as="learning_rate"),
     _m("epoch", _f64, "the trainer's epoch counter at the log", logged_as="epoch"),
     _m("kl", _f64, "mean per-token KL to the reference (TRL: k3, β > 0), averaged over "
        "`loss_batches`", logged_as="kl"),
