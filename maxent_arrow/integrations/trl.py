@@ -18,7 +18,10 @@ What a round holds (the group layout of ``docs/arrow-layout.md``):
 - ``prompt_ids`` and ``completion_ids``: the exact tokens TRL trained on, un-padded with its
   masks (``completion_ids`` include the EOS token); ``prompt`` (plain text) or
   ``prompt_messages`` (a chat prompt, typed messages), ``completions`` (text) and, for chat,
-  ``completion_messages``; ``answer`` when the dataset has an ``answer`` column;
+  ``completion_messages``; ``answer`` when the dataset has an ``answer`` column (text, or any
+  JSON value as its JSON text); ``example_id`` (the dataset index, or ``example_id=``'s
+  column) and ``ds_<name>`` for each of ``record_columns`` (the dataset's Arrow types);
+  ``extra_<name>`` per completion for each column the reward functions ``log_extra``;
 - ``reward_names`` (TRL's reward function names) and ``reward_values`` (each function's raw,
   unweighted reward, NaN where it returned ``None``), ``total_utils`` (the weighted
   ``nansum``, NaN for an unscorable completion) and ``advantages`` (TRL's);
@@ -51,10 +54,16 @@ batch, so a prompt's completions can be spread over processes, and each process 
 its part. Readers see whole groups through :func:`~maxent_arrow.rollout.reassemble`, which
 merges the parts of a step by ``group_id`` in ``completion_index`` order.
 
+The step row holds ``policy_version`` (``global_step`` at generation) and the
+``log_metric`` values (``metric_names`` / ``metric_values`` / ``metric_counts``). Each of
+TRL's log calls becomes a ``trainer_metrics`` record (:func:`trl_metrics_row`), joined to the
+rollout step its data came from by the step rule (:func:`rollout_step`).
+
 No public TRL hook exposes the batch (callbacks get no tensors), so the recorder overrides the
 private ``_generate_and_score_completions`` (its output dict) and ``_calculate_rewards`` (the
-per-function rewards, prompts and completions); ``tests/integrations/test_trl.py`` fails
-loudly when TRL changes either.
+per-function rewards, prompts and completions, and what the reward functions logged, TRL's
+``_pending_extra_logs`` / ``_pending_metrics``); ``tests/integrations/test_trl.py`` fails
+loudly when TRL changes either. TRL's figures come through the Trainer's public ``log``.
 """
 
 from __future__ import annotations
