@@ -137,6 +137,7 @@ class UserColumns:
             )
         if prefix.level == "completion" and not pa.types.is_list(kind):
             kind = pa.list_(kind)  # the items stay nullable: a function may log None
+        kind = _named_alike(kind)
         known = self.types.get(name)
         if known is not None and known != kind:
             raise SchemaError(
@@ -189,6 +190,19 @@ class UserColumns:
             else:
                 out = out.append_column(pa.field(name, kind), pa.nulls(table.num_rows, kind))
         return out.replace_schema_metadata(table.schema.metadata)
+
+
+def _named_alike(kind: pa.DataType) -> pa.DataType:
+    """``kind`` with Arrow's default child names (``item``) at every list level: Parquet
+    readers name them ``element``, and a type read back from a run's files must equal the one
+    declared when it started."""
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        field = kind.value_field
+        item = pa.field("item", _named_alike(field.type), nullable=field.nullable)
+        return pa.list_(item) if pa.types.is_list(kind) else pa.large_list(item)
+    if pa.types.is_struct(kind):
+        return pa.struct([f.with_type(_named_alike(f.type)) for f in kind])
+    return kind
 
 
 def _json_type(values: Sequence[Any]) -> pa.DataType:

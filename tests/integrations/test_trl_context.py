@@ -296,6 +296,23 @@ def test_the_trl_log_view_joins_every_logged_step_to_the_store(context_run):
 
 
 @pytest.mark.slow
+def test_a_resumed_recorder_keeps_the_runs_user_columns(context_run):
+    """A recorder opened on the run's store (a resumed run) declares the user columns its files
+    have, with their types, and the log_extra columns are fixed already."""
+    root, probe, _ = context_run
+    with pytest.warns(UserWarning, match="not recorded"):
+        resumed = context_trainer(root)
+    assert resumed.rollout_columns.types == probe.rollout_columns.types
+    assert list(resumed.rollout_columns.types) == [
+        "ds_task_id",
+        "ds_source",
+        "extra_read",
+        "extra_verdict",
+    ]
+    assert resumed._rollout_extras == ["read", "verdict"]
+
+
+@pytest.mark.slow
 def test_a_record_of_several_logged_steps_says_what_it_averages(tmp_path):
     """``logging_steps=2``: one record for steps 1-2, averaging two optimizer steps (each a
     round of its own: two loss batches, two rounds), joined to the round of its last step
