@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import numbers
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -53,8 +53,9 @@ def with_index(dataset: Any) -> Any:
     ``IterableDataset`` a lazy ``map``, a dict of datasets each; ``None`` stays ``None``."""
     if dataset is None:
         return None
-    if isinstance(dataset, Mapping):
-        return type(dataset)({name: with_index(d) for name, d in dataset.items()})
+    if isinstance(dataset, Mapping):  # a dict of datasets, or a DatasetDict: of its own type
+        indexed = {name: with_index(d) for name, d in dataset.items()}
+        return indexed if type(dataset) is dict else cast(Any, type(dataset))(indexed)
     names = _column_names(dataset)
     if names is not None and INDEX_KEY in names:
         return dataset

@@ -109,8 +109,13 @@ from maxent_arrow.integrations.context import (
 )
 from maxent_arrow.integrations.messages import is_conversation, messages_array, strip_images
 from maxent_arrow.integrations.steps import step_row
-from maxent_arrow.rollout import RolloutBatch, RunConfig, declare_families
-from maxent_arrow.rollout.metrics import METRICS_KEY, trainer_metrics_table
+from maxent_arrow.rollout import (
+    METRICS_KEY,
+    RolloutBatch,
+    RunConfig,
+    declare_families,
+    trainer_metrics_table,
+)
 from maxent_arrow.store import RolloutStore
 
 try:
@@ -866,6 +871,7 @@ class RolloutRecorder(_Trainer):
 
     # -- the Trainer's public hook for what it logs
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        assert self.model is not None  # set by the trainer
         mode = "train" if self.model.training else "eval"
         # What TRL is about to average (it clears these in its log): one entropy per loss
         # computation, one reward per generation round.
@@ -1079,7 +1085,7 @@ class _Pending:
         total[1] += len(numbers)
 
     def metric_means(self) -> dict[str, tuple[float, int]]:
-        return {n: (t[0] / t[1], t[1]) for n, t in self.metrics.items() if t[1]}
+        return {n: (t[0] / t[1], int(t[1])) for n, t in self.metrics.items() if t[1]}
 
 
 def _append_job(

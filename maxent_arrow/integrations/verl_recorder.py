@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import time
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from maxent_arrow.errors import MissingExtraError, SchemaError
 from maxent_arrow.integrations.verl import from_dataproto
@@ -83,7 +83,15 @@ def verl_run_config(config: Any) -> RunConfig:
     )
 
 
-class VerlRolloutRecorder:
+# The mixin is typed over RayPPOTrainer for checkers; at run time its base stays object, so it
+# goes before any RayPPOTrainer subclass.
+if TYPE_CHECKING:
+    _Trainer = RayPPOTrainer
+else:
+    _Trainer = object
+
+
+class VerlRolloutRecorder(_Trainer):
     """Mixin that records every training step of a verl ``RayPPOTrainer`` into a rollout
     store (see the module doc). Put it before the trainer class:
     ``class T(VerlRolloutRecorder, RayPPOTrainer)``.

@@ -33,8 +33,7 @@ from maxent_arrow.compute import (
     maxent_weights,
 )
 from maxent_arrow.ingest import build_score_batch, tokenizer_identity
-from maxent_arrow.rollout import RolloutBatch, RunConfig
-from maxent_arrow.rollout.metrics import METRICS_KEY, trainer_metrics_table
+from maxent_arrow.rollout import METRICS_KEY, RolloutBatch, RunConfig, trainer_metrics_table
 from maxent_arrow.store import RolloutStore
 from maxent_arrow.train.generation import Rollouts, sample_groups
 from maxent_arrow.train.scoring import reference_logprobs, sequence_scores
