@@ -157,12 +157,21 @@ def bench_trl(bench: harness.Bench, args, work: Path) -> dict[str, float]:
                    bos_token_id=None, eos_token_id=1, pad_token_id=0)
     ).save_pretrained(model_dir)  # fmt: skip
 
-    def accuracy(completions, answer, **_):
-        return [float(c.strip().startswith(a)) for c, a in zip(completions, answer)]
+    def accuracy(completions, answer, log_extra=None, log_metric=None, **_):
+        hits = [float(c.strip().startswith(a)) for c, a in zip(completions, answer)]
+        if args.context:  # a judge's outputs: a verdict per completion, a scalar per call
+            log_extra("verdict", ["right" if h else "wrong" for h in hits])
+            log_metric("hits", sum(hits))
+        return hits
 
     def brevity(completions, **_):
         return [-len(c) / 100 for c in completions]
 
+    examples = load_prompts("train", limit=256)
+    if args.context:  # dataset columns beside the prompt and answer
+        examples = [
+            {**r, "task_id": i, "source": r["prompt"].split()[2]} for i, r in enumerate(examples)
+        ]
     trainer = Timed(
         model=str(model_dir),
         reward_funcs=[accuracy, brevity],
@@ -185,9 +194,10 @@ def bench_trl(bench: harness.Bench, args, work: Path) -> dict[str, float]:
             seed=0,
             disable_tqdm=True,
         ),
-        train_dataset=Dataset.from_list(load_prompts("train", limit=256)),
+        train_dataset=Dataset.from_list(examples),
         processing_class=ByT5Tokenizer(),
         rollout_store=TimedStore.create(work / "trl_store"),
+        **({"record_columns": ["task_id", "source"]} if args.record_context else {}),
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -414,6 +424,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=5)
     harness.add_arguments(parser)
     parser.add_argument("--only", choices=("trl", "verl"), help="run one of the two parts")
+    parser.add_argument(
+        "--context",
+        action="store_true",
+        help="TRL: the dataset has two more columns and a reward function logs a log_extra "
+        "column and a log_metric value (TRL's work; the recorder stores them only with "
+        "--record-context)",
+    )
+    parser.add_argument(
+        "--record-context",
+        action="store_true",
+        help="TRL: the recorder keeps the dataset columns (record_columns) as well",
+    )
     args = parser.parse_args(argv)
     bench = harness.Bench("integrations", args)
     if args.quick:

@@ -1,7 +1,7 @@
 """Write the column tables of ``docs/arrow-layout.md`` from the column registry
-(``maxent_arrow/arrow/registry.py``), between its ``<!-- columns:groups -->`` and
-``<!-- columns:steps -->`` markers. ``tests/arrow/test_registry.py`` checks that the document
-holds what this writes::
+(``maxent_arrow/arrow/registry.py``), between its ``<!-- columns:groups -->``,
+``<!-- columns:steps -->`` and ``<!-- columns:trainer_metrics -->`` markers.
+``tests/arrow/test_registry.py`` checks that the document holds what this writes::
 
     python docs/make_columns.py
 """
@@ -22,7 +22,7 @@ LAYOUT = HERE / "arrow-layout.md"
 
 def with_tables(text: str) -> str:
     """``text`` (the document) with each marked region holding its generated table."""
-    for table in (R.GROUP, R.STEP):
+    for table in (R.GROUP, R.STEP, R.TRAINER_METRICS):
         pattern = re.compile(
             rf"(<!-- columns:{table}[^>]*-->\n).*?(<!-- /columns:{table} -->)", re.DOTALL
         )

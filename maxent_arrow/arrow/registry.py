@@ -17,7 +17,18 @@ The families are fixed at a run's first append and recorded in every step file.
 
 **Levels.** ``group``: one value per group row; ``completion``: ``list<T>``, one item per
 completion of the row; ``token``: ``list<list<T>>``, one list per completion, one item per
-token; ``step``: one value per step row.
+token; ``step``: one value per step row; ``record``: one value per row of a record table.
+
+**Tables.** ``groups`` and ``steps`` (the rollouts), and ``trainer_metrics``, a record table:
+the figures a trainer logs about its optimizer steps (loss, KL, entropy, clip ratios, grad
+norm, learning rate), one row per log, written after the rollout step they trained on.
+
+**User columns.** A run may also keep columns whose names only its user knows: the dataset
+columns a recorder was asked to keep (``ds_<name>``) and the extra columns reward functions
+log (``extra_<name>``). They are not rows here (their names and types are per run); their
+prefixes are (:data:`PREFIXES`): each says the level, table and families of its columns, and
+no registered column starts with one. A recorder declares a run's user columns at its first
+append and writes every one of them in every append, so each run keeps one schema.
 
 This module imports pyarrow and nothing of torch; the seed classes and functions a column
 feeds are named by string.
@@ -42,7 +53,10 @@ __all__ = [
     "MAXENT",
     "MESSAGES_TYPE",
     "MESSAGE_TYPE",
+    "PREFIXES",
+    "Prefix",
     "REGISTRY",
+    "TRAINER_METRICS",
     "ROW_KEY",
     "STEP",
     "TRL",
@@ -56,10 +70,12 @@ __all__ = [
     "feeding",
     "names",
     "numbers",
+    "prefix_of",
 ]
 
-Level = Literal["group", "completion", "token", "step"]
-GROUP, STEP = "groups", "steps"  # the two tables
+Level = Literal["group", "completion", "token", "step", "record"]
+GROUP, STEP = "groups", "steps"  # the rollout tables
+TRAINER_METRICS = "trainer_metrics"  # a record table: a trainer's logged figures
 CORE, MAXENT, TRL, VERL = "core", "maxent", "trl", "verl"
 FAMILIES = (CORE, MAXENT, TRL, VERL)
 
@@ -135,6 +151,9 @@ class Column:
         How the values of several ranks of one step merge into the step's (step table):
         ``"sum"``, ``"min"``, ``"max"``, ``"mean:<weight column>"`` or
         ``"pooled_std:<weight column>"`` (``docs/formulas.md``, "Step statistics").
+    logged_as:
+        The key a trainer's log gives the value under (TRL's ``log_history``; an evaluation's
+        with TRL's ``eval_`` prefix), for columns of a record table that copy one.
     """
 
     name: str
@@ -152,6 +171,7 @@ class Column:
     feeds: str | tuple[str, ...] | None = None
     upgrade: str | None = None
     merge: str | None = None
+    logged_as: str | None = None
 
     @property
     def fed(self) -> tuple[str, ...]:
@@ -189,6 +209,10 @@ def _g(name: str, kind: pa.DataType, level: Level, doc: str, *families: str, **k
 
 def _s(name: str, kind: pa.DataType, doc: str, *families: str, **kw: Any) -> Column:
     return Column(name, kind, "step", STEP, families or (CORE,), doc, **kw)
+
+
+def _m(name: str, kind: pa.DataType, doc: str, **kw: Any) -> Column:
+    return Column(name, kind, "record", TRAINER_METRICS, (CORE,), doc, **kw)
 
 
 _f64, _f32, _i32, _i64, _str = pa.float64(), pa.float32(), pa.int32(), pa.int64(), pa.string()
@@ -290,6 +314,10 @@ REGISTRY: tuple[Column, ...] = (
        "came from (`to_dataproto` restores the order)", VERL),
     _g("sample_prompt_ids", _list(_list(_i32)), "token", "per-completion prompt ids, when a "
        "group's rows had different prompts", VERL),
+    # ------------------------------------------------------------------ context (2.2)
+    _g("example_id", _str, "group", "the dataset example the prompt came from: its index in "
+       "the dataset, as text (`CAST(example_id AS BIGINT)`), or the value of a named id column "
+       "(TRL: `RolloutRecorder(example_id=...)`; verl: the `index` key)"),
     # ------------------------------------------------------------------ step table
     _s("step", _i64, "identity", required=True, statistics=True),
     _s("rank", _i32, "identity", required=True, statistics=True),
@@ -356,11 +384,90 @@ REGISTRY: tuple[Column, ...] = (
     # ------------------------------------------------------------------ step table (2.1)
     _s("num_scored", _i32, "completions some reward function scored (the others are "
        "*unscored*: NaN utility, left out of the reward statistics)", merge="sum"),
+    # ------------------------------------------------------------------ step table (2.2)
+    _s("metric_names", _list(_str), "scalar metrics the reward functions logged while scoring "
+       "the step's rounds (TRL's `log_metric`), by name", TRL),
+    _s("metric_values", _list(_f64), "each name's mean over the values logged on this rank "
+       "during the step (parallel to `metric_names`)", TRL),
+    _s("metric_counts", _list(_i32), "how many values each mean is over (TRL logs the "
+       "count-weighted mean over ranks)", TRL),
+    # ------------------------------------------------------------------ trainer_metrics
+    _m("optimizer_step", _i64, "the optimizer step the record closes: the trainer's step "
+       "counter after the update (TRL's logged `step`); for an evaluation, the step it ran at",
+       required=True, identity=True, statistics=True),
+    _m("kind", _str, '`"train"` or `"eval"`', required=True, identity=True),
+    _m("step", _i64, "the rollout step (`steps.step`) whose data the record's last optimizer "
+       "step trained on (an evaluation: its own step): the join key with `groups` and `steps`",
+       identity=True, statistics=True),
+    _m("first_step", _i64, "the rollout step whose data the first optimizer step averaged "
+       "trained on (`step` when one round fed them all)", identity=True),
+    _m("averaged_steps", _i32, "optimizer steps the figures average over: 1 with "
+       "`logging_steps=1` (per step); 0 for an evaluation"),
+    _m("loss_batches", _i32, "loss computations (micro-batches of every iteration; an "
+       "evaluation's batches) averaged into `kl`, `entropy` and the clip ratios"),
+    _m("rounds", _i32, "generation rounds averaged into the generation figures of `metric_*` "
+       "(rewards, lengths, `log_metric` values)"),
+    _m("created_at", pa.timestamp("us", tz="UTC"), "when the record was made"),
+    _m("loss", _f64, "the training loss: mean over the averaged optimizer steps of each step's "
+       "mean over its micro-batches and processes (an evaluation: over its batches)",
+       logged_as="loss"),
+    _m("grad_norm", _f64, "the gradient norm of the last averaged optimizer step, before "
+       "clipping (not an average)", logged_as="grad_norm"),
+    _m("learning_rate", _f64, "the learning rate of the last averaged optimizer step (HF's "
+       "Trainer reads it before its scheduler steps)", logged_as="learning_rate"),
+    _m("epoch", _f64, "the trainer's epoch counter at the log", logged_as="epoch"),
+    _m("kl", _f64, "mean per-token KL to the reference (TRL: k3, β > 0), averaged over "
+       "`loss_batches`", logged_as="kl"),
+    _m("entropy", _f64, "mean per-token policy entropy, averaged over `loss_batches`",
+       logged_as="entropy"),
+    _m("clip_ratio_low_mean", _f64, "share of tokens clipped at 1 − ε (negative advantage), "
+       "averaged over `loss_batches`", logged_as="clip_ratio/low_mean"),
+    _m("clip_ratio_low_min", _f64, "the least per-completion share of low-clipped tokens, "
+       "averaged over `loss_batches`", logged_as="clip_ratio/low_min"),
+    _m("clip_ratio_high_mean", _f64, "share of tokens clipped at 1 + ε_high (positive "
+       "advantage), averaged", logged_as="clip_ratio/high_mean"),
+    _m("clip_ratio_high_max", _f64, "the largest per-completion share of high-clipped tokens, "
+       "averaged", logged_as="clip_ratio/high_max"),
+    _m("clip_ratio_region_mean", _f64, "share of tokens clipped either way, averaged",
+       logged_as="clip_ratio/region_mean"),
+    _m("metric_names", _list(_str), "every other figure of the log, by the trainer's name "
+       "(TRL's `reward`, `rewards/<f>/mean`, `completions/mean_length`, `log_metric` names, "
+       "...; an evaluation's without the `eval_` prefix)"),
+    _m("metric_values", _list(_f64), "their values, parallel to `metric_names` (NaN where the "
+       "trainer logged None)"),
 )  # fmt: skip
 
 _BY_NAME: dict[tuple[str, str], Column] = {(c.table, c.name): c for c in REGISTRY}
 if len(_BY_NAME) != len(REGISTRY):  # pragma: no cover - a registry edit that breaks it
     raise RuntimeError("column registry: a (table, name) is declared twice")
+
+
+@dataclass(frozen=True)
+class Prefix:
+    """The columns of a run whose names only its user knows (:data:`PREFIXES`): every column
+    named ``prefix + <name>`` is at ``level`` in ``table``, written by ``families``' writers."""
+
+    prefix: str
+    level: Level
+    table: str
+    families: tuple[str, ...]
+    doc: str
+
+
+PREFIXES: tuple[Prefix, ...] = (
+    Prefix("ds_", "group", GROUP, (CORE,), "a dataset column the recorder was asked to keep "
+           "(TRL: `record_columns=[...]`), one value per group, with the dataset's own Arrow "
+           "type (declared from the dataset's features when the recorder starts)"),
+    Prefix("extra_", "completion", GROUP, (TRL,), "a column reward functions logged with TRL's "
+           "`log_extra`: `list<bool>`, `list<double>` (any number) or `list<string>` (text; "
+           "any other JSON value as its JSON text), items null where nothing was logged; "
+           "typed at the run's first round"),
+)  # fmt: skip
+
+
+def prefix_of(name: str, table: str = GROUP) -> Prefix | None:
+    """The :class:`Prefix` a user column ``name`` of ``table`` is declared under, if any."""
+    return next((p for p in PREFIXES if p.table == table and name.startswith(p.prefix)), None)
 
 
 def column(name: str, table: str = GROUP) -> Column:
@@ -402,7 +509,7 @@ def numbers(table: str = GROUP, *, level: Level = "completion", families=None) -
 
     def numeric(c: Column) -> bool:
         kind = c.type
-        depth = {"group": 0, "step": 0, "completion": 1, "token": 2}[c.level]
+        depth = {"group": 0, "step": 0, "record": 0, "completion": 1, "token": 2}[c.level]
         for _ in range(depth):
             if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)):
                 return False
@@ -446,7 +553,8 @@ def _type_text(kind: pa.DataType) -> str:
 
 def markdown_table(table: str = GROUP) -> str:
     """The column table of ``docs/arrow-layout.md`` for ``table``, generated from the
-    registry (a test checks that the document holds exactly this)."""
+    registry (a test checks that the document holds exactly this); the user-column prefixes
+    of the table close it."""
     lines = [
         "| column | type | level | families | meaning |",
         "|---|---|---|---|---|",
@@ -456,10 +564,17 @@ def markdown_table(table: str = GROUP) -> str:
         kind = _type_text(c.type) + (f", {', '.join(flags)}" if flags else "")
         alias = f" (`{c.alias}` in `samples`)" if c.alias else ""
         feeds = f" Feeds {', '.join(f'`{f}`' for f in c.fed)}." if c.fed else ""
+        logged = f" TRL logs it as `{c.logged_as}`." if c.logged_as else ""
         lines.append(
             f"| `{c.name}` | {kind} | {c.level} | {', '.join(c.families)} | "
-            f"{c.doc}{alias}.{feeds} |"
+            f"{c.doc}{alias}.{feeds}{logged} |"
         )
+    for p in PREFIXES:
+        if p.table == table:
+            lines.append(
+                f"| `{p.prefix}<name>` | per run | {p.level} | {', '.join(p.families)} | "
+                f"user column: {p.doc}. |"
+            )
     return "\n".join(lines) + "\n"
 
 

@@ -1,6 +1,7 @@
 """Adapters to other systems, each over the public names of the packages below it:
-Ray Data (:mod:`.ray`), TRL's ``GRPOTrainer`` (:mod:`.trl`: record its rollouts into a store)
-and verl's ``DataProto`` (:mod:`.verl`: to and from a store's rows). Each loads its own
+Ray Data (:mod:`.ray`), TRL's ``GRPOTrainer`` (:mod:`.trl`: record its rollouts into a store),
+verl's ``DataProto`` (:mod:`.verl`: to and from a store's rows) and verl's trainer
+(:mod:`.verl_recorder`: record a ``RayPPOTrainer`` run). Each loads its own
 optional dependency only when used."""
 
 import lazy_loader

@@ -17,3 +17,8 @@ from .trl import (
     trl_run_config as trl_run_config,
 )
 from .verl import from_dataproto as from_dataproto, to_dataproto as to_dataproto
+from .verl_recorder import (
+    RecordingRayPPOTrainer as RecordingRayPPOTrainer,
+    VerlRolloutRecorder as VerlRolloutRecorder,
+    verl_run_config as verl_run_config,
+)

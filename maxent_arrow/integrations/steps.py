@@ -69,8 +69,15 @@ def step_row(
     kind: str,
     config: RunConfig | Mapping[str, Any] | None = None,
     max_completion_len: int | None = None,
+    policy_version: int | None = None,
+    metrics: Mapping[str, tuple[float, int]] | None = None,
 ) -> pa.RecordBatch:
     """The one-row step table of ``groups`` (one step of one rank).
+
+    ``policy_version``: the optimizer updates the generating policy had
+    (``docs/integrations.md``, "Step numbers"). ``metrics``: ``{name: (mean, count)}`` of
+    scalar metrics logged while the step was scored (TRL's ``log_metric``), stored as
+    ``metric_names`` / ``metric_values`` / ``metric_counts``.
 
     Reward moments are over ``total_utils`` (NaN utilities, unscored completions, left out
     and counted; population std, where TRL logs the Bessel-corrected one). Length statistics
@@ -96,7 +103,12 @@ def step_row(
         num_groups=groups.num_rows,
         num_samples=int(np.sum(sizes)),
         config=text,
+        policy_version=policy_version,
     ).values()
+    if metrics:
+        values["metric_names"] = list(metrics)
+        values["metric_values"] = [float(mean) for mean, _ in metrics.values()]
+        values["metric_counts"] = [int(count) for _, count in metrics.values()]
     utils = _numbers(_flat(groups, "total_utils"))
     if utils is not None:
         moments = scored_moments(torch.from_numpy(utils))

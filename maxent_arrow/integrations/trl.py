@@ -18,7 +18,10 @@ What a round holds (the group layout of ``docs/arrow-layout.md``):
 - ``prompt_ids`` and ``completion_ids``: the exact tokens TRL trained on, un-padded with its
   masks (``completion_ids`` include the EOS token); ``prompt`` (plain text) or
   ``prompt_messages`` (a chat prompt, typed messages), ``completions`` (text) and, for chat,
-  ``completion_messages``; ``answer`` when the dataset has an ``answer`` column;
+  ``completion_messages``; ``answer`` when the dataset has an ``answer`` column (text, or any
+  JSON value as its JSON text); ``example_id`` (the dataset index, or ``example_id=``'s
+  column) and ``ds_<name>`` for each of ``record_columns`` (the dataset's Arrow types);
+  ``extra_<name>`` per completion for each column the reward functions ``log_extra``;
 - ``reward_names`` (TRL's reward function names) and ``reward_values`` (each function's raw,
   unweighted reward, NaN where it returned ``None``), ``total_utils`` (the weighted
   ``nansum``, NaN for an unscorable completion) and ``advantages`` (TRL's);
@@ -51,20 +54,29 @@ batch, so a prompt's completions can be spread over processes, and each process 
 its part. Readers see whole groups through :func:`~maxent_arrow.rollout.reassemble`, which
 merges the parts of a step by ``group_id`` in ``completion_index`` order.
 
+The step row holds ``policy_version`` (``global_step`` at generation) and the
+``log_metric`` values (``metric_names`` / ``metric_values`` / ``metric_counts``). Each of
+TRL's log calls becomes a ``trainer_metrics`` record (:func:`trl_metrics_row`), joined to the
+rollout step its data came from by the step rule (:func:`rollout_step`).
+
 No public TRL hook exposes the batch (callbacks get no tensors), so the recorder overrides the
 private ``_generate_and_score_completions`` (its output dict) and ``_calculate_rewards`` (the
-per-function rewards, prompts and completions); ``tests/integrations/test_trl.py`` fails
-loudly when TRL changes either.
+per-function rewards, prompts and completions, and what the reward functions logged, TRL's
+``_pending_extra_logs`` / ``_pending_metrics``); ``tests/integrations/test_trl.py`` fails
+loudly when TRL changes either. TRL's figures come through the Trainer's public ``log``.
 """
 
 from __future__ import annotations
 
+import bisect
 import functools
+import inspect
 import json
+import math
 import os
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
@@ -73,6 +85,7 @@ import pyarrow.compute as pc
 import torch
 
 from maxent_arrow.arrow import GroupIdentity, Ragged, regroup
+from maxent_arrow.arrow import registry as R
 from maxent_arrow.arrow.registry import CORE, TRL
 from maxent_arrow.errors import LayoutError, MissingExtraError, SchemaError
 from maxent_arrow.integrations.adapters import (
@@ -84,9 +97,25 @@ from maxent_arrow.integrations.adapters import (
     truncation_flags,
 )
 from maxent_arrow.integrations.appender import Appender
+from maxent_arrow.integrations.context import (
+    DATASET,
+    EXTRA,
+    INDEX_KEY,
+    UserColumns,
+    answer_text,
+    dataset_types,
+    example_id_array,
+    with_index,
+)
 from maxent_arrow.integrations.messages import is_conversation, messages_array, strip_images
 from maxent_arrow.integrations.steps import step_row
-from maxent_arrow.rollout import RolloutBatch, RunConfig, declare_families
+from maxent_arrow.rollout import (
+    METRICS_KEY,
+    RolloutBatch,
+    RunConfig,
+    declare_families,
+    trainer_metrics_table,
+)
 from maxent_arrow.store import RolloutStore
 
 try:
@@ -99,10 +128,16 @@ __all__ = [
     "ALWAYS_OUTPUT_KEYS",
     "OPTIONAL_OUTPUT_KEYS",
     "HostRound",
+    "LOGGED_STEP_OFFSET",
     "RecordingGRPOTrainer",
     "RolloutRecorder",
     "host_round",
+    "logged_kind",
+    "register_trl_log",
+    "rollout_step",
     "round_table",
+    "trl_metrics_row",
+    "trl_trainer_metrics",
     "trl_group_table",
     "trl_run_config",
 ]
@@ -167,6 +202,10 @@ def trl_group_table(
     eos_token_ids: Sequence[int] = (),
     pad_token_id: int | None = None,
     completion_lengths: Any = None,
+    example_ids: Sequence[Any] | None = None,
+    dataset_columns: Mapping[str, Sequence[Any]] | None = None,
+    extras: Mapping[str, Sequence[Any]] | None = None,
+    user_columns: UserColumns | None = None,
 ) -> pa.Table:
     """The group rows of one generation round of one process, from TRL's tensors.
 
@@ -197,12 +236,25 @@ def trl_group_table(
     round_index:
         Distinguishes rounds stored under one step (eval batches; part of ``group_id``).
     answers:
-        Per-row ``answer`` values from the dataset, or ``None``.
+        Per-row ``answer`` values from the dataset (text, or any JSON value, stored as its
+        JSON text), or ``None``.
     eos_token_ids, pad_token_id:
         TRL's EOS ids and pad id: a completion whose last token is neither is truncated.
     completion_lengths:
         Token counts per row; default the ``completion_mask`` sums (give them under
         ``mask_truncated_completions``, which zeroes whole rows of the mask).
+    example_ids:
+        Per-row dataset example ids (the dataset index, or an id column's values): the
+        ``example_id`` of each group (text; an int as its digits).
+    dataset_columns:
+        ``{name: per-row values}`` of dataset columns to keep: ``ds_<name>``, one value per
+        group, in the type ``user_columns`` declares (see :mod:`.context`).
+    extras:
+        ``{name: per-row values}`` the reward functions logged with ``log_extra``:
+        ``extra_<name>``, one item per completion.
+    user_columns:
+        The run's :class:`~maxent_arrow.integrations.context.UserColumns` (declares the
+        types of new user columns); default a fresh one.
     """
     host = host_round(
         outputs,
@@ -226,6 +278,10 @@ def trl_group_table(
         group_size=group_size,
         round_index=round_index,
         answers=answers,
+        example_ids=example_ids,
+        dataset_columns=dataset_columns,
+        extras=extras,
+        user_columns=user_columns,
     )
 
 
@@ -349,6 +405,10 @@ def round_table(
     group_size: int,
     round_index: int = 0,
     answers: Sequence[Any] | None = None,
+    example_ids: Sequence[Any] | None = None,
+    dataset_columns: Mapping[str, Sequence[Any]] | None = None,
+    extras: Mapping[str, Sequence[Any]] | None = None,
+    user_columns: UserColumns | None = None,
 ) -> pa.Table:
     """The group rows of a round from its :class:`HostRound` (see :func:`trl_group_table`)."""
     b = len(prompts)
@@ -382,10 +442,19 @@ def round_table(
     ).columns()
     columns["prompt_ids"] = regroup(pa.array(host.prompt_values), offsets_of(host.prompt_counts))
     columns.update(_prompt_text(prompts, starts))
+    where = f"trl_group_table (step {step}, {kind})"
     if answers is not None:
-        first = [answers[i] for i in starts]
-        if all(a is None or isinstance(a, str) for a in first):
-            columns["answer"] = pa.array(first, pa.string())
+        columns["answer"] = pa.array(
+            [answer_text(answers[i], where=f"{where}: answer of row {i}") for i in starts],
+            pa.string(),
+        )
+    if example_ids is not None:
+        columns["example_id"] = example_id_array([example_ids[i] for i in starts], where=where)
+    user = user_columns if user_columns is not None else UserColumns()
+    for name, values in (dataset_columns or {}).items():
+        columns[DATASET + name] = user.dataset_column(
+            name, [values[i] for i in starts], where=where
+        )
     columns.update(_completion_columns(completions, grouped))
     columns["completion_ids"] = per_token(host.completion_ids, pa.int32())
     columns["completion_info"] = grouped(completion_info(host.lengths, host.truncated))
@@ -408,6 +477,13 @@ def round_table(
             columns["behavior_logp_sum"] = grouped(pa.array(row_sums(flat, token_offsets)))
     if host.sequence_ratio is not None:
         columns["sequence_importance_sampling_ratio"] = grouped(pa.array(host.sequence_ratio))
+    for name, values in (extras or {}).items():
+        if len(values) != b:
+            raise LayoutError(
+                f"{where}: log_extra column {name!r}: expected {b} values (one per completion "
+                f"of this process), got {len(values)}"
+            )
+        columns[EXTRA + name] = grouped(user.extra_values(name, values, where=where))
     return pa.table(columns)
 
 
@@ -538,6 +614,106 @@ def trl_run_config(trainer: Any) -> RunConfig:
     )
 
 
+# ---------------------------------------------------------------------------- TRL's log
+# The step-numbering rule (docs/integrations.md, "Step numbers"): a training round generated
+# at TRL's global_step s is stored as step s, and TRL logs what it measured of it under the
+# step its update completes, s + 1; an evaluation round is stored and logged at its own step.
+LOGGED_STEP_OFFSET = {"train": 1, "eval": 0}
+# TRL's log keys of the record table's figure columns (from the registry).
+_FIGURES = {c.logged_as: c.name for c in R.columns(R.TRAINER_METRICS) if c.logged_as}
+
+
+def logged_kind(entry: Mapping[str, Any]) -> str | None:
+    """Which kind of record a ``log_history`` entry is: ``"train"`` (a training log, it has
+    ``loss``), ``"eval"`` (an evaluation, ``eval_`` keys) or ``None`` (the end-of-training
+    summary, ``train_runtime`` and the like: not a record)."""
+    if "loss" in entry:
+        return "train"
+    if any(key.startswith("eval_") for key in entry):
+        return "eval"
+    return None
+
+
+def rollout_step(optimizer_step: int, kind: str, train_steps: Sequence[int]) -> int | None:
+    """The stored rollout step whose data TRL's logged step ``optimizer_step`` trained on:
+    for training, the latest round generated at a global_step of at most
+    ``optimizer_step - 1`` (``train_steps``: the run's stored train steps, ascending; a round
+    serves ``num_iterations × steps_per_generation`` micro-steps); for an evaluation, its own
+    step. ``None`` when no stored round precedes it."""
+    if kind != "train":
+        return optimizer_step - LOGGED_STEP_OFFSET[kind]
+    i = bisect.bisect_right(train_steps, optimizer_step - LOGGED_STEP_OFFSET[kind])
+    return int(train_steps[i - 1]) if i else None
+
+
+def trl_metrics_row(
+    entry: Mapping[str, Any],
+    *,
+    train_steps: Sequence[int],
+    previous: int = 0,
+    counts: Mapping[str, int] | None = None,
+) -> dict[str, Any] | None:
+    """The ``trainer_metrics`` record of one ``log_history`` entry, or ``None`` for an entry
+    that is not a record (:func:`logged_kind`).
+
+    ``previous`` is the optimizer step of the run's previous training log (TRL averages the
+    loss and its own figures over the steps since); ``counts`` the ``loss_batches`` and
+    ``rounds`` TRL averaged (the recorder counts them; unknown afterwards)."""
+    kind = logged_kind(entry)
+    if kind is None:
+        return None
+    t = int(entry["step"])
+    averaged = t - previous if kind == "train" else 0
+    prefix = "eval_" if kind == "eval" else ""
+    values = {k.removeprefix(prefix): v for k, v in entry.items() if k != "step"}
+    row: dict[str, Any] = {
+        "optimizer_step": t,
+        "kind": kind,
+        "step": rollout_step(t, kind, train_steps),
+        "first_step": rollout_step(t - max(averaged, 1) + 1, kind, train_steps),
+        "averaged_steps": averaged,
+        **(counts or {}),
+    }
+    for key, column in _FIGURES.items():
+        row[column] = values.pop(key, None)
+    row[METRICS_KEY] = {k: v for k, v in values.items() if v is None or isinstance(v, int | float)}
+    return row
+
+
+def trl_trainer_metrics(
+    log_history: Sequence[Mapping[str, Any]], *, train_steps: Sequence[int]
+) -> pa.Table:
+    """The ``trainer_metrics`` records of TRL's log (``trainer.state.log_history``, or the
+    ``log_history`` of a checkpoint's ``trainer_state.json``): one per training log and per
+    evaluation, joined to the stored rollout steps ``train_steps`` by :func:`rollout_step`.
+    What the recorder writes during training, less the counts only it sees."""
+    steps = sorted(set(train_steps))
+    rows, previous = [], 0
+    for entry in log_history:
+        row = trl_metrics_row(entry, train_steps=steps, previous=previous)
+        if row is None:
+            continue
+        if row["kind"] == "train":
+            previous = row["optimizer_step"]
+        rows.append(row)
+    return trainer_metrics_table(rows)
+
+
+def register_trl_log(
+    views: Any, log_history: Sequence[Mapping[str, Any]], *, name: str = "trl_log"
+) -> pa.Table:
+    """Make TRL's log queryable beside a store: registers the records of ``log_history``
+    (:func:`trl_trainer_metrics`, joined to the store's train steps) as the view ``name`` on
+    ``views`` (a :class:`~maxent_arrow.RunAnalytics` or the store's ``sql_views()``), where
+    ``optimizer_step`` is TRL's logged ``step`` and ``(step, kind)`` joins ``steps``,
+    ``groups`` and ``samples``. Returns the registered table."""
+    session = getattr(views, "views", views)
+    stored = session.query("SELECT DISTINCT step FROM steps WHERE kind = 'train'", trusted=True)
+    table = trl_trainer_metrics(log_history, train_steps=stored.column("step").to_pylist())
+    session.register(name, table)
+    return table
+
+
 # ---------------------------------------------------------------------------- the recorder
 # A mixin over TRL's trainer: checkers see the trainer's attributes and `super()` methods it
 # uses; at run time its base stays `object` (the trainer comes in through the subclass's MRO).
@@ -565,6 +741,15 @@ class RolloutRecorder(_Trainer):
         tensors (:func:`host_round`). An append that fails is raised by the next round or at the
         end of ``train``/``evaluate``; everything submitted is durable when they return.
         ``False`` appends synchronously.
+    example_id:
+        The dataset column whose value identifies an example (each group's ``example_id``).
+        Default: the example's index in its dataset; the recorder adds it to the datasets'
+        rows as ``maxent_example_index`` (reward functions see it among their keyword
+        arguments).
+    record_columns:
+        Dataset columns to keep, each as the group column ``ds_<name>`` with the dataset's own
+        Arrow type. The dataset's other columns (besides ``prompt``, ``answer`` and the id) are
+        not recorded; a warning lists them once, when the recorder starts.
     *args, **kwargs:
         Those of the trainer.
     """
@@ -575,10 +760,20 @@ class RolloutRecorder(_Trainer):
         rollout_store: RolloutStore | str | os.PathLike[str],
         record_eval: bool = True,
         background: bool = True,
+        example_id: str | None = None,
+        record_columns: Sequence[str] = (),
         **kwargs: Any,
     ) -> None:
+        if example_id is None:  # the index travels with each row
+            args, kwargs = _indexed_datasets(super().__init__, args, kwargs)
         super().__init__(*args, **kwargs)
-        self.rollout_config = trl_run_config(self)
+        if isinstance(record_columns, str):
+            raise SchemaError("RolloutRecorder: record_columns: expected a list of names")
+        self._rollout_id_key = example_id or INDEX_KEY
+        self._rollout_record = tuple(record_columns)
+        dataset, record_types = self._dataset_context(example_id)
+        config = trl_run_config(self)
+        self.rollout_config = config.replace(extra={**config.extra, "dataset": dataset})
         if isinstance(rollout_store, RolloutStore):
             self.rollout_store = rollout_store
         else:
@@ -590,25 +785,104 @@ class RolloutRecorder(_Trainer):
         # Read once: a tokenizer's special-token properties cost a lookup per access.
         self._rollout_pad_id = cast(int | None, self._tokenizer.pad_token_id)
         self._rollout_capture: tuple | None = None
-        self._rollout_pending: dict[str, tuple[int, list[Callable[[], pa.Table]]]] = {}
+        self._rollout_pending: dict[str, _Pending] = {}
         # What this rank already stored (a run resumed from a checkpoint regenerates the round
         # of the step it resumes at; the store keeps the first and refuses a second).
         rank = self.accelerator.process_index
-        self._rollout_written: set[tuple[int, str]] = {
-            (u.step, u.kind) for u in self.rollout_store.units(ranks=[rank])
-        }
+        units = self.rollout_store.units(ranks=[rank])
+        self._rollout_written: set[tuple[int, str]] = {(u.step, u.kind) for u in units}
         self._rollout_unknown: set[str] = set()
+        # The run's user columns: those its stored files have (a resumed run), then the
+        # dataset columns asked for, with the dataset's types.
+        stored = self.rollout_store.schema() if units else pa.schema([])
+        self.rollout_columns = UserColumns.of_schema(stored)
+        for name, kind in record_types.items():
+            self.rollout_columns.declare(DATASET + name, kind)
+        # log_extra columns are fixed at the run's first round (None until then).
+        extras = [n.removeprefix(EXTRA) for n in stored.names if n.startswith(EXTRA)]
+        self._rollout_extras: list[str] | None = extras if units else None
+        self._rollout_late: set[str] = set()  # log_extra columns left out (said once)
+        # The trainer-figure records (docs/arrow-layout.md, "Trainer metrics"): the stored
+        # train steps they join to, and the records of this trainer's logs.
+        self._rollout_train_steps = sorted({u.step for u in units if u.kind == "train"})
+        self.rollout_metrics: list[dict[str, Any]] = []
+        self._rollout_answers: bool | None = None  # answers JSON-able (known at the 1st round)
+
+    def _dataset_context(
+        self, example_id: str | None
+    ) -> tuple[dict[str, Any], dict[str, pa.DataType]]:
+        """What of the dataset rows is recorded (the run config's ``extra["dataset"]``) and
+        the Arrow types of the columns to keep, checked against the dataset's columns; the one
+        warning about the rest."""
+        types = dataset_types(self.train_dataset) or {}
+        names = [n for n in types if n != INDEX_KEY]
+        asked = [*self._rollout_record, *([example_id] if example_id else [])]
+        missing = [n for n in asked if types and n not in types]
+        if missing:
+            raise SchemaError(
+                f"RolloutRecorder: record_columns/example_id: the dataset has no column "
+                f"{missing}; its columns are {names}"
+            )
+        kept = {"prompt", "answer", *asked}
+        left_out = [n for n in names if n not in kept]
+        if self.args.remove_unused_columns:
+            warnings.warn(
+                "RolloutRecorder: remove_unused_columns=True: TRL drops every dataset column "
+                "but the prompt, so example_id, answer and record_columns are not recorded",
+                stacklevel=3,
+            )
+        elif left_out:
+            warnings.warn(
+                f"RolloutRecorder: dataset columns not recorded: {left_out} "
+                "(record_columns=[...] keeps them as ds_<name> columns)",
+                stacklevel=3,
+            )
+        answer = types.get("answer")
+        record_types = {n: types[n] for n in self._rollout_record if n in types}
+        info = {
+            "example_id": example_id or "index",
+            "columns": {n: str(kind) for n, kind in record_types.items()},
+            "answer": None if answer is None else ("text" if answer == pa.string() else "json"),
+            "not_recorded": left_out,
+        }
+        return info, record_types
 
     # -- TRL's private methods, extended (the tests pin their signatures and outputs)
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-        self._rollout_capture = (prompts, completions, completion_ids_list, rewards)
+        # What the reward functions logged (log_extra / log_metric) for this process's rows,
+        # before _generate_and_score_completions gathers and clears it.
+        extras = {k: list(v) for k, v in self._pending_extra_logs.items()}
+        metrics = {k: list(v) for k, v in self._pending_metrics.items()}
+        self._rollout_capture = (
+            prompts,
+            completions,
+            completion_ids_list,
+            rewards,
+            extras,
+            metrics,
+        )
         return rewards
 
     def _generate_and_score_completions(self, inputs):
         output = super()._generate_and_score_completions(inputs)
         self.record_round(inputs, output)
         return output
+
+    # -- the Trainer's public hook for what it logs
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        assert self.model is not None  # set by the trainer
+        mode = "train" if self.model.training else "eval"
+        # What TRL is about to average (it clears these in its log): one entropy per loss
+        # computation, one reward per generation round.
+        counts = {
+            "loss_batches": len(self._metrics[mode].get("entropy", ())),
+            "rounds": len(self._metrics[mode].get("reward", ())),
+        }
+        super().log(logs, start_time)
+        *earlier, entry = self.state.log_history
+        previous = next((int(e["step"]) for e in reversed(earlier) if logged_kind(e) == "train"), 0)
+        self.record_log(entry, counts, previous=previous)
 
     def train(self, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -645,15 +919,18 @@ class RolloutRecorder(_Trainer):
                 f"{sorted(unknown)}",
                 stacklevel=2,
             )
-        prompts, completions, ids_list, rewards = capture
+        prompts, completions, ids_list, rewards, logged, metrics = capture
         b = len(prompts)
         rank = self.accelerator.process_index
         step = int(self.state.global_step)
         pending = self._rollout_pending.get(kind)
-        if pending is not None and pending[0] != step:
+        if pending is not None and pending.step != step:
             self.flush_rollouts(kind)
             pending = None
-        rounds = [] if pending is None else pending[1]
+        if pending is None:
+            pending = self._rollout_pending[kind] = _Pending(step)
+            if kind == "train" and step not in self._rollout_train_steps:
+                bisect.insort(self._rollout_train_steps, step)
         lengths = None
         if self.mask_truncated_completions:  # the mask zeroes truncated rows: use the ids
             lengths = np.fromiter(map(len, ids_list), dtype=np.int64, count=b)
@@ -670,9 +947,12 @@ class RolloutRecorder(_Trainer):
             pad_token_id=self._rollout_pad_id,
             completion_lengths=lengths,
         )
+        for name, values in metrics.items():
+            pending.add_metric(name, values)
         # Later, with the append (on the background thread): the Arrow columns. TRL does not
-        # touch the prompt and completion lists or the dataset rows after this call.
-        rounds.append(
+        # touch the prompt and completion lists, the logged values or the dataset rows after
+        # this call.
+        pending.rounds.append(
             functools.partial(
                 round_table,
                 host,
@@ -684,11 +964,14 @@ class RolloutRecorder(_Trainer):
                 rank=rank,
                 kind=kind,
                 group_size=group_size,
-                round_index=len(rounds),
-                answers=_Column(inputs, "answer") if "answer" in inputs[0] else None,
+                round_index=len(pending.rounds),
+                answers=self._round_answers(inputs),
+                example_ids=_Column(inputs, self._rollout_id_key),
+                dataset_columns={n: _Column(inputs, n) for n in self._rollout_record},
+                extras=self._round_extras(logged, b),
+                user_columns=self.rollout_columns,
             )
         )
-        self._rollout_pending[kind] = (step, rounds)
         # A GRPOConfig, whose __post_init__ sets steps_per_generation (TRL declares the
         # TrainingArguments base, and the field Optional).
         args: Any = self.args
@@ -697,6 +980,57 @@ class RolloutRecorder(_Trainer):
             # Rounds are at least an optimizer step apart: none can share this step.
             self.flush_rollouts(kind)
 
+    def record_log(
+        self, entry: Mapping[str, Any], counts: Mapping[str, int], *, previous: int = 0
+    ) -> None:
+        """Record one entry of TRL's log (:func:`trl_metrics_row`; ``previous``: the step of
+        the run's previous training log) in ``rollout_metrics`` and, from the main process,
+        in the store's ``trainer_metrics`` records."""
+        row = trl_metrics_row(
+            entry, train_steps=self._rollout_train_steps, previous=previous, counts=counts
+        )
+        if row is None:
+            return
+        self.rollout_metrics.append(row)
+        append = getattr(self.rollout_store, "append_records", None)
+        if append is not None and self.accelerator.is_main_process:
+            table = trainer_metrics_table([row])
+            self.rollout_appender.submit(functools.partial(append, R.TRAINER_METRICS, table))
+
+    def trainer_metrics(self) -> pa.Table:
+        """The ``trainer_metrics`` records of this trainer's logs so far."""
+        return trainer_metrics_table(self.rollout_metrics)
+
+    def _round_answers(self, inputs: Sequence[Mapping[str, Any]]) -> Sequence[Any] | None:
+        """The rows' answers, or None: no ``answer`` key, or answers JSON cannot hold (said
+        once, at the first round)."""
+        if not inputs or "answer" not in inputs[0]:
+            return None
+        if self._rollout_answers is None:
+            try:
+                answer_text(inputs[0]["answer"], where="RolloutRecorder: answer")
+                self._rollout_answers = True
+            except SchemaError as exc:
+                self._rollout_answers = False
+                warnings.warn(f"{exc}; the answers are not recorded", stacklevel=3)
+        return _Column(inputs, "answer") if self._rollout_answers else None
+
+    def _round_extras(self, logged: Mapping[str, list], b: int) -> dict[str, Sequence[Any]]:
+        """The log_extra columns of a round: the run's, fixed at its first round (a column a
+        round did not log is null there); a column first logged later is left out, and said
+        once."""
+        if self._rollout_extras is None:
+            self._rollout_extras = sorted(logged)
+        late = sorted(set(logged) - set(self._rollout_extras) - self._rollout_late)
+        if late:
+            self._rollout_late.update(late)
+            warnings.warn(
+                f"RolloutRecorder: log_extra columns {late} were first logged after the run's "
+                "first round, whose columns fix the run's schema; they are not recorded",
+                stacklevel=3,
+            )
+        return {n: logged.get(n, [None] * b) for n in self._rollout_extras}
+
     def flush_rollouts(self, kind: str | None = None) -> None:
         """Submit the pending rounds (of ``kind``, or all) as one append per kind (see
         ``background``; :meth:`Appender.wait` on ``rollout_appender`` makes them durable)."""
@@ -704,21 +1038,20 @@ class RolloutRecorder(_Trainer):
             pending = self._rollout_pending.pop(name, None)
             if pending is None:
                 continue
-            step, rounds = pending
-            if (step, name) in self._rollout_written:
+            if (pending.step, name) in self._rollout_written:
                 warnings.warn(
-                    f"RolloutRecorder: a {name} round at step {step} of rank "
+                    f"RolloutRecorder: a {name} round at step {pending.step} of rank "
                     f"{self.accelerator.process_index} is already stored (a second evaluation "
                     "at one step, or a run resumed at this step); this one is not recorded",
                     stacklevel=2,
                 )
                 continue
-            self._rollout_written.add((step, name))
+            self._rollout_written.add((pending.step, name))
             self.rollout_appender.submit(
                 _append_job(
                     self.rollout_store,
-                    rounds,
-                    step=step,
+                    pending,
+                    self.rollout_columns,
                     rank=self.accelerator.process_index,
                     kind=name,
                     config=self.rollout_config,
@@ -727,17 +1060,49 @@ class RolloutRecorder(_Trainer):
             )
 
 
+def _indexed_datasets(init: Callable, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """The trainer's arguments with ``train_dataset`` and ``eval_dataset`` carrying each row's
+    index (:func:`~.context.with_index`)."""
+    bound = inspect.signature(init).bind_partial(*args, **kwargs)
+    for name in ("train_dataset", "eval_dataset"):
+        if bound.arguments.get(name) is not None:
+            bound.arguments[name] = with_index(bound.arguments[name])
+    return bound.args, bound.kwargs
+
+
+@dataclass
+class _Pending:
+    """The rounds of one step and kind not yet appended, and the metrics logged in them."""
+
+    step: int
+    rounds: list[Callable[[], pa.Table]] = field(default_factory=list)
+    metrics: dict[str, list[float]] = field(default_factory=dict)  # name -> [sum, count]
+
+    def add_metric(self, name: str, values: Sequence[Any]) -> None:
+        total = self.metrics.setdefault(name, [0.0, 0])
+        numbers = [float(v) for v in values]
+        total[0] += math.fsum(numbers)
+        total[1] += len(numbers)
+
+    def metric_means(self) -> dict[str, tuple[float, int]]:
+        return {n: (t[0] / t[1], int(t[1])) for n, t in self.metrics.items() if t[1]}
+
+
 def _append_job(
-    store: RolloutStore, rounds: list[Callable[[], pa.Table]], **where: Any
+    store: RolloutStore, pending: _Pending, user_columns: UserColumns, **where: Any
 ) -> Callable[[], None]:
-    """The append of one step: its rounds' group rows built and joined, the step row, the
-    batch's layout check and the durable write (run by the Appender, on its thread)."""
+    """The append of one step: its rounds' group rows built and joined, every user column of
+    the run, the step row, the batch's layout check and the durable write (run by the
+    Appender, on its thread)."""
+    rounds, step = list(pending.rounds), pending.step
+    metrics = pending.metric_means()
 
     def job() -> None:
         tables = [build() for build in rounds]
         groups = tables[0] if len(tables) == 1 else _concat(tables)
-        groups = declare_families(groups, (CORE, TRL))
-        store.append(RolloutBatch(groups, step_row(groups, **where)))
+        groups = declare_families(user_columns.complete(groups), (CORE, TRL))
+        row = step_row(groups, step=step, policy_version=step, metrics=metrics, **where)
+        store.append(RolloutBatch(groups, row))
 
     return job
 

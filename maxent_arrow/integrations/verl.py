@@ -62,6 +62,7 @@ from maxent_arrow.arrow import registry as R
 from maxent_arrow.arrow.registry import CORE, VERL
 from maxent_arrow.errors import LayoutError, MissingExtraError, SchemaError
 from maxent_arrow.integrations.adapters import completion_info, token_lists, truncation_flags
+from maxent_arrow.integrations.context import example_id_array
 from maxent_arrow.integrations.messages import (
     conversation_list,
     is_conversation,
@@ -126,6 +127,8 @@ def from_dataproto(
     kind: str = "train",
     config: RunConfig | Mapping[str, Any] | None = None,
     tokenizer: Any = None,
+    policy_version: int | None = None,
+    example_id: str | None = "index",
 ) -> RolloutBatch:
     """A verl ``DataProto`` rollout batch as one step of one rank (see the module doc).
 
@@ -143,6 +146,12 @@ def from_dataproto(
     tokenizer:
         When given, the completions' text (``completions``) is decoded with it
         (``skip_special_tokens=True``); otherwise ``completions`` holds empty strings.
+    policy_version:
+        The optimizer updates the generating policy had (verl's ``global_steps - 1``).
+    example_id:
+        The non-tensor key whose value (of a group's first row) is the group's
+        ``example_id``: verl's ``index`` (its dataset's ``extra_info.index``) by default;
+        ``None``, or a batch without the key, stores none. The key is stored as well.
 
     Raises
     ------
@@ -192,13 +201,25 @@ def from_dataproto(
         layout["non_tensors"].append(entry)
 
     table = _group_table(groups, columns, step=step, rank=rank, kind=kind)
+    if example_id is not None and example_id in non_tensors:
+        values = non_tensors[example_id]
+        ids = example_id_array(
+            [values[i] for i in groups.firsts], where=f"from_dataproto: {example_id!r}"
+        )
+        table = table.append_column("example_id", ids)
     table = _add_summaries(table, tensors, masks, groups, tokenizer, responses)
     table = table.append_column(
         "completion_info", _completion_info(responses, lr, r_len, groups, tokenizer)
     )
     run_config = _with_layout(config, layout, r_len)
     row = step_row(
-        table, step=step, rank=rank, kind=kind, config=run_config, max_completion_len=r_len
+        table,
+        step=step,
+        rank=rank,
+        kind=kind,
+        config=run_config,
+        max_completion_len=r_len,
+        policy_version=policy_version,
     )
     return RolloutBatch(declare_families(table, (CORE, VERL)), row)
 

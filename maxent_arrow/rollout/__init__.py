@@ -7,6 +7,8 @@
 - :func:`recompute`: advantages, q and MaxEnt weights of a batch from its stored facts (also
   under TRL's conventions); :func:`recompute_kl`: the k3 KL of its stored log-probs.
 - :func:`reassemble`: the parts of a group that ranks wrote separately, merged into one row.
+- :func:`trainer_metrics_table`: a trainer's logged figures as records of their own (the
+  ``trainer_metrics`` record table).
 
 Names load on first use; importing this package imports no torch.
 """

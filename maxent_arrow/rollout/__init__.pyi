@@ -11,5 +11,10 @@ from .checks import (
     step_row_to_json as step_row_to_json,
 )
 from .config import RunConfig as RunConfig
+from .metrics import (
+    METRICS_KEY as METRICS_KEY,
+    trainer_metrics_schema as trainer_metrics_schema,
+    trainer_metrics_table as trainer_metrics_table,
+)
 from .reassembly import reassemble as reassemble
 from .recompute import recompute as recompute, recompute_kl as recompute_kl

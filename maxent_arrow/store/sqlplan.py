@@ -108,7 +108,14 @@ def samples_view_sql(
     """
     cols = set(columns)
     out = [f"g.{quote(c)}" for c in GROUP_SCALARS if c in cols]
+    # A run's user columns (registry.PREFIXES): dataset columns repeated on each completion's
+    # row, logged per-completion columns indexed like the registered ones.
+    levels = {c: p.level for c in columns if (p := R.prefix_of(c)) is not None}
+    out.extend(f"g.{quote(c)}" for c, level in levels.items() if level == "group")
     out.append("g._i - 1 AS sample_index")
+    out.extend(
+        f"g.{quote(c)}[g._i] AS {quote(c)}" for c, level in levels.items() if level == "completion"
+    )
     for column, alias in SAMPLE_ALIASES.items():
         if column not in cols:
             continue

@@ -5,7 +5,8 @@ score them with the reward functions (:func:`~maxent_arrow.compute.compute_rewar
 advantages, q); build the ``ScoreBatch`` from the exact generated token ids; reference log-probs
 from a frozen copy of the initial model; MaxEnt weights from q and the reference; policy scores
 with gradients; the MaxEnt loss and diagnostics; one optimizer step through ``accelerate``; and
-``RolloutStore.append`` of everything, with the config snapshot that makes it replayable.
+``RolloutStore.append`` of everything, with the config snapshot that makes it replayable, and
+the step's ``trainer_metrics`` record (loss, KL, grad norm, learning rate).
 
 Before each update the policy weights are saved (safetensors, no pickle) as the step's snapshot,
 so an offline replay can re-score the stored tokens with exactly the weights that produced the
@@ -15,6 +16,7 @@ logged loss (:mod:`maxent_arrow.train.offline`).
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
@@ -22,6 +24,7 @@ from typing import Any, cast
 import torch
 
 from maxent_arrow.arrow import Ragged
+from maxent_arrow.arrow import registry as R
 from maxent_arrow.compute import (
     ClipSettings,
     compute_rewards,
@@ -30,7 +33,7 @@ from maxent_arrow.compute import (
     maxent_weights,
 )
 from maxent_arrow.ingest import build_score_batch, tokenizer_identity
-from maxent_arrow.rollout import RolloutBatch, RunConfig
+from maxent_arrow.rollout import METRICS_KEY, RolloutBatch, RunConfig, trainer_metrics_table
 from maxent_arrow.store import RolloutStore
 from maxent_arrow.train.generation import Rollouts, sample_groups
 from maxent_arrow.train.scoring import reference_logprobs, sequence_scores
@@ -91,6 +94,8 @@ class MaxEntTrainer:
         optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate)
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         self.reference.to(self.accelerator.device)
+        self.last_grad_norm: float | None = None  # of the last update, before the step
+        self.metrics_records: list[dict[str, Any]] = []  # trainer_metrics rows, one per step
 
     @property
     def policy(self) -> Any:
@@ -169,7 +174,42 @@ class MaxEntTrainer:
             behavior_token_logp=rollouts.behavior_token_logp,
         )
         self.store.append(batch)
+        self.record_metrics(step, loss, diagnostics)
         return batch
+
+    def record_metrics(self, step: int, loss: LossOutputs, diagnostics: BatchDiagnostics) -> None:
+        """The step's ``trainer_metrics`` record (``docs/arrow-layout.md``), as TRL's recorder
+        writes one from TRL's log: optimizer step ``step + 1`` (the update just made), trained
+        on the rollout step ``step``, one step and one batch averaged; the loss terms and the
+        seed diagnostics (whose ``clip_ratio*`` measure the policy-vs-reference log-ratio, not
+        PPO clipping: they go under ``diagnostics/``, not in the clip columns) by name. Kept in
+        ``metrics_records``; appended to the store when it takes records."""
+        figures = {
+            name: getattr(loss.scalars, name) for name in R.feeding("LossScalarBundle", R.STEP)
+        }
+        seed = {
+            f"diagnostics/{f.name}": getattr(diagnostics, f.name)
+            for f in dataclasses.fields(diagnostics)
+            if isinstance(getattr(diagnostics, f.name), int | float)
+        }
+        row = {
+            "optimizer_step": step + 1,
+            "kind": "train",
+            "step": step,
+            "first_step": step,
+            "averaged_steps": 1,
+            "loss_batches": 1,
+            "rounds": 1,
+            "loss": float(loss.scalars.total_loss),
+            "grad_norm": self.last_grad_norm,
+            "learning_rate": float(self.optimizer.param_groups[0]["lr"]),
+            "kl": diagnostics.kl_value,
+            METRICS_KEY: {**figures, **seed},
+        }
+        self.metrics_records.append(row)
+        append = getattr(self.store, "append_records", None)
+        if append is not None:
+            append(R.TRAINER_METRICS, trainer_metrics_table([row]))
 
     def generate(self, step: int, rows: Sequence[dict[str, str]]) -> Rollouts:
         """K sampled completions per prompt from the policy (in eval mode: no dropout), seeded
@@ -220,6 +260,8 @@ class MaxEntTrainer:
             len_norm_ref=cfg.len_norm_ref,
         )
         self.accelerator.backward(loss.loss)
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        self.last_grad_norm = float(torch.nn.utils.get_total_norm(grads)) if grads else None
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return loss, diagnostics

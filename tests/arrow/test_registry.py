@@ -44,7 +44,7 @@ def test_every_column_is_declared_consistently(column: R.Column):
     a real field of a real seed class; Parquet settings fit the type."""
     # One list level per completion, two per token (an item may itself be a list: a chat's
     # messages, a vector of rewards).
-    minimum = {"group": 0, "step": 0, "completion": 1, "token": 2}[column.level]
+    minimum = {"group": 0, "step": 0, "record": 0, "completion": 1, "token": 2}[column.level]
     assert _depth(column.type) >= minimum, column.name
     kind = column.type
     while pa.types.is_list(kind):
@@ -63,7 +63,7 @@ def test_every_column_is_declared_consistently(column: R.Column):
 
 
 def test_names_are_unique_per_table_and_samples_aliases_do_not_collide():
-    for table in (R.GROUP, R.STEP):
+    for table in (R.GROUP, R.STEP, R.TRAINER_METRICS):
         names = R.names(table)
         assert len(names) == len(set(names))
     aliases = list(SAMPLE_ALIASES.values())
@@ -93,3 +93,27 @@ def test_seed_read_back_field_lists_are_the_registry_s():
     assert loss == tuple(f.name for f in dataclasses.fields(T.LossScalarBundle))
     generation = set(R.feeding("GenerationBatch"))
     assert {"prompt", "prompt_messages", "answer", "completions", "completion_info"} <= generation
+
+
+def test_user_column_prefixes_are_no_registered_column_s():
+    """A run's user columns (``ds_<name>``, ``extra_<name>``) cannot shadow a registered
+    column, and ``prefix_of`` tells them from registered ones; their prefixes are listed in the
+    generated tables."""
+    for table in (R.GROUP, R.STEP, R.TRAINER_METRICS):
+        assert [n for n in R.names(table) if R.prefix_of(n, table) is not None] == []
+    assert R.prefix_of("ds_source").level == "group"
+    assert R.prefix_of("extra_verdict").level == "completion"
+    assert R.prefix_of("answer") is None and R.prefix_of("ds_x", R.STEP) is None
+    assert "| `ds_<name>` | per run | group |" in R.markdown_table(R.GROUP)
+
+
+def test_trainer_metrics_records_name_what_they_average_and_their_join_keys():
+    """The trainer-figure record table: keyed by the optimizer step and kind, joined to the
+    rollout step that generated its data, with what it averages; each figure it copies from
+    TRL's log names the log key."""
+    identity = R.names(R.TRAINER_METRICS, where=lambda c: c.identity)
+    assert identity == ("optimizer_step", "kind", "step", "first_step")
+    assert {"averaged_steps", "loss_batches", "rounds"} <= set(R.names(R.TRAINER_METRICS))
+    logged = {c.logged_as: c.name for c in R.columns(R.TRAINER_METRICS) if c.logged_as}
+    assert logged["clip_ratio/low_mean"] == "clip_ratio_low_mean"
+    assert {"loss", "kl", "entropy", "grad_norm", "learning_rate"} <= set(logged)

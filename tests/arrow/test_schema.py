@@ -68,6 +68,8 @@ GROUP_COLUMNS = [
     "token_values",
     "verl_row",
     "sample_prompt_ids",
+    # The context of a rollout (issue 22): the dataset example it came from.
+    "example_id",
 ]
 # The layouts of runs by family: a TRL run carries no MaxEnt column, a MaxEnt run no TRL one.
 MAXENT_ONLY = {
@@ -147,7 +149,10 @@ def test_a_run_carries_the_columns_of_its_families_in_the_2_0_order():
     written before and after 2.1 read alike); a TRL run's has no MaxEnt-only column and its
     own TRL columns; every layout has every core column."""
     maxent = S.group_schema(families=("core", "maxent")).names
-    assert maxent == GROUP_COLUMNS[: GROUP_COLUMNS.index("token_advantages")]
+    assert maxent == [
+        *GROUP_COLUMNS[: GROUP_COLUMNS.index("token_advantages")],
+        *GROUP_COLUMNS[GROUP_COLUMNS.index("example_id") :],  # later core columns: at the end
+    ]
     assert maxent[: maxent.index("round")] == GROUP_COLUMNS[: GROUP_COLUMNS.index("round")]
     trl = S.group_schema(families=("core", "trl")).names
     assert not MAXENT_ONLY & set(trl)

@@ -23,6 +23,7 @@ def sections() -> dict[str, list[str]]:
 def test_there_is_a_snippet_for_each_trainer():
     found = sections()
     assert len(found["Use with TRL"]) == 1 and len(found["Use with verl"]) == 1
+    assert len(found["Record a verl run"]) == 1  # after "Use with verl", in its namespace
 
 
 @pytest.mark.slow
@@ -31,10 +32,16 @@ def test_the_snippets_run(title, tmp_path, monkeypatch, capsys):
     pytest.importorskip("trl" if "TRL" in title else "verl")
     monkeypatch.chdir(tmp_path)
     namespace: dict = {"__name__": "docs"}
-    for i, block in enumerate(sections()[title]):
-        exec(compile(block, f"docs/integrations.md {title} block {i}", "exec"), namespace)  # noqa: S102
+    # "Record a verl run" continues "Use with verl" (its batch is that section's).
+    titles = [title] if "TRL" in title else [title, "Record a verl run"]
+    for section in titles:
+        for i, block in enumerate(sections()[section]):
+            where = f"docs/integrations.md {section} block {i}"
+            exec(compile(block, where, "exec"), namespace)  # noqa: S102
     printed = capsys.readouterr().out
     if "TRL" in title:
         assert "completion_ids" in printed and "dapo" in printed
+        assert "'ds_source': 'even'" in printed and "'trl_step': 1" in printed
     else:
         assert "'num_completions': 2" in printed
+        assert "[{'step': 10, 'policy_version': 9}]" in printed

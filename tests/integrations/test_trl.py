@@ -115,6 +115,17 @@ def plain_run(tmp_path_factory: pytest.TempPathFactory):
     return root, probe
 
 
+def test_trl_keeps_what_reward_functions_log_where_the_recorder_reads_it(plain_run):
+    """The recorder reads TRL's ``_pending_extra_logs`` / ``_pending_metrics`` after
+    ``_calculate_rewards`` (TRL gathers and clears them right after) and counts the entries
+    of ``_metrics`` before TRL's ``log`` averages them."""
+    _, probe = plain_run
+    assert isinstance(probe._pending_extra_logs, dict) and isinstance(probe._pending_metrics, dict)
+    assert set(probe._metrics) == {"train", "eval"}
+    source = inspect.getsource(GRPOTrainer._generate_and_score_completions)
+    assert source.index("_calculate_rewards(") < source.index("self._pending_extra_logs.clear()")
+
+
 def test_output_keys_are_the_known_ones(plain_run):
     _, probe = plain_run
     for _step, _kind, output in probe.generated:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import uuid
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -45,31 +46,40 @@ def _pad(ids: list[int], length: int, side: str, pad: int) -> tuple[list[int], l
     return ids + fill, [1] * len(ids) + [0] * len(fill)
 
 
-def rollout_batch(*, rope: bool = False, seed: int = 0) -> DataProto:
+def rollout_batch(*, rope: bool = False, seed: int = 0, rows: dict | None = None) -> DataProto:
     """A DataProto as verl's RayPPOTrainer.fit holds it after rollout, rewards and GRPO
-    advantages (verl 0.9.1; the steps of ray_trainer.py and agent_loop.py)."""
+    advantages (verl 0.9.1; the steps of ray_trainer.py and agent_loop.py), from ``rows``
+    (a batch of verl's own dataloader) or from :data:`QUESTIONS`."""
     torch.manual_seed(seed)
     tok = ByT5Tokenizer()
-    rows = len(QUESTIONS)
-    batch = DataProto.from_single_dict(
-        {
-            "dummy_tensor": torch.zeros(rows, 1, dtype=torch.uint8),
-            # np.fromiter, as verl's collate_fn: np.array would make a 2-D array of dicts
-            "raw_prompt": np.fromiter(
-                ([{"role": "user", "content": q}] for q, _ in QUESTIONS), dtype=object, count=rows
-            ),
-            "data_source": np.array(["arith"] * rows, dtype=object),
-            "reward_model": np.array(
-                [{"style": "rule", "ground_truth": a} for _, a in QUESTIONS], dtype=object
-            ),
-            "extra_info": np.array([{"index": i, "split": "train"} for i in range(rows)], object),
-            "index": np.array(list(range(rows)), dtype=object),
-        }
-    )
+    batch = DataProto.from_single_dict(rows or _question_rows())
     batch.meta_info["temperature"] = 1.0
-    batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(rows)], object)
+    uids = [str(uuid.uuid4()) for _ in range(len(batch))]
+    batch.non_tensor_batch["uid"] = np.array(uids, object)
     batch = batch.repeat(repeat_times=N, interleave=True)
+    return _rolled_out(batch, tok, rope=rope, seed=seed)
 
+
+def _question_rows() -> dict:
+    """What verl's collate_fn makes of :data:`QUESTIONS` (RLHFDataset's columns)."""
+    rows = len(QUESTIONS)
+    return {
+        "dummy_tensor": torch.zeros(rows, 1, dtype=torch.uint8),
+        # np.fromiter, as verl's collate_fn: np.array would make a 2-D array of dicts
+        "raw_prompt": np.fromiter(
+            ([{"role": "user", "content": q}] for q, _ in QUESTIONS), dtype=object, count=rows
+        ),
+        "data_source": np.array(["arith"] * rows, dtype=object),
+        "reward_model": np.array(
+            [{"style": "rule", "ground_truth": a} for _, a in QUESTIONS], dtype=object
+        ),
+        "extra_info": np.array([{"index": i, "split": "train"} for i in range(rows)], object),
+        "index": np.array(list(range(rows)), dtype=object),
+    }
+
+
+def _rolled_out(batch: DataProto, tok: ByT5Tokenizer, *, rope: bool, seed: int) -> DataProto:
+    """``batch`` (the dataset's rows, repeated) after generation, scoring and advantages."""
     g = torch.Generator().manual_seed(seed + 1)
     prompts, p_masks, responses, r_masks, rollout_lps = [], [], [], [], []
     for messages in batch.non_tensor_batch["raw_prompt"]:
@@ -339,3 +349,119 @@ def test_a_verl_store_has_the_lengths_and_truncation_flags_of_a_trl_store(data, 
         {k: trl.read_steps().column(k)[0].as_py() for k in ("mean_length", "clipped_ratio")},
     ]
     assert rows[0] == rows[1] and rows[0]["mean_length"] is not None
+
+
+# ---------------------------------------------------------------------------- the recorder
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant: {% endif %}"
+)
+
+
+def recording_trainer(root, **overrides):
+    """verl's RayPPOTrainer with the recorder mixed in, built on CPU as verl's main_ppo builds
+    it (its own composed config, RLHFDataset over a Parquet file, the dataloader and
+    sampler); no Ray worker is started (``init_workers`` is what needs the cluster)."""
+    import pandas as pd
+    import verl
+    from hydra import compose, initialize_config_dir
+    from verl.trainer.ppo.ray_trainer import ResourcePoolManager
+    from verl.trainer.ppo.utils import Role
+
+    from maxent_arrow.integrations.verl_recorder import RecordingRayPPOTrainer
+
+    rows = [
+        {
+            "data_source": "arith",
+            "prompt": [{"role": "user", "content": q}],
+            "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": a},
+            "extra_info": {"index": 100 + i, "split": "train"},
+        }
+        for i, (q, a) in enumerate(QUESTIONS * 2)
+    ]
+    root.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows).to_parquet(root / "train.parquet")
+    settings = {
+        "data.train_files": root / "train.parquet",
+        "data.val_files": root / "train.parquet",
+        "data.train_batch_size": 3,
+        "data.max_prompt_length": P,
+        "data.max_response_length": R,
+        "data.dataloader_num_workers": 0,
+        "actor_rollout_ref.rollout.n": N,
+        "algorithm.adv_estimator": "grpo",
+        "trainer.device": "cpu",
+        "trainer.rollout_data_dir": root / "dumps",
+        **overrides,
+    }
+    config_dir = str(Path(verl.__file__).parent / "trainer" / "config")
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        config = compose("ppo_trainer", overrides=[f"{k}={v}" for k, v in settings.items()])
+    tok = ByT5Tokenizer()
+    tok.chat_template = CHAT_TEMPLATE
+    pool = ResourcePoolManager(
+        resource_pool_spec={"global_pool": [1]}, mapping={Role.ActorRollout: "global_pool"}
+    )
+    return RecordingRayPPOTrainer(
+        config, tok, {Role.ActorRollout: object}, pool, rollout_store=root / "store"
+    )
+
+
+def test_verl_calls_the_hook_the_recorder_overrides():
+    """The recorder extends RayPPOTrainer._log_rollout_data; a change in verl must fail here."""
+    import inspect
+
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+    assert list(inspect.signature(RayPPOTrainer._log_rollout_data).parameters) == [
+        "self",
+        "batch",
+        "reward_extra_infos_dict",
+        "timing_raw",
+        "rollout_data_dir",
+    ]
+    fit = inspect.getsource(RayPPOTrainer.fit)
+    assert (
+        "self._log_rollout_data(batch, reward_extra_infos_dict, timing_raw, rollout_data_dir)"
+        in fit
+    )
+    assert fit.index("self._update_actor(batch)") < fit.index("self._log_rollout_data(")
+
+
+@pytest.mark.slow
+def test_the_recorder_stores_each_step_at_verls_hook_and_it_round_trips(tmp_path):
+    """A real RayPPOTrainer (CPU, no workers) with the recorder: a batch of its own dataloader,
+    rolled out as fit() holds it, handed to the hook as fit() hands it at step 3: stored as
+    step 3 with policy_version 2, each group's example_id verl's dataset index, verl's JSONL
+    dump not written, and to_dataproto gives the batch back as from_dataproto always did."""
+    trainer = recording_trainer(tmp_path)
+    rows = next(iter(trainer.train_dataloader))
+    data = rollout_batch(rows=rows)
+    trainer.global_steps = 3
+    timing: dict = {}
+    trainer._log_rollout_data(data, {}, timing, trainer.config.trainer.rollout_data_dir)
+    assert timing["maxent_arrow_record"] > 0
+    assert not (tmp_path / "dumps").exists()  # dump_jsonl=False: the store replaces it
+    store = RolloutStore(tmp_path / "store")
+    assert [(u.step, u.kind) for u in store.units()] == [(3, "train")]
+    (batch,) = store.replay(steps=[3])
+    assert_same(to_dataproto(batch), data, batch.run_config.extra[LAYOUT_KEY])
+    assert batch.step_row.column("policy_version")[0].as_py() == 2
+    cfg = batch.run_config
+    assert (cfg.num_generations, cfg.max_completion_len) == (N, R)
+    assert cfg.trainer.startswith("verl.RayPPOTrainer") and cfg.extra["verl"]["adv_estimator"]
+    # Each group's example_id is the dataset index of its rows (verl's extra_info.index).
+    groups = store.read(steps=[3])
+    want = {}
+    for uid, index in zip(data.non_tensor_batch["uid"], data.non_tensor_batch["index"]):
+        want.setdefault(uid, str(index))
+    assert dict(zip(groups.column("group_id").to_pylist(),
+                    groups.column("example_id").to_pylist())) == want  # fmt: skip
+    assert set(want.values()) <= {str(100 + i) for i in range(2 * len(QUESTIONS))}
+    # The same step again (a resumed run) is not stored twice.
+    with pytest.warns(UserWarning, match="step 3 is already stored"):
+        trainer._log_rollout_data(data, {}, {}, trainer.config.trainer.rollout_data_dir)
+    assert len(RolloutStore(tmp_path / "store").units()) == 1
+    with pytest.raises(SchemaError, match="trainer.rollout_data_dir is not set"):
+        recording_trainer(tmp_path / "none", **{"trainer.rollout_data_dir": "null"})
