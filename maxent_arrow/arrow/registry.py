@@ -57,6 +57,9 @@ __all__ = [
     "Prefix",
     "REGISTRY",
     "TRAINER_METRICS",
+    "LIFECYCLE",
+    "EVENTS",
+    "DROP_REASONS",
     "ROW_KEY",
     "STEP",
     "TRL",
@@ -76,6 +79,10 @@ __all__ = [
 Level = Literal["group", "completion", "token", "step", "record"]
 GROUP, STEP = "groups", "steps"  # the rollout tables
 TRAINER_METRICS = "trainer_metrics"  # a record table: a trainer's logged figures
+LIFECYCLE = "lifecycle"  # a record table: what became of each stored group
+# A lifecycle event, and why a group was dropped (``docs/commit-protocol.md``, "Lifecycle").
+EVENTS = ("trained", "dropped")
+DROP_REASONS = ("zero_std", "stale", "filtered", "failed", "aborted")
 CORE, MAXENT, TRL, VERL = "core", "maxent", "trl", "verl"
 FAMILIES = (CORE, MAXENT, TRL, VERL)
 
@@ -215,6 +222,10 @@ def _m(name: str, kind: pa.DataType, doc: str, **kw: Any) -> Column:
     return Column(name, kind, "record", TRAINER_METRICS, (CORE,), doc, **kw)
 
 
+def _lc(name: str, kind: pa.DataType, doc: str, **kw: Any) -> Column:
+    return Column(name, kind, "record", LIFECYCLE, (CORE,), doc, **kw)
+
+
 _f64, _f32, _i32, _i64, _str = pa.float64(), pa.float32(), pa.int32(), pa.int64(), pa.string()
 
 REGISTRY: tuple[Column, ...] = (
@@ -318,6 +329,9 @@ REGISTRY: tuple[Column, ...] = (
     _g("example_id", _str, "group", "the dataset example the prompt came from: its index in "
        "the dataset, as text (`CAST(example_id AS BIGINT)`), or the value of a named id column "
        "(TRL: `RolloutRecorder(example_id=...)`; verl: the `index` key)"),
+    _g("stream_index", _i64, "group", "the prompt's position in the run's prompt stream (0, 1, "
+       "...): what a consumer's cursor counts, so `store.frontier()` can say which prompts are "
+       "consumed and which are in flight (`docs/commit-protocol.md`, \"Exactly once\")"),
     # ------------------------------------------------------------------ step table
     _s("step", _i64, "identity", required=True, statistics=True),
     _s("rank", _i32, "identity", required=True, statistics=True),
@@ -435,6 +449,24 @@ REGISTRY: tuple[Column, ...] = (
        "...; an evaluation's without the `eval_` prefix)"),
     _m("metric_values", _list(_f64), "their values, parallel to `metric_names` (NaN where the "
        "trainer logged None)"),
+    # ------------------------------------------------------------------ lifecycle
+    _lc("step", _i64, "the trainer step the decision was made at: a resume at step s "
+        "supersedes the events of steps >= s of earlier trainer attempts", required=True,
+        identity=True, statistics=True),
+    _lc("event", _str, '`"trained"` (the group was in the batch of trainer step `step`) or '
+        '`"dropped"` (it never will be: see `reason`)', required=True),
+    _lc("reason", _str, "why a group was dropped: `zero_std` (all its rewards equal: no "
+        "advantage), `stale` (older than the staleness bound), `filtered` (a trainer's filter), "
+        "`failed` (its generation or scoring failed), `aborted` (the run stopped with it in "
+        "flight); NULL for `trained`"),
+    _lc("rollout_step", _i64, "the stored group: its `groups.step`", required=True,
+        identity=True),
+    _lc("rollout_rank", _i32, "its `groups.rank`", required=True, identity=True),
+    _lc("rollout_kind", _str, "its `groups.kind`", required=True, identity=True),
+    _lc("group_index", _i32, "its `groups.group_index`", required=True, identity=True),
+    _lc("stream_index", _i64, "its `groups.stream_index` (the prompt's position in the stream), "
+        "when the producer numbered the stream"),
+    _lc("created_at", pa.timestamp("us", tz="UTC"), "when the decision was recorded"),
 )  # fmt: skip
 
 _BY_NAME: dict[tuple[str, str], Column] = {(c.table, c.name): c for c in REGISTRY}

@@ -19,11 +19,13 @@ from typing import TYPE_CHECKING, Any, Literal
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from maxent_arrow.arrow import registry as R
 from maxent_arrow.errors import StoreError
 from maxent_arrow.store import manifest
 from maxent_arrow.store.backend import Backend, open_backend
 from maxent_arrow.store.catalog import (
     History,
+    LogCatalog,
     OnError,
     Unit,
     check_history,
@@ -32,6 +34,14 @@ from maxent_arrow.store.catalog import (
 )
 from maxent_arrow.store.names import GROUPS, STEPS
 from maxent_arrow.store.reader import GroupFileRead, read_table
+from maxent_arrow.store.records import (
+    Frontier,
+    check_record_name,
+    frontier_of,
+    read_records,
+    record_names,
+    record_schema,
+)
 from maxent_arrow.store.schemas import UnifiedSchemas
 from maxent_arrow.store.session import QueryLimits, check_timeout
 from maxent_arrow.store.sql import SqlViews
@@ -264,6 +274,55 @@ class ReadOnlyStore:
         after it)."""
         with self.sql_views(on_error=on_error, timeout=timeout) as views:
             return views.query(query)
+
+    # ------------------------------------------------------------------ records
+    def record_names(self) -> list[str]:
+        """The store's record tables (``trainer_metrics``, ``lifecycle``, a user's own), by
+        name; each is also a SQL view of that name."""
+        if not isinstance(self.catalog, LogCatalog):
+            return []
+        return record_names(self.catalog.state())
+
+    def read_records(self, name: str, *, attempts: History | None = None) -> pa.Table:
+        """The rows of record table ``name`` (:mod:`~maxent_arrow.store.records`) in the
+        history this store reads (``attempts`` overrides it), checked against the log; an
+        ``attempt`` column says which attempt wrote each row. A table never appended reads
+        as the registry's layout, empty (or a table without columns)."""
+        check_record_name(name)
+        if not isinstance(self.catalog, LogCatalog):
+            layout = record_schema(name)
+            return pa.table({}) if layout is None else layout.empty_table()
+        history = self.catalog.history if attempts is None else check_history(attempts)
+        return read_records(self.backend, self.catalog.state(), name, history)
+
+    def lifecycle(self, *, attempts: History | None = None) -> pa.Table:
+        """What became of the stored groups: the ``lifecycle`` records (trained at a step, or
+        dropped with a reason; ``docs/commit-protocol.md``, "Lifecycle")."""
+        return self.read_records(R.LIFECYCLE, attempts=attempts)
+
+    def frontier(self) -> Frontier:
+        """Where the run's consumer stands in its prompt stream: the lowest stream position
+        not consumed (trained or dropped) in the effective history, and the stored groups
+        in flight (``docs/commit-protocol.md``, "Exactly once"). Whatever history this
+        object reads, the frontier is the effective one's."""
+        if not isinstance(self.catalog, LogCatalog):
+            raise StoreError(f"{self.uri}: a store without a commit log has no frontier")
+        with self.catalog.snapshot():
+            catalog = self.catalog.with_history("effective")
+            groups = read_table(
+                catalog,
+                self.schemas.visible(GROUPS, self.on_error),
+                GROUPS,
+                steps=None,
+                columns=["step", "rank", "kind", "group_index", "stream_index"],
+                filter=None,
+                kind=None,
+                ranks=None,
+                on_error=self.on_error,
+                crc=self.check_crc,
+            )
+            lifecycle = read_records(self.backend, catalog.state(), R.LIFECYCLE, "effective")
+        return frontier_of(groups, lifecycle)
 
     # ------------------------------------------------------------------ checking
     def verify(self) -> VerifyReport:

@@ -44,7 +44,8 @@ import pyarrow.compute as pc
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.arrow.upgrade import needs_upgrade
 from maxent_arrow.errors import StoreError
-from maxent_arrow.store.catalog import Catalog, OnError, StepFile, fail
+from maxent_arrow.arrow import registry as R
+from maxent_arrow.store.catalog import Catalog, LogCatalog, OnError, StepFile, fail
 from maxent_arrow.store.ledger import ChecksumLedger
 from maxent_arrow.store.names import GROUPS, STEPS
 from maxent_arrow.store.reader import read_group_file
@@ -56,7 +57,8 @@ from maxent_arrow.store.session import (
     check_timeout,
     duckdb_module,
 )
-from maxent_arrow.store.sqlplan import FileSet, ViewPlan, plan_views
+from maxent_arrow.store.records import lifecycle_keys, read_records
+from maxent_arrow.store.sqlplan import FileSet, History, ViewPlan, plan_views
 
 __all__ = ["SqlViews", "plan_scans", "scanned_columns"]
 
@@ -177,6 +179,11 @@ class SqlViews:
         self.files: list[tuple[str, StepFile]] = []
         self.steps: list[StepFile] = []
         self.legacy: list[pa.Table] = []
+        # A store with a commit log: the files of the history the views leave out (the
+        # ``superseded`` view), its catalog, and its record tables.
+        self.other: list[tuple[str, StepFile]] = []
+        self.other_catalog: LogCatalog | None = None
+        self.records: dict[str, pa.Table] = {}
         self.group_schema: pa.Schema = S.group_schema()
         self.step_schema: pa.Schema = S.step_schema()
         self.data_columns: set[str] = set()
@@ -226,11 +233,36 @@ class SqlViews:
                         self.files.append((rel, step))
                 except StoreError as exc:
                     fail(self.on_error, exc)
+            self._refresh_history(listing)
             self.group_schema = self.schemas.visible(GROUPS, self.on_error)
             self.step_schema = self.schemas.visible(STEPS, self.on_error).remove_metadata()
             self.data_columns = self._data_columns()
             self.reward_names = self._reward_names()
             self._install()
+
+    def _refresh_history(self, listing: dict) -> None:
+        """The other history's files and the record tables (stores with a commit log)."""
+        self.other, self.other_catalog, self.records = [], None, {}
+        catalog = self.catalog
+        if not isinstance(catalog, LogCatalog):
+            return
+        other = catalog.with_history("effective" if catalog.history == "superseded" else "superseded")
+        self.other_catalog = other
+        for step in other.committed_steps(self.on_error):
+            rel = f"{GROUPS}/{step.group_file}"
+            if needs_upgrade(step.version):
+                continue  # schema-1.x stores have no commit log
+            try:
+                self.ledger.admit(rel, step, listing.get(step.group_file))
+                self.other.append((rel, step))
+            except StoreError as exc:
+                fail(self.on_error, exc)
+        state = catalog.state()
+        for name in sorted(state.records):
+            try:
+                self.records[name] = read_records(catalog.backend, state, name, catalog.history)
+            except StoreError as exc:
+                fail(self.on_error, exc)
 
     def _data_columns(self) -> set[str]:
         """Group columns that some file carries data in: those its batch had when appended
@@ -285,22 +317,17 @@ class SqlViews:
         self.session = session = SqlSession(threads=self.threads, limits=self.limits)
         backend = self.catalog.backend
         # Files of one schema form one set (DuckDB binds a set to its first file's footer).
-        group_sets: list[FileSet] = []
-        # (A file the history reads in part, a segment a resumed run superseded in part,
-        # forms a set of its own, with its filter.)
-        by_schema: dict[tuple, tuple[pa.Schema, str | None, list[tuple[str, StepFile]]]] = {}
-        for rel, step in self.files:
-            schema = self.schemas.file(rel)  # files of one schema share the object
-            where = self.catalog.row_filter(step.name)
-            by_schema.setdefault((id(schema), where), (schema, where, []))[2].append((rel, step))
-        for schema, where, members in by_schema.values():
-            sound = self.ledger.first_sound(members)
-            dropped = {rel for rel, _ in members[: len(members) - len(sound)]}
-            if dropped:
-                self.files = [f for f in self.files if f[0] not in dropped]
-            if sound:
-                rels = [self.ledger.where(rel) for rel, _ in sound]
-                group_sets.append(FileSet(schema, backend.duckdb_source(rels, schema), where))
+        group_sets, self.files = self._group_sets(self.files, self.catalog)
+        history = None
+        if self.other_catalog is not None:
+            other_sets, self.other = self._group_sets(self.other, self.other_catalog)
+            records = self.records.get(R.LIFECYCLE)
+            history = History(
+                reads=self.catalog.history,
+                other_sets=other_sets,
+                dropped=None if records is None else lifecycle_keys(records, "dropped"),
+                records=self.records,
+            )
         # Step files: DuckDB reads the current ones itself where it can open them (they were
         # read and their seals checked already); the others are handed over as Arrow rows.
         step_sets: list[FileSet] = []
@@ -348,6 +375,7 @@ class SqlViews:
             step_rows=step_rows,
             reward_names=self.reward_names,
             spell=spell,
+            history=history,
         )
         session.install(self.plan)
         for kind, item in self.own:
@@ -355,6 +383,29 @@ class SqlViews:
                 session.register(*item)
             else:
                 session.execute(item)
+
+    def _group_sets(
+        self, files: list[tuple[str, StepFile]], catalog: Catalog
+    ) -> tuple[list[FileSet], list[tuple[str, StepFile]]]:
+        """``files`` as file sets DuckDB reads, one per schema and row filter (a file the
+        history reads in part, a segment a resumed run superseded in part, forms a set of
+        its own, with its filter), and the files kept (a damaged one left out)."""
+        backend = catalog.backend
+        sets: list[FileSet] = []
+        by_schema: dict[tuple, tuple[pa.Schema, str | None, list[tuple[str, StepFile]]]] = {}
+        for rel, step in files:
+            schema = self.schemas.file(rel)  # files of one schema share the object
+            where = catalog.row_filter(step.name)
+            by_schema.setdefault((id(schema), where), (schema, where, []))[2].append((rel, step))
+        for schema, where, members in by_schema.values():
+            sound = self.ledger.first_sound(members)
+            dropped = {rel for rel, _ in members[: len(members) - len(sound)]}
+            if dropped:
+                files = [f for f in files if f[0] not in dropped]
+            if sound:
+                rels = [self.ledger.where(rel) for rel, _ in sound]
+                sets.append(FileSet(schema, backend.duckdb_source(rels, schema), where))
+        return sets, files
 
     def _relocate(self, *, install: bool = True) -> bool:
         """After a query failed: whether files the views read were moved to retired/ by a

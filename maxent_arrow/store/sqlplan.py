@@ -30,6 +30,7 @@ __all__ = [
     "SAMPLE_ALIASES",
     "UNSCORED_AS_NULL",
     "FileSet",
+    "History",
     "ViewPlan",
     "plan_views",
     "quote",
@@ -223,8 +224,10 @@ def plan_views(
     step_rows: pa.Table | None,
     reward_names: Sequence[str],
     spell: Speller,
+    history: History | None = None,
 ) -> ViewPlan:
-    """The plan of the views ``steps``, ``groups`` and ``samples``.
+    """The plan of the views ``steps``, ``groups`` and ``samples`` (and, for a store with a
+    commit log, those of its :class:`History`).
 
     ``group_sets`` / ``step_sets`` are the files DuckDB reads (one set per schema: DuckDB
     binds a set to its first file's footer); ``group_rows`` / ``step_rows`` the rows decoded
@@ -234,6 +237,67 @@ def plan_views(
     plan = ViewPlan()
     group_schema, step_schema = group_schema.remove_metadata(), step_schema.remove_metadata()
     _union("steps", step_schema, step_sets, step_rows, plan, spell)
-    _union("groups", group_schema, group_sets, group_rows, plan, spell)
+    if history is None:
+        _union("groups", group_schema, group_sets, group_rows, plan, spell)
+    else:
+        _history_views(plan, history, group_schema, group_sets, group_rows, spell)
     plan.views["samples"] = samples_view_sql(group_schema.names, reward_names)
+    if history is not None:
+        plan.views["samples_all"] = samples_view_sql(
+            group_schema.names, reward_names, source="groups_all"
+        )
+        for name, table in history.records.items():
+            plan.tables[f"_maxent_records_{name}"] = table
+            plan.views[name] = f"SELECT * FROM _maxent_records_{name}"
     return plan
+
+
+@dataclass
+class History:
+    """What a store with a commit log adds to its views: which history ``groups`` reads
+    (``"effective"``, ``"all"`` or ``"superseded"``), the files of the other history
+    (``superseded``; ``groups_all`` is every attempt's), the stored groups the run dropped
+    (``step``, ``rank``, ``kind``, ``group_index``; left out of ``groups`` in the effective
+    history: ``groups_all`` keeps them) and the record tables (a view each)."""
+
+    reads: str
+    # The files of the other history: the superseded ones (the ``superseded`` view) where
+    # ``groups`` reads the effective or all; the effective ones where it reads the superseded.
+    other_sets: list[FileSet]
+    dropped: pa.Table | None = None
+    records: dict[str, pa.Table] = field(default_factory=dict)
+
+
+_KEY = ("step", "rank", "kind", "group_index")
+
+
+def _history_views(
+    plan: ViewPlan,
+    history: History,
+    group_schema: pa.Schema,
+    group_sets: list[FileSet],
+    group_rows: pa.Table | None,
+    spell: Speller,
+) -> None:
+    """``groups``, ``superseded`` and ``groups_all`` (``groups`` is what the store reads;
+    in the effective history without the dropped groups)."""
+    drop = history.reads == "effective" and history.dropped is not None and history.dropped.num_rows
+    stored = "_maxent_groups_stored" if drop else "groups"
+    _union(stored, group_schema, group_sets, group_rows, plan, spell)
+    if drop:
+        plan.tables["_maxent_dropped"] = history.dropped
+        match = " AND ".join(f"d.{quote(k)} = g.{quote(k)}" for k in _KEY)
+        plan.views["groups"] = (
+            f"SELECT g.* FROM {stored} g WHERE NOT EXISTS "
+            f"(SELECT 1 FROM _maxent_dropped d WHERE {match})"
+        )
+    if history.reads == "superseded":
+        plan.views["superseded"] = "SELECT * FROM groups"
+        _union("_maxent_groups_effective", group_schema, history.other_sets, None, plan, spell)
+        plan.views["groups_all"] = "SELECT * FROM groups UNION ALL SELECT * FROM _maxent_groups_effective"
+        return
+    _union("superseded", group_schema, history.other_sets, None, plan, spell)
+    if history.reads == "all":
+        plan.views["groups_all"] = f"SELECT * FROM {stored}"
+    else:
+        plan.views["groups_all"] = f"SELECT * FROM {stored} UNION ALL SELECT * FROM superseded"

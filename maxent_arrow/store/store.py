@@ -20,6 +20,9 @@ import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
+import pyarrow as pa
+
+from maxent_arrow.arrow import registry as R
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.errors import ArgumentError, StoreError
 from maxent_arrow.rollout import RolloutBatch
@@ -33,6 +36,7 @@ from maxent_arrow.store.names import MANIFEST, cache_name, parse_name
 from maxent_arrow.store.padding import strip_padding
 from maxent_arrow.store.parquet import check_compression
 from maxent_arrow.store.reader import check_known_columns, read_group_file
+from maxent_arrow.store.records import lifecycle_rows
 from maxent_arrow.store.readonly import ReadOnlyStore
 from maxent_arrow.store.repair import RepairReport, repair
 from maxent_arrow.store.replay import ReplayOptions, replay
@@ -204,6 +208,28 @@ class RolloutStore(ReadOnlyStore):
         if self.compact_every is not None and self.backend.can_rewrite:
             self._merge_small_files(batch.rank, batch.kind)
         return path
+
+    def append_records(self, name: str, rows: Any) -> int:
+        """Append ``rows`` (a pyarrow Table or RecordBatch) to record table ``name``: a
+        registered one (``trainer_metrics``, ``lifecycle``: checked against the registry) or
+        a table of the user's own (``[a-z][a-z0-9_]*``; each column keeps its first type).
+        Committed through the log as this object's attempt (:mod:`.records`); returns the log
+        version. Bad rows raise :class:`SchemaError` naming the column and row, and nothing
+        is written."""
+        return self.writer.append_records(name, rows)
+
+    def record_lifecycle(
+        self, groups: pa.Table, *, step: int, event: str, reason: str | None = None
+    ) -> int:
+        """Record what became of the stored ``groups`` (rows as :meth:`read` returns them,
+        with ``step``, ``rank``, ``kind``, ``group_index`` and, when numbered,
+        ``stream_index``) at trainer step ``step``: ``event="trained"``, or ``"dropped"``
+        with a ``reason`` (``zero_std``, ``stale``, ``filtered``, ``failed``, ``aborted``).
+        Record it when the decision is made, in the trainer step it belongs to: a resume at
+        an earlier step supersedes it (``docs/commit-protocol.md``, "Lifecycle")."""
+        return self.append_records(
+            R.LIFECYCLE, lifecycle_rows(groups, step=step, event=event, reason=reason)
+        )
 
     def _merge_small_files(self, rank: int, kind: str) -> None:
         """The ``compact_every`` policy: merge the rank's one-step files of ``kind`` once

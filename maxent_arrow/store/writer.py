@@ -26,6 +26,7 @@ from maxent_arrow.store.commit import commit_unit
 from maxent_arrow.store.log import LogState
 from maxent_arrow.store.names import CONFIG_META_KEY, STEPS, unit_name
 from maxent_arrow.store.padding import pad_to_layout
+from maxent_arrow.store.records import commit_records, prepare_records
 from maxent_arrow.store.schemas import UnifiedSchemas
 
 __all__ = ["Writer"]
@@ -104,6 +105,26 @@ class Writer:
                     f"step {name} is committed but its IPC cache copy failed: {exc}", stacklevel=3
                 )
         return self.backend.path(f"{STEPS}/{committed.name}")
+
+    def append_records(self, name: str, rows: Any) -> int:
+        """Append ``rows`` to record table ``name`` (:mod:`.records`) as this writer's
+        attempt; returns the log version that committed them."""
+        table = prepare_records(name, rows)
+        if self.log is None:
+            raise StoreError(
+                f"{self.backend.uri}: a store written before the commit log (format < 3) keeps "
+                f"no record tables; records of {name!r} need a store of this version"
+            )
+        attempt = self.begin_attempt()
+        return commit_records(
+            self.backend,
+            self.log,
+            name,
+            table,
+            attempt=attempt or "",
+            lock_timeout=self.lock_timeout,
+            compression=self.compression,
+        )
 
     def begin_attempt(self, *, config: Mapping[str, Any] | None = None) -> str | None:
         """Record this writer's attempt in the commit log, once (a store without a log has no

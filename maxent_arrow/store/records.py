@@ -1,0 +1,371 @@
+"""Record tables: rows a run keeps beside its rollouts, appended through the commit log.
+
+A record table holds what happens to a run after its rollouts are written: a trainer's logged
+figures (``trainer_metrics``), what became of each stored group (``lifecycle``: trained at a
+step, or dropped with a reason), or a user's own table. Group files are immutable once
+committed, so these are rows of their own: each append is one Parquet file under
+``records/{name}/`` and one ``records`` entry of the log (its path, size, CRC-32, rows and
+column types), committed like a unit (``docs/commit-protocol.md``).
+
+**Names.** Lowercase identifiers (``[a-z][a-z0-9_]*``), each also a SQL view of that name; the
+store's own view names are refused. A table the column registry declares (``trainer_metrics``,
+``lifecycle``) is checked against its rows and read back in their layout; any other table
+keeps the types of its first append (a column whose type changes is refused, naming it).
+
+**History.** A record with a ``step`` column belongs to that step of the attempt that wrote it:
+a resume at step ``s`` supersedes the records of steps ``>= s`` of earlier attempts of the
+role, as it does their rollouts. Readers see the effective records by default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import re
+import secrets
+from collections.abc import Mapping
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from maxent_arrow.arrow import registry as R
+from maxent_arrow.arrow import schema as S
+from maxent_arrow.errors import SchemaError, StoreError
+from maxent_arrow.store.backend import Backend
+from maxent_arrow.store.catalog import History
+from maxent_arrow.store.log import CommitLog, LogState, crc32
+from maxent_arrow.store.names import RECORDS
+
+__all__ = [
+    "RESERVED",
+    "Frontier",
+    "check_record_name",
+    "commit_records",
+    "frontier_of",
+    "lifecycle_keys",
+    "lifecycle_rows",
+    "prepare_records",
+    "read_records",
+    "record_names",
+    "record_schema",
+]
+
+_NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+# The store's own SQL views (a record table is a view of its name).
+RESERVED = frozenset(
+    {"groups", "samples", "steps", "groups_all", "samples_all", "superseded", "attempts"}
+)
+
+
+def check_record_name(name: object) -> str:
+    """``name`` when it can name a record table, else :class:`SchemaError` saying why."""
+    if not isinstance(name, str) or _NAME.match(name) is None:
+        raise SchemaError(
+            f"record table name {name!r}: expected a lowercase identifier ([a-z][a-z0-9_]*, at "
+            "most 63 characters)"
+        )
+    if name in RESERVED:
+        raise SchemaError(f"record table name {name!r}: a view of the store has that name")
+    return name
+
+
+def record_schema(name: str) -> pa.Schema | None:
+    """The registry's layout of record table ``name`` (``None``: a table it does not
+    declare)."""
+    fields = [c.field for c in R.columns(name, level="record")]
+    return pa.schema(fields) if fields else None
+
+
+def _as_table(name: str, rows: Any) -> pa.Table:
+    if isinstance(rows, pa.RecordBatch):
+        rows = pa.Table.from_batches([rows])
+    if not isinstance(rows, pa.Table):
+        raise SchemaError(
+            f"records of {name!r}: expected a pyarrow Table or RecordBatch, got "
+            f"{type(rows).__name__}"
+        )
+    if rows.num_rows == 0:
+        raise SchemaError(f"records of {name!r}: no rows")
+    return rows.replace_schema_metadata(None)
+
+
+def _check_registered(name: str, table: pa.Table, layout: pa.Schema) -> pa.Table:
+    """``table`` in the registry's layout: unknown columns, missing required ones, values
+    of another type and NULLs in required columns refused, naming the column and row."""
+    unknown = [c for c in table.column_names if c not in layout.names]
+    if unknown:
+        raise SchemaError(
+            f"records of {name!r}: unknown column {unknown[0]!r} (the registry's columns: "
+            f"{', '.join(layout.names)})"
+        )
+    for column in R.columns(name, level="record", where=lambda c: c.required):
+        if column.name not in table.column_names:
+            raise SchemaError(f"records of {name!r}: required column {column.name!r} missing")
+        nulls = table.column(column.name).is_null()
+        if pc.any(nulls).as_py():
+            row = pc.index(nulls, True).as_py()
+            raise SchemaError(f"records of {name!r}, row {row}: {column.name} is null")
+    out = []
+    for f in layout:
+        if f.name not in table.column_names:
+            out.append(pa.nulls(table.num_rows, f.type))
+            continue
+        column = table.column(f.name)
+        try:
+            out.append(column if column.type == f.type else column.cast(f.type))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise SchemaError(
+                f"records of {name!r}, column {f.name!r}: expected {f.type}, got {column.type} "
+                f"({exc})"
+            ) from None
+    return pa.Table.from_arrays(out, schema=layout)
+
+
+def _check_types(name: str, table: pa.Table, state: LogState) -> None:
+    """A column of an unregistered table keeps the type of its first append."""
+    known: dict[str, str] = {}
+    for item in state.records.get(name, []):
+        for column, kind in (item.get("columns") or {}).items():
+            known.setdefault(column, kind)
+    for f in table.schema:
+        if f.name in known and known[f.name] != str(f.type):
+            raise SchemaError(
+                f"records of {name!r}, column {f.name!r}: {f.type} now, {known[f.name]} in "
+                "earlier appends; a record column keeps its first type"
+            )
+
+
+def _check_rows(name: str, table: pa.Table) -> None:
+    if "step" in table.column_names:
+        kind = table.column("step").type
+        if not pa.types.is_integer(kind):
+            raise SchemaError(f"records of {name!r}, column 'step': expected integers, got {kind}")
+        nulls = table.column("step").is_null()
+        if pc.any(nulls).as_py():
+            raise SchemaError(f"records of {name!r}, row {pc.index(nulls, True).as_py()}: step is null")
+        if pc.any(pc.less(table.column("step"), 0)).as_py():
+            row = pc.index(pc.less(table.column("step"), 0), True).as_py()
+            raise SchemaError(f"records of {name!r}, row {row}: step is negative")
+    if name == R.LIFECYCLE:
+        events = table.column("event")
+        bad = pc.invert(pc.is_in(events, pa.array(R.EVENTS)))
+        if pc.any(bad).as_py():
+            row = pc.index(bad, True).as_py()
+            raise SchemaError(
+                f"records of 'lifecycle', row {row}: event {events[row].as_py()!r} is not one "
+                f"of {R.EVENTS}"
+            )
+        reasons = table.column("reason")
+        dropped = pc.equal(events, "dropped")
+        bad = pc.and_(dropped, pc.invert(pc.fill_null(pc.is_in(reasons, pa.array(R.DROP_REASONS)), False)))
+        bad = pc.or_(bad, pc.and_(pc.invert(dropped), reasons.is_valid()))
+        if pc.any(bad).as_py():
+            row = pc.index(bad, True).as_py()
+            raise SchemaError(
+                f"records of 'lifecycle', row {row}: reason {reasons[row].as_py()!r} with event "
+                f"{events[row].as_py()!r} (a dropped group has one of {R.DROP_REASONS}; a trained "
+                "one none)"
+            )
+
+
+def prepare_records(name: str, rows: Any) -> pa.Table:
+    """``rows`` checked as records of ``name`` (in the registry's layout where it declares
+    the table). Raises :class:`SchemaError` naming the column and row."""
+    check_record_name(name)
+    table = _as_table(name, rows)
+    layout = record_schema(name)
+    if layout is not None:
+        table = _check_registered(name, table, layout)
+    _check_rows(name, table)
+    return table
+
+
+def commit_records(
+    backend: Backend,
+    log: CommitLog,
+    name: str,
+    table: pa.Table,
+    *,
+    attempt: str,
+    lock_timeout: float | None = None,
+    compression: str = "zstd",
+) -> int:
+    """Write ``table`` (from :func:`prepare_records`) as a file of record table ``name`` and
+    commit it as the log's next entry; returns its version. A refused commit removes its
+    file, so the store is as it was."""
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, compression=compression)
+    data = sink.getvalue()
+    token = secrets.token_hex(6)  # racing writers never share a file
+    backend.makedirs(f"{RECORDS}/{name}")
+    pending = backend.write_temp(f"{RECORDS}/{name}/{name}.t{token}.parquet", data)
+    published = False
+
+    def check(state: LogState) -> None:
+        nonlocal published
+        _check_types(name, table, state)
+        if not published:
+            backend.publish(pending, exclusive=True)
+            published = True
+
+    fields = {
+        "op": "records",
+        "attempt": attempt,
+        "name": name,
+        "file": {
+            "path": pending.final,
+            "size": pending.size,
+            "crc32": pending.crc,
+            "rows": table.num_rows,
+            "columns": {f.name: str(f.type) for f in table.schema},
+        },
+    }
+    try:
+        version = log.commit(fields, check=check, lock_timeout=lock_timeout)
+        assert version is not None
+        return version
+    except BaseException:
+        if published:
+            committed = {i["path"] for i in log.state().records.get(name, [])}
+            if pending.final not in committed:
+                backend.remove(pending.final)
+        raise
+    finally:
+        backend.discard(pending)
+
+
+def read_records(
+    backend: Backend, state: LogState, name: str, history: History = "effective"
+) -> pa.Table:
+    """The rows of record table ``name`` in ``history``, checked against the sizes and
+    CRC-32s the log recorded (a damaged or lost file raises :class:`StoreError` naming it).
+    An ``attempt`` column says which attempt wrote each row. A table with no rows: the
+    registry's layout (empty), or an empty table."""
+    parts = []
+    for item in state.records.get(name, []):
+        rel = str(item["path"])
+        where = backend.path(rel)
+        try:
+            data = backend.read(rel)
+        except StoreError as exc:
+            raise StoreError(f"{where}: a committed records file of {name!r} is lost ({exc})") from None
+        if data.size != item["size"] or crc32(data.to_pybytes()) != item["crc32"]:
+            raise StoreError(
+                f"{where}: damaged (size {data.size}, recorded {item['size']}; CRC-32 differs "
+                "from the log's)"
+            )
+        table = pq.read_table(pa.BufferReader(data))
+        table = table.append_column("attempt", pa.array([item["attempt"]] * table.num_rows, pa.string()))
+        if history != "all" and "step" in table.column_names:
+            cut = state.cutoff(str(item["attempt"]))
+            if cut is not None:
+                below = pc.less(table.column("step"), cut)
+                table = table.filter(below if history == "effective" else pc.invert(below))
+        elif history == "superseded":
+            table = table.slice(0, 0)
+        parts.append(table)
+    layout = record_schema(name)
+    if layout is not None:
+        layout = layout.append(pa.field("attempt", pa.string()))
+        return pa.concat_tables([S.conform(p, layout) for p in parts]) if parts else layout.empty_table()
+    if not parts:
+        return pa.table({})
+    return pa.concat_tables(parts, promote_options="permissive")
+
+
+def record_names(state: LogState) -> list[str]:
+    """The record tables of the store, by name."""
+    return sorted(state.records)
+
+
+def lifecycle_keys(table: pa.Table, event: str) -> pa.Table:
+    """The stored groups (``step``, ``rank``, ``kind``, ``group_index``) of ``lifecycle``
+    rows of ``event``, each once."""
+    rows = table.filter(pc.equal(table.column("event"), event))
+    keys = pa.table(
+        {
+            "step": rows.column("rollout_step"),
+            "rank": rows.column("rollout_rank"),
+            "kind": rows.column("rollout_kind"),
+            "group_index": rows.column("group_index"),
+        }
+    )
+    return keys.group_by(keys.column_names).aggregate([])
+
+
+def lifecycle_rows(
+    groups: pa.Table, *, step: int, event: str, reason: str | None = None
+) -> pa.Table:
+    """``lifecycle`` records of ``event`` at trainer step ``step`` for the stored ``groups``
+    (rows as the store reads them: ``step``, ``rank``, ``kind``, ``group_index`` and, when
+    the producer numbered its prompt stream, ``stream_index``)."""
+    for column in ("step", "rank", "kind", "group_index"):
+        if column not in groups.column_names:
+            raise SchemaError(f"lifecycle rows: the groups have no {column!r} column")
+    n = groups.num_rows
+    stream = (
+        groups.column("stream_index")
+        if "stream_index" in groups.column_names
+        else pa.nulls(n, pa.int64())
+    )
+    table = pa.table(
+        {
+            "step": pa.array([step] * n, pa.int64()),
+            "event": pa.array([event] * n, pa.string()),
+            "reason": pa.array([reason] * n, pa.string()),
+            "rollout_step": groups.column("step"),
+            "rollout_rank": groups.column("rank"),
+            "rollout_kind": groups.column("kind"),
+            "group_index": groups.column("group_index"),
+            "stream_index": stream,
+            "created_at": pa.array([dt.datetime.now(dt.UTC)] * n, pa.timestamp("us", tz="UTC")),
+        }
+    )
+    return prepare_records(R.LIFECYCLE, table)
+
+
+@dataclasses.dataclass(frozen=True)
+class Frontier:
+    """Where a run's consumer stands in its prompt stream (``store.frontier()``).
+
+    ``position``: the lowest stream index no effective ``lifecycle`` event consumed (trained
+    or dropped): where a resumed consumer starts. ``consumed``: how many positions below it
+    were consumed (all of them: a gap is a skipped prompt, which ``gaps`` lists: positions
+    above a consumed one that were never consumed). ``in_flight``: the stored groups of the
+    effective history not consumed yet (``step``, ``rank``, ``kind``, ``group_index``,
+    ``stream_index``), in stream order: what a resumed consumer takes before new prompts.
+    ``double``: stream positions consumed more than once (a correct run has none)."""
+
+    position: int
+    consumed: int
+    gaps: list[int]
+    double: list[int]
+    in_flight: pa.Table
+
+
+def frontier_of(groups: pa.Table, lifecycle: pa.Table) -> Frontier:
+    """The :class:`Frontier` of the stored ``groups`` (key columns and ``stream_index``) and
+    the effective ``lifecycle`` records."""
+    if "stream_index" not in groups.column_names:
+        raise SchemaError(
+            "frontier: the stored groups have no stream_index (the producer did not number its "
+            "prompt stream)"
+        )
+    events = lifecycle.filter(pc.is_valid(lifecycle.column("stream_index")))
+    consumed = events.column("stream_index").to_pylist()
+    counts: dict[int, int] = {}
+    for position in consumed:
+        counts[position] = counts.get(position, 0) + 1
+    position = 0
+    while position in counts:
+        position += 1
+    top = max(counts, default=-1)
+    gaps = [p for p in range(position, top) if p not in counts]
+    double = sorted(p for p, n in counts.items() if n > 1)
+    keys = groups.select(["step", "rank", "kind", "group_index", "stream_index"])
+    mask = pc.invert(pc.is_in(keys.column("stream_index"), pa.array(sorted(counts), pa.int64())))
+    in_flight = keys.filter(pc.and_(mask, pc.is_valid(keys.column("stream_index"))))
+    in_flight = in_flight.sort_by([("stream_index", "ascending")])
+    return Frontier(position, len(counts), gaps, double, in_flight)
