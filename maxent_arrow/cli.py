@@ -110,10 +110,12 @@ def _print_json(value: Any) -> None:
     sys.stdout.write(text + "\n")
 
 
-def _store(args: argparse.Namespace) -> Any:
+def _store(args: argparse.Namespace, *, attempts: str = "effective") -> Any:
     """An existing rollout store, opened for reading (nothing of the write side loads)."""
     timeout = getattr(args, "timeout", None)
-    return store.ReadOnlyStore(args.run, on_error=args.on_error, query_timeout=timeout)
+    return store.ReadOnlyStore(
+        args.run, on_error=args.on_error, query_timeout=timeout, attempts=attempts
+    )
 
 
 def _writable_store(args: argparse.Namespace) -> Any:
@@ -248,11 +250,32 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 def _cmd_compact(args: argparse.Namespace) -> int:
     with _busy("compacting", _progress(args)):
-        made = _writable_store(args).compact(kind=args.kind, max_steps=args.max_steps)
+        made = _writable_store(args).compact(
+            kind=args.kind, max_steps=args.max_steps, drop_superseded=args.drop_superseded
+        )
     if args.json:
         _print_json({"compacted": [str(p) for p in made]})
     else:
         sys.stdout.write(f"{len(made)} compacted files\n" + "".join(f"  {p}\n" for p in made))
+    return EXIT_OK
+
+
+def _cmd_checkpoint(args: argparse.Namespace) -> int:
+    version = _writable_store(args).checkpoint()
+    where = f"{args.run.rstrip('/')}/log/_checkpoint.parquet"
+    if args.json:
+        _print_json({"version": version, "checkpoint": where})
+    else:
+        sys.stdout.write(f"checkpoint of log version {version}: {where}\n")
+    return EXIT_OK
+
+
+def _cmd_files(args: argparse.Namespace) -> int:
+    live = _store(args, attempts=args.attempts).live_files(args.table)
+    if args.json:
+        _print_json([{"path": str(p), "where": w} for p, w in live])
+    else:
+        sys.stdout.write("".join(f"{p}\t{w}\n" if w else f"{p}\n" for p, w in live))
     return EXIT_OK
 
 
@@ -388,9 +411,41 @@ def _parser() -> argparse.ArgumentParser:
     p = command("compact", "Merge the per-append files of a store (atomic).")
     p.add_argument("--kind", default=None, help="only this kind (train/eval)")
     p.add_argument("--max-steps", type=int, default=None, help="steps per merged file")
+    p.add_argument(
+        "--drop-superseded",
+        action="store_true",
+        help="also retire the steps later attempts superseded (a resume, a re-run): they "
+        "leave the history through the commit log",
+    )
     p.add_argument("--json", action="store_true", help="print JSON")
     lock_option(p)
     p.set_defaults(func=_cmd_compact)
+
+    p = command(
+        "checkpoint",
+        "Write a checkpoint of the commit log (RUN/log/_checkpoint.parquet: the live files, "
+        "what plain readers read).",
+    )
+    p.add_argument("--json", action="store_true", help="print JSON")
+    lock_option(p)
+    p.set_defaults(func=_cmd_checkpoint)
+
+    p = command(
+        "files",
+        "List the live files of a table for a plain reader, one per line (a tab and a row "
+        "filter where a file is read in part).",
+    )
+    p.add_argument(
+        "--table", default="groups", help="groups (default), steps or records:NAME"
+    )
+    p.add_argument(
+        "--attempts",
+        choices=["effective", "all", "superseded"],
+        default="effective",
+        help="which history (default: effective, what the model trained on)",
+    )
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=_cmd_files)
 
     p = command("export", "Export a run as Arrow IPC files or a HuggingFace dataset.")
     p.add_argument("--to", required=True, choices=["ipc", "hf"], help="target format")

@@ -127,7 +127,7 @@ def _drop_superseded(
     the history in one ``drop`` entry (then ``retired/``, like a compaction's inputs); a
     segment superseded in part is rewritten with its effective units only. Returns the new
     step files."""
-    state = catalog.log.state()
+    state = catalog.log.state().copy()  # the log's own state object moves on at each commit
     doomed, partial = [], []
     for rel, entry in sorted(state.units.items()):
         rows = entry.record.get("rows") or {}

@@ -305,7 +305,8 @@ class LogState:
                         "kind": f"records:{name}",
                         "path": f["path"],
                         "effective": True,
-                        "cutoff": None,
+                        # Rows of steps at or after it are superseded (records with a step).
+                        "cutoff": self.cutoff(f["attempt"]),
                         "attempt": f["attempt"],
                         "version": f["version"],
                         "item": json.dumps(f),

@@ -275,6 +275,34 @@ class ReadOnlyStore:
         with self.sql_views(on_error=on_error, timeout=timeout) as views:
             return views.query(query)
 
+    def live_files(
+        self, table: str = "groups", *, attempts: History | None = None
+    ) -> list[tuple[Any, str | None]]:
+        """What a plain reader reads for ``table`` (``"groups"``, ``"steps"`` or
+        ``"records:<name>"``) in the history this store reads (``attempts`` overrides it):
+        each live file's path and the row filter it needs (``"step < 7"``: a segment a
+        resumed run superseded in part), or ``None``. The same list as the log checkpoint's
+        (``docs/commit-protocol.md``, "Plain readers")."""
+        if not isinstance(self.catalog, LogCatalog):
+            return [(p, None) for p in self.committed_files("steps" if table == STEPS else GROUPS)]
+        history = self.catalog.history if attempts is None else check_history(attempts)
+        catalog = self.catalog.with_history(history)
+        with catalog.snapshot():
+            state = catalog.state()
+            if table.startswith("records:"):
+                name = check_record_name(table.partition(":")[2])
+                return [(self.backend.path(i["path"]), None) for i in state.records.get(name, [])]
+            if table not in (GROUPS, STEPS):
+                raise StoreError(
+                    f"live_files: table must be 'groups', 'steps' or 'records:<name>', got {table!r}"
+                )
+            out = []
+            for name in catalog.committed(self.on_error):
+                step = catalog.step_file(name)
+                rel = f"{GROUPS}/{step.group_file}" if table == GROUPS else f"{STEPS}/{name}"
+                out.append((self.backend.path(rel), catalog.row_filter(name)))
+            return out
+
     # ------------------------------------------------------------------ records
     def record_names(self) -> list[str]:
         """The store's record tables (``trainer_metrics``, ``lifecycle``, a user's own), by

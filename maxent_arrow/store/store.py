@@ -218,6 +218,28 @@ class RolloutStore(ReadOnlyStore):
         is written."""
         return self.writer.append_records(name, rows)
 
+    def checkpoint(self) -> int:
+        """Write a checkpoint of the commit log now (also ``log/_checkpoint.parquet``: what
+        plain readers read, ``docs/commit-protocol.md``) and return its version. Writers
+        write one every 100 commits; call it (or ``maxent-arrow checkpoint``) when a run
+        ends, or use the store as a context manager, which does on exit."""
+        log = self.writer.log
+        if log is None:
+            raise StoreError(f"{self.uri}: a store without a commit log has no checkpoints")
+        return log.write_checkpoint()
+
+    def __enter__(self) -> RolloutStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """A checkpoint of the log when this object committed anything (a failure to write
+        it is a warning: nothing committed depends on it)."""
+        if "writer" in self.__dict__ and self.writer.committed:
+            try:
+                self.checkpoint()
+            except (OSError, StoreError) as error:
+                warnings.warn(f"{self.uri}: no checkpoint written at close ({error})", stacklevel=2)
+
     def record_lifecycle(
         self, groups: pa.Table, *, step: int, event: str, reason: str | None = None
     ) -> int:

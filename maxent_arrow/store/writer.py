@@ -57,6 +57,7 @@ class Writer:
         self.log = catalog.log if isinstance(catalog, LogCatalog) else None
         self.attempt = attempt or AttemptSpec()
         self._begun: str | None = None
+        self.committed = 0  # commits made through this writer (appends and records)
         self.lock_timeout = lock_timeout
         self.backend = catalog.backend
         self.schemas = schemas
@@ -97,6 +98,7 @@ class Writer:
             log=self.log,
             attempt=attempt or "",
         )
+        self.committed += 1
         if self.cache and self.backend.can_mmap:
             try:
                 write_cache(self.backend, batch, name, committed.group.crc)
@@ -116,7 +118,7 @@ class Writer:
                 f"no record tables; records of {name!r} need a store of this version"
             )
         attempt = self.begin_attempt()
-        return commit_records(
+        version = commit_records(
             self.backend,
             self.log,
             name,
@@ -125,6 +127,8 @@ class Writer:
             lock_timeout=self.lock_timeout,
             compression=self.compression,
         )
+        self.committed += 1
+        return version
 
     def begin_attempt(self, *, config: Mapping[str, Any] | None = None) -> str | None:
         """Record this writer's attempt in the commit log, once (a store without a log has no
