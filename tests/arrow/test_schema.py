@@ -70,6 +70,7 @@ GROUP_COLUMNS = [
     "sample_prompt_ids",
     # The context of a rollout (issue 22): the dataset example it came from.
     "example_id",
+    "stream_index",
 ]
 # The layouts of runs by family: a TRL run carries no MaxEnt column, a MaxEnt run no TRL one.
 MAXENT_ONLY = {
