@@ -290,6 +290,7 @@ def run(bench: harness.Bench, args, work: Path) -> None:
         baseline=Figure(jsonl["jsonl"], "JSONL of the token lists + fsync (TRL/verl logs)"),
         targets=[harness.faster_than("baseline", 10)],
     )
+    history_costs(bench, batch, work, numbers, repeats)
     for name, label in (("lz4", "compression='lz4'"), ("none", "compression='none'")):
         bench.row(
             f"append one step, {label}",
@@ -420,6 +421,42 @@ def run(bench: harness.Bench, args, work: Path) -> None:
         ours=Figure(a["policy"].scaled(0.25), "append + a quarter of the merge"),
         floor=Figure(a["plain"].scaled(0.25), "append alone (compact_every=None)"),
         note="context: each row is written twice in all; the default merges every 100 steps",
+    )
+
+
+def history_costs(bench: harness.Bench, batch: RolloutBatch, work: Path, numbers, repeats) -> None:
+    """What the run's history costs an append: a store with the commit log, its attempt and a
+    lifecycle record per step (the trainer's decision on the step's groups) against the same
+    appends to a store without a log (format 2: the step file's appearance is the commit)."""
+    logged = RolloutStore.create(work / "history-log", compact_every=None)
+    plain_root = work / "history-plain"
+    RolloutStore.create(plain_root, compact_every=None)
+    manifest_path = plain_root / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["schema_version"] = "2.1"  # the store format before the log
+    manifest_path.write_text(json.dumps(manifest))
+    plain = RolloutStore(plain_root, compact_every=None)
+    keys = ["step", "rank", "kind", "group_index"]
+
+    def with_history() -> None:
+        step = make_step_like(batch, next(numbers))
+        logged.append(step)
+        groups = pa.Table.from_batches([step.groups]).select(keys)
+        logged.record_lifecycle(groups, step=step.step, event="trained")
+
+    t = harness.measure(
+        {
+            "ours": with_history,
+            "plain": lambda: plain.append(make_step_like(batch, next(numbers))),
+        },
+        repeats=max(repeats, 5),
+    )
+    bench.row(
+        "append one step with its history (log, attempt, lifecycle record)",
+        ours=Figure(t["ours"], "append + record_lifecycle, through the commit log"),
+        baseline=Figure(t["plain"], "append to a store without a log (format 2)"),
+        targets=[within("baseline", 1.05)],
+        note="issue 21: recording attempts, lifecycle and the log costs at most 5% of append",
     )
 
 
