@@ -137,6 +137,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         f"format:          {info['format'] or '-'} (schema {info['schema_version'] or '-'}; "
         f"files: {', '.join(info['file_schema_versions']) or '-'})",
         f"created:         {info['created_at'] or '-'}",
+        *_history_lines(info.get("history")),
         f"ranks:           {', '.join(map(str, info['ranks'])) or '-'}",
         f"reward funcs:    {', '.join(info['reward_functions']) or '-'}",
         f"group rows:      {info['group_rows']:,}",
@@ -151,6 +152,32 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     out.append("config:          " + json.dumps(info["config"], sort_keys=True, default=str))
     sys.stdout.write("\n".join(out) + "\n")
     return EXIT_OK
+
+
+def _history_lines(history: dict[str, Any] | None) -> list[str]:
+    """``inspect``'s account of the commit log: store version, attempts, superseded steps and
+    record tables."""
+    if history is None:
+        return ["history:         - (a store without a commit log)"]
+    attempts = history["attempts"]
+    shown = "; ".join(
+        f"{a['id']} ({a['role']}, {a['mode']}"
+        + (f" from step {a['resume_from']}" if a["resume_from"] else "")
+        + ")"
+        for a in attempts[-3:]
+    )
+    more = f"{len(attempts) - 3} more; " if len(attempts) > 3 else ""
+    gone = history["superseded_steps"]
+    out = [
+        f"commit log:      version {history['log_version']}",
+        f"attempts:        {len(attempts)}: {more}{shown or '-'}",
+        f"superseded:      {len(gone)} steps"
+        + (f" ({gone[0]}..{gone[-1]}; the superseded view)" if gone else ""),
+    ]
+    if history["records"]:
+        tables = ", ".join(f"{n} ({rows:,} rows)" for n, rows in sorted(history["records"].items()))
+        out.append(f"record tables:   {tables}")
+    return out
 
 
 def _jsonable_rows(table: Any) -> list[dict[str, Any]]:

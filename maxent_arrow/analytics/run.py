@@ -32,7 +32,7 @@ import pyarrow as pa
 from maxent_arrow.analytics.queries import DEFAULT_QUANTILES, ReadyMadeQueries
 from maxent_arrow.analytics.relations import RunRelations
 from maxent_arrow.store import ReadOnlyStore
-from maxent_arrow.store.catalog import OnError
+from maxent_arrow.store.catalog import LogCatalog, OnError
 from maxent_arrow.store.names import GROUPS, STEPS
 
 __all__ = ["DEFAULT_QUANTILES", "RunAnalytics", "open_run"]
@@ -164,6 +164,39 @@ class RunAnalytics(ReadyMadeQueries):
             "bytes": {"groups": size(GROUPS), "steps": size(STEPS)},
             "config": manifest.get("config"),
             "uri": backend.uri,
+            "history": self._history(),
+        }
+
+    def _history(self) -> dict[str, Any] | None:
+        """The commit log's account of the run: its version, the attempts (resumes,
+        re-runs), the steps later attempts superseded and the record tables (``None``: a
+        store without a log)."""
+        catalog = self.store.catalog
+        if not isinstance(catalog, LogCatalog):
+            return None
+        state = catalog.state()
+        superseded = sorted(
+            {
+                s
+                for e in state.units.values()
+                for s in e.record["rows"]["step"]
+                if not state.is_effective(s, e.attempt)
+            }
+        )
+        return {
+            "log_version": state.version,
+            "attempts": [
+                {
+                    "id": a.id,
+                    "role": a.role,
+                    "mode": a.mode,
+                    "resume_from": a.resume_from,
+                    "started_at": a.started_at,
+                }
+                for a in state.attempts
+            ],
+            "superseded_steps": superseded,
+            "records": {n: sum(int(i["rows"]) for i in items) for n, items in state.records.items()},
         }
 
 

@@ -4,21 +4,25 @@
 
     root/manifest.json                 format, schema version, creation time, run config
     root/groups/{unit}.parquet         group rows of one append (or a compacted segment)
-    root/steps/{unit}.parquet          its step rows: the commit record (written last)
+    root/steps/{unit}.parquet          its step rows: the commit record
+    root/log/{version:020d}.json       the commit log (format 3), checkpoints beside it
+    root/records/{name}/*.parquet      rows of a record table (trainer_metrics, lifecycle)
     root/cache/{unit}.arrow            optional IPC copy of a unit for memory-mapped replay
     root/retired/{groups,steps}/...    inputs of a compaction, kept for readers that listed
                                        the store before it (removed after a grace period)
     root/quarantine/...                what ``repair`` moved aside (never read)
 
-    unit of an append:     step-{step:010d}.rank-{rank:05d}.{kind}.parquet
+    unit of an append:     step-{step:010d}.rank-{rank:05d}.{kind}[.t{token}].parquet
     unit of a compaction:  compact-{first:010d}-{last:010d}.{kind}.r{lo:05d}-{hi:05d}.{digest}
                            .parquet (one name, wrapped here)
 
-**The commit rule** (the one definition, used by every reader): a group file is committed when
-a step file of the same name exists and no committed step file lists it in ``replaces``
-(a compaction's record of the files it merged, transitively). Everything else in ``groups/``
-— leftovers of crashed writes, files a compaction replaced, a user's own files — is invisible
-to this library's readers (``docs/commit-protocol.md``).
+**The commit rule** (the one definition, used by every reader through the catalog). In a
+store with a commit log (format 3), a file is committed when a log entry names it
+(``store/log.py``); nothing else in ``groups/`` or ``steps/`` is read. In an older store, a
+group file is committed when a step file of the same name exists and no committed step file
+lists it in ``replaces`` (a compaction's record of the files it merged, transitively).
+Everything else — leftovers of crashed writes, files a compaction replaced, a user's own files
+— is invisible to this library's readers (``docs/commit-protocol.md``).
 """
 
 from __future__ import annotations
