@@ -44,8 +44,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
 from harness import Figure, faster_than  # noqa: E402
 
-from maxent_arrow.arrow import schema as S  # noqa: E402
 from maxent_arrow.arrow import GroupIdentity  # noqa: E402
+from maxent_arrow.arrow import schema as S  # noqa: E402
 from maxent_arrow.rollout.batch import RolloutBatch  # noqa: E402
 from maxent_arrow.store.store import RolloutStore  # noqa: E402
 

@@ -40,7 +40,7 @@ import threading
 import traceback
 import warnings
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal
 
 from maxent_arrow import analytics, demo, store
 from maxent_arrow.errors import ArgumentError, MaxentArrowError, MissingExtraError, QueryError
@@ -110,7 +110,9 @@ def _print_json(value: Any) -> None:
     sys.stdout.write(text + "\n")
 
 
-def _store(args: argparse.Namespace, *, attempts: str = "effective") -> Any:
+def _store(
+    args: argparse.Namespace, *, attempts: Literal["effective", "all", "superseded"] = "effective"
+) -> Any:
     """An existing rollout store, opened for reading (nothing of the write side loads)."""
     timeout = getattr(args, "timeout", None)
     return store.ReadOnlyStore(
@@ -462,9 +464,7 @@ def _parser() -> argparse.ArgumentParser:
         "List the live files of a table for a plain reader, one per line (a tab and a row "
         "filter where a file is read in part).",
     )
-    p.add_argument(
-        "--table", default="groups", help="groups (default), steps or records:NAME"
-    )
+    p.add_argument("--table", default="groups", help="groups (default), steps or records:NAME")
     p.add_argument(
         "--attempts",
         choices=["effective", "all", "superseded"],

@@ -196,7 +196,9 @@ class RunAnalytics(ReadyMadeQueries):
                 for a in state.attempts
             ],
             "superseded_steps": superseded,
-            "records": {n: sum(int(i["rows"]) for i in items) for n, items in state.records.items()},
+            "records": {
+                n: sum(int(i["rows"]) for i in items) for n, items in state.records.items()
+            },
         }
 
 

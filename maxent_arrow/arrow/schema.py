@@ -123,9 +123,7 @@ def visible(schema: pa.Schema, families: Iterable[str], table: str) -> pa.Schema
     return pa.schema(fields, metadata=schema.metadata)
 
 
-def check_version(
-    version: str | bytes | None, *, where: str, newest: str = SCHEMA_VERSION
-) -> str:
+def check_version(version: str | bytes | None, *, where: str, newest: str = SCHEMA_VERSION) -> str:
     """Accept any minor version of our major; refuse a newer major (and a malformed one).
     ``newest``: the newest version this library reads (files: :data:`SCHEMA_VERSION`; a
     store's manifest has a version of its own, ``store/manifest.py``)."""

@@ -119,10 +119,7 @@ def rows_table(rows: dict[str, list], layout: pa.Schema) -> pa.Table | None:
     # pandas (0.4 s) on its first call, which the command line never pays. Timestamps are
     # read as their integers.
     parsed = pa.schema(
-        [
-            pa.field(f.name, pa.int64() if pa.types.is_timestamp(f.type) else f.type)
-            for f in fields
-        ]
+        [pa.field(f.name, pa.int64() if pa.types.is_timestamp(f.type) else f.type) for f in fields]
     )
     names = list(rows)
     lines = b"".join(

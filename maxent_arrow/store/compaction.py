@@ -162,7 +162,12 @@ def _drop_superseded(
         units = [u for u in effective.units() if u.step_file == name]
         made.append(
             _compact_files(
-                effective, schemas, units[0].kind, units, compression, compression_level,
+                effective,
+                schemas,
+                units[0].kind,
+                units,
+                compression,
+                compression_level,
                 lock_timeout,
             )  # fmt: skip
         )

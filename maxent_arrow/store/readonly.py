@@ -294,7 +294,8 @@ class ReadOnlyStore:
                 return [(self.backend.path(i["path"]), None) for i in state.records.get(name, [])]
             if table not in (GROUPS, STEPS):
                 raise StoreError(
-                    f"live_files: table must be 'groups', 'steps' or 'records:<name>', got {table!r}"
+                    "live_files: table must be 'groups', 'steps' or 'records:<name>', got "
+                    f"{table!r}"
                 )
             out = []
             for name in catalog.committed(self.on_error):

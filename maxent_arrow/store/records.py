@@ -23,7 +23,6 @@ import dataclasses
 import datetime as dt
 import re
 import secrets
-from collections.abc import Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -144,7 +143,9 @@ def _check_rows(name: str, table: pa.Table) -> None:
             raise SchemaError(f"records of {name!r}, column 'step': expected integers, got {kind}")
         nulls = table.column("step").is_null()
         if pc.any(nulls).as_py():
-            raise SchemaError(f"records of {name!r}, row {pc.index(nulls, True).as_py()}: step is null")
+            raise SchemaError(
+                f"records of {name!r}, row {pc.index(nulls, True).as_py()}: step is null"
+            )
         if pc.any(pc.less(table.column("step"), 0)).as_py():
             row = pc.index(pc.less(table.column("step"), 0), True).as_py()
             raise SchemaError(f"records of {name!r}, row {row}: step is negative")
@@ -159,7 +160,9 @@ def _check_rows(name: str, table: pa.Table) -> None:
             )
         reasons = table.column("reason")
         dropped = pc.equal(events, "dropped")
-        bad = pc.and_(dropped, pc.invert(pc.fill_null(pc.is_in(reasons, pa.array(R.DROP_REASONS)), False)))
+        bad = pc.and_(
+            dropped, pc.invert(pc.fill_null(pc.is_in(reasons, pa.array(R.DROP_REASONS)), False))
+        )
         bad = pc.or_(bad, pc.and_(pc.invert(dropped), reasons.is_valid()))
         if pc.any(bad).as_py():
             row = pc.index(bad, True).as_py()
@@ -250,14 +253,18 @@ def read_records(
         try:
             data = backend.read(rel)
         except StoreError as exc:
-            raise StoreError(f"{where}: a committed records file of {name!r} is lost ({exc})") from None
+            raise StoreError(
+                f"{where}: a committed records file of {name!r} is lost ({exc})"
+            ) from None
         if data.size != item["size"] or crc32(data.to_pybytes()) != item["crc32"]:
             raise StoreError(
                 f"{where}: damaged (size {data.size}, recorded {item['size']}; CRC-32 differs "
                 "from the log's)"
             )
         table = pq.read_table(pa.BufferReader(data))
-        table = table.append_column("attempt", pa.array([item["attempt"]] * table.num_rows, pa.string()))
+        table = table.append_column(
+            "attempt", pa.array([item["attempt"]] * table.num_rows, pa.string())
+        )
         if history != "all" and "step" in table.column_names:
             cut = state.cutoff(str(item["attempt"]))
             if cut is not None:
@@ -269,7 +276,11 @@ def read_records(
     layout = record_schema(name)
     if layout is not None:
         layout = layout.append(pa.field("attempt", pa.string()))
-        return pa.concat_tables([S.conform(p, layout) for p in parts]) if parts else layout.empty_table()
+        return (
+            pa.concat_tables([S.conform(p, layout) for p in parts])
+            if parts
+            else layout.empty_table()
+        )
     if not parts:
         return pa.table({})
     return pa.concat_tables(parts, promote_options="permissive")

@@ -228,8 +228,9 @@ def restore_from_cache(
         parts.append(pa.Table.from_batches([batch]))
     meta = _stored_meta(step.meta)
     families = tuple(meta.get("families") or ())
-    groups = pad_to_layout(pa.concat_tables(parts, promote_options="default"),
-                           S.group_schema(families=families))
+    groups = pad_to_layout(
+        pa.concat_tables(parts, promote_options="default"), S.group_schema(families=families)
+    )
     parsed = cast(UnitName, parse_name(step.name))
     keys = list(zip(*(step.column(c) for c in UNIT_KEY)))
     name = (
@@ -245,11 +246,14 @@ def restore_from_cache(
     record = {
         k: v
         for k, v in meta.items()
-        if k not in ("group_file", "group_size", "group_crc32", "schema_key", "chunks", "unit", "run")
+        if k
+        not in ("group_file", "group_size", "group_crc32", "schema_key", "chunks", "unit", "run")
     }
     # Cache copies (and readers' checks of them) stay tied to the CRC-32 of the file each
     # unit was appended in.
-    record["unit_crc32"] = {unit_name(*key): unit_group_crc32(step, unit_name(*key)) for key in keys}
+    record["unit_crc32"] = {
+        unit_name(*key): unit_group_crc32(step, unit_name(*key)) for key in keys
+    }
 
     def still_lost(state: LogState | None) -> None:
         if state is not None and entry.step_file not in state.units:

@@ -41,14 +41,15 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from maxent_arrow.arrow import registry as R
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.arrow.upgrade import needs_upgrade
 from maxent_arrow.errors import StoreError
-from maxent_arrow.arrow import registry as R
 from maxent_arrow.store.catalog import Catalog, LogCatalog, OnError, StepFile, fail
 from maxent_arrow.store.ledger import ChecksumLedger
 from maxent_arrow.store.names import GROUPS, STEPS
 from maxent_arrow.store.reader import read_group_file
+from maxent_arrow.store.records import lifecycle_keys, read_records
 from maxent_arrow.store.schemas import UnifiedSchemas
 from maxent_arrow.store.session import (
     QueryLimits,
@@ -57,7 +58,6 @@ from maxent_arrow.store.session import (
     check_timeout,
     duckdb_module,
 )
-from maxent_arrow.store.records import lifecycle_keys, read_records
 from maxent_arrow.store.sqlplan import FileSet, History, ViewPlan, plan_views
 
 __all__ = ["SqlViews", "plan_scans", "scanned_columns"]
@@ -183,6 +183,7 @@ class SqlViews:
         # ``superseded`` view), its catalog, and its record tables.
         self.other: list[tuple[str, StepFile]] = []
         self.other_catalog: LogCatalog | None = None
+        self.reads = "effective"  # the history the views' groups read
         self.records: dict[str, pa.Table] = {}
         self.group_schema: pa.Schema = S.group_schema()
         self.step_schema: pa.Schema = S.step_schema()
@@ -246,8 +247,11 @@ class SqlViews:
         catalog = self.catalog
         if not isinstance(catalog, LogCatalog):
             return
-        other = catalog.with_history("effective" if catalog.history == "superseded" else "superseded")
+        other = catalog.with_history(
+            "effective" if catalog.history == "superseded" else "superseded"
+        )
         self.other_catalog = other
+        self.reads = catalog.history
         for step in other.committed_steps(self.on_error):
             rel = f"{GROUPS}/{step.group_file}"
             if needs_upgrade(step.version):
@@ -309,7 +313,9 @@ class SqlViews:
         """The step rows of ``step`` in the history the catalog reads."""
         steps = step.column("step")
         keep = [i for i, s in enumerate(steps) if self.catalog.keeps(step.name, s)]
-        return step.table if len(keep) == len(steps) else step.table.take(pa.array(keep, pa.int64()))
+        return (
+            step.table if len(keep) == len(steps) else step.table.take(pa.array(keep, pa.int64()))
+        )
 
     def _install_once(self) -> None:
         if self.session is not None:
@@ -323,7 +329,7 @@ class SqlViews:
             other_sets, self.other = self._group_sets(self.other, self.other_catalog)
             records = self.records.get(R.LIFECYCLE)
             history = History(
-                reads=self.catalog.history,
+                reads=self.reads,
                 other_sets=other_sets,
                 dropped=None if records is None else lifecycle_keys(records, "dropped"),
                 records=self.records,

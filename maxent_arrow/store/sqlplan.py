@@ -294,7 +294,9 @@ def _history_views(
     if history.reads == "superseded":
         plan.views["superseded"] = "SELECT * FROM groups"
         _union("_maxent_groups_effective", group_schema, history.other_sets, None, plan, spell)
-        plan.views["groups_all"] = "SELECT * FROM groups UNION ALL SELECT * FROM _maxent_groups_effective"
+        plan.views["groups_all"] = (
+            "SELECT * FROM groups UNION ALL SELECT * FROM _maxent_groups_effective"
+        )
         return
     _union("superseded", group_schema, history.other_sets, None, plan, spell)
     if history.reads == "all":

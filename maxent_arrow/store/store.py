@@ -36,8 +36,8 @@ from maxent_arrow.store.names import MANIFEST, cache_name, parse_name
 from maxent_arrow.store.padding import strip_padding
 from maxent_arrow.store.parquet import check_compression
 from maxent_arrow.store.reader import check_known_columns, read_group_file
-from maxent_arrow.store.records import lifecycle_rows
 from maxent_arrow.store.readonly import ReadOnlyStore
+from maxent_arrow.store.records import lifecycle_rows
 from maxent_arrow.store.repair import RepairReport, repair
 from maxent_arrow.store.replay import ReplayOptions, replay
 from maxent_arrow.store.session import check_timeout

@@ -413,9 +413,9 @@ def test_a_lost_step_file_is_reported_and_repair_writes_it_again(store, capsys):
     path = _unit(store, "steps", VICTIM)
     path.unlink()
     report = store.verify()
-    assert [(p.path, "lost" in p.problem, f"step {VICTIM}" in p.problem) for p in report.problems] == [
-        (path, True, True)
-    ]
+    assert [
+        (p.path, "lost" in p.problem, f"step {VICTIM}" in p.problem) for p in report.problems
+    ] == [(path, True, True)]
     code = main(["verify", str(store.root)])
     out, _ = capsys.readouterr()
     assert code == EXIT_DATA and f"PROBLEM {path}" in out

@@ -90,7 +90,9 @@ def test_a_damaged_records_file_is_named(tmp_path):
     with pytest.raises(StoreError, match=rf"{path.name}: damaged"):
         RolloutStore(tmp_path / "s").read_records("judge")
     path.unlink()
-    with pytest.raises(StoreError, match=rf"{path.name}: a committed records file of 'judge' is lost"):
+    with pytest.raises(
+        StoreError, match=rf"{path.name}: a committed records file of 'judge' is lost"
+    ):
         RolloutStore(tmp_path / "s").read_records("judge")
 
 
@@ -120,9 +122,12 @@ def test_lifecycle_views_and_frontier(tmp_path):
         "SELECT step, group_index FROM groups_all EXCEPT SELECT step, group_index FROM groups"
     ).to_pylist()
     assert gone == [{"step": 1, "group_index": s1.column("group_index")[0].as_py()}]
-    assert reader.sql(
-        "SELECT count(*) AS n FROM lifecycle WHERE event = 'trained'"
-    ).column("n")[0].as_py() == s0.num_rows + s1.num_rows - 1
+    assert (
+        reader.sql("SELECT count(*) AS n FROM lifecycle WHERE event = 'trained'")
+        .column("n")[0]
+        .as_py()
+        == s0.num_rows + s1.num_rows - 1
+    )
     frontier = reader.frontier()
     consumed = s0.num_rows + s1.num_rows
     assert (frontier.position, frontier.consumed) == (consumed, consumed)
@@ -219,7 +224,8 @@ def union(kind):
         f"SELECT * FROM read_parquet('{root}/{p}')" + ("" if c is None else f" WHERE step < {c}")
         for p, c in rows)
 con.sql("CREATE VIEW g AS " + union("group_file"))
-con.sql("CREATE VIEW d AS SELECT * FROM (" + union("records:lifecycle") + ") WHERE event = 'dropped'")
+con.sql("CREATE VIEW d AS SELECT * FROM (" + union("records:lifecycle")
+        + ") WHERE event = 'dropped'")
 out["duckdb"] = con.sql(
     "SELECT step, group_index FROM g WHERE NOT EXISTS (SELECT 1 FROM d WHERE "
     "d.rollout_step = g.step AND d.rollout_rank = g.rank AND d.rollout_kind = g.kind AND "
@@ -276,7 +282,8 @@ def load(kind):
     return datasets.concatenate_datasets(parts)
 d = load("records:lifecycle").filter(lambda r: r["event"] == "dropped")
 gone = {(r["rollout_step"], r["rollout_rank"], r["rollout_kind"], r["group_index"]) for r in d}
-g = load("group_file").filter(lambda r: (r["step"], r["rank"], r["kind"], r["group_index"]) not in gone)
+g = load("group_file").filter(
+    lambda r: (r["step"], r["rank"], r["kind"], r["group_index"]) not in gone)
 out["hf"] = sorted(zip(g["step"], g["group_index"]))
 
 out = {k: [list(r) for r in v] for k, v in out.items()}

@@ -250,7 +250,9 @@ def test_a_lost_step_object_is_reported_by_verify(s3) -> None:
         store.append(make_batch(step))
     name = unit_path(store, "steps", 1).name
     fs.delete_file(f"runs/lost-step/steps/{name}")
-    with fs.open_output_stream("runs/lost-step/groups/step-0000000007.rank-00000.train.parquet") as f:
+    with fs.open_output_stream(
+        "runs/lost-step/groups/step-0000000007.rank-00000.train.parquet"
+    ) as f:
         f.write(b"PAR1 partial")
     report = RolloutStore(_uri(endpoint, "lost-step")).verify()
     (problem,) = report.problems

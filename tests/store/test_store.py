@@ -55,7 +55,9 @@ def test_layout_on_disk(store):
         "step-0000000001.rank-00001.train.parquet",
         "step-0000000002.rank-00000.train.parquet",
     ]
-    assert all(re.fullmatch(r"step-\d{10}\.rank-\d{5}\.train\.t[0-9a-f]{12}\.parquet", n) for n in names)
+    assert all(
+        re.fullmatch(r"step-\d{10}\.rank-\d{5}\.train\.t[0-9a-f]{12}\.parquet", n) for n in names
+    )
     assert sorted(p.name for p in (root / "steps").iterdir()) == names
     assert store.committed_files("groups") == [root / "groups" / n for n in names]
     assert store.committed_files("steps") == [root / "steps" / n for n in names]
