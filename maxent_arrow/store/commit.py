@@ -252,6 +252,7 @@ def _commit_to_log(
         nonlocal published
         check(state)
         if not published:
+            crash_point(f"{operation}:locked")  # checked at the commit, nothing published
             backend.publish(group, exclusive=True)
             crash_point(f"{operation}:group-published")
             backend.publish(step, exclusive=True)

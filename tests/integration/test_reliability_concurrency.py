@@ -355,12 +355,10 @@ def test_a_refused_writer_on_s3_leaves_the_other_writers_group_object(s3):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs the commit log of the run-history issue (or a conditional PUT): without a "
-    "lock, a writer that passed its check overwrites the group object another just committed",
-)
 def test_two_writers_of_one_rank_on_s3_never_damage_an_acknowledged_step(s3):
+    """Two writers of one rank on S3, no lock: each writes objects of a name of its own and
+    commits by a conditional PUT of the next log entry, so the one that passed its check
+    first and committed second finds the step taken and leaves the other's objects alone."""
     endpoint, _ = s3
     root = _s3_root(endpoint, "two-writers-overwrite")
     RolloutStore.create(root)
