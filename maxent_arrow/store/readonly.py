@@ -304,6 +304,14 @@ class ReadOnlyStore:
                 out.append((self.backend.path(rel), catalog.row_filter(name)))
             return out
 
+    def attempts(self) -> list[dict[str, Any]]:
+        """The run's attempts (writer sessions: launches, resumes, re-runs), in the order they
+        began: id, role, mode, the step it resumed from, start time, host, pid, config and
+        the log version that began it (``[]``: a store without a commit log)."""
+        if not isinstance(self.catalog, LogCatalog):
+            return []
+        return [{**a.to_json(), "version": a.version} for a in self.catalog.state().attempts]
+
     # ------------------------------------------------------------------ records
     def record_names(self) -> list[str]:
         """The store's record tables (``trainer_metrics``, ``lifecycle``, a user's own), by

@@ -23,7 +23,7 @@ from accelerate_worker import group_counts  # noqa: E402
 from store_fixtures import make_batch  # noqa: E402
 
 from maxent_arrow.store import RolloutStore  # noqa: E402
-from maxent_arrow.store.names import unit_name  # noqa: E402
+from maxent_arrow.store.names import unit_name, unit_of  # noqa: E402
 
 STEPS = 4
 WORKER = Path(__file__).parent / "accelerate_worker.py"
@@ -37,8 +37,10 @@ def _free_port() -> int:
 
 def _check_run(store, results: list[dict], key: str) -> None:
     expected_names = sorted(unit_name(s, r, "train") for s in range(STEPS) for r in range(2))
-    names = lambda paths: sorted(str(p).rsplit("/", 1)[1] for p in paths)  # noqa: E731
+    names = lambda paths: sorted(unit_of(str(p).rsplit("/", 1)[1]) for p in paths)  # noqa: E731
     assert names(store.committed_files("groups")) == expected_names
+    # Both ranks of the launch are one attempt (torchrun's run id, or its launcher process).
+    assert len(store.attempts()) == 1, store.attempts()
     assert names(store.committed_files("steps")) == expected_names
     # Every unit holds exactly what its rank appended.
     for step in range(STEPS):
