@@ -6,7 +6,11 @@ from .evaluation import (
     greedy_generator as greedy_generator,
     should_evaluate as should_evaluate,
 )
-from .generation import Rollouts as Rollouts, sample_groups as sample_groups
+from .generation import (
+    Rollouts as Rollouts,
+    decode_completions as decode_completions,
+    sample_groups as sample_groups,
+)
 from .offline import (
     ReplayedStep as ReplayedStep,
     recompute_errors as recompute_errors,
