@@ -24,4 +24,5 @@ from .scoring import (
     supports_packing as supports_packing,
 )
 from .snapshots import snapshot_loader as snapshot_loader, snapshot_path as snapshot_path
+from .supervised import supervised_warm_start as supervised_warm_start
 from .trainer import MaxEntTrainer as MaxEntTrainer
