@@ -463,6 +463,11 @@ def _run(argv: list[str]) -> int:
             return int(main_(argv[1:], commands=_parser().get_default("subcommands")) or 0)
         except SystemExit as exc:  # the demo's own argparse (--help, a usage error)
             return int(exc.code or 0) if isinstance(exc.code, int | None) else EXIT_USAGE
+        except KeyboardInterrupt:
+            _error("demo", "interrupted")
+            return EXIT_INTERRUPTED
+        except Exception as exc:  # one line with its message, as every other command
+            return _exit_code("demo", exc)
     parser = _parser()
     try:
         args = parser.parse_args(argv)

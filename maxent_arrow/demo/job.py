@@ -64,9 +64,10 @@ def _parser() -> argparse.ArgumentParser:
         prog="maxent-arrow demo",
         description="Warm-start a tiny model on demonstrations, train it with MaxEnt-GRPO "
         "through the store, evaluate on held-out prompts, replay offline and report.",
-        epilog="Exit codes: 0 ok; 1 the offline replay differs from the logged run; 2 usage "
-        "error, including an --out that is not empty or is a store (nothing is written). "
-        "The demo never deletes or overwrites files.",
+        epilog="Exit codes: 0 ok; 1 the offline replay differs from the logged run, or a "
+        "data error; 2 usage error, including an --out that is not empty or is a store "
+        "(nothing is written); 3, 4 and 130 as for every maxent-arrow command. The demo "
+        "never deletes or overwrites files.",
     )
     parser.add_argument(
         "--out",
@@ -213,11 +214,14 @@ def closing_lines(
     figures, timings, out = result["figures"], result["timings"], result["out"]
     lines = [""]
     sft, config = result["warm_start"], result["config"]
-    lines.append(
-        f"warm start: {args.sft_steps} supervised steps on {sft['demonstrations']} "
-        f"demonstrations in {timings['warm start']:.1f}s ({sft['wrong']} of them wrong: the "
-        "teacher forgets carries)"
-    )
+    if args.sft_steps:
+        lines.append(
+            f"warm start: {args.sft_steps} supervised steps on {sft['demonstrations']} "
+            f"demonstrations in {timings['warm start']:.1f}s ({sft['wrong']} of them wrong: "
+            "the teacher forgets carries)"
+        )
+    else:
+        lines.append("warm start: none (--sft-steps 0): RL starts from the random model")
     lines.append(
         f"trained {args.steps} steps x {args.prompts} prompts x {args.k} completions in "
         f"{timings['train']:.1f}s (MaxEnt-GRPO, tau {config.tau}, beta {config.beta})"
