@@ -7,6 +7,7 @@ import contextlib
 import importlib
 import io
 import json
+from pathlib import Path
 
 import pytest
 
@@ -166,3 +167,17 @@ def test_a_rerun_with_the_same_seed_gives_the_same_numbers(demo_run, tmp_path):
     assert losses[0] == losses[1]
     # The caller (the CLI) says `view` exists: it is suggested, on the store.
     assert f" view {again / 'store'}" in printed.getvalue()
+
+
+def test_the_suggested_commands_run_as_printed_in_a_fresh_shell(demo_run, fresh_shell):
+    out, _, printed = demo_run
+    done = fresh_shell(printed, Path.cwd())
+    assert [c.args[-1].split()[1] for c in done] == ["inspect", "query", "report"]
+    for command in done:
+        assert command.returncode == 0, (command.args, command.stderr)
+    inspected, queried, _ = (c.stdout for c in done)
+    assert "steps" in inspected
+    # The query answers with the eval steps the run stored (0, 1 and 2), one row each.
+    cells = [[c.strip() for c in line.strip(" │").split("│")] for line in queried.splitlines()]
+    assert [row[0] for row in cells if row[0].isdigit()] == ["0", "1", "2"]
+    assert (out / "report" / "index.html").exists()
