@@ -13,7 +13,7 @@ from maxent_arrow.analytics.run import open_run
 
 run = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tempfile.mkdtemp()) / "run"
 if not (run / "store").exists():
-    demo.main(["--out", str(run), "--steps", "3", "--quiet", "--no-report"])
+    demo.main(["--out", str(run), "--steps", "3", "--sft-steps", "100", "--quiet", "--no-report"])
 
 with open_run(run / "store") as analytics:
     # Views: groups (one row per prompt group), samples (one per completion), steps.

@@ -18,7 +18,7 @@ from maxent_arrow.train import replay_losses, snapshot_loader
 
 run = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tempfile.mkdtemp()) / "run"
 if not (run / "store").exists():
-    demo.main(["--out", str(run), "--steps", "3", "--quiet", "--no-report"])
+    demo.main(["--out", str(run), "--steps", "3", "--sft-steps", "100", "--quiet", "--no-report"])
 store = RolloutStore(run / "store")
 
 # 1. Stream steps back (memory-mapped IPC cache when present, Parquet otherwise).

@@ -479,6 +479,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("dir", metavar="DIR", help="output directory (new or empty)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_cmd_export)
+    # What exists, for the demo's closing lines (they suggest only commands that exist).
+    parser.set_defaults(subcommands=tuple(sub.choices))
     return parser
 
 
@@ -540,9 +542,14 @@ def _run(argv: list[str]) -> int:
             _error("demo", f"the demo cannot be loaded ({exc})")
             return EXIT_MISSING_EXTRA
         try:
-            return int(main_(argv[1:]) or 0)
+            return int(main_(argv[1:], commands=_parser().get_default("subcommands")) or 0)
         except SystemExit as exc:  # the demo's own argparse (--help, a usage error)
             return int(exc.code or 0) if isinstance(exc.code, int | None) else EXIT_USAGE
+        except KeyboardInterrupt:
+            _error("demo", "interrupted")
+            return EXIT_INTERRUPTED
+        except Exception as exc:  # one line with its message, as every other command
+            return _exit_code("demo", exc)
     parser = _parser()
     try:
         args = parser.parse_args(argv)

@@ -1,6 +1,7 @@
-"""The main job of ``make demo``: a seeded tiny GPT-2 trained on the shipped arithmetic
-prompts with two rewards (:mod:`.rewards`), every step stored, then replayed, evaluated and
-reported (:mod:`.job`)."""
+"""The main job of ``make demo``: a seeded tiny GPT-2 warm-started on the shipped
+demonstrations, trained with MaxEnt-GRPO on the shipped arithmetic prompts with two rewards
+(:mod:`.rewards`), every step stored, then evaluated, replayed and reported (:mod:`.stages`),
+behind a command line that loads torch only when a run starts (:mod:`.job`)."""
 
 import lazy_loader
 

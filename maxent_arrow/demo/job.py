@@ -1,65 +1,49 @@
 """The main job end to end: what ``make demo`` (``maxent-arrow demo``) runs.
 
-1. **Train**: a seeded tiny GPT-2 (built from a config, no download) and the file-free
-   ``ByT5Tokenizer`` learn the shipped arithmetic prompts (``data/arithmetic_train.jsonl``) with
-   MaxEnt-GRPO: K sampled completions per prompt, accuracy and format rewards, reference
-   log-probs from a frozen copy of the initial model, one ``accelerate`` update per step, and
-   every step appended to a rollout store with its losses and diagnostics.
-2. **Evaluate** every N steps through ``ValidationContext``: greedy completions of held-out
-   prompts, stored in the run as eval steps.
-3. **Replay** offline: every saved step is read back, re-scored with the policy snapshot of that
-   step, and its recomputed loss is checked against the logged one.
-4. **Report**: plots, an HTML page and a Markdown summary of the run.
+A seeded tiny GPT-2 is warm-started on the shipped demonstrations, trained with MaxEnt-GRPO
+through the rollout store, evaluated on held-out prompts, replayed offline and reported (the
+stages: :mod:`.stages`). This module is the command line around them: the arguments, the run
+directory, and the closing lines. It imports neither torch nor transformers (the stages do,
+when a run starts), so ``maxent-arrow demo --help`` answers at once.
+
+The run directory: without ``--out`` each run gets a fresh ``runs/demo/run-NNN``; an
+explicit ``--out`` must be new or empty. The demo never deletes or overwrites anything: a
+non-empty ``--out`` (or a store) is refused with one line on stderr and exit code 2, before
+anything is written.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import random
-import shutil
+import os
+import shlex
 import sys
-import time
+from collections.abc import Collection
 from pathlib import Path
+from typing import Any
 
-import torch
-from tqdm.auto import tqdm
-from transformers import ByT5Tokenizer
-from transformers.utils import logging as hf_logging
+from maxent_arrow.demo.prompts import load_prompts
+from maxent_arrow.errors import MaxentArrowError
 
-from maxent_arrow.analytics import build_report
-from maxent_arrow.demo.model import tiny_model
-from maxent_arrow.demo.rewards import accuracy_reward, format_reward
-from maxent_arrow.rollout import RunConfig
-from maxent_arrow.store import RolloutStore
-from maxent_arrow.train import (
-    MaxEntTrainer,
-    evaluate,
-    greedy_generator,
-    replay_losses,
-    should_evaluate,
-    snapshot_loader,
-)
-from maxent_arrow.types import (
-    EvaluationSettings,
-    GenerationSettings,
-    LoggingHandles,
-    RewardSpec,
-    ValidationContext,
-)
+__all__ = [
+    "DEFAULT_ROOT",
+    "EXIT_REPLAY",
+    "EXIT_USAGE",
+    "RunDirectoryError",
+    "load_prompts",
+    "main",
+    "prepare_run_dir",
+    "run",
+]
 
-__all__ = ["demo_config", "load_prompts", "main", "run"]
-
-DATA_DIR = Path(__file__).resolve().parents[2] / "data"
+DEFAULT_ROOT = Path("runs") / "demo"
 REPLAY_TOLERANCE = 1e-5
+EXIT_REPLAY = 1  # the offline replay differs from the logged run
+EXIT_USAGE = 2  # a bad argument, an --out that is not empty or is a store
 
 
-def load_prompts(split: str = "train", *, limit: int | None = None) -> list[dict[str, str]]:
-    """Rows ``{"prompt", "answer"}`` of the shipped arithmetic set (``train`` or ``eval``)."""
-    path = DATA_DIR / f"arithmetic_{split}.jsonl"
-    with open(path, encoding="utf-8") as lines:
-        rows = [json.loads(line) for line in lines if line.strip()]
-    return rows[:limit] if limit is not None else rows
+class RunDirectoryError(MaxentArrowError, ValueError):
+    """``--out`` names something the demo must not write into (nothing was written)."""
 
 
 def _count(minimum: int):
@@ -78,197 +62,223 @@ def _count(minimum: int):
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="maxent-arrow demo",
-        description="Train a tiny model with MaxEnt-GRPO through the store, evaluate, replay "
-        "offline and report.",
+        description="Warm-start a tiny model on demonstrations, train it with MaxEnt-GRPO "
+        "through the store, evaluate on held-out prompts, replay offline and report.",
+        epilog="Exit codes: 0 ok; 1 the offline replay differs from the logged run, or a "
+        "data error; 2 usage error, including an --out that is not empty or is a store "
+        "(nothing is written); 3, 4 and 130 as for every maxent-arrow command. The demo "
+        "never deletes or overwrites files.",
     )
-    parser.add_argument("--out", type=Path, default=Path("runs/demo"), help="run directory")
-    parser.add_argument("--steps", type=_count(1), default=48, help="training steps")
-    parser.add_argument("--prompts", type=_count(1), default=8, help="prompt groups per step")
-    parser.add_argument("--k", type=_count(1), default=8, help="completions per prompt")
-    parser.add_argument("--max-new-tokens", type=_count(1), default=8, help="completion token cap")
-    parser.add_argument("--eval-every", type=_count(1), default=12, help="evaluate every N steps")
-    parser.add_argument("--eval-prompts", type=_count(0), default=64, help="held-out prompts")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help=f"run directory, new or empty (default: a fresh {DEFAULT_ROOT}/run-NNN)",
+    )
+    parser.add_argument("--steps", type=_count(1), default=80, help="training steps")
+    parser.add_argument("--prompts", type=_count(1), default=48, help="prompt groups per step")
+    parser.add_argument("--k", type=_count(1), default=4, help="completions per prompt")
+    parser.add_argument("--max-new-tokens", type=_count(1), default=4, help="completion token cap")
+    parser.add_argument(
+        "--sft-steps", type=_count(0), default=1200, help="supervised warm-start steps (0: none)"
+    )
+    parser.add_argument("--eval-every", type=_count(1), default=10, help="evaluate every N steps")
+    parser.add_argument("--eval-prompts", type=_count(0), default=128, help="held-out prompts")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--threads",
+        type=_count(1),
+        default=1,
+        help="torch CPU threads (default 1: a model this small gains little from more, and "
+        "on a busy machine more threads wait on each other)",
+    )
     parser.add_argument("--no-report", action="store_true", help="skip the plotted report")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
     return parser
 
 
-def _prepare_run_dir(out: Path) -> None:
-    """A fresh run directory; an earlier demo run there is replaced, anything else refused."""
-    if out.exists() and any(out.iterdir()):
-        if not (out / "store" / "manifest.json").exists():
-            raise SystemExit(f"error: {out} exists and is not a maxent-arrow demo run; pick --out")
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
-
-
-def demo_config(args: argparse.Namespace) -> RunConfig:
-    """The demo's settings: MaxEnt weights with τ = 0.5 and β = 0.05, q at T_q = 0.5, an
-    accuracy and a format reward weighted 1 and 0.5."""
-    return RunConfig(
-        reward_names=("accuracy", "format"),
-        reward_weights=(1.0, 0.5),
-        tau=0.5,
-        beta=0.05,
-        q_temperature=0.5,
-        num_generations=args.k,
-        prompts_per_step=args.prompts,
-        max_prompt_len=32,
-        max_completion_len=args.max_new_tokens,
-        learning_rate=3e-3,
-        seed=args.seed,
+def _next_numbered(root: Path) -> Path:
+    """Create and return ``root/run-NNN`` with the next number no existing entry has."""
+    taken = (
+        [int(p.name[4:]) for p in root.glob("run-*") if p.name[4:].isdigit()]
+        if root.is_dir()
+        else []
     )
+    number = max(taken, default=0) + 1
+    while True:
+        candidate = root / f"run-{number:03d}"
+        try:
+            candidate.mkdir(parents=True)
+        except FileExistsError:  # another run took it meanwhile
+            number += 1
+            continue
+        return candidate
 
 
-def _validation_context(args, trainer: MaxEntTrainer, store: RolloutStore, eval_log: dict):
-    """The seed's ``ValidationContext`` for greedy evaluation of held-out prompts."""
-    config = trainer.config
-    return ValidationContext(
-        evaluation=EvaluationSettings(
-            enabled=args.eval_prompts > 0,
-            rows=load_prompts("eval", limit=args.eval_prompts),
-            batch_size=32,
-            every_n_steps=args.eval_every,
-        ),
-        accelerator=trainer.accelerator,
-        model=trainer.policy,
-        tokenizer=trainer.tokenizer,
-        reward=RewardSpec(
-            [accuracy_reward, format_reward],
-            list(config.reward_weights),
-            list(config.reward_names),
-        ),
-        generator=greedy_generator(
-            trainer.policy,
-            trainer.tokenizer,
-            max_new_tokens=args.max_new_tokens,
-            max_prompt_len=config.max_prompt_len,
-        ),
-        logging=LoggingHandles(log_metrics=lambda m, s: eval_log.__setitem__(s, m), store=store),
-        generation=GenerationSettings(
-            max_prompt_len=config.max_prompt_len,
-            max_completion_len=args.max_new_tokens,
-            num_generations=args.k,
-        ),
+def prepare_run_dir(out: Path | None, *, root: Path = DEFAULT_ROOT) -> Path:
+    """The directory this run writes into, created now.
+
+    Without ``out``: a fresh numbered directory under ``root`` (``run-001``, ``run-002``,
+    ...). With ``out``: it must not exist yet or be an empty directory; a file, a rollout
+    store or a non-empty directory raises :class:`RunDirectoryError` and nothing is created.
+    """
+    if out is None:
+        try:
+            return _next_numbered(root)
+        except OSError as exc:
+            raise RunDirectoryError(f"cannot create a run directory under {root}: {exc}") from None
+    fresh = (
+        f"give a new or empty directory, or leave out --out (each run then goes to a fresh "
+        f"{root}/run-NNN)"
     )
+    if out.exists() and not out.is_dir():
+        raise RunDirectoryError(f"--out {out} is a file; {fresh}")
+    if (out / "manifest.json").exists():
+        raise RunDirectoryError(
+            f"--out {out} is a rollout store; the demo writes a whole run (store, snapshots, "
+            f"report) and never into an existing one: {fresh}"
+        )
+    if out.is_dir() and any(out.iterdir()):
+        raise RunDirectoryError(
+            f"--out {out} is not empty; the demo never overwrites or deletes files: {fresh}"
+        )
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RunDirectoryError(f"--out {out}: cannot create it ({exc})") from None
+    return out
 
 
-def _train(args, trainer: MaxEntTrainer, ctx: ValidationContext) -> list[float]:
-    """Train ``args.steps`` steps, evaluating every ``args.eval_every``; the train rewards."""
-    train_rows = load_prompts("train")
-    random.Random(args.seed).shuffle(train_rows)
-    bar = tqdm(total=args.steps, desc="train", unit="step", disable=args.quiet, file=sys.stdout)
-    rewards: list[float] = []
-    for step in range(args.steps):
-        if should_evaluate(ctx, step):
-            evaluate(ctx, step=step)
-        first = (step * args.prompts) % len(train_rows)
-        rows = (train_rows * 2)[first : first + args.prompts]
-        batch = trainer.step(step, rows)
-        computation = batch.reward_computation
-        assert computation is not None  # a trained step stores its rewards
-        rewards.append(computation.train_reward_mean)
-        scalars = batch.loss_scalars
-        assert scalars is not None  # and its loss
-        bar.set_postfix(reward=f"{rewards[-1]:.3f}", loss=f"{scalars.total_loss:.3f}")
-        bar.update(1)
-    bar.close()
-    if ctx.evaluation.enabled:
-        evaluate(ctx, step=args.steps)
-    return rewards
+def run(args: argparse.Namespace, *, out: Path | None = None) -> dict[str, Any]:
+    """Run the stages into ``out`` (default: :func:`prepare_run_dir` of ``args.out``);
+    returns what the closing lines print, with ``out``."""
+    if out is None:
+        out = prepare_run_dir(args.out)
+    # torch and transformers load here, not when the arguments are parsed.
+    from maxent_arrow.demo.stages import run_stages
+
+    result = run_stages(args, out)
+    result["out"] = out
+    return result
 
 
-def _replay(args, store: RolloutStore) -> list:
-    """Every saved step re-scored with its snapshot, its loss recomputed."""
-    steps = replay_losses(store, snapshot_loader(args.out, lambda: tiny_model(args.seed)))
-    bar = tqdm(steps, total=args.steps, desc="replay", unit="step", disable=args.quiet)
-    return list(bar)
+def main(argv: list[str] | None = None, *, commands: Collection[str] | None = None) -> int:
+    """``maxent-arrow demo``: parse ``argv``, run, print the closing lines; the exit code.
 
-
-def run(args: argparse.Namespace) -> dict:
-    """Run the four stages; returns the figures the summary prints."""
-    hf_logging.set_verbosity_error()
-    torch.manual_seed(args.seed)
-    _prepare_run_dir(args.out)
-    config = demo_config(args)
-    store = RolloutStore.create(args.out / "store", config=config.to_dict())
-    trainer = MaxEntTrainer(
-        tiny_model(args.seed),
-        ByT5Tokenizer(),
-        store,
-        config=config,
-        reward_funcs=[accuracy_reward, format_reward],
-        run_dir=args.out,
-    )
-    eval_log: dict[int, dict[str, float]] = {}
-    ctx = _validation_context(args, trainer, store, eval_log)
-    timings: dict[str, float] = {}
-    started = time.perf_counter()
-    rewards = _train(args, trainer, ctx)
-    timings["train"] = time.perf_counter() - started
-    started = time.perf_counter()
-    replayed = _replay(args, store)
-    timings["replay"] = time.perf_counter() - started
-    report = None
-    if not args.no_report:
-        started = time.perf_counter()
-        report = build_report(args.out / "store", args.out / "report", progress=not args.quiet)
-        timings["report"] = time.perf_counter() - started
-    return {
-        "rewards": rewards,
-        "eval": eval_log,
-        "replayed": replayed,
-        "report": report,
-        "timings": timings,
-        "store": store,
-    }
-
-
-def main(argv: list[str] | None = None) -> int:
+    ``commands`` are the ``maxent-arrow`` subcommands this installation has (the CLI passes
+    its own): the closing lines suggest ``view`` only when it is one of them.
+    """
     args = _parser().parse_args(argv)
-    result = run(args)
+    try:
+        out = prepare_run_dir(args.out)
+    except RunDirectoryError as exc:
+        sys.stderr.write(f"maxent-arrow demo: error: {exc}\n")
+        return EXIT_USAGE
+    print(f"run directory: {out}", flush=True)
+    result = run(args, out=out)
+    for line in closing_lines(args, result, commands=commands or ()):
+        print(line)
     replayed = result["replayed"]
     worst = max((r.loss_error for r in replayed), default=0.0)
     worst_weight = max((r.max_weight_error for r in replayed), default=0.0)
-    store_dir = args.out / "store"
-    t = result["timings"]
-    rewards = result["rewards"]
-    print()
-    print(
-        f"trained {args.steps} steps x {args.prompts} prompts x {args.k} completions "
-        f"in {t['train']:.1f}s; train reward {rewards[0]:.3f} (step 0) -> {rewards[-1]:.3f}"
-    )
-    for step, metrics in sorted(result["eval"].items()):
-        print(
-            f"  eval at step {step:3d}: reward {metrics['eval/reward_mean']:.3f}  "
-            f"accuracy {metrics.get('eval/accuracy', 0.0):.3f}"
+    if worst > REPLAY_TOLERANCE or worst_weight > REPLAY_TOLERANCE:
+        print(f"error: offline replay differs from the logged run (> {REPLAY_TOLERANCE})")
+        return EXIT_REPLAY
+    return 0
+
+
+def _shown(path: Path) -> str:
+    """``path`` as a shell word: relative to the working directory when it lies inside it."""
+    try:
+        path = path.resolve().relative_to(Path.cwd().resolve())
+    except ValueError:
+        path = path.resolve()
+    return shlex.quote(str(path))
+
+
+def _console_script() -> str:
+    """How a fresh shell (no activated venv) runs ``maxent-arrow``: the script beside this
+    interpreter (``.venv/bin/maxent-arrow`` from the repository), else ``python -m``."""
+    script = Path(sys.executable).parent / "maxent-arrow"
+    if script.exists() and os.access(script, os.X_OK):
+        return _shown(script)
+    return f"{shlex.quote(sys.executable)} -m maxent_arrow.cli"
+
+
+def closing_lines(
+    args: argparse.Namespace, result: dict[str, Any], *, commands: Collection[str] = ()
+) -> list[str]:
+    """The demo's closing lines: warm start and end accuracy, the peak, the split of the
+    held-out answers, the training diagnostics, the replay check, and commands to look
+    further."""
+    figures, timings, out = result["figures"], result["timings"], result["out"]
+    lines = [""]
+    sft, config = result["warm_start"], result["config"]
+    if args.sft_steps:
+        lines.append(
+            f"warm start: {args.sft_steps} supervised steps on {sft['demonstrations']} "
+            f"demonstrations in {timings['warm start']:.1f}s ({sft['wrong']} of them wrong: "
+            "the teacher forgets carries)"
         )
-    print(
-        f"replayed {len(replayed)} steps offline in {t['replay']:.1f}s: recomputed losses "
+    else:
+        lines.append("warm start: none (--sft-steps 0): RL starts from the random model")
+    lines.append(
+        f"trained {args.steps} steps x {args.prompts} prompts x {args.k} completions in "
+        f"{timings['train']:.1f}s (MaxEnt-GRPO, tau {config.tau}, beta {config.beta})"
+    )
+    if figures.eval:
+        lines.append(f"held-out accuracy (greedy, {args.eval_prompts} prompts never trained on):")
+        for step, accuracy, fmt, *_ in figures.eval:
+            where = " (warm start)" if step == 0 else " (end)" if step == args.steps else ""
+            lines.append(f"  step {step:3d}  accuracy {accuracy:.3f}  format {fmt:.3f}{where}")
+        first, last = figures.eval[0], figures.eval[-1]
+        peak = max(figures.eval, key=lambda row: row[1])
+        lines.append(
+            f"accuracy {first[1]:.3f} at the warm start -> {last[1]:.3f} at the end "
+            f"({100 * (last[1] - first[1]):+.1f} points); peak {peak[1]:.3f} at step {peak[0]}"
+        )
+        lines.append(
+            f"held-out answers, correct / well-formed but wrong / malformed: {last[3]} / "
+            f"{last[4]} / {last[5]} at the end, {first[3]} / {first[4]} / {first[5]} at the "
+            f"warm start; {figures.greedy_distinct} distinct answers at the end"
+        )
+    if figures.train:
+        first, last = figures.train[0], figures.train[-1]
+        kl_peak = max(row[4] for row in figures.train)
+        lines.append(
+            f"sampled training completions: accuracy {first[1]:.2f} -> {last[1]:.2f}; distinct "
+            f"per step {first[2]} -> {last[2]} (of {last[3]}); KL per token {first[4]:.3f} -> "
+            f"{last[4]:.3f} (max {kl_peak:.3f})"
+        )
+    replayed = result["replayed"]
+    worst = max((r.loss_error for r in replayed), default=0.0)
+    worst_weight = max((r.max_weight_error for r in replayed), default=0.0)
+    lines.append(
+        f"replayed {len(replayed)} steps offline in {timings['replay']:.1f}s: recomputed losses "
         f"equal the logged ones (max relative error {worst:.2e}; advantages, q and weights "
         f"recomputed within {worst_weight:.1e})"
     )
-    print()
-    print(f"run:      {store_dir}")
-    print(f"snapshot: {args.out / 'snapshots'}")
+    lines.append("")
+    store = out / "store"
+    lines.append(
+        f"run:      {_shown(out)}  (store {_shown(store)}, snapshots {_shown(out / 'snapshots')})"
+    )
     if result["report"] is not None:
-        print(f"report:   {result['report'].html}  (summary: {result['report'].markdown})")
-    print()
-    print("query it:")
-    print(f"  maxent-arrow inspect {store_dir}")
-    print(
-        f'  maxent-arrow query {store_dir} "SELECT step, avg(total_util) AS reward '
-        "FROM samples WHERE kind = 'train' GROUP BY step ORDER BY step\""
+        lines.append(f"report:   {_shown(result['report'].html)}")
+    exe = _console_script()
+    lines.append("")
+    lines.append("look further (from this directory):")
+    lines.append(f"  {exe} inspect {_shown(store)}")
+    query = (
+        "SELECT step, avg(reward_accuracy) AS accuracy, avg(reward_format) AS format "
+        "FROM samples WHERE kind = 'eval' GROUP BY step ORDER BY step"
     )
-    print(
-        f"  python -c \"import maxent_arrow as ma; print(ma.RolloutStore('{store_dir}')"
-        ".sql('SELECT count(*) FROM groups'))\""
-    )
-    if worst > REPLAY_TOLERANCE or worst_weight > REPLAY_TOLERANCE:
-        print(f"error: offline replay differs from the logged run (> {REPLAY_TOLERANCE})")
-        return 1
-    return 0
+    # Double quotes: the SQL holds single quotes and nothing a shell expands in double quotes.
+    lines.append(f'  {exe} query {_shown(store)} "{query}"')
+    lines.append(f"  {exe} report {_shown(store)} --out {_shown(out / 'report')}")
+    if "view" in commands:
+        lines.append(f"  {exe} view {_shown(store)}")
+    return lines
 
 
 if __name__ == "__main__":

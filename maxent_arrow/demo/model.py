@@ -11,7 +11,12 @@ __all__ = ["tiny_model"]
 
 
 def tiny_model(seed: int = 0, *, vocab_size: int = 384) -> Any:
-    """A seeded GPT-2 small enough for 2 CPU cores (no download), dropout off for replay."""
+    """A seeded GPT-2 small enough for 2 CPU cores (no download), dropout off for replay.
+
+    Two layers of width 64 with four heads of 16: on the demo's sums, four heads learn when a
+    carry is due more reliably than two of 32 (across seeds, after the same warm start), at
+    the same size and cost. Snapshots of a demo run load into ``tiny_model()`` of any seed.
+    """
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(seed)
@@ -19,7 +24,7 @@ def tiny_model(seed: int = 0, *, vocab_size: int = 384) -> Any:
         vocab_size=vocab_size,
         n_layer=2,
         n_embd=64,
-        n_head=2,
+        n_head=4,
         n_positions=128,
         resid_pdrop=0.0,
         embd_pdrop=0.0,

@@ -1,7 +1,7 @@
-"""Training with the store underneath: sampling K completions (:mod:`.generation`),
-teacher-forced scoring (:mod:`.scoring`), the MaxEnt-GRPO trainer (:mod:`.trainer`),
-evaluation through the seed's ``ValidationContext`` (:mod:`.evaluation`) and the offline
-re-scoring of saved steps (:mod:`.offline`).
+"""Training with the store underneath: a supervised warm start (:mod:`.supervised`), sampling
+K completions (:mod:`.generation`), teacher-forced scoring (:mod:`.scoring`), the
+MaxEnt-GRPO trainer (:mod:`.trainer`), evaluation through the seed's ``ValidationContext``
+(:mod:`.evaluation`) and the offline re-scoring of saved steps (:mod:`.offline`).
 """
 
 import lazy_loader

@@ -6,7 +6,11 @@ from .evaluation import (
     greedy_generator as greedy_generator,
     should_evaluate as should_evaluate,
 )
-from .generation import Rollouts as Rollouts, sample_groups as sample_groups
+from .generation import (
+    Rollouts as Rollouts,
+    decode_completions as decode_completions,
+    sample_groups as sample_groups,
+)
 from .offline import (
     ReplayedStep as ReplayedStep,
     recompute_errors as recompute_errors,
@@ -20,4 +24,5 @@ from .scoring import (
     supports_packing as supports_packing,
 )
 from .snapshots import snapshot_loader as snapshot_loader, snapshot_path as snapshot_path
+from .supervised import supervised_warm_start as supervised_warm_start
 from .trainer import MaxEntTrainer as MaxEntTrainer

@@ -4,9 +4,10 @@ One step (``docs/formulas.md`` §4.1): sample K completions per prompt with ``mo
 score them with the reward functions (:func:`~maxent_arrow.compute.compute_rewards`: utilities,
 advantages, q); build the ``ScoreBatch`` from the exact generated token ids; reference log-probs
 from a frozen copy of the initial model; MaxEnt weights from q and the reference; policy scores
-with gradients; the MaxEnt loss and diagnostics; one optimizer step through ``accelerate``; and
-``RolloutStore.append`` of everything, with the config snapshot that makes it replayable, and
-the step's ``trainer_metrics`` record (loss, KL, grad norm, learning rate).
+with gradients (and the policy's entropy summed over each completion's tokens, stored as
+``policy_entropy_sum``); the MaxEnt loss and diagnostics; one optimizer step through
+``accelerate``; and ``RolloutStore.append`` of everything, with the config snapshot that makes
+it replayable, and the step's ``trainer_metrics`` record (loss, KL, grad norm, learning rate).
 
 Before each update the policy weights are saved (safetensors, no pickle) as the step's snapshot,
 so an offline replay can re-score the stored tokens with exactly the weights that produced the
@@ -152,6 +153,8 @@ class MaxEntTrainer:
             reference,
             behavior_token_logp=rollouts.behavior_token_logp,
             return_token_logp=True,
+            # The logits are there anyway; their entropy fills the policy_entropy_sum column.
+            return_entropy=True,
             temperature=cfg.gen_temperature,
         )
         weights = self.weights(rewards, reference)

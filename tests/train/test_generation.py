@@ -8,7 +8,7 @@ from transformers import ByT5Tokenizer
 
 from maxent_arrow.demo import tiny_model
 from maxent_arrow.ingest.score_batch import build_score_batch
-from maxent_arrow.train.generation import _eos_cut_lengths, sample_groups
+from maxent_arrow.train.generation import _eos_cut_lengths, decode_completions, sample_groups
 from maxent_arrow.train.scoring import reference_logprobs
 
 PROMPTS = ["Q: 1 + 2 = ? A:", "Q: 12 * 3 = ? A:", "Q: 7 - 9 = ? A:"]
@@ -69,3 +69,18 @@ def test_greedy_generation_is_deterministic(model_and_tokenizer):
     a = sample_groups(model, tok, PROMPTS, ANSWERS, k=1, max_new_tokens=6, greedy=True)
     b = sample_groups(model, tok, PROMPTS, ANSWERS, k=1, max_new_tokens=6, greedy=True)
     assert a.completion_ids.equal(b.completion_ids)
+
+
+def test_decoding_drops_special_tokens_exactly_as_batch_decode_does():
+    # ByT5 is a slow tokenizer with 125 extra ids, the case decode_completions speeds up.
+    tok = ByT5Tokenizer()
+    gen = torch.Generator().manual_seed(0)
+    special = sorted(tok.all_special_ids)
+    rows = []
+    for _ in range(300):
+        length = int(torch.randint(0, 9, (1,), generator=gen))
+        # Bytes, pad/EOS/UNK and extra ids mixed in every row.
+        pool = torch.cat([torch.arange(3, 259), torch.tensor(special)])
+        rows.append(pool[torch.randint(0, len(pool), (length,), generator=gen)].tolist())
+    assert any(t in special for row in rows for t in row)
+    assert decode_completions(tok, rows) == tok.batch_decode(rows, skip_special_tokens=True)
