@@ -334,6 +334,11 @@ class Backend(abc.ABC):
         """The plain files directly in ``directory`` (none if it does not exist)."""
 
     @abc.abstractmethod
+    def subdirectories(self, directory: str) -> list[str]:
+        """The names of the directories directly in ``directory`` (none if it does not
+        exist; links are not followed)."""
+
+    @abc.abstractmethod
     def stat(self, rel: str) -> FileInfo | None:
         """``rel``'s size and mtime, or ``None`` if it is not a file."""
 
@@ -483,6 +488,15 @@ class LocalBackend(Backend):
             if not resolved.is_relative_to(self.root.resolve()):
                 raise StoreError(f"{path}: resolves to {resolved}, outside the store {self.root}")
         return path
+
+    def subdirectories(self, directory: str) -> list[str]:
+        try:
+            entries = list(os.scandir(self.root / directory))
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise os_error("cannot list", self.root / directory, exc) from exc
+        return sorted(e.name for e in entries if e.is_dir(follow_symlinks=False))
 
     def list(self, directory: str) -> dict[str, FileInfo]:
         try:
@@ -858,6 +872,14 @@ class ArrowFsBackend(Backend):
     @property
     def filesystem(self) -> pafs.FileSystem:
         return self._fs
+
+    def subdirectories(self, directory: str) -> list[str]:
+        selector = _pafs().FileSelector(str(self.root / directory), allow_not_found=True)
+        try:
+            infos = self._fs.get_file_info(selector)
+        except (pa.ArrowException, OSError) as exc:
+            raise StoreError(f"cannot list {self.root / directory}: {exc}") from None
+        return sorted(i.base_name for i in infos if i.type == _pafs().FileType.Directory)
 
     def list(self, directory: str) -> dict[str, FileInfo]:
         selector = _pafs().FileSelector(str(self.root / directory), allow_not_found=True)

@@ -31,7 +31,9 @@ from maxent_arrow.store.log import LogState, UnitEntry
 from maxent_arrow.store.names import (
     CACHE,
     GROUPS,
+    LOG,
     QUARANTINE,
+    RECORDS,
     STEPS,
     UnitName,
     compact_name,
@@ -158,6 +160,22 @@ def _repair_logged(
                     StoreProblem(backend.path(rel), "replaced (commit log): moved to retired/")
                 )
             elif directory != CACHE and rel not in live:
+                move(rel, "no commit log entry names it (a write that did not finish)")
+    # The log's own temp files (an entry or a checkpoint whose writer died before its link)
+    # and the files of record tables no entry names.
+    records = {str(i["path"]) for items in state.records.values() for i in items}
+    directories = [LOG, *(f"{RECORDS}/{name}" for name in backend.subdirectories(RECORDS))]
+    for directory in directories:
+        for name, info in backend.list(directory).items():
+            rel = f"{directory}/{name}"
+            if is_temp_name(name):
+                if writer_alive(name, info.mtime_ns):
+                    report.kept.append(
+                        StoreProblem(backend.path(rel), "temp file of a running writer")
+                    )
+                else:
+                    move(rel, "temp file of a writer that is gone")
+            elif directory != LOG and rel not in records:
                 move(rel, "no commit log entry names it (a write that did not finish)")
     for rel, entry in sorted(state.units.items()):
         step = catalog.step_file(rel.rpartition("/")[2])

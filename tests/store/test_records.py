@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -290,3 +291,23 @@ out = {k: [list(r) for r in v] for k, v in out.items()}
 out["maxent"] = "maxent_arrow" in sys.modules
 print(json.dumps(out))
 """
+
+
+def test_repair_moves_record_files_no_entry_names_and_the_log_temp_files(tmp_path):
+    root = tmp_path / "s"
+    store = RolloutStore.create(root)
+    store.append_records("judge", pa.table({"step": [0], "score": [0.5]}))
+    (kept,) = (root / "records" / "judge").glob("*.parquet")
+    stray = root / "records" / "judge" / "judge.tdeadbeef0000.parquet"
+    stray.write_bytes(kept.read_bytes())  # a write whose entry never came
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()  # fmt: skip
+    host = socket.gethostname()
+    temp = root / "log" / f".00000000000000000009.json.tmp-{host}.{dead}.abc123"
+    temp.write_bytes(b"{}")  # the entry of a writer that died before linking it
+    assert RolloutStore(root).read_records("judge").num_rows == 1  # never read
+    moved = {p.path.name for p in RolloutStore(root).repair().moved}
+    assert moved == {stray.name, temp.name}
+    assert not stray.exists() and not temp.exists() and kept.exists()
+    assert RolloutStore(root).read_records("judge").num_rows == 1
+    assert RolloutStore(root).verify().ok
