@@ -111,3 +111,12 @@ def s3():
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+@pytest.fixture
+def one_launch(monkeypatch, request):
+    """Every process a test starts is a rank of one launch: one attempt id
+    (``MAXENT_ARROW_ATTEMPT``, inherited by the subprocesses), as torchrun gives its ranks.
+    For the crash and concurrency tests, whose writers are ranks (and relaunches) of one run;
+    the attempt tests leave it out."""
+    monkeypatch.setenv("MAXENT_ARROW_ATTEMPT", f"launch-{request.node.name}"[:200])

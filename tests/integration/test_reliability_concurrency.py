@@ -22,6 +22,9 @@ from store_fixtures import make_batch
 from maxent_arrow import RolloutStore, RunAnalytics, StoreError
 from maxent_arrow.cli import EXIT_DATA, main
 
+# Their writers are ranks (and relaunches) of one run: one attempt.
+pytestmark = pytest.mark.usefixtures("one_launch")
+
 
 def _spawn(script: str, *args, stdin: bool = False) -> subprocess.Popen:
     return subprocess.Popen(

@@ -32,6 +32,9 @@ from fault_harness import (
 
 from maxent_arrow import RolloutStore
 
+# Their writers are ranks (and relaunches) of one run: one attempt.
+pytestmark = pytest.mark.usefixtures("one_launch")
+
 KILLED = -signal.SIGKILL
 
 

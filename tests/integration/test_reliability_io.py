@@ -21,6 +21,9 @@ from store_fixtures import make_batch
 
 from maxent_arrow import RolloutStore
 
+# Their writers are ranks (and relaunches) of one run: one attempt.
+pytestmark = pytest.mark.usefixtures("one_launch")
+
 # ---------------------------------------------------------------------------- full disk
 FULL_DISK = textwrap.dedent(
     """
