@@ -58,6 +58,7 @@ __all__ = [
     "REGISTRY",
     "TRAINER_METRICS",
     "LIFECYCLE",
+    "LIFECYCLE_KEY",
     "EVENTS",
     "DROP_REASONS",
     "ROW_KEY",
@@ -91,6 +92,8 @@ FAMILIES = (CORE, MAXENT, TRL, VERL)
 # (a trainer that spreads a prompt's completions over ranks writes one row per rank).
 UNIT_KEY = ("step", "rank", "kind")
 ROW_KEY = (*UNIT_KEY, "group_index")
+# The stored group a ``lifecycle`` record names: its columns, parallel to ROW_KEY.
+LIFECYCLE_KEY = ("rollout_step", "rollout_rank", "rollout_kind", "group_index")
 GROUP_KEY = ("step", "kind", "group_id")
 
 

@@ -127,7 +127,7 @@ def rows_table(rows: dict[str, list], layout: pa.Schema) -> pa.Table | None:
         for values in zip(*rows.values())
     )
     if not lines:
-        return parsed.empty_table().cast(pa.schema(fields))
+        return S.empty(parsed).cast(pa.schema(fields))
     table = pj.read_json(
         pa.BufferReader(lines),
         read_options=pj.ReadOptions(use_threads=False),

@@ -239,7 +239,7 @@ def read_table(
             fail(on_error, exc)
             continue
         parts.append(S.conform(data, target))
-    result = pa.concat_tables(parts) if parts else target.empty_table()
+    result = pa.concat_tables(parts) if parts else S.empty(target)
     if filter is not None:
         try:
             result = result.filter(filter).select(wanted)

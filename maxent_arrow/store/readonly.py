@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from maxent_arrow.arrow import registry as R
+from maxent_arrow.arrow import schema as S
 from maxent_arrow.errors import StoreError
 from maxent_arrow.store import manifest
 from maxent_arrow.store.backend import Backend, open_backend
@@ -328,7 +329,7 @@ class ReadOnlyStore:
         check_record_name(name)
         if not isinstance(self.catalog, LogCatalog):
             layout = record_schema(name)
-            return pa.table({}) if layout is None else layout.empty_table()
+            return pa.table({}) if layout is None else S.empty(layout)
         history = self.catalog.history if attempts is None else check_history(attempts)
         return read_records(self.backend, self.catalog.state(), name, history)
 
@@ -351,7 +352,7 @@ class ReadOnlyStore:
                 self.schemas.visible(GROUPS, self.on_error),
                 GROUPS,
                 steps=None,
-                columns=["step", "rank", "kind", "group_index", "stream_index"],
+                columns=[*R.ROW_KEY, "stream_index"],
                 filter=None,
                 kind=None,
                 ranks=None,

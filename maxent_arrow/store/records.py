@@ -25,6 +25,7 @@ import re
 import secrets
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -263,7 +264,7 @@ def read_records(
             )
         table = pq.read_table(pa.BufferReader(data))
         table = table.append_column(
-            "attempt", pa.array([item["attempt"]] * table.num_rows, pa.string())
+            "attempt", _repeat(str(item["attempt"]), pa.string(), table.num_rows)
         )
         if history != "all" and "step" in table.column_names:
             cut = state.cutoff(str(item["attempt"]))
@@ -276,11 +277,7 @@ def read_records(
     layout = record_schema(name)
     if layout is not None:
         layout = layout.append(pa.field("attempt", pa.string()))
-        return (
-            pa.concat_tables([S.conform(p, layout) for p in parts])
-            if parts
-            else layout.empty_table()
-        )
+        return pa.concat_tables([S.conform(p, layout) for p in parts]) if parts else S.empty(layout)
     if not parts:
         return pa.table({})
     return pa.concat_tables(parts, promote_options="permissive")
@@ -292,49 +289,38 @@ def record_names(state: LogState) -> list[str]:
 
 
 def lifecycle_keys(table: pa.Table, event: str) -> pa.Table:
-    """The stored groups (``step``, ``rank``, ``kind``, ``group_index``) of ``lifecycle``
+    """The stored groups (:data:`~maxent_arrow.arrow.registry.ROW_KEY`) of ``lifecycle``
     rows of ``event``, each once."""
     rows = table.filter(pc.equal(table.column("event"), event))
-    keys = pa.table(
-        {
-            "step": rows.column("rollout_step"),
-            "rank": rows.column("rollout_rank"),
-            "kind": rows.column("rollout_kind"),
-            "group_index": rows.column("group_index"),
-        }
-    )
-    return keys.group_by(keys.column_names).aggregate([])
+    keys = pa.table({k: rows.column(c) for c, k in zip(R.LIFECYCLE_KEY, R.ROW_KEY)})
+    return keys.group_by(list(R.ROW_KEY)).aggregate([])
 
 
 def lifecycle_rows(
     groups: pa.Table, *, step: int, event: str, reason: str | None = None
 ) -> pa.Table:
     """``lifecycle`` records of ``event`` at trainer step ``step`` for the stored ``groups``
-    (rows as the store reads them: ``step``, ``rank``, ``kind``, ``group_index`` and, when
-    the producer numbered its prompt stream, ``stream_index``)."""
-    for column in ("step", "rank", "kind", "group_index"):
+    (rows as the store reads them: their :data:`~maxent_arrow.arrow.registry.ROW_KEY` and,
+    when the producer numbered its prompt stream, ``stream_index``)."""
+    for column in R.ROW_KEY:
         if column not in groups.column_names:
             raise SchemaError(f"lifecycle rows: the groups have no {column!r} column")
     n = groups.num_rows
-    stream = (
-        groups.column("stream_index")
-        if "stream_index" in groups.column_names
-        else pa.nulls(n, pa.int64())
-    )
-    table = pa.table(
-        {
-            "step": pa.array([step] * n, pa.int64()),
-            "event": pa.array([event] * n, pa.string()),
-            "reason": pa.array([reason] * n, pa.string()),
-            "rollout_step": groups.column("step"),
-            "rollout_rank": groups.column("rank"),
-            "rollout_kind": groups.column("kind"),
-            "group_index": groups.column("group_index"),
-            "stream_index": stream,
-            "created_at": pa.array([dt.datetime.now(dt.UTC)] * n, pa.timestamp("us", tz="UTC")),
-        }
-    )
+    table = pa.table({c: groups.column(k) for c, k in zip(R.LIFECYCLE_KEY, R.ROW_KEY)})
+    stream = "stream_index"
+    if stream in groups.column_names:
+        table = table.append_column(stream, groups.column(stream))
+    table = table.append_column("step", _repeat(step, pa.int64(), n))
+    table = table.append_column("event", _repeat(event, pa.string(), n))
+    table = table.append_column("reason", _repeat(reason, pa.string(), n))
+    now = dt.datetime.now(dt.UTC)
+    table = table.append_column("created_at", _repeat(now, pa.timestamp("us", tz="UTC"), n))
     return prepare_records(R.LIFECYCLE, table)
+
+
+def _repeat(value: Any, kind: pa.DataType, n: int) -> pa.Array:
+    """``value`` ``n`` times (``pa.array`` of a Python list would import pandas)."""
+    return pa.repeat(pa.scalar(value, kind), n)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -375,8 +361,9 @@ def frontier_of(groups: pa.Table, lifecycle: pa.Table) -> Frontier:
     top = max(counts, default=-1)
     gaps = [p for p in range(position, top) if p not in counts]
     double = sorted(p for p, n in counts.items() if n > 1)
-    keys = groups.select(["step", "rank", "kind", "group_index", "stream_index"])
-    mask = pc.invert(pc.is_in(keys.column("stream_index"), pa.array(sorted(counts), pa.int64())))
+    keys = groups.select([*R.ROW_KEY, "stream_index"])
+    seen = pa.array(np.fromiter(sorted(counts), np.int64, len(counts)))
+    mask = pc.invert(pc.is_in(keys.column("stream_index"), seen))
     in_flight = keys.filter(pc.and_(mask, pc.is_valid(keys.column("stream_index"))))
     in_flight = in_flight.sort_by([("stream_index", "ascending")])
     return Frontier(position, len(counts), gaps, double, in_flight)

@@ -38,7 +38,7 @@ def file_schema(catalog: Catalog, rel: str, where: str | None = None) -> pa.Sche
     if needs_upgrade(version):
         table, name = rel.split("/", 1)
         step = catalog.step_file(name)
-        empty = schema.empty_table()
+        empty = S.empty(schema)
         if table == GROUPS:
             kind = step.table.column("kind")[0].as_py() if step.table.num_rows else "train"
             schema = upgrade_groups(empty, kind=kind).schema

@@ -209,7 +209,7 @@ def _union(
             parts.append(f"SELECT {projection} FROM {table}{where}")
     if rows is not None or not parts:
         table = f"_maxent_{name}_rows"
-        plan.tables[table] = S.conform(rows, unified) if rows is not None else unified.empty_table()
+        plan.tables[table] = S.conform(rows, unified) if rows is not None else S.empty(unified)
         parts.append(f"SELECT {', '.join(quote(f.name) for f in unified)} FROM {table}")
     plan.views[name] = " UNION ALL ".join(parts)
 
@@ -268,9 +268,6 @@ class History:
     records: dict[str, pa.Table] = field(default_factory=dict)
 
 
-_KEY = ("step", "rank", "kind", "group_index")
-
-
 def _history_views(
     plan: ViewPlan,
     history: History,
@@ -286,7 +283,7 @@ def _history_views(
     _union(stored, group_schema, group_sets, group_rows, plan, spell)
     if drop:
         plan.tables["_maxent_dropped"] = history.dropped
-        match = " AND ".join(f"d.{quote(k)} = g.{quote(k)}" for k in _KEY)
+        match = " AND ".join(f"d.{quote(k)} = g.{quote(k)}" for k in R.ROW_KEY)
         plan.views["groups"] = (
             f"SELECT g.* FROM {stored} g WHERE NOT EXISTS "
             f"(SELECT 1 FROM _maxent_dropped d WHERE {match})"
