@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -319,11 +319,11 @@ class SqlViews:
         # Files of one schema form one set (DuckDB binds a set to its first file's footer).
         group_sets, self.files = self._group_sets(self.files, self.catalog)
         history = None
-        if self.other_catalog is not None:
+        if self.other_catalog is not None:  # a store with a commit log: a LogCatalog
             other_sets, self.other = self._group_sets(self.other, self.other_catalog)
             records = self.records.get(R.LIFECYCLE)
             history = History(
-                reads=self.catalog.history,
+                reads=cast(LogCatalog, self.catalog).history,
                 other_sets=other_sets,
                 dropped=None if records is None else lifecycle_keys(records, "dropped"),
                 records=self.records,
