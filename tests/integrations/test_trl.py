@@ -598,6 +598,22 @@ def test_the_trl_example_records_inspects_and_reports(tmp_path):
     store = RolloutStore(tmp_path / "run" / "store")
     assert store.steps() == [0, 2] and store.verify().problems == []
     assert (tmp_path / "run" / "report" / "index.html").is_file()
+    # Run again into the same directory: refused before any training step, nothing committed.
+    entries = sorted(p.name for p in (tmp_path / "run" / "store" / "log").iterdir())
+    again = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "run")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert again.returncode != 0
+    error = again.stderr.strip().splitlines()[-1]
+    assert error.startswith("maxent_arrow.errors.StoreError:") and "refused" in error
+    for choice in ("resume_from_checkpoint", "new run directory", "new_attempt"):
+        assert choice in error
+    assert "'loss'" in done.stdout and "'loss'" not in again.stdout  # no training step
+    assert sorted(p.name for p in (tmp_path / "run" / "store" / "log").iterdir()) == entries
 
 
 @pytest.mark.slow
