@@ -135,7 +135,7 @@ from maxent_arrow.rollout import (
     trainer_metrics_table,
 )
 from maxent_arrow.store import RolloutStore
-from maxent_arrow.store.attempts import IfExists
+from maxent_arrow.store.attempts import IF_EXISTS, IfExists
 
 try:
     import trl
@@ -831,14 +831,10 @@ class RolloutRecorder(_Trainer):
         dataset, record_types = self._dataset_context(example_id)
         config = trl_run_config(self)
         self.rollout_config = config.replace(extra={**config.extra, "dataset": dataset})
-        if rollout_if_exists is not None and rollout_if_exists not in (
-            "error",
-            "resume",
-            "new_attempt",
-        ):
+        if rollout_if_exists is not None and rollout_if_exists not in IF_EXISTS:
             raise ArgumentError(
-                "RolloutRecorder: rollout_if_exists: expected 'error', 'resume' or "
-                f"'new_attempt', got {rollout_if_exists!r}"
+                f"RolloutRecorder: rollout_if_exists: expected one of {IF_EXISTS}, got "
+                f"{rollout_if_exists!r}"
             )
         self._rollout_if_exists: IfExists | None = rollout_if_exists
         if isinstance(rollout_store, RolloutStore):

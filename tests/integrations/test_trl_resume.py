@@ -23,7 +23,7 @@ from test_trl import assert_matches_trl_log, samples, trl_parquet  # noqa: E402
 from transformers import TrainerState  # noqa: E402
 
 from maxent_arrow import RolloutStore  # noqa: E402
-from maxent_arrow.errors import StoreError  # noqa: E402
+from maxent_arrow.errors import ArgumentError, StoreError  # noqa: E402
 from maxent_arrow.integrations.trl import checkpoint_step  # noqa: E402
 
 REWARDS = ["correct", "length"]
@@ -160,6 +160,9 @@ def test_a_second_run_into_a_recorded_store_is_refused_before_its_first_step(tmp
     first.train()
     store_dir = tmp_path / "store"
     entries = log_entries(store_dir)
+    with pytest.raises(ArgumentError, match="rollout_if_exists: expected one of"):
+        trl_runs.trainer(tmp_path, **settings, if_exists="overwrite")
+    assert log_entries(store_dir) == entries
     again = trl_runs.trainer(tmp_path, **settings, seed=1)  # the same command, a new seed
     weights = [p.detach().clone() for p in again.model.parameters()]
     with pytest.raises(StoreError) as refused:
