@@ -64,6 +64,18 @@ private ``_generate_and_score_completions`` (its output dict) and ``_calculate_r
 per-function rewards, prompts and completions, and what the reward functions logged, TRL's
 ``_pending_extra_logs`` / ``_pending_metrics``); ``tests/integrations/test_trl.py`` fails
 loudly when TRL changes either. TRL's figures come through the Trainer's public ``log``.
+
+**Resumes and re-runs** (``docs/integrations.md``, "Resume and re-run"). Each ``train()`` call
+is an attempt of the run (:mod:`maxent_arrow.store.attempts`), begun in the store before its
+first step. ``train(resume_from_checkpoint=...)`` (``True``: the last checkpoint in
+``output_dir``; or a path) resumes the store at the checkpoint's ``global_step`` g, read from
+its ``trainer_state.json``: TRL's first round after the resume is generated at g and stored as
+step g (the step rule below), so the stored steps >= g of earlier attempts, rounds TRL
+regenerates, are superseded, and readers see what the resumed run trained on. A fresh
+``train()`` into a store that holds steps of an earlier run is refused before its first step
+(a :class:`~maxent_arrow.errors.StoreError` naming the choices: resume, or a new run
+directory); ``rollout_if_exists="new_attempt"`` records it as a new attempt that supersedes
+the earlier run, ``"resume"`` continues after its last step.
 """
 
 from __future__ import annotations
@@ -87,7 +99,13 @@ import torch
 from maxent_arrow.arrow import GroupIdentity, Ragged, regroup
 from maxent_arrow.arrow import registry as R
 from maxent_arrow.arrow.registry import CORE, TRL
-from maxent_arrow.errors import LayoutError, MissingExtraError, SchemaError
+from maxent_arrow.errors import (
+    ArgumentError,
+    LayoutError,
+    MissingExtraError,
+    SchemaError,
+    StoreError,
+)
 from maxent_arrow.integrations.adapters import (
     completion_info,
     offsets_of,
@@ -117,9 +135,13 @@ from maxent_arrow.rollout import (
     trainer_metrics_table,
 )
 from maxent_arrow.store import RolloutStore
+from maxent_arrow.store.attempts import IF_EXISTS, IfExists
 
 try:
     import trl
+    from transformers import TrainerState
+    from transformers.trainer import TRAINER_STATE_NAME
+    from transformers.trainer_utils import get_last_checkpoint
     from trl import GRPOTrainer  # pyright: ignore[reportPrivateImportUsage] - trl's lazy module
 except ImportError:  # pragma: no cover - the extra is installed where this module is used
     raise MissingExtraError("trl", "trl") from None
@@ -131,6 +153,7 @@ __all__ = [
     "LOGGED_STEP_OFFSET",
     "RecordingGRPOTrainer",
     "RolloutRecorder",
+    "checkpoint_step",
     "host_round",
     "logged_kind",
     "register_trl_log",
@@ -714,6 +737,30 @@ def register_trl_log(
     return table
 
 
+# ---------------------------------------------------------------------------- resumes
+def checkpoint_step(
+    resume_from_checkpoint: str | os.PathLike[str] | bool | None,
+    output_dir: str | os.PathLike[str] | None,
+) -> int | None:
+    """The step at which ``Trainer.train(resume_from_checkpoint=...)`` resumes, as the store
+    numbers steps: the checkpoint's ``global_step`` (its ``trainer_state.json``), where TRL
+    generates, and the recorder stores, the resumed run's first round. ``True`` means the
+    last checkpoint in ``output_dir``; ``None`` or ``False``: no resume (``None``).
+
+    Raises as ``Trainer.train`` would: ``ValueError`` when ``output_dir`` holds no
+    checkpoint, ``FileNotFoundError`` when the checkpoint has no ``trainer_state.json``."""
+    if resume_from_checkpoint is None or resume_from_checkpoint is False:
+        return None
+    path: str | os.PathLike[str] | None
+    if resume_from_checkpoint is True:
+        path = None if output_dir is None else get_last_checkpoint(str(output_dir))
+        if path is None:  # Trainer.train's own words
+            raise ValueError(f"No valid checkpoint found in output directory ({output_dir})")
+    else:
+        path = resume_from_checkpoint
+    return int(TrainerState.load_from_json(os.path.join(path, TRAINER_STATE_NAME)).global_step)
+
+
 # ---------------------------------------------------------------------------- the recorder
 # A mixin over TRL's trainer: checkers see the trainer's attributes and `super()` methods it
 # uses; at run time its base stays `object` (the trainer comes in through the subclass's MRO).
@@ -731,7 +778,16 @@ class RolloutRecorder(_Trainer):
     ----------
     rollout_store:
         A :class:`~maxent_arrow.store.RolloutStore`, or a path or URI where one is created
-        (every process creates or opens the same store; each appends its own rank).
+        (every process creates or opens the same store; each appends its own rank). Each
+        ``train()`` writes through a store object of its own attempt
+        (:meth:`begin_rollout_attempt`), kept as ``rollout_store``.
+    rollout_if_exists:
+        What a fresh ``train()`` (not resumed from a checkpoint) does when the store holds
+        steps of an earlier run: ``"error"`` (the default, unless the given store object says
+        otherwise: refused before the first step, naming the choices), ``"new_attempt"``
+        (recorded in full as a new attempt that supersedes the earlier run) or ``"resume"``
+        (continue after its last step). A resume from a checkpoint always resumes the store at
+        the checkpoint's step.
     record_eval:
         Also record evaluation rounds (``kind="eval"``).
     background:
@@ -758,6 +814,7 @@ class RolloutRecorder(_Trainer):
         self,
         *args: Any,
         rollout_store: RolloutStore | str | os.PathLike[str],
+        rollout_if_exists: IfExists | None = None,
         record_eval: bool = True,
         background: bool = True,
         example_id: str | None = None,
@@ -774,11 +831,19 @@ class RolloutRecorder(_Trainer):
         dataset, record_types = self._dataset_context(example_id)
         config = trl_run_config(self)
         self.rollout_config = config.replace(extra={**config.extra, "dataset": dataset})
+        if rollout_if_exists is not None and rollout_if_exists not in IF_EXISTS:
+            raise ArgumentError(
+                f"RolloutRecorder: rollout_if_exists: expected one of {IF_EXISTS}, got "
+                f"{rollout_if_exists!r}"
+            )
+        self._rollout_if_exists: IfExists | None = rollout_if_exists
         if isinstance(rollout_store, RolloutStore):
             self.rollout_store = rollout_store
         else:
             self.rollout_store = RolloutStore.create(
-                rollout_store, config=self.rollout_config.to_dict()
+                rollout_store,
+                config=self.rollout_config.to_dict(),
+                if_exists=rollout_if_exists or "error",
             )
         self.record_eval = record_eval
         self.rollout_appender = Appender(background=background)
@@ -786,8 +851,12 @@ class RolloutRecorder(_Trainer):
         self._rollout_pad_id = cast(int | None, self._tokenizer.pad_token_id)
         self._rollout_capture: tuple | None = None
         self._rollout_pending: dict[str, _Pending] = {}
-        # What this rank already stored (a run resumed from a checkpoint regenerates the round
-        # of the step it resumes at; the store keeps the first and refuses a second).
+        # The attempt this trainer writes as (begun by train(), or an evaluation outside it),
+        # and whether its store keeps record tables (a store with a commit log).
+        self.rollout_attempt: str | None = None
+        self._rollout_records = False
+        # What this rank already stored, in the effective history (a round of a step stored
+        # there is not stored again; a resume supersedes the steps it regenerates).
         rank = self.accelerator.process_index
         units = self.rollout_store.units(ranks=[rank])
         self._rollout_written: set[tuple[int, str]] = {(u.step, u.kind) for u in units}
@@ -884,19 +953,64 @@ class RolloutRecorder(_Trainer):
         previous = next((int(e["step"]) for e in reversed(earlier) if logged_kind(e) == "train"), 0)
         self.record_log(entry, counts, previous=previous)
 
-    def train(self, *args: Any, **kwargs: Any) -> Any:
+    def train(
+        self,
+        resume_from_checkpoint: str | bool | None = None,
+        *args: Any,
+        **kwargs: Any,
+    ) -> Any:
+        """``Trainer.train``, as an attempt of the run in the store, begun before the first
+        step (:meth:`begin_rollout_attempt`): a resume from a checkpoint resumes the store at
+        the checkpoint's ``global_step``."""
+        step = checkpoint_step(resume_from_checkpoint, self.args.output_dir)
+        self.begin_rollout_attempt(resume_from=step)
         try:
-            return super().train(*args, **kwargs)
+            return super().train(resume_from_checkpoint, *args, **kwargs)
         finally:
             self.flush_rollouts()
             self.rollout_appender.wait()
 
     def evaluate(self, *args: Any, **kwargs: Any) -> Any:
+        if self.rollout_attempt is None:  # an evaluation before any train(): its own attempt
+            self.begin_rollout_attempt()
         try:
             return super().evaluate(*args, **kwargs)
         finally:
             self.flush_rollouts("eval")
             self.rollout_appender.wait()
+
+    # -- the attempt
+    def begin_rollout_attempt(self, *, resume_from: int | None = None) -> str | None:
+        """Begin this trainer's next attempt in the store (``train()`` calls it first): a
+        resume at step ``resume_from`` (a checkpoint's ``global_step``: the stored steps from
+        there on, of earlier attempts, are superseded), or a fresh run, which a store that
+        holds an earlier run's steps refuses unless ``rollout_if_exists`` (or the given store
+        object) says ``"new_attempt"`` or ``"resume"``. Each call is an attempt of its own
+        (:meth:`~maxent_arrow.store.RolloutStore.next_attempt`), whose store object becomes
+        ``rollout_store``. A refusal raises :class:`~maxent_arrow.errors.StoreError` before
+        anything is written, and the trainer keeps the store object it had. Returns the
+        attempt id (``None``: a store without a commit log, which keeps no attempts)."""
+        store = self.rollout_store
+        opened = store.next_attempt(resume_from=resume_from, if_exists=self._rollout_if_exists)
+        try:
+            begun = opened.begin_attempt(config=self.rollout_config.to_dict())
+        except StoreError as exc:
+            if resume_from is not None or not store.units():
+                raise
+            raise StoreError(
+                f"{exc}. With TRL: train(resume_from_checkpoint=True) (or a checkpoint's path) "
+                "resumes the run from its last checkpoint; a new output_dir and rollout_store "
+                "start a new run; rollout_if_exists='new_attempt' records this run over the "
+                "earlier one"
+            ) from exc
+        self.rollout_store = opened
+        self.rollout_attempt = begun or opened.attempt_spec.id
+        self._rollout_records = begun is not None
+        # The effective history now: what a resume superseded is not this run's any more.
+        units = opened.units(ranks=[self.accelerator.process_index])
+        self._rollout_written = {(u.step, u.kind) for u in units}
+        self._rollout_train_steps = sorted({u.step for u in units if u.kind == "train"})
+        return begun
 
     # -- recording
     def record_round(self, inputs: Sequence[Mapping[str, Any]], output: Mapping[str, Any]) -> None:
@@ -992,9 +1106,9 @@ class RolloutRecorder(_Trainer):
         if row is None:
             return
         self.rollout_metrics.append(row)
-        append = getattr(self.rollout_store, "append_records", None)
-        if append is not None and self.accelerator.is_main_process:
+        if self._rollout_records and self.accelerator.is_main_process:
             table = trainer_metrics_table([row])
+            append = self.rollout_store.append_records
             self.rollout_appender.submit(functools.partial(append, R.TRAINER_METRICS, table))
 
     def trainer_metrics(self) -> pa.Table:
@@ -1042,7 +1156,8 @@ class RolloutRecorder(_Trainer):
                 warnings.warn(
                     f"RolloutRecorder: a {name} round at step {pending.step} of rank "
                     f"{self.accelerator.process_index} is already stored (a second evaluation "
-                    "at one step, or a run resumed at this step); this one is not recorded",
+                    "at one step, or a run continued at a step the store holds); this one is "
+                    "not recorded",
                     stacklevel=2,
                 )
                 continue

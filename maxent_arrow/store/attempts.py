@@ -14,7 +14,9 @@ effective history by default (``docs/commit-protocol.md``, "Attempts").
 set; else torchrun's (``accelerate launch`` runs torchrun) ``TORCHELASTIC_RUN_ID`` when it is
 a real id; else, under torchrun without one, the launcher process (host, parent pid and its
 start time: the ranks of one node); else this process (host, pid, start time). A process
-that opens a store several times is one attempt.
+that opens a store several times is one attempt. A trainer that runs several times in one
+process (a second ``train()``, a relaunch in a notebook) takes a new id per run
+(:func:`next_attempt_id`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import hashlib
+import itertools
 import os
 import socket
 from collections.abc import Mapping
@@ -30,7 +33,14 @@ from typing import Any, Literal
 from maxent_arrow.errors import ArgumentError, StoreError
 from maxent_arrow.store.log import Attempt, LogState
 
-__all__ = ["IfExists", "AttemptSpec", "attempt_entry", "default_attempt_id", "IF_EXISTS"]
+__all__ = [
+    "IfExists",
+    "AttemptSpec",
+    "attempt_entry",
+    "default_attempt_id",
+    "next_attempt_id",
+    "IF_EXISTS",
+]
 
 IfExists = Literal["error", "resume", "new_attempt"]
 IF_EXISTS = ("error", "resume", "new_attempt")
@@ -66,6 +76,21 @@ def default_attempt_id() -> str:
     if explicit:
         return explicit
     return _process_attempt(os.getpid())
+
+
+# The trainer runs begun in this process (next_attempt_id).
+_RUNS = itertools.count(1)
+
+
+def next_attempt_id(base: str | None = None) -> str:
+    """The attempt id of the next trainer run of this process: ``base`` (default
+    :func:`default_attempt_id`) for its first, ``{base}.2``, ``{base}.3``... for later ones.
+    Every rank of a launch runs the same trainer runs in the same order, so the ranks share
+    each id; and a trainer run again in one process is an attempt of its own (a resume
+    supersedes, a fresh run is refused), not the same attempt continued."""
+    base = base or default_attempt_id()
+    n = next(_RUNS)
+    return base if n == 1 else f"{base}.{n}"
 
 
 class AttemptSpec:

@@ -266,12 +266,11 @@ def read_records(
         table = table.append_column(
             "attempt", _repeat(str(item["attempt"]), pa.string(), table.num_rows)
         )
-        if history != "all" and "step" in table.column_names:
-            cut = state.cutoff(str(item["attempt"]))
-            if cut is not None:
-                below = pc.less(table.column("step"), cut)
-                table = table.filter(below if history == "effective" else pc.invert(below))
-        elif history == "superseded":
+        cut = state.cutoff(str(item["attempt"])) if "step" in table.column_names else None
+        if history != "all" and cut is not None:
+            below = pc.less(table.column("step"), cut)
+            table = table.filter(below if history == "effective" else pc.invert(below))
+        elif history == "superseded":  # nothing of this file is superseded
             table = table.slice(0, 0)
         parts.append(table)
     layout = record_schema(name)

@@ -27,10 +27,10 @@ from maxent_arrow.arrow import schema as S
 from maxent_arrow.errors import ArgumentError, StoreError
 from maxent_arrow.rollout import RolloutBatch
 from maxent_arrow.store import manifest
-from maxent_arrow.store.attempts import AttemptSpec, IfExists
+from maxent_arrow.store.attempts import AttemptSpec, IfExists, next_attempt_id
 from maxent_arrow.store.backend import Backend, open_backend
 from maxent_arrow.store.cache import unit_group_crc32, write_cache
-from maxent_arrow.store.catalog import History, OnError
+from maxent_arrow.store.catalog import History, LogCatalog, OnError
 from maxent_arrow.store.compaction import compact
 from maxent_arrow.store.names import MANIFEST, cache_name, parse_name
 from maxent_arrow.store.padding import strip_padding
@@ -162,6 +162,50 @@ class RolloutStore(ReadOnlyStore):
         step: call it when the trainer starts. ``config``: the run config to record with
         the attempt. Returns the attempt id (``None``: a store without a commit log)."""
         return self.writer.begin_attempt(config=config)
+
+    def next_attempt(
+        self, *, resume_from: int | None = None, if_exists: IfExists | None = None
+    ) -> RolloutStore:
+        """This store opened again, with this object's options and history, for the next
+        trainer run of this process: an attempt of its own
+        (:func:`~.attempts.next_attempt_id` of this object's attempt id). For a trainer that
+        learns where it resumes only when it starts (``train(resume_from_checkpoint=...)``).
+
+        ``resume_from``: the run resumes at that step (a checkpoint's), whatever this object
+        says for a fresh run (a different resume point of its own is refused). Otherwise a
+        fresh run, as ``if_exists`` says, by default as this object does (``"error"``:
+        refused by :meth:`begin_attempt` when the store holds an earlier run's steps; a
+        ``"resume"`` of this object keeps its resume point)."""
+        spec = self.attempt_spec
+        own = spec.resume_from if spec.if_exists == "resume" else None
+        if resume_from is not None:
+            if own is not None and own != resume_from:
+                raise ArgumentError(
+                    f"{self.uri}: this store object resumes at step {own}, the run at step "
+                    f"{resume_from}; open it without resume_from= (the checkpoint says where "
+                    "the run resumes)"
+                )
+            if_exists = "resume"
+        else:
+            if_exists = if_exists or spec.if_exists
+            resume_from = own if if_exists == "resume" else None
+        history = self.catalog.history if isinstance(self.catalog, LogCatalog) else "effective"
+        return type(self)(
+            self.backend,
+            cache=self.cache_enabled,
+            on_error=self.on_error,
+            check_crc=self.check_crc,
+            compression=self.compression,
+            compression_level=self.compression_level,
+            compact_every=self.compact_every,
+            lock_timeout=self.lock_timeout,
+            query_timeout=self.query_timeout,
+            if_exists=if_exists,
+            resume_from=resume_from,
+            attempt=next_attempt_id(spec.id),
+            role=spec.role,
+            attempts=history,
+        )
 
     @classmethod
     def create(

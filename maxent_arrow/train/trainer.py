@@ -12,6 +12,12 @@ it replayable, and the step's ``trainer_metrics`` record (loss, KL, grad norm, l
 Before each update the policy weights are saved (safetensors, no pickle) as the step's snapshot,
 so an offline replay can re-score the stored tokens with exactly the weights that produced the
 logged loss (:mod:`maxent_arrow.train.offline`).
+
+A trainer is an attempt of the run (:mod:`maxent_arrow.store.attempts`), begun in the store
+when it is built, before any step: ``resume_from=s`` resumes the run at step ``s`` (the stored
+steps from ``s`` on, of earlier attempts, are superseded: the resumed run writes them again),
+and a fresh trainer on a store that holds an earlier run's steps is refused unless
+``if_exists`` says ``"new_attempt"`` or ``"resume"``.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from maxent_arrow.compute import (
 from maxent_arrow.ingest import build_score_batch, tokenizer_identity
 from maxent_arrow.rollout import METRICS_KEY, RolloutBatch, RunConfig, trainer_metrics_table
 from maxent_arrow.store import RolloutStore
+from maxent_arrow.store.attempts import IfExists
 from maxent_arrow.train.generation import Rollouts, sample_groups
 from maxent_arrow.train.scoring import reference_logprobs, sequence_scores
 from maxent_arrow.train.snapshots import snapshot_path
@@ -60,7 +67,9 @@ class MaxEntTrainer:
         A ``transformers`` causal LM and its tokenizer; the reference is a frozen deep copy of
         the model as given.
     store:
-        Where every step goes.
+        Where every step goes. The trainer writes through a store object of its own attempt
+        (:meth:`~maxent_arrow.store.RolloutStore.next_attempt`), ``self.store``; the given
+        object's ``resume_from`` / ``if_exists`` apply unless these arguments say otherwise.
     config:
         The run's settings (:class:`~maxent_arrow.rollout.RunConfig`); stored with every
         step, completed with the tokenizer's identity and ids, as the replay contract.
@@ -70,6 +79,15 @@ class MaxEntTrainer:
         An ``accelerate.Accelerator``; it decides the device and runs the backward pass.
     run_dir:
         Where the per-step weight snapshots go (``snapshots/``); None keeps none.
+    resume_from:
+        The step this run resumes at (the first step it will run; the policy given is the one
+        to resume with, e.g. the snapshot of that step): the stored steps ``>= resume_from``
+        of earlier attempts are superseded.
+    if_exists:
+        What a fresh run (no ``resume_from``) does when the store holds steps of an earlier
+        run: ``"error"`` (refused here, with a :class:`~maxent_arrow.errors.StoreError`
+        naming the choices), ``"new_attempt"`` (a re-run that supersedes it) or ``"resume"``
+        (continue after its last step).
     """
 
     def __init__(
@@ -82,12 +100,15 @@ class MaxEntTrainer:
         reward_funcs: Sequence[Callable],
         accelerator: Any = None,
         run_dir: Path | None = None,
+        resume_from: int | None = None,
+        if_exists: IfExists | None = None,
     ):
         from accelerate import Accelerator
 
         self.config = config
         self.tokenizer = tokenizer
-        self.store = store
+        # A trainer is a run of its own: the store object of its attempt.
+        self.store = store.next_attempt(resume_from=resume_from, if_exists=if_exists)
         self.reward_funcs = list(reward_funcs)
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.accelerator = accelerator or Accelerator(cpu=not torch.cuda.is_available())
@@ -97,6 +118,9 @@ class MaxEntTrainer:
         self.reference.to(self.accelerator.device)
         self.last_grad_norm: float | None = None  # of the last update, before the step
         self.metrics_records: list[dict[str, Any]] = []  # trainer_metrics rows, one per step
+        # The run's attempt, begun now: a fresh run into an earlier run's store is refused
+        # before any step (None: a store without a commit log, which keeps no records).
+        self.attempt = self.store.begin_attempt(config=self.run_config().to_dict())
 
     @property
     def policy(self) -> Any:
@@ -186,7 +210,8 @@ class MaxEntTrainer:
         on the rollout step ``step``, one step and one batch averaged; the loss terms and the
         seed diagnostics (whose ``clip_ratio*`` measure the policy-vs-reference log-ratio, not
         PPO clipping: they go under ``diagnostics/``, not in the clip columns) by name. Kept in
-        ``metrics_records``; appended to the store when it takes records."""
+        ``metrics_records``; appended to the store's ``trainer_metrics`` records (a store with a
+        commit log)."""
         figures = {
             name: getattr(loss.scalars, name) for name in R.feeding("LossScalarBundle", R.STEP)
         }
@@ -210,9 +235,8 @@ class MaxEntTrainer:
             METRICS_KEY: {**figures, **seed},
         }
         self.metrics_records.append(row)
-        append = getattr(self.store, "append_records", None)
-        if append is not None:
-            append(R.TRAINER_METRICS, trainer_metrics_table([row]))
+        if self.attempt is not None:
+            self.store.append_records(R.TRAINER_METRICS, trainer_metrics_table([row]))
 
     def generate(self, step: int, rows: Sequence[dict[str, str]]) -> Rollouts:
         """K sampled completions per prompt from the policy (in eval mode: no dropout), seeded

@@ -260,11 +260,14 @@ def test_chat_prompts_are_typed_messages_and_eval_rounds_are_stored(tmp_path):
     evals = store.read(kind="eval")
     assert evals.num_rows == 2 and sum(evals.column("num_completions").to_pylist()) == 8
     assert len(set(evals.column("group_id").to_pylist())) == 2
-    # A second evaluation at step 2, by this trainer or by one resumed there, is not stored
-    # again (the store keeps one eval step per step and rank); the warning says so.
+    # A second evaluation at step 2, by this trainer or by one that continues the run there,
+    # is not stored again (the store keeps one eval step per step and rank); the warning says
+    # so.
     with pytest.warns(UserWarning, match="eval round at step 2 of rank 0 is already stored"):
         probe.evaluate()
-    resumed = trl_runs.trainer(tmp_path, chat=True, eval_rows=2, per_device_eval_batch_size=4)
+    resumed = trl_runs.trainer(
+        tmp_path, chat=True, eval_rows=2, per_device_eval_batch_size=4, if_exists="resume"
+    )
     resumed.state.global_step = 2
     with pytest.warns(UserWarning, match="already stored"):
         resumed.evaluate()
@@ -595,6 +598,22 @@ def test_the_trl_example_records_inspects_and_reports(tmp_path):
     store = RolloutStore(tmp_path / "run" / "store")
     assert store.steps() == [0, 2] and store.verify().problems == []
     assert (tmp_path / "run" / "report" / "index.html").is_file()
+    # Run again into the same directory: refused before any training step, nothing committed.
+    entries = sorted(p.name for p in (tmp_path / "run" / "store" / "log").iterdir())
+    again = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "run")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert again.returncode != 0
+    error = again.stderr.strip().splitlines()[-1]
+    assert error.startswith("maxent_arrow.errors.StoreError:") and "refused" in error
+    for choice in ("resume_from_checkpoint", "new run directory", "new_attempt"):
+        assert choice in error
+    assert "'loss'" in done.stdout and "'loss'" not in again.stdout  # no training step
+    assert sorted(p.name for p in (tmp_path / "run" / "store" / "log").iterdir()) == entries
 
 
 @pytest.mark.slow

@@ -157,10 +157,12 @@ def trainer(
     eval_rows: int = 0,
     store: Path | None = None,
     background: bool = True,
+    if_exists: str | None = None,
     **overrides: Any,
 ) -> Probe:
     """A :class:`Probe` over the tiny model, recording into ``store`` (default
-    ``root/store``; on the recorder's background thread unless ``background=False``)."""
+    ``root/store``; on the recorder's background thread unless ``background=False``;
+    ``if_exists``: the recorder's ``rollout_if_exists``)."""
     tok = ByT5Tokenizer()
     if chat:
         tok.chat_template = CHAT_TEMPLATE
@@ -172,5 +174,6 @@ def trainer(
         eval_dataset=dataset(eval_rows, chat=chat, offset=train_rows) if eval_rows else None,
         processing_class=tok,
         rollout_store=store or Path(root) / "store",
+        rollout_if_exists=if_exists,
         background=background,
     )
