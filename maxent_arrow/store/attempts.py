@@ -168,7 +168,21 @@ def attempt_entry(spec: AttemptSpec, state: LogState, uri: str) -> dict[str, Any
     """The ``attempt`` entry that begins ``spec``'s attempt given the log's ``state``, or
     ``None`` when it has begun already (another rank of the launch, or this process before).
     A fresh run into a store that holds steps of another attempt of its role is refused."""
-    if state.attempt(spec.id) is not None:
+    begun = state.attempt(spec.id)
+    if begun is not None:
+        # Another rank of the launch began it, or this process before: the same attempt,
+        # unless this writer asks for another resume point or a re-run (never ignored).
+        other_point = spec.resume_from is not None and spec.resume_from != begun.resume_from
+        rerun = spec.if_exists == "new_attempt" and begun.mode != "new_attempt"
+        if other_point or rerun:
+            raise StoreError(
+                f"{uri}: attempt {spec.id} began already (as {begun.mode!r}"
+                + (f" at step {begun.resume_from}" if begun.resume_from is not None else "")
+                + f"); this writer asks for {spec.if_exists!r}"
+                + (f" at step {spec.resume_from}" if spec.resume_from is not None else "")
+                + ". A resume or a re-run is an attempt of its own: store.next_attempt("
+                "resume_from=...), or attempt=<a new id> (MAXENT_ARROW_ATTEMPT)"
+            )
         return None
     others = [
         e

@@ -79,3 +79,22 @@ def test_next_attempt_keeps_the_objects_choice_and_one_resume_point(tmp_path):
     again = opened.next_attempt()
     assert (again.compression, again.compact_every) == ("lz4", None)
     assert again.catalog.history == "all"
+
+
+def test_a_resume_asked_of_an_attempt_that_began_is_refused_not_ignored(tmp_path):
+    """One process is one attempt; a writer of it that asks for a resume point the attempt
+    did not begin with is refused, naming the way out (next_attempt), never silently
+    continued; a plain continuation of the same attempt is fine."""
+    root = tmp_path / "s"
+    first = RolloutStore.create(root)
+    first.append(make_batch(0))
+    first.append(make_batch(1))
+    with pytest.raises(StoreError, match=r"asks for 'resume' at step 1.*next_attempt"):
+        RolloutStore(root, resume_from=1).append(make_batch(1))
+    with pytest.raises(StoreError, match=r"asks for 'new_attempt'"):
+        RolloutStore(root, if_exists="new_attempt").begin_attempt()
+    RolloutStore(root, if_exists="resume").append(make_batch(2))
+    assert RolloutStore(root).steps() == [0, 1, 2]
+    resumed = first.next_attempt(resume_from=1)
+    resumed.append(make_batch(1, seed=5))
+    assert RolloutStore(root).steps() == [0, 1]
