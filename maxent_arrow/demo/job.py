@@ -9,7 +9,9 @@ when a run starts), so ``maxent-arrow demo --help`` answers at once.
 The run directory: without ``--out`` each run gets a fresh ``runs/demo/run-NNN``; an
 explicit ``--out`` must be new or empty. The demo never deletes or overwrites anything: a
 non-empty ``--out`` (or a store) is refused with one line on stderr and exit code 2, before
-anything is written.
+anything is written. ``--resume`` continues the run in ``--out`` (a killed or shorter run)
+from its last policy snapshot, as a resumed attempt of the run: the stored steps from there on
+are superseded, readable as such (``docs/commit-protocol.md``, "Attempts").
 """
 
 from __future__ import annotations
@@ -75,6 +77,13 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help=f"run directory, new or empty (default: a fresh {DEFAULT_ROOT}/run-NNN)",
     )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in --out from its last policy snapshot (after a kill, or with "
+        "more --steps): a resumed attempt of the run; the stored steps from there on are "
+        "superseded, and the optimizer starts fresh (the demo keeps weights only)",
+    )
     parser.add_argument("--steps", type=_count(1), default=80, help="training steps")
     parser.add_argument("--prompts", type=_count(1), default=48, help="prompt groups per step")
     parser.add_argument("--k", type=_count(1), default=4, help="completions per prompt")
@@ -115,13 +124,25 @@ def _next_numbered(root: Path) -> Path:
         return candidate
 
 
-def prepare_run_dir(out: Path | None, *, root: Path = DEFAULT_ROOT) -> Path:
+def prepare_run_dir(out: Path | None, *, root: Path = DEFAULT_ROOT, resume: bool = False) -> Path:
     """The directory this run writes into, created now.
 
     Without ``out``: a fresh numbered directory under ``root`` (``run-001``, ``run-002``,
     ...). With ``out``: it must not exist yet or be an empty directory; a file, a rollout
     store or a non-empty directory raises :class:`RunDirectoryError` and nothing is created.
+    ``resume``: ``out`` must be a demo run (its store and policy snapshots), which goes on.
     """
+    if resume:
+        if out is None:
+            raise RunDirectoryError("--resume needs --out: the run directory to continue")
+        if not (out / "store" / "manifest.json").is_file() or not any(
+            (out / "snapshots").glob("step-*.safetensors")
+        ):
+            raise RunDirectoryError(
+                f"--resume: {out} is not a demo run (no store/ with policy snapshots/ beside "
+                "it); give the run directory a demo wrote"
+            )
+        return out
     if out is None:
         try:
             return _next_numbered(root)
@@ -153,7 +174,7 @@ def run(args: argparse.Namespace, *, out: Path | None = None) -> dict[str, Any]:
     """Run the stages into ``out`` (default: :func:`prepare_run_dir` of ``args.out``);
     returns what the closing lines print, with ``out``."""
     if out is None:
-        out = prepare_run_dir(args.out)
+        out = prepare_run_dir(args.out, resume=args.resume)
     # torch and transformers load here, not when the arguments are parsed.
     from maxent_arrow.demo.stages import run_stages
 
@@ -170,7 +191,7 @@ def main(argv: list[str] | None = None, *, commands: Collection[str] | None = No
     """
     args = _parser().parse_args(argv)
     try:
-        out = prepare_run_dir(args.out)
+        out = prepare_run_dir(args.out, resume=args.resume)
     except RunDirectoryError as exc:
         sys.stderr.write(f"maxent-arrow demo: error: {exc}\n")
         return EXIT_USAGE
@@ -214,7 +235,12 @@ def closing_lines(
     figures, timings, out = result["figures"], result["timings"], result["out"]
     lines = [""]
     sft, config = result["warm_start"], result["config"]
-    if args.sft_steps:
+    if result.get("resumed_at") is not None:
+        lines.append(
+            f"resumed at step {result['resumed_at']} from its policy snapshot (a new attempt of "
+            "the run; the stored steps from there on are superseded, see `inspect`)"
+        )
+    elif args.sft_steps:
         lines.append(
             f"warm start: {args.sft_steps} supervised steps on {sft['demonstrations']} "
             f"demonstrations in {timings['warm start']:.1f}s ({sft['wrong']} of them wrong: "

@@ -22,6 +22,7 @@ when a run starts, so ``maxent-arrow demo --help`` stays fast.
 from __future__ import annotations
 
 import argparse
+import copy
 import random
 import sys
 import time
@@ -38,6 +39,7 @@ from maxent_arrow.analytics import build_report
 from maxent_arrow.demo.model import tiny_model
 from maxent_arrow.demo.prompts import load_prompts
 from maxent_arrow.demo.rewards import accuracy_reward, format_reward
+from maxent_arrow.errors import StoreError
 from maxent_arrow.rollout import RunConfig
 from maxent_arrow.store import RolloutStore
 from maxent_arrow.train import (
@@ -220,14 +222,26 @@ def _validation_context(args, trainer: MaxEntTrainer, store: RolloutStore) -> Va
     )
 
 
-def _train(args, trainer: MaxEntTrainer, ctx: ValidationContext) -> None:
-    """Train ``args.steps`` steps on the RL prompts (a seeded shuffle, taken in turn),
-    evaluating before step 0 (the warm start), every ``args.eval_every`` steps, and at the
-    end."""
+def resume_point(out: Path) -> int:
+    """Where a run in ``out`` resumes: the last step whose policy snapshot was saved (the
+    weights before that step's update; a kill after it lost at most that step)."""
+    steps = sorted(
+        int(p.name.removeprefix("step-").removesuffix(".safetensors"))
+        for p in (out / "snapshots").glob("step-*.safetensors")
+    )
+    if not steps:
+        raise StoreError(f"{out}: no policy snapshot to resume from")
+    return steps[-1]
+
+
+def _train(args, trainer: MaxEntTrainer, ctx: ValidationContext, *, start: int = 0) -> None:
+    """Train steps ``start`` to ``args.steps`` on the RL prompts (a seeded shuffle, taken in
+    turn: step ``s`` always trains on the same prompts), evaluating before step 0 (the warm
+    start), every ``args.eval_every`` steps, and at the end."""
     rows = load_prompts("train")
     random.Random(args.seed).shuffle(rows)
-    with _bar(args, args.steps, "train") as bar:
-        for step in range(args.steps):
+    with _bar(args, args.steps - start, "train") as bar:
+        for step in range(start, args.steps):
             if should_evaluate(ctx, step):
                 evaluate(ctx, step=step)
             first = step * args.prompts
@@ -262,11 +276,22 @@ def run_stages(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     try:
         torch.manual_seed(args.seed)
         timings: dict[str, float] = {}
-        model, tokenizer = tiny_model(args.seed), ByT5Tokenizer()
-        sft = warm_start(args, model, tokenizer)
-        timings["warm start"] = sft.pop("seconds")
+        tokenizer = ByT5Tokenizer()
         config = demo_config(args)
-        store = RolloutStore.create(out / "store", config=config.to_dict())
+        resumed_at = resume_point(out) if args.resume else None
+        if resumed_at is None:
+            model, reference = tiny_model(args.seed), None
+            sft = warm_start(args, model, tokenizer)
+            store = RolloutStore.create(out / "store", config=config.to_dict(), if_exists="error")
+        else:
+            # The policy as it was before step `resumed_at`'s update, the reference as the
+            # run's first snapshot (the warm-started model), the store as a resumed attempt.
+            load = snapshot_loader(out, lambda: tiny_model(args.seed))
+            model = copy.deepcopy(load(resumed_at)).train()
+            reference = copy.deepcopy(load(0))
+            sft = {"demonstrations": 0, "wrong": 0, "seconds": 0.0}
+            store = RolloutStore(out / "store")
+        timings["warm start"] = sft.pop("seconds")
         trainer = MaxEntTrainer(
             model,
             tokenizer,
@@ -274,10 +299,13 @@ def run_stages(args: argparse.Namespace, out: Path) -> dict[str, Any]:
             config=config,
             reward_funcs=[accuracy_reward, format_reward],
             run_dir=out,
+            resume_from=resumed_at,
+            reference=reference,
         )
+        store = trainer.store  # the run's attempt: evaluations and reads go through it
         ctx = _validation_context(args, trainer, store)
         started = time.perf_counter()
-        _train(args, trainer, ctx)
+        _train(args, trainer, ctx, start=resumed_at or 0)
         timings["train"] = time.perf_counter() - started
         started = time.perf_counter()
         replayed = _replay(args, out, store)
@@ -297,4 +325,5 @@ def run_stages(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         "report": report,
         "timings": timings,
         "store": store,
+        "resumed_at": resumed_at,
     }

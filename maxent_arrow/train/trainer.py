@@ -65,7 +65,7 @@ class MaxEntTrainer:
     ----------
     model, tokenizer:
         A ``transformers`` causal LM and its tokenizer; the reference is a frozen deep copy of
-        the model as given.
+        the model as given (or of ``reference``).
     store:
         Where every step goes. The trainer writes through a store object of its own attempt
         (:meth:`~maxent_arrow.store.RolloutStore.next_attempt`), ``self.store``; the given
@@ -83,6 +83,9 @@ class MaxEntTrainer:
         The step this run resumes at (the first step it will run; the policy given is the one
         to resume with, e.g. the snapshot of that step): the stored steps ``>= resume_from``
         of earlier attempts are superseded.
+    reference:
+        The reference model, when it is not the model given (a resumed run: the policy is a
+        later snapshot, the reference the run's first); frozen, copied.
     if_exists:
         What a fresh run (no ``resume_from``) does when the store holds steps of an earlier
         run: ``"error"`` (refused here, with a :class:`~maxent_arrow.errors.StoreError`
@@ -102,6 +105,7 @@ class MaxEntTrainer:
         run_dir: Path | None = None,
         resume_from: int | None = None,
         if_exists: IfExists | None = None,
+        reference: Any = None,
     ):
         from accelerate import Accelerator
 
@@ -112,7 +116,8 @@ class MaxEntTrainer:
         self.reward_funcs = list(reward_funcs)
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.accelerator = accelerator or Accelerator(cpu=not torch.cuda.is_available())
-        self.reference = copy.deepcopy(model).eval().requires_grad_(False)
+        base = model if reference is None else reference
+        self.reference = copy.deepcopy(base).eval().requires_grad_(False)
         optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate)
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         self.reference.to(self.accelerator.device)
