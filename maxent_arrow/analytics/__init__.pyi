@@ -10,3 +10,4 @@ from .run import (
     RunAnalytics as RunAnalytics,
     open_run as open_run,
 )
+from .summary import Summary as Summary
