@@ -97,7 +97,7 @@ def test_query_csv_and_table(capsys, store):
 
 def test_query_errors(capsys, store, tmp_path):
     code, _, err = run(capsys, "query", store.root, "SELECT nope FROM groups")
-    assert code == EXIT_DATA
+    assert code == EXIT_USAGE  # a column the views lack: the user's mistake
     assert "nope" in one_line_error(err, "query")
     code, _, err = run(capsys, "query", tmp_path / "missing", "SELECT 1")
     assert code == EXIT_DATA
