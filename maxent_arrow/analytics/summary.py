@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["Fact", "Summary", "Trend", "loss_label", "summarize", "trend"]
+__all__ = ["Fact", "Summary", "Trend", "loss_label", "summarize", "tokenizer_text", "trend"]
 
 
 @dataclass(frozen=True)
@@ -137,14 +137,21 @@ def _reward_trends(curve: pa.Table | None, prefix: str, what: str) -> list[Trend
     return out
 
 
-def _tokenizer(value: Any) -> str:
+def tokenizer_text(value: Any) -> str | None:
+    """A recorded tokenizer identity (``RunConfig.tokenizer``: class, name or path, vocabulary
+    size) as one phrase, ``"ByT5Tokenizer google/byt5-small (vocabulary 384)"``; ``None`` when
+    nothing was recorded (the report and ``inspect`` both say it this way)."""
     if isinstance(value, Mapping) and value:
-        name = value.get("class") or value.get("name_or_path") or "?"
+        kind = value.get("class")
+        name = value.get("name_or_path") or value.get("name")
+        words = [str(w) for w in dict.fromkeys((kind, name)) if w]
         size = value.get("vocab_size")
-        return f"{name} (vocabulary {size:,})" if isinstance(size, int) else str(name)
+        if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+            words.append(f"(vocabulary {size:,})")
+        return " ".join(words) or None
     if isinstance(value, str) and value:
         return value
-    return "not recorded"
+    return None
 
 
 def _rewards(config: Mapping[str, Any], names: Sequence[str]) -> str:
@@ -193,7 +200,7 @@ def summarize(
         Fact("created", "Created", info.get("created_at") or "not recorded"),
         Fact("trainer", "Trainer", cfg.get("trainer") or "not recorded"),
         Fact("model", "Model", cfg.get("model") or "not recorded"),
-        Fact("tokenizer", "Tokenizer", _tokenizer(cfg.get("tokenizer"))),
+        Fact("tokenizer", "Tokenizer", tokenizer_text(cfg.get("tokenizer")) or "not recorded"),
         Fact("ranks", "Ranks (processes)", len(info.get("ranks") or []), "ranks"),
         Fact(
             "train_steps",

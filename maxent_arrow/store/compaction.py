@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, cast
 
 import pyarrow as pa
@@ -50,12 +50,14 @@ def compact(
     compression_level: int | None,
     loose_only: bool = False,
     lock_timeout: float | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> list[Any]:
     """Merge committed files (per kind; ``max_steps`` distinct steps per segment) into
     segments, each committed atomically: readers see the inputs or the segment, never both
     and never neither, also after a crash at any point. ``loose_only`` merges one-step files
-    only (segments stay as they are: the writer's policy never rewrites data twice). Returns
-    the new step files."""
+    only (segments stay as they are: the writer's policy never rewrites data twice).
+    ``progress(done, total)`` is told of the files considered (``total``: those of the chosen
+    units) as each segment is committed. Returns the new step files."""
     backend = catalog.backend
     backend.require("can_rewrite", "compact")
     if max_steps is not None and (
@@ -70,6 +72,9 @@ def compact(
     for unit in units:
         by_kind.setdefault(unit.kind, []).append(unit)
     made = []
+    total, done = len({u.step_file for u in units}), 0
+    if progress is not None:
+        progress(0, total)
     for knd, members in sorted(by_kind.items()):
         distinct = sorted({u.step for u in members})
         size = max_steps or len(distinct)
@@ -80,6 +85,7 @@ def compact(
             # Whole files only: a segment that holds steps outside this chunk stays as it is.
             whole = [f for f in files if {u.step for u in units if u.step_file == f} <= chosen]
             chunk = [u for u in chunk if u.step_file in whole]
+            done += len(files)
             if len(whole) < 2:
                 continue  # one file is already as compact as it gets
             made.append(
@@ -87,8 +93,12 @@ def compact(
                     catalog, schemas, knd, chunk, compression, compression_level, lock_timeout
                 )
             )
+            if progress is not None:
+                progress(min(done, total), total)
     if not made:  # each merge tidies retired/; without one, do it here
         expire_retired(backend, RETIRE_SECONDS)
+    if progress is not None:
+        progress(total, total)
     return made
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import os
 import warnings
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 from maxent_arrow.arrow import schema as S
@@ -245,11 +245,13 @@ class RolloutStore(ReadOnlyStore):
         steps: Iterable[int] | None = None,
         ranks: Iterable[int] | None = None,
         max_steps: int | None = None,
+        progress: Callable[[int, int], None] | None = None,
     ) -> list[Any]:
         """Merge committed files (of ``kind``, ``steps`` and ``ranks``, if given; at most
         ``max_steps`` steps per segment) into segments, each committed atomically with the
         list of files it replaces: readers see the old files or the segment, never both and
-        never neither, also after a crash. Local stores only. Returns the new step files."""
+        never neither, also after a crash. Local stores only. Returns the new step files.
+        ``progress(done, total)``: told of the files merged so far (a progress bar)."""
         return compact(
             self.catalog,
             self.schemas,
@@ -260,6 +262,7 @@ class RolloutStore(ReadOnlyStore):
             compression=self.compression,
             compression_level=self.compression_level,
             lock_timeout=self.lock_timeout,
+            progress=progress,
         )
 
     def repair(self) -> RepairReport:

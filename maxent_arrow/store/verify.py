@@ -9,6 +9,7 @@ leftovers of crashed writes (temp files, uncommitted or replaced files) are *not
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -73,12 +74,13 @@ class VerifyReport:
         return "\n".join(lines)
 
 
-def verify(catalog: Catalog) -> VerifyReport:
+def verify(catalog: Catalog, *, progress: Callable[[int, int], None] | None = None) -> VerifyReport:
     """Check every file: the manifest; each step file (seal, name, rows); each committed
     group file (size, CRC-32 of the whole file and of every chunk, rows); each cache copy.
     Leftovers (temp files, uncommitted or replaced files) are notes, not problems; a group
     file that looks like a lost commit (:func:`classify_uncommitted`) and a symbolic link out
-    of the store are problems. One problem never stops the report."""
+    of the store are problems. One problem never stops the report. ``progress(done, total)``
+    is told of the committed step files (each with its group file) checked so far."""
     report = VerifyReport()
     backend = catalog.backend
     for rel, target in backend.escapes():
@@ -95,6 +97,7 @@ def verify(catalog: Catalog) -> VerifyReport:
     names = catalog.step_names()
     replaced = catalog.hidden(names, "skip")
     committed: set[str] = set()
+    total, done = len(names) - len(replaced & set(names)), 0
     for name in names:
         path = backend.root / STEPS / name
         if name in replaced:
@@ -102,6 +105,9 @@ def verify(catalog: Catalog) -> VerifyReport:
                 StoreProblem(path, "replaced by a compaction; `repair` moves it aside")
             )
             continue
+        if progress is not None:
+            progress(done, total)
+        done += 1
         report.checked += 1
         try:
             step = catalog.step_file(name)
@@ -113,6 +119,8 @@ def verify(catalog: Catalog) -> VerifyReport:
             _verify_step(report, backend, step)
         except StoreError as exc:  # a path refused (a symlink out): reported, and on
             report.problems.append(StoreProblem(path, str(exc)))
+    if progress is not None:
+        progress(total, total)
     _leftovers(report, catalog, committed, replaced)
     return report
 
