@@ -631,6 +631,16 @@ class ReadyMadeQueries:
         ]
         return {"step": mine[-1]["last"], "config": latest, "changed": changed}
 
+    def group_counts(self) -> pa.Table:
+        """Prompt groups and completions per kind, counted from the group rows read: columns
+        ``kind, steps, groups, completions``. Under ``on_error="skip"`` a damaged group file
+        left out is not counted here, while the step rows (``describe()``) still list it."""
+        k = "num_completions" if "num_completions" in self.rel.group_columns else "len(completions)"
+        return self.rel.sql(
+            "SELECT kind, count(DISTINCT step) AS steps, count(*) AS groups, "
+            f"sum({k})::BIGINT AS completions FROM groups GROUP BY kind ORDER BY kind"
+        )
+
     def eval_rows(self) -> pa.Table:
         """The step rows of evaluation passes (``kind = 'eval'``), by step and rank."""
         return self.rel.sql("SELECT * FROM steps WHERE kind = 'eval' ORDER BY step, rank")

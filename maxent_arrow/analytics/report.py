@@ -192,6 +192,7 @@ def _build(
         "success": ("success", lambda: run.success_rate(threshold=threshold, k=ks)),
         "zero_variance": ("reward spread", run.zero_variance_groups),
         "unscored": ("unscored completions", run.unscored),
+        "counts": ("group counts", run.group_counts),
         "lengths": ("lengths", run.length_stats),
         "losses": ("loss components", run.loss_curve),
         "policy_entropy": ("policy entropy", run.policy_entropy_curve),

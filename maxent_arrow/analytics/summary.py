@@ -3,9 +3,10 @@ per-step figure, with human labels and units.
 
 Every number comes from a ready-made query's table (:mod:`~maxent_arrow.analytics.queries`,
 whose statistics are defined in ``docs/formulas.md`` §5): a figure's *start* is its value at
-the first step that has one, its *peak* the highest value (the first step that reaches it),
-its *end* the value at the last step that has one. Steps where a figure has no value (NULL,
-NaN: nothing scored, a column not recorded) are left out, never read as 0.
+the first step that has one, its *peak* the highest value (the first step that reaches it,
+within a relative 1e-9: :data:`PEAK_RTOL`), its *end* the value at the last step that has
+one. Steps where a figure has no value (NULL, NaN: nothing scored, a column not recorded) are
+left out, never read as 0.
 """
 
 from __future__ import annotations
@@ -18,7 +19,19 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["Fact", "Summary", "Trend", "loss_label", "summarize", "tokenizer_text", "trend"]
+__all__ = [
+    "PEAK_RTOL",
+    "Fact",
+    "Summary",
+    "Trend",
+    "loss_label",
+    "summarize",
+    "tokenizer_text",
+    "trend",
+]
+
+# Values within this (relative, at least absolute for |x| < 1) of the highest are the peak.
+PEAK_RTOL = 1e-9
 
 
 @dataclass(frozen=True)
@@ -92,7 +105,11 @@ def trend(key: str, label: str, unit: str, steps: Any, values: Any) -> Trend | N
     if not keep.any():
         return None
     s, v = s[keep], v[keep]
-    at = int(np.argmax(v))  # the first step that reaches the peak
+    # The first step that reaches the peak, within PEAK_RTOL: a figure that stays level
+    # (a ratio of sums computed per step) differs in its last bits from step to step, and the
+    # peak is then where it starts, not where rounding put the largest value.
+    top = float(v.max())
+    at = int(np.argmax(v >= top - PEAK_RTOL * max(1.0, abs(top))))
     return Trend(
         key, label, unit,
         float(v[0]), int(s[0]), float(v[at]), int(s[at]), float(v[-1]), int(s[-1]), int(v.size),
@@ -185,7 +202,7 @@ def summarize(
     """The summary of a run from ``describe()`` (``info``), ``run_config()`` (``config``) and
     the report's tables (by name: ``reward``, ``eval_reward``, ``success``, ``zero_variance``,
     ``lengths``, ``losses``, ``policy_entropy``, ``distinct``, ``group_entropy``,
-    ``unscored``; a missing one is a part the run did not record)."""
+    ``unscored``, ``counts``; a missing one is a part the run did not record)."""
     kinds = info.get("kinds", {})
     train, evals = kinds.get("train", {}), kinds.get("eval", {})
     cfg: Mapping[str, Any] = config.get("config") or {}
@@ -194,6 +211,12 @@ def summarize(
     if unscored is not None and unscored.num_rows:
         mine = unscored.filter(pc.equal(unscored.column("reward"), "total_utils"))
         n_unscored = int(pc.sum(mine.column("unscored")).as_py() or 0)
+    # Groups and completions as read (a damaged file skipped is not counted); the step rows'
+    # counts when the group rows could not be counted.
+    counts = tables.get("counts")
+    if counts is not None:
+        read = {r["kind"]: r for r in counts.to_pylist()}.get("train", {})
+        train = {**train, "groups": read.get("groups"), "samples": read.get("completions")}
     first, last = train.get("first"), train.get("last")
     facts = [
         Fact("run", "Run", str(info.get("root"))),

@@ -7,6 +7,7 @@ recorded), a MaxEnt demo run, and a run recorded from TRL (no q, weights or loss
 from __future__ import annotations
 
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,7 @@ from report_sql import PAGE_SCRIPT, assert_shown, check_page
 
 from maxent_arrow.analytics.report import build_report
 from maxent_arrow.analytics.run import RunAnalytics
+from maxent_arrow.store import ReadOnlyStore
 
 FIXTURE_PLOTS = {
     "reward_curve.png", "eval.png", "success.png", "losses.png", "exploration.png",
@@ -70,6 +72,27 @@ def test_the_report_reads_in_a_browser_and_every_summary_number_is_sql(browser, 
     end, at = data["trends"]["distinct_completions"][2]
     assert at == "step 7"
     assert_shown(end, float(np.mean([1 / len(g.utils) for g in written.by_step()[7]])), "end")
+
+
+def test_a_report_with_damaged_files_skipped_names_them_in_a_banner(browser, tmp_path):
+    """Read with on_error="skip": the banner names the damaged file, and every number of the
+    summary is what SQL says over the same store read the same way (the file left out)."""
+    written = write_store(tmp_path / "store", steps=range(5), eval_steps=(4,), seed=6)
+    victim = sorted((written.root / "groups").glob("*.train.parquet"))[2]
+    data = bytearray(victim.read_bytes())
+    data[-64] ^= 0xFF  # the footer
+    victim.write_bytes(bytes(data))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the store warns for each skip; the page says it
+        report = build_report(
+            ReadOnlyStore(written.root, on_error="skip"), tmp_path / "report", progress=False
+        )
+        page = _look(browser, report, "report_left_out_1280")
+        with RunAnalytics(ReadOnlyStore(written.root, on_error="skip")) as run:
+            check_page(page, run, written.root)
+    assert page["banner"] is not None and victim.name in page["banner"]
+    assert "Data left out: 1 damaged file(s) were skipped" in page["banner"]
+    _readable_at_1280(page, {p.name for p in report.plots.values()})
 
 
 @pytest.mark.slow
