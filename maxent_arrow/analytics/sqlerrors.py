@@ -26,6 +26,7 @@ __all__ = ["MISTAKES", "check_sql", "explain_failure", "one_line", "quote_hint",
 # DuckDB's exception classes that mean the statement itself is wrong.
 MISTAKES = ("ParserException", "BinderException", "CatalogException")
 _EXPLAIN = "EXPLAIN "
+_EXPLAINED = re.compile(r"\s*EXPLAIN\b(\s+ANALY[SZ]E\b)?", re.I)
 _LINE = re.compile(r"^LINE (\d+): ?(.*)$")
 # A statement that reads like the start of a query: the shell split an unquoted one.
 _FIRST_WORD = re.compile(r"^\s*(select|with|from|describe|explain|show|summarize)\s*$", re.I)
@@ -109,11 +110,19 @@ def explain_failure(con: Any, query: str, params: Any, error: StoreError) -> Exc
     class when the statement itself is wrong; ``error`` otherwise (it failed while running)."""
     if not str(error).startswith("query failed: "):
         return error  # damage, the timeout, the memory limit: already complete
+    explain = _EXPLAINED.match(query)
+    if explain is None:
+        planned, prefix = _EXPLAIN + query, _EXPLAIN
+    else:
+        # The user's own EXPLAIN, planned as it is; ANALYZE (which would run the query again)
+        # blanked out with as many spaces, so that the place DuckDB names stays the user's.
+        a, b = explain.span(1) if explain.group(1) else (0, 0)
+        planned, prefix = query[:a] + " " * (b - a) + query[b:], ""
     duckdb = duckdb_module()
     try:
-        con.execute(_EXPLAIN + query, params)
+        con.execute(planned, params)
     except duckdb.Error as exc:
-        return sql_error(exc, query, prefix=_EXPLAIN)
+        return sql_error(exc, query, prefix=prefix)
     except Exception:  # anything else: the original error stands
         return error
     return error

@@ -62,6 +62,8 @@ def error_line(err: str, command: str | None) -> str:
         ("SELECT step FROM samples WHERE kind = train", "Binder Error", "quoted in SQL: 'train'"),
         ("SELECT step FROM samples WHERE", "Parser Error", 'syntax error at or near "WHERE"'),
         ("SELECT avg_of(total_util) FROM samples", "Catalog Error", "Did you mean"),
+        # The user's own EXPLAIN ANALYZE: planned again without running it, place kept.
+        ("EXPLAIN ANALYZE SELECT stpe FROM samples", "Binder Error", 'column 24: "stpe"'),
     ],
 )
 def test_a_sql_mistake_is_said_in_full_with_the_usage_exit_code(capsys, store, sql, kind, hint):
