@@ -131,12 +131,14 @@ def render(runs: list[dict[str, Any]], doc: dict[str, Any] | None = None) -> str
     return "\n".join(lines)
 
 
-def replace_between_markers(text: str, table: str) -> str:
-    if START not in text or END not in text or text.index(START) > text.index(END):
-        raise SystemExit(f"readme_table: the README has no {START} ... {END} block")
-    head, rest = text.split(START, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{START}\n{table}\n{END}{tail}"
+def replace_between_markers(text: str, table: str, *, start: str = START, end: str = END) -> str:
+    """``text`` with what lies between the ``start`` and ``end`` markers replaced by ``table``
+    (the README's generated blocks: this table, ``readme_timings.py``'s figures)."""
+    if start not in text or end not in text or text.index(start) > text.index(end):
+        raise SystemExit(f"readme_table: the README has no {start} ... {end} block")
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{start}\n{table}\n{end}{tail}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,9 +15,11 @@ Exit codes (scripts can rely on them):
 
 * 0: success;
 * 1: a problem with the data: ``verify`` found damage, a store or file that cannot be read, a
-  schema conflict, a query that DuckDB refused;
-* 2: usage error (unknown command or option, bad argument, a query that is empty, several
-  statements, or not a read);
+  schema conflict, a query that failed while it ran (a value that does not convert, the
+  timeout, the memory limit);
+* 2: usage error (unknown command or option, bad argument; a query that DuckDB cannot parse or
+  bind: its Parser, Binder and Catalog errors, :mod:`maxent_arrow.analytics.sqlerrors`; a
+  query that is empty, several statements, or not a read);
 * 3: an optional dependency is missing (the message names the ``pip install`` to run);
 * 4: an unexpected internal error (a bug; the message says so);
 * 130: interrupted (Ctrl-C).
@@ -30,17 +32,18 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import io
 import json
 import logging
 import math
 import os
+import re
 import sys
-import threading
 import traceback
 import warnings
-from collections.abc import Iterator
-from typing import Any, Literal
+from collections.abc import Callable, Iterator
+from typing import Any, Literal, NoReturn
 
 from maxent_arrow import analytics, demo, store
 from maxent_arrow.errors import ArgumentError, MaxentArrowError, MissingExtraError, QueryError
@@ -69,29 +72,28 @@ def _progress(args: argparse.Namespace) -> bool:
 
 
 @contextlib.contextmanager
-def _busy(description: str, enabled: bool) -> Iterator[None]:
-    """A tqdm bar with elapsed time while a single library call runs (verify, compact): the
-    store does its work in one call, so there is no count to show, only that it is alive."""
+def _files_bar(description: str, enabled: bool) -> Iterator[Callable[[int, int], None] | None]:
+    """A tqdm bar on stderr with the total and the rate (files/s), fed by the library's
+    ``progress(done, total)`` callback (``verify``, ``compact``); ``None`` when disabled."""
     if not enabled:
-        yield
+        yield None
         return
     from tqdm.auto import tqdm
 
-    bar = tqdm(total=None, desc=description, bar_format="{desc}: {elapsed}", leave=False)
-    done = threading.Event()
+    bars: list[Any] = []
 
-    def tick() -> None:
-        while not done.wait(0.2):
-            bar.refresh()
+    def update(done: int, total: int) -> None:
+        if not bars:
+            bars.append(tqdm(total=total, desc=description, unit="file"))
+        bar = bars[0]
+        bar.total = total
+        bar.update(done - bar.n)
 
-    thread = threading.Thread(target=tick, daemon=True)
-    thread.start()
     try:
-        yield
+        yield update
     finally:
-        done.set()
-        thread.join()
-        bar.close()
+        for bar in bars:
+            bar.close()
 
 
 def _finite(value: Any) -> Any:
@@ -129,18 +131,27 @@ def _writable_store(args: argparse.Namespace) -> Any:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
+    from maxent_arrow.analytics.summary import tokenizer_text
+
     with analytics.RunAnalytics(_store(args)) as run:
         info = run.describe()
     if args.json:
         _print_json(info)
         return EXIT_OK
+    recorded = info["run_config"]
+    config = recorded["config"] or info["config"] or {}
+    ranks = info["ranks"]  # the rank ids; the count is their number
     out = [
         f"run:             {info['root']}",
         f"format:          {info['format'] or '-'} (schema {info['schema_version'] or '-'}; "
         f"files: {', '.join(info['file_schema_versions']) or '-'})",
         f"created:         {info['created_at'] or '-'}",
         *_history_lines(info.get("history")),
-        f"ranks:           {', '.join(map(str, info['ranks'])) or '-'}",
+        f"trainer:         {config.get('trainer') or '-'}",
+        f"model:           {config.get('model') or '-'}",
+        f"tokenizer:       {tokenizer_text(config.get('tokenizer')) or '-'}",
+        f"ranks:           {len(ranks)}"
+        + (f" (rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))})" if ranks else ""),
         f"reward funcs:    {', '.join(info['reward_functions']) or '-'}",
         f"group rows:      {info['group_rows']:,}",
         f"files:           {info['files']['groups']} group, {info['files']['steps']} step",
@@ -151,7 +162,15 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
             f"{kind + ' steps:':<17}{k['steps']} (steps {k['first']}..{k['last']}, "
             f"{k['groups']:,} groups, {k['samples']:,} completions)"
         )
-    out.append("config:          " + json.dumps(info["config"], sort_keys=True, default=str))
+    where = (
+        f" (recorded with step {recorded['step']})"
+        if recorded["step"] is not None
+        else " (the manifest's: no step row records one)"
+    )
+    out.append(f"config{where}:")
+    out.append("  " + json.dumps(config, sort_keys=True, default=str))
+    if recorded["changed"]:
+        out.append(f"  changed during the run: {', '.join(recorded['changed'])}")
     sys.stdout.write("\n".join(out) + "\n")
     return EXIT_OK
 
@@ -219,9 +238,7 @@ def _readable(run: Any, table: Any, max_rows: int) -> str:
 
 
 def _cmd_query(args: argparse.Namespace) -> int:
-    from maxent_arrow.store.session import check_query
-
-    check_query(args.sql)  # a usage error, before the store is opened
+    analytics.check_sql(args.sql)  # a usage error, before the store is opened
     with analytics.RunAnalytics(_store(args), materialize=args.materialize) as run:
         table = run.sql(args.sql)
         if args.json:
@@ -248,6 +265,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
         "markdown": str(report.markdown),
         "plots": {name: str(p) for name, p in report.plots.items()},
         "skipped": report.skipped,
+        "left_out": report.left_out,
         "summary": report.summary,
     }
     if args.json:
@@ -256,13 +274,19 @@ def _cmd_report(args: argparse.Namespace) -> int:
         sys.stdout.write(
             f"wrote {len(report.plots)} plots, {report.html} and {report.markdown}\n"
             + "".join(f"  not plotted: {k} ({v})\n" for k, v in report.skipped.items())
+            + (
+                f"  data left out: {len(report.left_out)} damaged file(s) skipped; the report "
+                "says which\n"
+                if report.left_out
+                else ""
+            )
         )
     return EXIT_OK
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    with _busy("verifying", _progress(args)):
-        report = _store(args).verify()
+    with _files_bar("verifying", _progress(args)) as progress:
+        report = _store(args).verify(progress=progress)
     if args.json:
         _print_json(
             {
@@ -278,9 +302,12 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_compact(args: argparse.Namespace) -> int:
-    with _busy("compacting", _progress(args)):
+    with _files_bar("compacting", _progress(args)) as progress:
         made = _writable_store(args).compact(
-            kind=args.kind, max_steps=args.max_steps, drop_superseded=args.drop_superseded
+            kind=args.kind,
+            max_steps=args.max_steps,
+            drop_superseded=args.drop_superseded,
+            progress=progress,
         )
     if args.json:
         _print_json({"compacted": [str(p) for p in made]})
@@ -334,9 +361,37 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------- parser
 
+_CHOICE = re.compile(r"invalid choice: '([^']*)' \(choose from (.*)\)$")
+QUOTE_SQL_HINT = (
+    "the SQL must be one argument: quote it, e.g. "
+    'maxent-arrow query RUN "SELECT step, count(*) FROM samples GROUP BY step"'
+)
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a hint after a usage error: the closest name to a mistyped command or
+    choice ("did you mean"), and quoting for SQL the shell split into words."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.argv: list[str] = []  # set by _run: what the error concerns
+
+    def error(self, message: str) -> NoReturn:
+        choice = _CHOICE.search(message)
+        if choice:
+            listed = choice.group(2)
+            # Python < 3.12.8 quotes each choice; later versions list them bare.
+            choices = re.findall(r"'([^']*)'", listed) or [c.strip() for c in listed.split(",")]
+            close = difflib.get_close_matches(choice.group(1), choices, n=1, cutoff=0.5)
+            if close:
+                message += f"; did you mean '{close[0]}'?"
+        elif message.startswith("unrecognized arguments") and self.argv[:1] == ["query"]:
+            message += f"; {QUOTE_SQL_HINT}"
+        super().error(message)
+
+
+def _parser() -> _Parser:
+    parser = _Parser(
         prog="maxent-arrow",
         description="Arrow columnar rollout store for GRPO-style RL: inspect, query, report.",
         epilog="Exit codes: 0 ok, 1 data problem, 2 usage error, 3 missing optional "
@@ -484,6 +539,11 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _message(exc: BaseException) -> str:
+    """What an error says: its message, or its type when the message is empty."""
+    return str(exc).strip() or type(exc).__name__
+
+
 def _error(command: str | None, message: str) -> None:
     where = f"maxent-arrow {command}" if command else "maxent-arrow"
     text = " ".join(str(message).split())  # one line, whatever the message held
@@ -544,13 +604,18 @@ def _run(argv: list[str]) -> int:
         try:
             return int(main_(argv[1:], commands=_parser().get_default("subcommands")) or 0)
         except SystemExit as exc:  # the demo's own argparse (--help, a usage error)
-            return int(exc.code or 0) if isinstance(exc.code, int | None) else EXIT_USAGE
+            if isinstance(exc.code, int | None):
+                return int(exc.code or 0)
+            # SystemExit("message"): Python would print it; say it as every error is said.
+            _error("demo", str(exc.code).removeprefix("error: "))
+            return EXIT_USAGE
         except KeyboardInterrupt:
             _error("demo", "interrupted")
             return EXIT_INTERRUPTED
         except Exception as exc:  # one line with its message, as every other command
             return _exit_code("demo", exc)
     parser = _parser()
+    parser.argv = argv
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse: --help (0) or a usage error (2), already printed
@@ -577,16 +642,16 @@ def _exit_code(command: str, exc: Exception) -> int:
     try:
         raise exc
     except (QueryError, ArgumentError):
-        _error(command, str(exc))
+        _error(command, _message(exc))
         return EXIT_USAGE
     except MissingExtraError:
-        _error(command, str(exc))
+        _error(command, _message(exc))
         return EXIT_MISSING_EXTRA
     except (MaxentArrowError, OSError, ValueError):
-        _error(command, str(exc))
+        _error(command, _message(exc))
         return EXIT_DATA
     except Exception:  # a bug: still one line (the traceback with MAXENT_ARROW_DEBUG=1)
-        _error(command, f"unexpected {type(exc).__name__}: {exc} (please report)")
+        _error(command, f"unexpected {type(exc).__name__}: {_message(exc)} (please report)")
         return EXIT_INTERNAL
 
 

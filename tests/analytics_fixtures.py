@@ -70,12 +70,19 @@ def write_store(
     max_len: int = 24,
     cap_in_config: bool = True,
     seed: int = 0,
+    losses: bool = False,
+    collapse_at=lambda step: False,
+    config: dict | None = None,
 ) -> Written:
     """Write a store in the agreed layout with pyarrow; return what was written.
 
     Group sizes vary by group (K in 1..6); rewards are 0/1 or continuous; lengths hit the cap
     sometimes. ``rewards_at(step)`` gives the reward functions of a step (schema evolution);
     ``drop_at(step)`` names columns that step's files lack (an older writer).
+    ``losses``: the step rows carry loss values and a KL (``total_loss``, ``policy_loss``,
+    ``kl_loss``, ``weighted_kl_loss``, ``kl_value``); ``collapse_at(step)``: every group of
+    that train step draws one completion text K times (a collapsed policy); ``config``: more
+    keys of the step rows' run config (the model, the tokenizer...).
     """
     rng = np.random.default_rng(seed)
     root = Path(root)
@@ -106,6 +113,8 @@ def write_store(
                 lens = rng.integers(1, max_len + 6, k).clip(max=max_len)
                 trunc = lens >= max_len
                 comps = [f"s{step}r{rank}g{gi}c{i} " + "x" * int(lens[i]) for i in range(k)]
+                if kind == "train" and collapse_at(step):
+                    comps = [f"s{step}r{rank}g{gi} the same"] * k
                 ids = [list(rng.integers(0, 300, int(n))) for n in lens]
                 g = Group(
                     step, rank, kind, gi, f"prompt {gi}", utils, rw, adv, q, w, lens, trunc, comps
@@ -177,8 +186,19 @@ def write_store(
                 kl_length_buckets=list(kl),
                 kl_per_token_by_len_bucket=list(kl.values()),
                 kl_token_count_by_len_bucket=list(counts.values()) if counts else None,
-                config=json.dumps({"max_completion_len": max_len} if cap_in_config else {}),
+                config=json.dumps(
+                    {**({"max_completion_len": max_len} if cap_in_config else {}), **(config or {})}
+                ),
             )
+            if losses and kind == "train":
+                policy, kl = float(rng.normal()), float(rng.random() * 0.1)
+                step_row.update(
+                    policy_loss=policy,
+                    kl_loss=kl,
+                    weighted_kl_loss=0.04 * kl,
+                    total_loss=policy + 0.04 * kl,
+                    kl_value=kl,
+                )
             out.step_rows.append(step_row)
             step_table = pa.Table.from_pylist(
                 [step_row], schema=S.step_schema(families=("core", "maxent"))

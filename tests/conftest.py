@@ -7,6 +7,8 @@
   and read it back.
 - ``s3``: a real S3-compatible server (moto in server mode) on 127.0.0.1, started once per
   session on a free port, with a bucket ``runs``; yields ``(endpoint, pyarrow file system)``.
+- ``browser``: a headless Chromium (``tests/browser.py``), one per session; its tests skip
+  without one, and fail under CI (``CI`` set), whose ``.ci/run`` installs it.
 """
 
 from __future__ import annotations
@@ -120,3 +122,18 @@ def one_launch(monkeypatch, request):
     For the crash and concurrency tests, whose writers are ranks (and relaunches) of one run;
     the attempt tests leave it out."""
     monkeypatch.setenv("MAXENT_ARROW_ATTEMPT", f"launch-{request.node.name}"[:200])
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """Debian's Chromium driven by Playwright (``tests/browser.py``); screenshots go to
+    ``tests/artifacts/``."""
+    import browser as harness
+
+    ok, why = harness.available()
+    if not ok:
+        if os.environ.get("CI"):
+            pytest.fail(f"browser tests need a browser under CI: {why}")
+        pytest.skip(why)
+    with harness.launch() as launched:
+        yield launched

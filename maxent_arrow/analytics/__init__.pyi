@@ -10,3 +10,5 @@ from .run import (
     RunAnalytics as RunAnalytics,
     open_run as open_run,
 )
+from .sqlerrors import check_sql as check_sql
+from .summary import Summary as Summary

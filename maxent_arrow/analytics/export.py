@@ -80,7 +80,8 @@ def export_hf(
     root: str | os.PathLike[str] | ReadOnlyStore, out: str | Path, *, progress: bool = False
 ) -> list[Path]:
     """Write the run as Hugging Face ``datasets`` on disk under ``out``; returns the dataset
-    directories (``out/groups``, ``out/steps``)."""
+    directories (``out/groups``, ``out/steps``). ``progress``: bars over the files read and
+    ``datasets``' own saving bars; without it, no bar at all."""
     try:
         import datasets
     except ImportError:
@@ -89,6 +90,11 @@ def export_hf(
     out = Path(out)
     _check_out(out)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-export-", dir=out))
+    # `datasets` draws its own bars ("Saving the dataset") unless told not to: progress=False
+    # means no bar at all; its global setting is put back afterwards.
+    bars_were_off = datasets.are_progress_bars_disabled()
+    if not progress:
+        datasets.disable_progress_bars()
     try:
         splits: dict[str, Any] = {}
         steps = None
@@ -116,4 +122,6 @@ def export_hf(
             made.append(out / "steps")
         return made
     finally:
+        if not progress and not bars_were_off:
+            datasets.enable_progress_bars()
         shutil.rmtree(tmp, ignore_errors=True)

@@ -8,6 +8,7 @@ list columns it needs and never a token column.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -22,7 +23,7 @@ from maxent_arrow.arrow import schema as S
 from maxent_arrow.errors import LayoutError, SchemaError
 from maxent_arrow.store.sqlplan import quote, reward_aliases, sql_string
 
-__all__ = ["DEFAULT_QUANTILES", "ReadyMadeQueries"]
+__all__ = ["DEFAULT_QUANTILES", "LOSS_COLUMNS", "ReadyMadeQueries"]
 
 DEFAULT_QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
 # length_stats' columns: the step statistic's (the column registry's LengthStats fields), with
@@ -36,6 +37,8 @@ _LENGTHS = (
     "clipped_frac",
     *_STEP_LENGTHS[4:],
 )
+# The step table's loss components and KL, in the order the report plots them.
+LOSS_COLUMNS = (*R.feeding("LossScalarBundle", R.STEP), "kl_value")
 # The RunConfig field that holds the completion-length cap.
 _MAX_LEN_KEY = "max_completion_len"
 
@@ -324,6 +327,9 @@ class ReadyMadeQueries:
         (``q_entropy_*``, ``weight_entropy_*``; ``docs/formulas.md`` §3.4, §3.6). A group
         whose weights have a negative entry (GRPO mode stores advantages as weights) is not a
         distribution and gets no weight entropy; nor does a group without stored weights.
+        ``uniform_entropy_mean`` is the mean of ln K_g, the entropy of a uniform distribution
+        over each group: both entropies sit near it by construction (they measure how evenly a
+        group's weight is spread, not the policy's entropy: :meth:`policy_entropy_curve`).
         """
         parts = [
             (a, p)
@@ -343,7 +349,8 @@ class ReadyMadeQueries:
             for _, p in parts
         )
         return self.rel.sql(
-            f"SELECT step, count(*) AS num_groups, {aggs} FROM (SELECT step, {per_group} FROM "
+            f"SELECT step, count(*) AS num_groups, {aggs}, avg(log_k) AS uniform_entropy_mean "
+            f"FROM (SELECT step, {per_group}, ln(count(*)) AS log_k FROM "
             f"{self.rel.flat([a for a, _ in parts], kind=kind)} GROUP BY {GROUP_KEY}) "
             f"GROUP BY step ORDER BY step"
         )
@@ -461,12 +468,205 @@ class ReadyMadeQueries:
             f"ORDER BY which, position"
         )
 
+    def step_curve(self, columns: Sequence[str], *, kind: str | None = "train") -> pa.Table:
+        """Step-table scalars per step: each of ``columns`` (those the run's step table has)
+        averaged over the ranks of a step, NULLs left out, as data-parallel training
+        averages per-rank losses. Columns: ``step, num_ranks`` and the requested ones the
+        store has (a run that never recorded one has all-NULL values for it)."""
+        known = set(self.rel.views.step_schema.names)
+        wanted = [c for c in dict.fromkeys(columns) if c in known]
+        aggs = "".join(f", avg({quote(c)}) AS {quote(c)}" for c in wanted)
+        return self.rel.sql(
+            f"SELECT step, count(*) AS num_ranks{aggs} FROM steps {self.rel.where(kind=kind)} "
+            "GROUP BY step ORDER BY step"
+        )
+
+    def loss_curve(self, *, kind: str | None = "train") -> pa.Table:
+        """The loss components and the KL per step (:meth:`step_curve` of
+        :data:`LOSS_COLUMNS`): ``total_loss, policy_loss, clip_loss, kl_loss,
+        weighted_kl_loss`` (``LossScalarBundle``) and ``kl_value`` (``BatchDiagnostics``)."""
+        return self.step_curve(LOSS_COLUMNS, kind=kind)
+
+    def policy_entropy_curve(self, *, kind: str | None = "train") -> pa.Table:
+        """The policy's own entropy per step, from ``policy_entropy_sum`` (H_i, the summed
+        per-token entropy of completion i under the policy that scored it).
+
+        Columns: ``step, n`` (completions with a value), ``entropy_per_token`` = Σ_i H_i /
+        Σ_i T_i over those completions (T_i their token counts, as in :meth:`length_stats`;
+        ``docs/formulas.md`` §5.6) and ``entropy_per_completion`` = the mean H_i. A
+        :class:`SchemaError` when the run stored no policy entropy.
+        """
+        if "policy_entropy_sum" not in self.rel.flat_exprs or "length" not in self.rel.flat_exprs:
+            raise SchemaError("policy_entropy_curve: the store has no 'policy_entropy_sum'")
+        h, t = quote("policy_entropy_sum"), quote("length")
+        return self.rel.sql(
+            f"SELECT step, count({h}) AS n, "
+            f"sum({h}) FILTER (WHERE {t} IS NOT NULL) / "
+            f"nullif(sum({t}) FILTER (WHERE {h} IS NOT NULL), 0) AS entropy_per_token, "
+            f"avg({h}) AS entropy_per_completion FROM "
+            f"(SELECT step, unnest({self.rel.flat_exprs['policy_entropy_sum']}) AS {h}, "
+            f"unnest({self.rel.flat_exprs['length']}) AS {t} FROM groups "
+            f"{self.rel.where(kind=kind)}) GROUP BY step HAVING count({h}) > 0 ORDER BY step"
+        )
+
+    def distinct_completions(self, *, kind: str | None = "train") -> pa.Table:
+        """How many different completions each group drew, per step: a policy that
+        collapsed samples the same text K times.
+
+        Per group g (its parts on several ranks merged): d_g, the distinct completion texts
+        among its K_g completions. Per step: ``num_groups``, ``mean_distinct`` (mean d_g) and
+        ``distinct_frac`` (mean d_g / K_g; 1 when every completion differs, 1/K when all are
+        the same; ``docs/formulas.md`` §5.6). Reads the completion text column.
+        """
+        where = self.rel.where(kind=kind)
+        return self.rel.sql(
+            "SELECT step, count(*) AS num_groups, avg(d) AS mean_distinct, "
+            "avg(d / k) AS distinct_frac FROM (SELECT step, count(DISTINCT c) AS d, "
+            "count(*) AS k FROM (SELECT step, kind, group_id, unnest(completions) AS c "
+            f"FROM groups {where}) GROUP BY {GROUP_KEY}) GROUP BY step ORDER BY step"
+        )
+
+    def group_extremes(
+        self, *, n: int = 3, by: str = "total_utils", kind: str | None = "train"
+    ) -> pa.Table:
+        """The ``n`` best and ``n`` worst prompt groups of the whole run, by the mean of their
+        scored ``by`` values (unscored completions left out; a group without a scored
+        completion is not ranked).
+
+        Columns: ``which`` (``"best"``/``"worst"``), ``position`` (1 = most extreme),
+        ``step, kind, group_id, prompt`` (text, or the last message's content for a chat),
+        ``answer`` (the gold answer), ``k`` (completions), ``n_scored``, ``mean``, and the
+        group's ``best_completion, best_score, worst_completion, worst_score``. Ties break
+        towards the later step, then by ``group_id``. A group is listed once: the worst are
+        taken from the groups not among the best.
+        """
+        expr = self._list_expr(by, what="group_extremes")
+        n = int(n)
+        if n < 1:
+            raise LayoutError(f"n: expected an integer >= 1, got {n}")
+        cols = self.rel.group_columns
+        prompt = _prompt_text(cols)
+        answer = "answer" if "answer" in cols else "NULL::VARCHAR"
+        base = (
+            f"SELECT step, kind, group_id, {prompt} AS prompt, {answer} AS answer, "
+            f"unnest(completions) AS completion, unnest({expr}) AS score FROM groups "
+            f"{self.rel.where(kind=kind)}"
+        )
+        per_group = (
+            f"SELECT step, kind, group_id, any_value(prompt) AS prompt, "
+            "any_value(answer) AS answer, count(*) AS k, count(score) AS n_scored, "
+            "avg(score) AS mean, arg_max(completion, score) AS best_completion, "
+            "max(score) AS best_score, arg_min(completion, score) AS worst_completion, "
+            f"min(score) AS worst_score FROM ({base}) GROUP BY {GROUP_KEY} "
+            "HAVING count(score) > 0"
+        )
+        # Best first by mean; worst first the other way, among the groups not already best
+        # (a run of fewer than 2n groups shows each group once).
+        order = "step DESC, group_id"
+        return self.rel.sql(
+            f"WITH g AS ({per_group}), r AS (SELECT *, row_number() OVER (ORDER BY mean DESC, "
+            f"{order}) AS b, row_number() OVER (ORDER BY mean ASC, {order}) AS w FROM g) "
+            f"SELECT 'best' AS which, b AS position, * EXCLUDE (b, w) FROM r WHERE b <= {n} "
+            f"UNION ALL SELECT 'worst' AS which, w AS position, * EXCLUDE (b, w) FROM r "
+            f"WHERE w <= {n} AND b > {n} ORDER BY which, position"
+        )
+
+    def eval_completions(
+        self, step: int | None = None, *, kind: str = "eval", limit: int | None = None
+    ) -> pa.Table:
+        """The completions of one evaluation step beside their gold answers.
+
+        ``step`` defaults to the last step of ``kind``. Columns: ``step, rank, group_index,
+        sample_index, prompt, answer, completion, total_util`` and ``reward_<name>`` for each
+        reward function (unscored: NULL), ordered by (rank, group, sample); at most ``limit``
+        rows. Empty when the run has no such step.
+        """
+        if step is None:
+            last = (
+                self.rel.sql(f"SELECT max(step) AS s FROM steps {self.rel.where(kind=kind)}")
+                .column("s")[0]
+                .as_py()
+            )
+            if last is None:
+                step = -1
+            else:
+                step = int(last)
+        cols = self.rel.group_columns
+        scores = [
+            (alias, self.rel.flat_exprs[alias])
+            for alias in ("total_util", *reward_aliases(self.rel.reward_names).values())
+            if alias in self.rel.flat_exprs
+        ]
+        unnested = "".join(f", unnest({e}) AS {quote(a)}" for a, e in scores)
+        answer = "answer" if "answer" in cols else "NULL::VARCHAR"
+        tail = f" LIMIT {int(limit)}" if limit is not None else ""
+        return self.rel.sql(
+            f"SELECT step, rank, group_index, {_prompt_text(cols)} AS prompt, {answer} AS answer, "
+            "unnest(generate_series(0, num_completions - 1)) AS sample_index, "
+            f"unnest(completions) AS completion{unnested} FROM groups "
+            f"{self.rel.where(kind=kind, steps=int(step))} "
+            f"ORDER BY rank, group_index, sample_index{tail}"
+        )
+
+    def run_config(self, *, kind: str | None = "train") -> dict[str, Any]:
+        """The run config recorded with the step rows (``RunConfig`` as a dict), as of the
+        last step of ``kind`` (of any kind when it has none), and the keys whose value
+        differed between its steps.
+
+        Returns ``{"step": last step or None, "config": {...}, "changed": [keys]}``; the
+        config is empty when no step row recorded one.
+        """
+        rows = self.rel.sql(
+            "SELECT kind, config, max(step) AS last FROM steps WHERE config IS NOT NULL "
+            "GROUP BY kind, config ORDER BY last"
+        ).to_pylist()
+        mine = [r for r in rows if kind is None or r["kind"] == kind] or rows
+        if not mine:
+            return {"step": None, "config": {}, "changed": []}
+        configs = [_json_object(r["config"]) for r in mine]
+        latest = configs[-1]
+        keys = sorted({k for c in configs for k in c})
+        changed = [
+            k for k in keys if len({json.dumps(c.get(k), sort_keys=True) for c in configs}) > 1
+        ]
+        return {"step": mine[-1]["last"], "config": latest, "changed": changed}
+
+    def group_counts(self) -> pa.Table:
+        """Prompt groups and completions per kind, counted from the group rows read: columns
+        ``kind, steps, groups, completions``. Under ``on_error="skip"`` a damaged group file
+        left out is not counted here, while the step rows (``describe()``) still list it."""
+        k = "num_completions" if "num_completions" in self.rel.group_columns else "len(completions)"
+        return self.rel.sql(
+            "SELECT kind, count(DISTINCT step) AS steps, count(*) AS groups, "
+            f"sum({k})::BIGINT AS completions FROM groups GROUP BY kind ORDER BY kind"
+        )
+
     def eval_rows(self) -> pa.Table:
         """The step rows of evaluation passes (``kind = 'eval'``), by step and rank."""
         return self.rel.sql("SELECT * FROM steps WHERE kind = 'eval' ORDER BY step, rank")
 
     def _list_expr(self, name: str, *, what: str) -> str:
         return self.rel.flat_exprs[self.rel.alias(name, what=what)]
+
+
+def _prompt_text(columns: set[str]) -> str:
+    """SQL of a group's prompt as text: ``prompt``, or the last message's content of a chat
+    prompt."""
+    parts = []
+    if "prompt" in columns:
+        parts.append("prompt")
+    if "prompt_messages" in columns:
+        parts.append("prompt_messages[len(prompt_messages)].content")
+    return f"coalesce({', '.join(parts)})" if len(parts) > 1 else (parts or ["NULL::VARCHAR"])[0]
+
+
+def _json_object(text: Any) -> dict[str, Any]:
+    """A step row's config JSON as a dict (anything else: empty)."""
+    try:
+        value = json.loads(text) if isinstance(text, str) else None
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def _length_stats_from_histogram(hist: pa.Table) -> pa.Table:

@@ -1,342 +1,90 @@
-"""A plotted report of a saved run: PNG plots, an HTML page and a Markdown summary.
+"""The report of a saved run: what a researcher reads without writing SQL.
 
 ``build_report(root, out)`` runs the ready-made queries of :class:`RunAnalytics` (after one
 materializing scan) and writes into ``out``:
 
-* ``reward_curve.png``: mean per step with the p05-p95 band, one line per reward function;
-* ``success.png``: success rate, group success rate, pass@k, fraction of zero-variance groups;
-* ``lengths.png``: completion length (mean, p50, p95, max) and the clipped fraction;
-* ``entropy.png``: q entropy and weight entropy (mean with the min-max band);
-* ``kl_buckets.png``: per-token KL per completion-length bucket over steps;
-* ``advantages.png``: histogram of advantages over all train steps;
-* ``eval.png``: eval reward curve (when the run has eval rows);
-* ``index.html`` (the plots, a summary table, best and worst completions of the last step),
-  ``summary.md`` and ``summary.json``.
+* ``index.html``: a banner when damaged files were left out (``on_error="skip"``), what the
+  run did not record, the summary (facts with units, the run config, and the start, peak and
+  end of each per-step figure: reward per function, train and eval, success, lengths, losses,
+  KL, policy entropy, distinct completions), the curves, the eval completions beside their
+  gold answers, and the best and worst prompt groups of the whole run with their gold answers;
+* one full-width PNG per curve (:mod:`~maxent_arrow.analytics.figures`): ``reward_curve``,
+  ``eval`` (eval reward beside the train reward), ``success``, ``losses``, ``exploration``
+  (policy entropy and distinct completions), ``group_entropy`` (q and MaxEnt weights within a
+  group, against ln K), ``kl``, ``lengths``, ``advantages``;
+* ``summary.md`` (the same, as Markdown) and ``summary.json``
+  (:meth:`~maxent_arrow.analytics.summary.Summary.to_json`).
 
-Plots use matplotlib's Agg canvas directly (no pyplot, no global backend switch), so it runs
-headless and leaves a caller's matplotlib state alone.
+A part the run did not record (TRL's recorder stores no q, weights or losses) is left out
+and said so; it never fails the report.
 """
 
 from __future__ import annotations
 
-import html
 import json
 import math
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
+from maxent_arrow.analytics import figures as F
+from maxent_arrow.analytics.page import render_html, render_markdown
 from maxent_arrow.analytics.run import RunAnalytics
-from maxent_arrow.errors import (
-    ArgumentError,
-    LayoutError,
-    MissingExtraError,
-    SchemaError,
-    StoreError,
-)
+from maxent_arrow.analytics.summary import Summary, summarize
+from maxent_arrow.errors import ArgumentError, LayoutError, SchemaError, StoreError
 
 __all__ = ["Report", "build_report"]
+
+# The prefix of the store's warning for a damaged file it skipped (``on_error="skip"``).
+_SKIPPED = "skipping damaged file: "
+# Rows of the eval completions table, and best and worst groups shown of each.
+EVAL_ROWS = 24
+EXTREME_GROUPS = 3
 
 
 @dataclass
 class Report:
-    """What :func:`build_report` wrote: the plot files, the pages and the summary numbers."""
+    """What :func:`build_report` wrote: the plot files, the pages and the summary.
+
+    ``summary`` is the JSON form of ``run_summary`` (what ``summary.json`` holds);
+    ``skipped`` names each plot not drawn and why; ``left_out`` the damaged files skipped.
+    """
 
     out: Path
     plots: dict[str, Path] = field(default_factory=dict)
     html: Path | None = None
     markdown: Path | None = None
     summary: dict[str, Any] = field(default_factory=dict)
+    run_summary: Summary = field(default_factory=Summary)
     skipped: dict[str, str] = field(default_factory=dict)
+    left_out: list[str] = field(default_factory=list)
 
 
-def _figure(title: str) -> tuple[Any, Any]:
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError:  # pragma: no cover - the extra is installed in CI
-        raise MissingExtraError("matplotlib", "analytics") from None
-    fig = Figure(figsize=(7.5, 4.2), dpi=100)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot(1, 1, 1)
-    ax.set_title(title)
-    ax.grid(True, alpha=0.3)
-    return fig, ax
-
-
-def _save(fig: Any, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, format="png")
-    return path
-
-
-def _np(table: pa.Table, name: str) -> np.ndarray:
-    """A column as float64 with nulls as NaN (matplotlib leaves gaps there)."""
-    return np.asarray(table.column(name).to_numpy(zero_copy_only=False), dtype=np.float64)
-
-
-def _plot_rewards(run: RunAnalytics, out: Path, kind: str, name: str) -> Path | None:
-    curve = run.reward_curve(kind=kind)
-    if curve.num_rows == 0:
-        return None
-    title = "Reward per step" if kind == "train" else "Eval reward per step"
-    fig, ax = _figure(title)
-    rewards = list(dict.fromkeys(curve.column("reward").to_pylist()))
-    for reward in rewards:
-        part = curve.filter(pc.equal(curve.column("reward"), reward))
-        steps = _np(part, "step")
-        (line,) = ax.plot(
-            steps,
-            _np(part, "mean"),
-            marker="." if len(steps) < 50 else None,
-            label=f"{reward} (mean)",
-        )
-        ax.fill_between(
-            steps,
-            _np(part, "p05"),
-            _np(part, "p95"),
-            alpha=0.15,
-            color=line.get_color(),
-            label=f"{reward} p05-p95",
-        )
-    ax.set_xlabel("step")
-    ax.set_ylabel("reward")
-    ax.legend(fontsize=8)
-    return _save(fig, out / name)
-
-
-def _plot_success(
-    run: RunAnalytics, out: Path, threshold: float, ks: tuple[int, ...]
-) -> Path | None:
-    succ = run.success_rate(threshold=threshold, k=ks)
-    zero = run.zero_variance_groups()
-    if succ.num_rows == 0:
-        return None
-    fig, ax = _figure(f"Success (reward > {threshold:g}) per step")
-    steps = _np(succ, "step")
-    ax.plot(steps, _np(succ, "success_rate"), label="completion success rate")
-    ax.plot(steps, _np(succ, "group_success_rate"), label="groups with a success")
-    for k in ks:
-        ax.plot(steps, _np(succ, f"pass_at_{k}"), linestyle="--", label=f"pass@{k}")
-    ax.plot(
-        _np(zero, "step"),
-        _np(zero, "frac_zero_variance"),
-        color="gray",
-        linestyle=":",
-        label="zero-variance groups",
-    )
-    ax.set_ylim(-0.02, 1.02)
-    ax.set_xlabel("step")
-    ax.legend(fontsize=8)
-    return _save(fig, out / "success.png")
-
-
-def _plot_lengths(run: RunAnalytics, out: Path) -> Path | None:
-    stats = run.length_stats()
-    if stats.num_rows == 0:
-        return None
-    fig, ax = _figure("Completion length per step (tokens)")
-    steps = _np(stats, "step")
-    for col, style in (
-        ("mean_length", "-"),
-        ("p50_length", "--"),
-        ("p95_length", "-."),
-        ("max_length", ":"),
-    ):
-        ax.plot(steps, _np(stats, col), linestyle=style, label=col.replace("_length", ""))
-    ax.set_xlabel("step")
-    ax.set_ylabel("tokens")
-    twin = ax.twinx()
-    twin.plot(steps, _np(stats, "clipped_frac"), color="red", alpha=0.6, label="clipped frac")
-    twin.set_ylabel("clipped fraction")
-    twin.set_ylim(-0.02, 1.02)
-    handles = ax.get_legend_handles_labels()
-    more = twin.get_legend_handles_labels()
-    ax.legend(handles[0] + more[0], handles[1] + more[1], fontsize=8)
-    return _save(fig, out / "lengths.png")
-
-
-def _plot_entropy(run: RunAnalytics, out: Path) -> Path | None:
-    try:
-        ent = run.entropy_curve()
-    except (SchemaError, StoreError):  # the run stored no such column
-        return None
-    if ent.num_rows == 0:
-        return None
-    fig, ax = _figure("Entropy per step (nats, over groups)")
-    steps = _np(ent, "step")
-    for prefix in ("q_entropy", "weight_entropy"):
-        if f"{prefix}_mean" not in ent.column_names:
-            continue
-        mean = _np(ent, f"{prefix}_mean")
-        if np.all(np.isnan(mean)):
-            continue
-        (line,) = ax.plot(steps, mean, label=f"{prefix} mean")
-        ax.fill_between(
-            steps,
-            _np(ent, f"{prefix}_min"),
-            _np(ent, f"{prefix}_max"),
-            alpha=0.15,
-            color=line.get_color(),
-            label=f"{prefix} min-max",
-        )
-    ax.set_xlabel("step")
-    ax.legend(fontsize=8)
-    return _save(fig, out / "entropy.png")
-
-
-def _plot_kl(run: RunAnalytics, out: Path) -> Path | None:
-    kl = run.kl_by_length_bucket()
-    if kl.num_rows == 0:
-        return None
-    fig, ax = _figure("Per-token KL by completion-length bucket")
-    buckets = sorted(
-        set(zip(kl.column("bucket_order").to_pylist(), kl.column("bucket").to_pylist()))
-    )
-    for _, bucket in buckets:
-        part = kl.filter(pc.equal(kl.column("bucket"), bucket))
-        ax.plot(_np(part, "step"), _np(part, "kl_per_token"), marker=".", label=bucket)
-    ax.set_xlabel("step")
-    ax.set_ylabel("KL per token")
-    ax.legend(fontsize=8, title="length")
-    return _save(fig, out / "kl_buckets.png")
-
-
-def _plot_advantages(run: RunAnalytics, out: Path, bins: int) -> Path | None:
-    try:
-        hist = run.advantage_histogram(bins=bins)
-    except (SchemaError, StoreError):  # the run stored no such column
-        return None
-    counts = hist.column("count").to_numpy()
-    if counts.sum() == 0:
-        return None
-    fig, ax = _figure("Advantage distribution (all train steps)")
-    left, right = hist.column("bin_left").to_numpy(), hist.column("bin_right").to_numpy()
-    ax.bar(left, counts, width=right - left, align="edge", edgecolor="black", linewidth=0.3)
-    ax.set_xlabel("advantage")
-    ax.set_ylabel("completions")
-    return _save(fig, out / "advantages.png")
-
-
-def _first(table: pa.Table, column: str) -> Any:
-    if table.num_rows == 0 or column not in table.column_names:
-        return None
-    return table.column(column)[0].as_py()
-
-
-def _last(table: pa.Table, column: str) -> Any:
-    if table.num_rows == 0 or column not in table.column_names:
-        return None
-    return table.column(column)[-1].as_py()
-
-
-def _or_empty(query: Callable[[], pa.Table], empty: pa.Table) -> pa.Table:
-    try:
-        return query()
-    except (SchemaError, LayoutError):  # the run lacks the columns; the summary says "-"
-        return empty
-
-
-def _summary(run: RunAnalytics, threshold: float, ks: tuple[int, ...]) -> dict[str, Any]:
-    info = run.describe()
-    train = info["kinds"].get("train", {})
-    empty = pa.table({"step": pa.array([], pa.int64()), "reward": pa.array([], pa.string())})
-    curve = _or_empty(run.reward_curve, empty)
-    total = curve.filter(pc.equal(curve.column("reward"), "total_utils"))
-    succ = _or_empty(lambda: run.success_rate(threshold=threshold, k=ks), empty)
-    lengths = _or_empty(run.length_stats, empty)
-    zero = _or_empty(run.zero_variance_groups, empty)
-    summary = {
-        "run": info["root"],
-        "schema_version": info["schema_version"],
-        "train_steps": train.get("steps", 0),
-        "first_step": train.get("first"),
-        "last_step": train.get("last"),
-        "eval_steps": info["kinds"].get("eval", {}).get("steps", 0),
-        "ranks": len(info["ranks"]),
-        "completions": train.get("samples", 0),
-        "reward_functions": ", ".join(info["reward_functions"]) or "-",
-        "first_reward_mean": _first(total, "mean"),
-        "last_reward_mean": _last(total, "mean"),
-        "last_success_rate": _last(succ, "success_rate"),
-        "last_zero_variance_groups": _last(zero, "frac_zero_variance"),
-        "last_mean_length": _last(lengths, "mean_length"),
-        "last_clipped_frac": _last(lengths, "clipped_frac"),
-        "bytes_on_disk": sum(info["bytes"].values()),
-    }
-    for k in ks:
-        summary[f"last_pass_at_{k}"] = _last(succ, f"pass_at_{k}")
-    return summary
-
-
-def _fmt(value: Any) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
-
-
-def _extremes_html(table: pa.Table) -> str:
-    if table.num_rows == 0:
-        return "<p>No completions.</p>"
-    rows = []
-    for r in table.to_pylist():
-        text = (r["completion"] or "")[:400]
-        rows.append(
-            f"<tr><td>{r['which']} #{r['position']}</td><td>{_fmt(r['score'])}</td>"
-            f"<td>{r['rank']}/{r['group_index']}/{r['sample_index']}</td>"
-            f"<td>{html.escape(r.get('prompt') or '')[:200]}</td>"
-            f"<td><pre>{html.escape(text)}</pre></td></tr>"
-        )
-    return (
-        "<table><tr><th></th><th>score</th><th>rank/group/sample</th><th>prompt</th>"
-        "<th>completion</th></tr>" + "".join(rows) + "</table>"
-    )
-
-
-def _write_pages(report: Report, extremes: pa.Table | None) -> None:
-    s = report.summary
-    rows = "".join(
-        f"<tr><th>{html.escape(k)}</th><td>{html.escape(_fmt(v))}</td></tr>" for k, v in s.items()
-    )
-    images = "".join(
-        f'<figure><img src="{p.name}" alt="{html.escape(name)}"><figcaption>'
-        f"{html.escape(name)}</figcaption></figure>"
-        for name, p in report.plots.items()
-    )
-    last = s.get("last_step")
-    page = (
-        "<!doctype html><html><head><meta charset='utf-8'><title>maxent-arrow report</title>"
-        "<style>body{font-family:sans-serif;max-width:1100px;margin:auto}"
-        "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:3px 8px;"
-        "text-align:left;vertical-align:top}pre{white-space:pre-wrap;margin:0}"
-        "figure{display:inline-block;margin:6px}img{max-width:520px}</style></head><body>"
-        f"<h1>Run report: {html.escape(str(s.get('run')))}</h1>"
-        f"<h2>Summary</h2><table>{rows}</table><h2>Curves</h2>{images}"
-        + (
-            f"<h2>Best and worst completions of step {last}</h2>{_extremes_html(extremes)}"
-            if extremes is not None
-            else ""
-        )
-        + "</body></html>"
-    )
-    report.html = report.out / "index.html"
-    report.html.write_text(page, encoding="utf-8")
-    md = ["# Run report", "", "| metric | value |", "|---|---|"]
-    md += [f"| {k} | {_fmt(v).replace('|', '/')} |" for k, v in s.items()]
-    md += [""] + [f"![{name}]({p.name})" for name, p in report.plots.items()]
-    if report.skipped:
-        md += ["", "Not plotted: " + ", ".join(f"{k} ({v})" for k, v in report.skipped.items())]
-    report.markdown = report.out / "summary.md"
-    report.markdown.write_text("\n".join(md) + "\n", encoding="utf-8")
-    (report.out / "summary.json").write_text(json.dumps(s, indent=2, default=str) + "\n")
-
+CAPTIONS = {
+    "reward curve": "Mean reward per train step of each reward function and of the weighted "
+    "total U, with the 5-95 % band over the step's completions.",
+    "eval": "Mean reward of each function on the eval steps (solid) beside the same function "
+    "on the train steps (dashed): the gap is what training did not generalise.",
+    "success": "Share of completions that succeed, of groups with at least one success, "
+    "pass@k, and the share of groups whose completions all scored the same (no signal).",
+    "losses": "The loss components logged per train step (mean over ranks).",
+    "exploration": "Is the policy still exploring? Its entropy per token, and the share of "
+    "distinct completions in a group (1: all K differ; 1/K: all the same). Both fall when "
+    "the policy collapses.",
+    "group entropy": "Entropy of the q-distribution and of the MaxEnt weights within a group, "
+    "against ln K (uniform): how evenly each group's weight is spread. It stays near ln K by "
+    "construction and says nothing about the policy's own entropy (see Exploration).",
+    "kl": "KL divergence to the reference model per token: over all completions (black) and "
+    "per completion-length bucket.",
+    "lengths": "Completion length in tokens (mean, median, 95th percentile, max) and the "
+    "share of completions cut at the length cap (right axis).",
+    "advantages": "Histogram of the advantages of every train completion.",
+}
 
 # Bounds of the report's options: a histogram of more bins than this draws nothing more a
 # reader can see and costs memory in proportion; pass@k past this many samples is not a
@@ -361,7 +109,7 @@ def check_report_options(*, threshold: float, k: Sequence[int], bins: int) -> tu
 
 
 def build_report(
-    root: str | Path,
+    root: str | Path | Any,
     out: str | Path,
     *,
     threshold: float = 0.5,
@@ -374,7 +122,8 @@ def build_report(
     Parameters
     ----------
     root
-        The store directory.
+        The store: a directory or URI, or an open ``ReadOnlyStore`` (whose ``on_error``
+        applies: under ``"skip"`` a damaged file is left out, and the page says which).
     out
         Output directory (created).
     threshold, k
@@ -391,41 +140,149 @@ def build_report(
     except OSError as exc:
         raise StoreError(f"{out}: cannot create the report directory ({exc})") from None
     report = Report(out=out)
-    with RunAnalytics(root, progress=progress) as run:
-        tasks: list[tuple[str, Callable[[], Any]]] = [
-            ("reading scalars", run.materialize),
-            ("reward curve", lambda: _plot_rewards(run, out, "train", "reward_curve.png")),
-            ("success", lambda: _plot_success(run, out, threshold, ks)),
-            ("lengths", lambda: _plot_lengths(run, out)),
-            ("entropy", lambda: _plot_entropy(run, out)),
-            ("kl buckets", lambda: _plot_kl(run, out)),
-            ("advantages", lambda: _plot_advantages(run, out, bins)),
-            ("eval", lambda: _plot_rewards(run, out, "eval", "eval.png")),
-            ("summary", lambda: _summary(run, threshold, ks)),
-        ]
-        iterator: Any = tasks
-        if progress:
-            from tqdm.auto import tqdm
-
-            iterator = tqdm(tasks, desc="report", unit="part")
-        extremes = None
-        for name, task in iterator:
-            if progress:
-                iterator.set_postfix_str(name)
-            try:
-                result = task()
-            except (SchemaError, LayoutError) as exc:  # the run lacks what this part needs
-                report.skipped[name] = str(exc)
-                continue
-            if name == "summary":
-                report.summary = result
-            elif name != "reading scalars":
-                if result is None:
-                    report.skipped[name] = "no data"
-                else:
-                    report.plots[name] = result
-        last = report.summary.get("last_step")
-        if last is not None:
-            extremes = run.extreme_completions(int(last), n=3)
-    _write_pages(report, extremes)
+    tables: dict[str, pa.Table] = {}
+    caught: list[warnings.WarningMessage] | None = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with RunAnalytics(root, progress=progress) as run:
+                tables = _build(
+                    run, report, threshold=threshold, ks=ks, bins=bins, progress=progress
+                )
+    finally:
+        # Shown to the caller as they would have been without the report's recording (out
+        # of the recording context, else they would be recorded again).
+        for item in caught or []:
+            warnings.warn_explicit(item.message, item.category, item.filename, item.lineno)
+    report.left_out = list(
+        dict.fromkeys(
+            str(w.message).removeprefix(_SKIPPED)
+            for w in caught or []
+            if str(w.message).startswith(_SKIPPED)
+        )
+    )
+    report.run_summary.left_out = report.left_out
+    _write_pages(report, tables)
     return report
+
+
+def _build(
+    run: RunAnalytics,
+    report: Report,
+    *,
+    threshold: float,
+    ks: tuple[int, ...],
+    bins: int,
+    progress: bool,
+) -> dict[str, pa.Table]:
+    """Run the queries, draw the plots and summarise; returns the tables (by name)."""
+    tables: dict[str, pa.Table] = {}
+    absent: dict[str, str] = {}  # part the run did not record -> why
+    missing: dict[str, str] = {}  # table name -> why it is missing
+    found: dict[str, Any] = {}
+
+    def describe() -> None:
+        found["info"] = run.describe()
+        found["config"] = run.run_config()
+
+    # Table name -> (the part of the run it shows, the query).
+    queries: dict[str, tuple[str, Callable[[], pa.Table]]] = {
+        "reward": ("rewards", run.reward_curve),
+        "eval_reward": ("eval rewards", lambda: run.reward_curve(kind="eval")),
+        "success": ("success", lambda: run.success_rate(threshold=threshold, k=ks)),
+        "zero_variance": ("reward spread", run.zero_variance_groups),
+        "unscored": ("unscored completions", run.unscored),
+        "counts": ("group counts", run.group_counts),
+        "lengths": ("lengths", run.length_stats),
+        "losses": ("loss components", run.loss_curve),
+        "policy_entropy": ("policy entropy", run.policy_entropy_curve),
+        "distinct": ("distinct completions", run.distinct_completions),
+        "group_entropy": ("q and MaxEnt weights", run.entropy_curve),
+        "kl_buckets": ("KL by length", run.kl_by_length_bucket),
+        "advantages": ("advantages", lambda: run.advantage_histogram(bins=bins)),
+        "evals": ("eval completions", lambda: run.eval_completions(limit=EVAL_ROWS)),
+        "extremes": ("best and worst groups", lambda: run.group_extremes(n=EXTREME_GROUPS)),
+    }
+
+    def run_query(name: str) -> None:
+        what, call = queries[name]
+        try:
+            tables[name] = call()
+        except (SchemaError, LayoutError) as exc:  # the run did not record this
+            absent[what] = missing[name] = str(exc).split(": ", 1)[-1]
+
+    tasks = [run.materialize, describe, *(partial(run_query, name) for name in queries)]
+    for task in _bar(tasks, "report: reading", "query", progress):
+        task()
+    losses = tables.get("losses")
+    if losses is not None and all(
+        losses.column(c).null_count == losses.num_rows
+        for c in losses.column_names
+        if c not in ("step", "num_ranks")
+    ):
+        absent["loss components"] = "the step rows hold no loss values"
+    out = report.out
+    t = tables
+    # Plot name -> (the tables it draws, how).
+    plots: dict[str, tuple[tuple[str, ...], Callable[[], Path | str]]] = {
+        "reward curve": (("reward",), lambda: F.plot_rewards(t["reward"], out)),
+        "eval": (
+            ("eval_reward", "reward"),
+            lambda: F.plot_eval(t["eval_reward"], t["reward"], out),
+        ),
+        "success": (
+            ("success", "zero_variance"),
+            lambda: F.plot_success(
+                t["success"], t["zero_variance"], out, threshold=threshold, ks=ks
+            ),
+        ),
+        "losses": (("losses",), lambda: F.plot_losses(t["losses"], out)),
+        "exploration": (
+            ("distinct",),
+            lambda: F.plot_exploration(t.get("policy_entropy"), t["distinct"], out),
+        ),
+        "group entropy": (
+            ("group_entropy",),
+            lambda: F.plot_group_entropy(t["group_entropy"], out),
+        ),
+        "kl": (("losses", "kl_buckets"), lambda: F.plot_kl(t["losses"], t["kl_buckets"], out)),
+        "lengths": (("lengths",), lambda: F.plot_lengths(t["lengths"], out)),
+        "advantages": (("advantages",), lambda: F.plot_advantages(t["advantages"], out)),
+    }
+    for name in _bar(list(plots), "report: plotting", "plot", progress):
+        needs, plot = plots[name]
+        lacking = [missing[n] for n in needs if n not in tables]
+        result = lacking[0] if lacking else plot()
+        if isinstance(result, Path):
+            report.plots[name] = result
+        else:
+            report.skipped[name] = result
+    report.run_summary = summarize(
+        found["info"], found["config"], tables, threshold=threshold, ks=ks, absent=absent
+    )
+    return tables
+
+
+def _bar(items: Sequence[Any], desc: str, unit: str, progress: bool) -> Any:
+    if not progress:
+        return items
+    from tqdm.auto import tqdm
+
+    return tqdm(items, desc=desc, unit=unit)
+
+
+def _write_pages(report: Report, tables: dict[str, pa.Table]) -> None:
+    summary = report.run_summary
+    report.summary = summary.to_json()
+    captions = {name: CAPTIONS[name] for name in report.plots}
+    parts = dict(evals=tables.get("evals"), extremes=tables.get("extremes"))
+    page = render_html(summary, report.plots, captions, report.skipped, **parts)
+    report.html = report.out / "index.html"
+    report.html.write_text(page, encoding="utf-8")
+    report.markdown = report.out / "summary.md"
+    report.markdown.write_text(
+        render_markdown(summary, report.plots, captions, report.skipped, **parts), encoding="utf-8"
+    )
+    (report.out / "summary.json").write_text(
+        json.dumps(report.summary, indent=2, default=str, allow_nan=False) + "\n", encoding="utf-8"
+    )

@@ -31,6 +31,8 @@ import pyarrow as pa
 
 from maxent_arrow.analytics.queries import DEFAULT_QUANTILES, ReadyMadeQueries
 from maxent_arrow.analytics.relations import RunRelations
+from maxent_arrow.analytics.sqlerrors import check_sql, explain_failure
+from maxent_arrow.errors import QueryError, StoreError
 from maxent_arrow.store import ReadOnlyStore
 from maxent_arrow.store.catalog import LogCatalog, OnError
 from maxent_arrow.store.names import GROUPS, STEPS
@@ -105,8 +107,20 @@ class RunAnalytics(ReadyMadeQueries):
         return self.views.step_schema
 
     def sql(self, query: str, params: Sequence[Any] | dict[str, Any] | None = None) -> pa.Table:
-        """Run one read-only query over the views (checked and sandboxed); Arrow back."""
-        return self.views.query(query, params)
+        """Run one read-only query over the views (checked and sandboxed); Arrow back.
+
+        A mistake in the statement (it does not parse, or names a table, column or function
+        the views lack) is a :class:`QueryError` with DuckDB's whole message on one line
+        (its "Did you mean" and "Candidate bindings" hints included); a failure while it runs
+        is a :class:`StoreError` (:mod:`~maxent_arrow.analytics.sqlerrors`).
+        """
+        try:
+            return self.views.query(query, params)
+        except QueryError:
+            check_sql(query)  # DuckDB's whole message of a statement that does not parse
+            raise
+        except StoreError as exc:
+            raise explain_failure(self.views.con, query, params, exc) from None
 
     def explain(self, query: str) -> str:
         """DuckDB's physical plan of ``query`` (shows which columns each scan reads)."""
@@ -127,8 +141,10 @@ class RunAnalytics(ReadyMadeQueries):
         return dict(self.store.manifest)
 
     def describe(self) -> dict[str, Any]:
-        """What ``maxent-arrow inspect`` prints: schema version, steps, ranks, rows, sizes,
-        config. Reads the step files, file sizes and group file footers (all checked)."""
+        """What ``maxent-arrow inspect`` prints: schema version, steps, ranks (``ranks``: the
+        rank ids), rows, sizes, the manifest's ``config`` (as the store was created) and the
+        ``run_config`` the steps recorded (:meth:`run_config`: the tokenizer, the model...).
+        Reads the step files, file sizes and group file footers (all checked)."""
         manifest = self.store.manifest
         self.views.check_footers()
         steps = self.rel.sql(
@@ -163,6 +179,7 @@ class RunAnalytics(ReadyMadeQueries):
             "files": {"groups": len(step_files), "steps": len(step_files)},
             "bytes": {"groups": size(GROUPS), "steps": size(STEPS)},
             "config": manifest.get("config"),
+            "run_config": self.run_config(),
             "uri": backend.uri,
             "history": self._history(),
         }

@@ -242,7 +242,10 @@ def _utilities(table: pa.Table, reward_weights: Mapping[str, float]) -> Ragged:
                 f"recompute_group_math: rewards {name!r}: missing at group {group} (a reward "
                 "added after this step was written); leave it out of reward_weights"
             )
-        per_reward[name] = Ragged(torch.from_numpy(values), offsets)
+        # A copy: one function's column of the [N, R] reward matrix is a strided view of
+        # Arrow's read-only memory, which torch.from_numpy would wrap with a "NumPy array is
+        # not writable" warning (DESIGN.md §5); DLPack cannot share a strided view either.
+        per_reward[name] = Ragged(torch.from_numpy(np.array(values, dtype=np.float64)), offsets)
     return cast(Ragged, C.total_utils(per_reward, dict(reward_weights)))  # Ragged inputs
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, cast
 
 import pyarrow as pa
@@ -53,12 +53,14 @@ def compact(
     loose_only: bool = False,
     lock_timeout: float | None = None,
     drop_superseded: bool = False,
+    progress: Callable[[int, int], None] | None = None,
 ) -> list[Any]:
     """Merge committed files (per kind; ``max_steps`` distinct steps per segment) into
     segments, each committed atomically: readers see the inputs or the segment, never both
     and never neither, also after a crash at any point. ``loose_only`` merges one-step files
-    only (segments stay as they are: the writer's policy never rewrites data twice). Returns
-    the new step files.
+    only (segments stay as they are: the writer's policy never rewrites data twice).
+    ``progress(done, total)`` is told of the files considered (``total``: those of the chosen
+    units) as each segment is committed. Returns the new step files.
 
     ``drop_superseded`` (stores with a commit log): first retire the units that later
     attempts superseded (:func:`drop_superseded`). A store with a commit log compacts on
@@ -93,6 +95,9 @@ def compact(
     by_kind: dict[tuple[str, str], list[Unit]] = {}
     for unit in units:
         by_kind.setdefault((unit.kind, catalog.attempt_of(unit.step_file)), []).append(unit)
+    total, done = len({u.step_file for u in units}), 0
+    if progress is not None:
+        progress(0, total)
     for (knd, _), members in sorted(by_kind.items()):
         distinct = sorted({u.step for u in members})
         size = max_steps or len(distinct)
@@ -103,6 +108,7 @@ def compact(
             # Whole files only: a segment that holds steps outside this chunk stays as it is.
             whole = [f for f in files if {u.step for u in units if u.step_file == f} <= chosen]
             chunk = [u for u in chunk if u.step_file in whole]
+            done += len(files)
             if len(whole) < 2:
                 continue  # one file is already as compact as it gets
             made.append(
@@ -110,8 +116,12 @@ def compact(
                     catalog, schemas, knd, chunk, compression, compression_level, lock_timeout
                 )
             )
+            if progress is not None:
+                progress(min(done, total), total)
     if not made:  # each merge tidies retired/; without one, do it here
         _expire(catalog)
+    if progress is not None:
+        progress(total, total)
     return made
 
 

@@ -13,7 +13,7 @@ Opening a store only reads ``manifest.json``: it creates nothing and removes not
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Literal
 
 import pyarrow as pa
@@ -363,7 +363,8 @@ class ReadOnlyStore:
         return frontier_of(groups, lifecycle)
 
     # ------------------------------------------------------------------ checking
-    def verify(self) -> VerifyReport:
+    def verify(self, *, progress: Callable[[int, int], None] | None = None) -> VerifyReport:
         """Check every file: readable, sizes and checksums as recorded, rows as the step rows
-        say, caches equal to the archive. Names each damaged file in ``problems``."""
-        return verify(self.catalog)
+        say, caches equal to the archive. Names each damaged file in ``problems``.
+        ``progress(done, total)``: told of the step files checked so far (a progress bar)."""
+        return verify(self.catalog, progress=progress)

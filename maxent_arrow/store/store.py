@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import os
 import warnings
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 import pyarrow as pa
@@ -381,13 +381,15 @@ class RolloutStore(ReadOnlyStore):
         ranks: Iterable[int] | None = None,
         max_steps: int | None = None,
         drop_superseded: bool = False,
+        progress: Callable[[int, int], None] | None = None,
     ) -> list[Any]:
         """Merge committed files (of ``kind``, ``steps`` and ``ranks``, if given; at most
         ``max_steps`` steps per segment) into segments, each committed atomically with the
         list of files it replaces: readers see the old files or the segment, never both and
         never neither, also after a crash. ``drop_superseded``: first retire the steps that a
         resumed attempt superseded (they leave ``attempts="all"`` too). Local stores, and
-        object stores with a commit log. Returns the new step files."""
+        object stores with a commit log. Returns the new step files.
+        ``progress(done, total)``: told of the files merged so far (a progress bar)."""
         return compact(
             self.catalog,
             self.schemas,
@@ -399,6 +401,7 @@ class RolloutStore(ReadOnlyStore):
             compression_level=self.compression_level,
             lock_timeout=self.lock_timeout,
             drop_superseded=drop_superseded,
+            progress=progress,
         )
 
     def repair(self) -> RepairReport:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -77,12 +77,13 @@ class VerifyReport:
         return "\n".join(lines)
 
 
-def verify(catalog: Catalog) -> VerifyReport:
+def verify(catalog: Catalog, *, progress: Callable[[int, int], None] | None = None) -> VerifyReport:
     """Check every file: the manifest; each step file (seal, name, rows); each committed
     group file (size, CRC-32 of the whole file and of every chunk, rows); each cache copy.
     Leftovers (temp files, uncommitted or replaced files) are notes, not problems; a group
     file that looks like a lost commit (:func:`classify_uncommitted`) and a symbolic link out
-    of the store are problems. One problem never stops the report."""
+    of the store are problems. One problem never stops the report. ``progress(done, total)``
+    is told of the committed step files (each with its group file) checked so far."""
     report = VerifyReport()
     backend = catalog.backend
     for rel, target in backend.escapes():
@@ -97,11 +98,12 @@ def verify(catalog: Catalog) -> VerifyReport:
     except StoreError as exc:
         report.problems.append(StoreProblem(backend.root / MANIFEST, str(exc)))
     if isinstance(catalog, LogCatalog):
-        _verify_logged(report, catalog)
+        _verify_logged(report, catalog, progress)
         return report
     names = catalog.step_names()
     replaced = catalog.hidden(names, "skip")
     committed: set[str] = set()
+    total, done = len(names) - len(replaced & set(names)), 0
     for name in names:
         path = backend.root / STEPS / name
         if name in replaced:
@@ -109,6 +111,9 @@ def verify(catalog: Catalog) -> VerifyReport:
                 StoreProblem(path, "replaced by a compaction; `repair` moves it aside")
             )
             continue
+        if progress is not None:
+            progress(done, total)
+        done += 1
         report.checked += 1
         try:
             step = catalog.step_file(name)
@@ -120,11 +125,17 @@ def verify(catalog: Catalog) -> VerifyReport:
             _verify_step(report, backend, step)
         except StoreError as exc:  # a path refused (a symlink out): reported, and on
             report.problems.append(StoreProblem(path, str(exc)))
+    if progress is not None:
+        progress(total, total)
     _leftovers(report, catalog, committed, replaced)
     return report
 
 
-def _verify_logged(report: VerifyReport, catalog: LogCatalog) -> None:
+def _verify_logged(
+    report: VerifyReport,
+    catalog: LogCatalog,
+    progress: Callable[[int, int], None] | None = None,
+) -> None:
     """A store with a commit log: the log is the authority. Every file it commits must be
     there with the size and CRC-32 it recorded (a missing one is a *lost* commit, named with
     its steps); a file no entry names is a leftover of a write that did not finish (a note)."""
@@ -135,7 +146,10 @@ def _verify_logged(report: VerifyReport, catalog: LogCatalog) -> None:
         report.problems.append(StoreProblem(backend.root / LOG, str(exc)))
         return
     live = set(state.retiring)
-    for rel, entry in sorted(state.units.items()):
+    total = len(state.units)
+    for done, (rel, entry) in enumerate(sorted(state.units.items())):
+        if progress is not None:
+            progress(done, total)
         name = rel.rpartition("/")[2]
         step = catalog.step_file(name)
         group_rel = f"{GROUPS}/{step.group_file}"
@@ -169,6 +183,27 @@ def _verify_logged(report: VerifyReport, catalog: LogCatalog) -> None:
             _verify_step(report, backend, step)
         except StoreError as exc:  # a path refused (a symlink out): reported, and on
             report.problems.append(StoreProblem(backend.root / rel, str(exc)))
+    if progress is not None:
+        progress(total, total)
+    for name, items in sorted(state.records.items()):
+        for item in items:
+            rel = str(item["path"])
+            report.checked += 1
+            try:
+                data = backend.read(rel)
+            except StoreError:
+                report.problems.append(
+                    StoreProblem(backend.root / rel, f"lost: a committed file of records {name!r}")
+                )
+                continue
+            if data.size != item["size"] or zlib.crc32(data) & 0xFFFFFFFF != item["crc32"]:
+                report.problems.append(
+                    StoreProblem(
+                        backend.root / rel,
+                        f"damaged: a file of records {name!r} (its size or CRC-32 is not the "
+                        "log's)",
+                    )
+                )
     for directory in (GROUPS, STEPS):
         for name in backend.list(directory):
             rel = f"{directory}/{name}"

@@ -21,7 +21,7 @@ from store_fixtures import unit_path
 
 from maxent_arrow.analytics.run import RunAnalytics
 from maxent_arrow.arrow import schema as S
-from maxent_arrow.errors import LayoutError, StoreError
+from maxent_arrow.errors import LayoutError, QueryError, StoreError
 from maxent_arrow.store.names import unit_of
 from maxent_arrow.store.store import RolloutStore
 
@@ -378,7 +378,8 @@ def test_bad_arguments_are_typed_errors(run, tmp_path):
         run.extreme_completions(0, by="nope")
     with pytest.raises(LayoutError, match="k"):
         run.success_rate(k=(0,))
-    with pytest.raises(StoreError, match="query failed"):
+    # A column the views lack is the user's mistake (a binder error), said in full.
+    with pytest.raises(QueryError, match="no_such_column.*Candidate bindings"):
         run.sql("SELECT no_such_column FROM groups")
     with pytest.raises(StoreError, match="no such store"):
         RunAnalytics(tmp_path / "missing")

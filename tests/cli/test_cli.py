@@ -97,7 +97,7 @@ def test_query_csv_and_table(capsys, store):
 
 def test_query_errors(capsys, store, tmp_path):
     code, _, err = run(capsys, "query", store.root, "SELECT nope FROM groups")
-    assert code == EXIT_DATA
+    assert code == EXIT_USAGE  # a column the views lack: the user's mistake
     assert "nope" in one_line_error(err, "query")
     code, _, err = run(capsys, "query", tmp_path / "missing", "SELECT 1")
     assert code == EXIT_DATA
@@ -114,9 +114,10 @@ def test_report_json(capsys, store, tmp_path):
     assert "report" in err and "9/9" in err  # the tqdm bar over the report's parts
     result = json.loads(out)
     assert Path(result["html"]).is_file() and Path(result["markdown"]).is_file()
-    assert len(result["plots"]) == 7
+    # The fixture records no losses: every other plot is drawn, and the losses said absent.
+    assert len(result["plots"]) == 8 and set(result["skipped"]) == {"losses"}
     assert all(Path(p).stat().st_size > 1000 for p in result["plots"].values())
-    assert "last_pass_at_2" in result["summary"]
+    assert "pass_at_2" in result["summary"]["trends"]
     code, _, err = run(capsys, "report", store.root, "--out", tmp_path / "x", "--bins", 0)
     assert code == EXIT_USAGE
     one_line_error(err, "report")

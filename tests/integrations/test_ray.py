@@ -8,6 +8,7 @@ skipped when the ``ray`` extra is missing.
 from __future__ import annotations
 
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -312,6 +313,25 @@ def test_reward_weights_recompute_utilities() -> None:
     assert new.schema.field("total_utils").type == rows.schema.field("total_utils").type
     with pytest.raises(ComputeError, match="no reward 'speed'"):
         recompute_group_math(rows, config=CONFIG, reward_weights={"speed": 1.0})
+
+
+def test_reward_weights_never_wrap_read_only_arrow_memory() -> None:
+    """torch.from_numpy on Arrow's read-only buffers warns "The given NumPy array is not
+    writable" (DESIGN.md §5): the recompute copies what it cannot share. torch warns once per
+    process, so the check runs in a fresh one, with every warning an error."""
+    script = (
+        "import warnings;"
+        "from store_fixtures import CONFIG, make_batch;"
+        "from maxent_arrow.integrations.ray import recompute_group_math;"
+        "rows = make_batch(0, groups=4).groups;"
+        "warnings.simplefilter('error');"
+        "recompute_group_math(rows, config=CONFIG, reward_weights={'accuracy': 2.0, 'format': 0.5})"
+    )
+    tests = Path(__file__).resolve().parents[1]  # store_fixtures.py
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=tests, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 @pytest.mark.slow

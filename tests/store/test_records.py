@@ -90,6 +90,8 @@ def test_a_damaged_records_file_is_named(tmp_path):
     path.write_bytes(bytes(data))
     with pytest.raises(StoreError, match=rf"{path.name}: damaged"):
         RolloutStore(tmp_path / "s").read_records("judge")
+    (problem,) = RolloutStore(tmp_path / "s").verify().problems
+    assert problem.path == path and "damaged: a file of records 'judge'" in problem.problem
     path.unlink()
     with pytest.raises(
         StoreError, match=rf"{path.name}: a committed records file of 'judge' is lost"
