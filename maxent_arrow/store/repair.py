@@ -142,7 +142,18 @@ def _repair_logged(
         backend.move(rel, f"{QUARANTINE}/{stamp}/{directory}/{name.lstrip('.')}")
         report.moved.append(StoreProblem(backend.path(rel), why))
 
-    for directory in (GROUPS, STEPS, CACHE):
+    # What each directory's files must be named by (None: only temp files are looked at):
+    # the units' files, the record tables' files (a table's first write may have died before
+    # its entry), and the cache and the log, whose temp files only are leftovers.
+    records = {str(i["path"]) for items in state.records.values() for i in items}
+    directories: list[tuple[str, set[str] | None]] = [
+        (GROUPS, live),
+        (STEPS, live),
+        (CACHE, None),
+        (LOG, None),
+        *((f"{RECORDS}/{name}", records) for name in backend.subdirectories(RECORDS)),
+    ]
+    for directory, committed in directories:
         for name, info in backend.list(directory).items():
             rel = f"{directory}/{name}"
             if is_temp_name(name):
@@ -152,30 +163,16 @@ def _repair_logged(
                     )
                 else:
                     move(rel, "temp file of a writer that is gone")
-            elif directory != CACHE and rel in state.retiring:
+            elif committed is None:
+                continue
+            elif rel in state.retiring:
                 # What a compaction (or a drop) that stopped before tidying left: retired as
                 # it would have done, where readers pinned to an older version find it.
                 retire(backend, rel)
                 report.moved.append(
                     StoreProblem(backend.path(rel), "replaced (commit log): moved to retired/")
                 )
-            elif directory != CACHE and rel not in live:
-                move(rel, "no commit log entry names it (a write that did not finish)")
-    # The log's own temp files (an entry or a checkpoint whose writer died before its link)
-    # and the files of record tables no entry names.
-    records = {str(i["path"]) for items in state.records.values() for i in items}
-    directories = [LOG, *(f"{RECORDS}/{name}" for name in backend.subdirectories(RECORDS))]
-    for directory in directories:
-        for name, info in backend.list(directory).items():
-            rel = f"{directory}/{name}"
-            if is_temp_name(name):
-                if writer_alive(name, info.mtime_ns):
-                    report.kept.append(
-                        StoreProblem(backend.path(rel), "temp file of a running writer")
-                    )
-                else:
-                    move(rel, "temp file of a writer that is gone")
-            elif directory != LOG and rel not in records:
+            elif rel not in committed:
                 move(rel, "no commit log entry names it (a write that did not finish)")
     for rel, entry in sorted(state.units.items()):
         step = catalog.step_file(rel.rpartition("/")[2])
