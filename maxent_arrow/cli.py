@@ -370,10 +370,10 @@ def _tail_line(event: Any) -> str:
             f"v{event.version}  superseded  {len(units)} unit(s), steps {shown}, by attempt "
             f"{event.attempt}{point}"
         )
+    # A few figures; --json carries every scalar of the step rows.
+    shown = [(k, event.figures.get(k)) for k in ("num_samples", "reward_mean", "total_loss")]
     figures = "  ".join(
-        f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
-        for k, v in event.figures.items()
-        if v is not None
+        f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in shown if v is not None
     )
     return (
         f"v{event.version}  step {event.step}  rank {event.rank}  {event.kind}  "

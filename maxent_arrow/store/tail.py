@@ -46,8 +46,9 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any, Literal
 
+from maxent_arrow.arrow import registry as R
 from maxent_arrow.errors import ArgumentError, StoreError
-from maxent_arrow.store.backend import Backend, LocalBackend
+from maxent_arrow.store.backend import Backend
 from maxent_arrow.store.log import CommitLog, LogState
 from maxent_arrow.store.names import GROUPS, LOG
 
@@ -55,17 +56,9 @@ __all__ = ["DEFAULT_POLL", "FIGURES", "TailEvent", "check_since", "tail", "watch
 
 # Seconds between two reads of the next entry when no inotify event comes.
 DEFAULT_POLL = 0.25
-# The step rows' figures an event carries (those a consumer decides on without a read).
-FIGURES = (
-    "num_samples",
-    "policy_version",
-    "reward_mean",
-    "reward_std",
-    "mean_length",
-    "clipped_ratio",
-    "total_loss",
-    "kl_value",
-)
+# The step rows' figures an event carries: every scalar number of the step layout (the
+# registry's), but the unit's key and group count (fields of their own).
+FIGURES = tuple(n for n in R.numbers(R.STEP, level="step") if n not in (*R.UNIT_KEY, "num_groups"))
 # How long a newest entry that does not parse may be a write still in progress (stores on
 # file systems without an atomic create: a check, then a write) before it is an error.
 _TORN_GRACE = 2.0
@@ -112,13 +105,13 @@ class TailEvent:
         out = dataclasses.asdict(self)
         out["figures"] = dict(self.figures)
         out["superseded"] = [dict(u) for u in self.superseded]
+        # Each kind of event with its own fields: the common ones, then a step's or a
+        # superseded event's.
+        common = [f.name for f in dataclasses.fields(self)][:5]
+        own = ["resume_from", "superseded"]
         if self.event == "step":
-            del out["superseded"], out["resume_from"]
-        else:
-            for key in ("step", "rank", "kind", "num_groups", "unit", "step_file", "group_file"):
-                del out[key]
-            del out["figures"]
-        return out
+            return {k: v for k, v in out.items() if k not in own}
+        return {k: out[k] for k in (*common, *own)}
 
 
 def check_since(since: object) -> int | None:
@@ -249,7 +242,7 @@ def _apply(state: LogState, entry: Mapping[str, Any], kind: str | None) -> TailE
         unit=f"step-{step:010d}.rank-{rank:05d}.{knd}.parquet",
         step_file=rel,
         group_file=f"{GROUPS}/{unit.record['group_file']}",
-        figures={f: rows[f][0] for f in FIGURES if f in rows},
+        figures={f: rows[f][0] for f in FIGURES if rows.get(f, [None])[0] is not None},
     )
 
 
@@ -318,7 +311,7 @@ class _Inotify:
 
 
 def _waiter(backend: Backend, inotify: bool) -> _Poll | _Inotify:
-    if inotify and isinstance(backend, LocalBackend):
+    if inotify and backend.can_watch:
         with contextlib.suppress(ImportError, OSError):
             return _Inotify(backend.fs_path(LOG))
     return _Poll()
