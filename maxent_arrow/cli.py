@@ -359,6 +359,48 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _tail_line(event: Any) -> str:
+    """One readable line per tail event (``--json`` prints the event's JSON instead)."""
+    if event.event == "superseded":
+        units = event.superseded
+        steps = sorted({u["step"] for u in units})
+        shown = f"{steps[0]}..{steps[-1]}" if len(steps) > 1 else str(steps[0])
+        point = "" if event.resume_from is None else f" (resumed at step {event.resume_from})"
+        return (
+            f"v{event.version}  superseded  {len(units)} unit(s), steps {shown}, by attempt "
+            f"{event.attempt}{point}"
+        )
+    # A few figures; --json carries every scalar of the step rows.
+    shown = [(k, event.figures.get(k)) for k in ("num_samples", "reward_mean", "total_loss")]
+    figures = "  ".join(
+        f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in shown if v is not None
+    )
+    return (
+        f"v{event.version}  step {event.step}  rank {event.rank}  {event.kind}  "
+        f"groups {event.num_groups}  {figures}  attempt {event.attempt}  {event.unit}"
+    )
+
+
+def _cmd_tail(args: argparse.Namespace) -> int:
+    from maxent_arrow.store.tail import watches
+
+    run = _store(args)
+    events = run.tail(kind=args.kind, since=args.since, poll=args.poll, timeout=args.timeout)
+    how = watches(run.backend)
+    sys.stderr.write(
+        f"maxent-arrow tail: following {run.uri} ({how}); resume with --since VERSION\n"
+    )
+    sys.stderr.flush()
+    try:
+        for event in events:
+            line = json.dumps(_finite(event.to_json()), default=str) if args.json else None
+            sys.stdout.write((line or _tail_line(event)) + "\n")
+            sys.stdout.flush()  # a pipe's reader gets each event as it lands
+    finally:
+        events.close()
+    return EXIT_OK
+
+
 # ---------------------------------------------------------------------- parser
 
 _CHOICE = re.compile(r"invalid choice: '([^']*)' \(choose from (.*)\)$")
@@ -528,6 +570,48 @@ def _parser() -> _Parser:
     )
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_cmd_files)
+
+    p = command(
+        "tail",
+        "Print each step unit as its commit lands (one line, or JSON with --json), and the "
+        "steps a resumed attempt supersedes; each line starts with its log version, the "
+        "cursor to resume after (--since). Runs until Ctrl-C or --timeout.",
+    )
+    p.add_argument("--kind", default=None, help="only this kind (train/eval)")
+
+    def version(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a log version, got {text!r}") from None
+        if value < 0:
+            raise argparse.ArgumentTypeError(f"expected a log version >= 0, got {value}")
+        return value
+
+    p.add_argument(
+        "--since",
+        type=version,
+        default=None,
+        metavar="VERSION",
+        help="resume after this log version (0: from the first commit; default: from now)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=seconds,
+        default=None,
+        metavar="SECONDS",
+        help="stop (exit 0) when no step came for this long; default: run until Ctrl-C",
+    )
+    p.add_argument(
+        "--poll",
+        type=seconds,
+        default=0.25,
+        metavar="SECONDS",
+        help="read the log's next entry this often when nothing wakes the tail (object "
+        "stores, no inotify; with inotify a safety net); default 0.25",
+    )
+    p.add_argument("--json", action="store_true", help="one JSON object per line")
+    p.set_defaults(func=_cmd_tail)
 
     p = command("export", "Export a run as Arrow IPC files or a HuggingFace dataset.")
     p.add_argument("--to", required=True, choices=["ipc", "hf"], help="target format")

@@ -273,6 +273,8 @@ class Backend(abc.ABC):
     - :attr:`can_rewrite`: files other writers committed may be replaced and moved aside
       (``compact``, ``repair``): it needs both of the above;
     - :attr:`can_mmap`: files can be memory-mapped (the IPC cache);
+    - :attr:`can_watch`: a directory's new names can be watched by the kernel (inotify on
+      :meth:`fs_path`: the live tail waits on it instead of polling);
     - :meth:`duckdb_source`: how DuckDB reads a set of Parquet files of the store, and which
       paths its sandbox must allow.
     """
@@ -280,6 +282,7 @@ class Backend(abc.ABC):
     can_lock: bool = False
     exclusive_create: bool = False
     can_mmap: bool = False
+    can_watch: bool = False
     root: Any  # Path (local) or PurePosixPath (object store), for display and for pyarrow
     uri: str
 
@@ -441,6 +444,7 @@ class LocalBackend(Backend):
     can_lock = True
     exclusive_create = True
     can_mmap = True
+    can_watch = True
 
     def duckdb_source(self, rels: list[str], schema: pa.Schema) -> DuckSource:
         return DuckSource(paths=tuple(self.fs_path(rel) for rel in rels))

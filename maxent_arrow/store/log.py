@@ -476,6 +476,62 @@ class CommitLog:
         self._state = state
         return state
 
+    def entry(self, version: int) -> dict[str, Any] | None:
+        """The entry of ``version``, parsed and checked (``None``: not committed yet). One
+        read, no listing (:mod:`.tail` polls this)."""
+        data = self._read_entry(version)
+        if data is None:
+            return None
+        return parse_entry(data, version, str(self.backend.path(entry_name(version))))
+
+    def state_at(self, version: int) -> LogState:
+        """The state at ``version`` exactly (a consumer's cursor), not the newest: the newest
+        checkpoint at or below it (the pointer's, else the one at each multiple of
+        :data:`CHECKPOINT_EVERY` below it, one stat each), then the entries up to it. A
+        version past the log's end is a :class:`StoreError`."""
+        if version < 0:
+            raise StoreError(f"commit log: no version {version} (versions start at 1; 0: empty)")
+        state = self._checkpoint_at_or_below(version) or LogState(run=self.run)
+        while state.version < version:
+            nxt = state.version + 1
+            entry = self.entry(nxt)
+            if entry is None:
+                raise StoreError(
+                    f"{self.backend.uri}: the commit log ends at version {state.version}, "
+                    f"before version {version} (a cursor of another store?)"
+                )
+            state.apply(entry)
+        return state
+
+    def _checkpoint_at_or_below(self, version: int) -> LogState | None:
+        pointer = f"{LOG}/{LAST_CHECKPOINT}"
+        candidates: list[tuple[int, int | None]] = []
+        if self.backend.stat(pointer) is not None:
+            with contextlib.suppress(StoreError, ValueError, KeyError, TypeError):
+                hint = json.loads(self.backend.read(pointer).to_pybytes())
+                if int(hint["version"]) <= version:
+                    candidates.append((int(hint["version"]), int(hint["crc32"])))
+        candidates += [
+            (v, None)
+            for v in range(version // CHECKPOINT_EVERY * CHECKPOINT_EVERY, 0, -CHECKPOINT_EVERY)
+        ]
+        for at, crc in candidates:
+            name = checkpoint_name(at)
+            if self.backend.stat(name) is None:
+                continue
+            try:
+                data = self.backend.read(name).to_pybytes()
+                if crc is not None and crc32(data) != crc:
+                    raise StoreError("checkpoint CRC-32 differs from the one recorded")
+                state = LogState.from_table(pq.read_table(pa.BufferReader(data)))
+            except (StoreError, ValueError, KeyError, TypeError, pa.ArrowException) as exc:
+                where = self.backend.path(name)
+                warnings.warn(f"{where}: checkpoint not used ({exc})", stacklevel=3)
+                continue
+            if state.version == at:
+                return state
+        return None
+
     def _read_entry(self, version: int) -> bytes | None:
         """The entry of ``version`` (``None``: not committed yet). One read, no listing: on
         an object store one GET per poll."""

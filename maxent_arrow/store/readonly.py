@@ -13,7 +13,7 @@ Opening a store only reads ``manifest.json``: it creates nothing and removes not
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Literal
 
 import pyarrow as pa
@@ -46,6 +46,7 @@ from maxent_arrow.store.records import (
 from maxent_arrow.store.schemas import UnifiedSchemas
 from maxent_arrow.store.session import QueryLimits, check_timeout
 from maxent_arrow.store.sql import SqlViews
+from maxent_arrow.store.tail import DEFAULT_POLL, TailEvent, tail
 from maxent_arrow.store.verify import VerifyReport, verify
 
 if TYPE_CHECKING:
@@ -361,6 +362,43 @@ class ReadOnlyStore:
             )
             lifecycle = read_records(self.backend, catalog.state(), R.LIFECYCLE, "effective")
         return frontier_of(groups, lifecycle)
+
+    # ------------------------------------------------------------------ live
+    def tail(
+        self,
+        *,
+        kind: str | None = None,
+        since: int | None = None,
+        poll: float = DEFAULT_POLL,
+        timeout: float | None = None,
+        inotify: bool = True,
+    ) -> Iterator[TailEvent]:
+        """Each step unit as its commit lands (a generator; :mod:`~maxent_arrow.store.tail`).
+
+        Yields a :class:`~maxent_arrow.store.tail.TailEvent` per unit committed into the
+        effective history after log version ``since`` (``None``: from now on; ``0``: from
+        the first commit), of ``kind`` if given, in commit order, and a ``"superseded"``
+        event when a new attempt (a resume, a re-run) takes steps delivered before out of
+        the history. ``event.version`` is the cursor: pass it back as ``since`` to resume
+        after it. Delivery is at least once; a consumer that saves the cursor with its own
+        checkpoint sees each event exactly once (``docs/commit-protocol.md``, "Live tail").
+        ``store.read(**event.selection)`` reads a step event's rows.
+
+        Locally it waits on inotify (Linux), else and on object stores it reads the next
+        log entry every ``poll`` seconds (one read, never a listing). ``timeout``: return
+        when no event came for this many seconds (``None``: run until closed).
+        ``inotify=False`` polls locally too."""
+        if not isinstance(self.catalog, LogCatalog):
+            raise StoreError(f"{self.uri}: a store without a commit log (format < 3) has no tail")
+        log = self.catalog.log
+        return tail(
+            type(log)(log.backend, log.run),
+            kind=kind,
+            since=since,
+            poll=poll,
+            timeout=timeout,
+            inotify=inotify,
+        )
 
     # ------------------------------------------------------------------ checking
     def verify(self, *, progress: Callable[[int, int], None] | None = None) -> VerifyReport:

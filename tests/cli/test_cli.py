@@ -18,7 +18,7 @@ from analytics_fixtures import write_store
 
 from maxent_arrow.cli import EXIT_DATA, EXIT_OK, EXIT_USAGE, main
 
-SUBCOMMANDS = ["inspect", "query", "report", "verify", "compact", "export"]
+SUBCOMMANDS = ["inspect", "query", "report", "verify", "compact", "export", "tail"]
 
 
 @pytest.fixture(scope="module")

@@ -248,7 +248,7 @@ def test_max_rows_is_honoured(capsys, store, max_rows):
 
 @pytest.mark.parametrize(
     "command", [[], ["inspect"], ["query"], ["report"], ["verify"], ["repair"], ["compact"],
-                ["export"]],
+                ["export"], ["tail"]],
 )  # fmt: skip
 def test_help_answers_in_well_under_a_second(command):
     """``--help`` loads no torch, pyarrow or DuckDB: the best of three runs of the console
