@@ -196,8 +196,8 @@ class RunAnalytics(ReadyMadeQueries):
             {
                 s
                 for e in state.units.values()
-                for s in e.record["rows"]["step"]
-                if not state.is_effective(s, e.attempt)
+                for s, effective in zip(e.record["rows"]["step"], state.effective_units(e))
+                if not effective
             }
         )
         return {

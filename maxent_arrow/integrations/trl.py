@@ -991,7 +991,13 @@ class RolloutRecorder(_Trainer):
         anything is written, and the trainer keeps the store object it had. Returns the
         attempt id (``None``: a store without a commit log, which keeps no attempts)."""
         store = self.rollout_store
-        opened = store.next_attempt(resume_from=resume_from, if_exists=self._rollout_if_exists)
+        # HF's Trainer evaluates at a step before it saves that step's checkpoint, and the
+        # resumed run does not evaluate there again: evaluations resume a step later.
+        opened = store.next_attempt(
+            resume_from=resume_from,
+            if_exists=self._rollout_if_exists,
+            resume_kinds=None if resume_from is None else {"eval": resume_from + 1},
+        )
         try:
             begun = opened.begin_attempt(config=self.rollout_config.to_dict())
         except StoreError as exc:

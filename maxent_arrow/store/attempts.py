@@ -28,7 +28,7 @@ import itertools
 import os
 import socket
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from maxent_arrow.errors import ArgumentError, StoreError
 from maxent_arrow.store.log import Attempt, LogState
@@ -106,6 +106,10 @@ class AttemptSpec:
         attempt supersedes every stored step of the role).
     resume_from:
         The step the run resumes at (a checkpoint's ``global_step``); implies ``"resume"``.
+    resume_kinds:
+        Kinds whose resume point differs from ``resume_from``, e.g. ``{"eval": g + 1}`` for a
+        trainer that evaluated at step ``g`` before saving its checkpoint there (TRL) and
+        will not evaluate at ``g`` again: that evaluation stays in the history.
     attempt:
         An explicit attempt id (default :func:`default_attempt_id`).
     role:
@@ -123,7 +127,14 @@ class AttemptSpec:
         attempt: str | None = None,
         role: str = "trainer",
         config: Mapping[str, Any] | None = None,
+        resume_kinds: Mapping[str, int] | None = None,
     ):
+        kinds = dict(resume_kinds or {})
+        if kinds and resume_from is None:
+            raise ArgumentError("resume_kinds: a resume point per kind needs resume_from")
+        for kind, point in kinds.items():
+            if isinstance(point, bool) or not isinstance(point, int) or point < 0:
+                raise ArgumentError(f"resume_kinds[{kind!r}]: expected a step >= 0, got {point!r}")
         if resume_from is not None:
             if isinstance(resume_from, bool) or not isinstance(resume_from, int) or resume_from < 0:
                 raise ArgumentError(f"resume_from: expected a step >= 0, got {resume_from!r}")
@@ -142,6 +153,7 @@ class AttemptSpec:
         self._id = attempt
         self.role = role
         self.config = dict(config or {})
+        self.resume_kinds = kinds
 
     @property
     def id(self) -> str:
@@ -161,6 +173,7 @@ class AttemptSpec:
             host=socket.gethostname(),
             pid=os.getpid(),
             config=self.config,
+            resume_kinds=self.resume_kinds,
         )
 
 
@@ -196,8 +209,10 @@ def attempt_entry(spec: AttemptSpec, state: LogState, uri: str) -> dict[str, Any
             {
                 s
                 for e in others
-                for s in e.record.get("rows", {}).get("step", [])
-                if state.is_effective(s, e.attempt)
+                for s, effective in zip(
+                    e.record.get("rows", {}).get("step", []), state.effective_units(e)
+                )
+                if effective
             }
         )
         shown = f"{steps[0]}..{steps[-1]}" if steps else "none"
@@ -220,8 +235,8 @@ def attempt_entry(spec: AttemptSpec, state: LogState, uri: str) -> dict[str, Any
                 s
                 for e in state.units.values()
                 if e.attempt == a.id
-                for s in e.record.get("rows", {}).get("step") or []
-                if s >= attempt.resume_from and state.is_effective(s, a.id)
+                for s, k in zip(e.record["rows"]["step"], e.record["rows"]["kind"])
+                if s >= cast(int, attempt.resumes_at(k)) and state.is_effective(s, a.id, k)
             ]
             if steps:
                 superseded.append({"attempt": a.id, "steps": sorted(set(steps))})

@@ -29,7 +29,7 @@ from maxent_arrow.arrow.upgrade import needs_upgrade, upgrade_steps
 from maxent_arrow.errors import ArgumentError, StoreError
 from maxent_arrow.store.backend import Backend, FileInfo, missing_error
 from maxent_arrow.store.checksums import check_seal
-from maxent_arrow.store.log import CommitLog, LogState, UnitEntry
+from maxent_arrow.store.log import CommitLog, LogState, UnitEntry, unit_kind
 from maxent_arrow.store.manifest import has_log
 from maxent_arrow.store.names import (
     GROUPS,
@@ -559,8 +559,7 @@ class LogCatalog(Catalog):
                 keep = {
                     rel
                     for rel, e in state.units.items()
-                    if rel not in effective
-                    or any(not state.is_effective(s, e.attempt) for s in e.record["rows"]["step"])
+                    if rel not in effective or not all(state.effective_units(e))
                 }
         return [n for n in self.step_names() if f"{STEPS}/{n}" in keep]
 
@@ -574,7 +573,7 @@ class LogCatalog(Catalog):
         entry = self._entry(name)
         if entry is None or self.history == "all":
             return None
-        cut = self.state().cutoff(entry.attempt)
+        cut = self.state().cutoff(entry.attempt, unit_kind(entry))
         steps = entry.record["rows"]["step"]
         if cut is None or not any(s >= cut for s in steps) or not any(s < cut for s in steps):
             return None  # the whole file is in, or out of, the history
@@ -587,7 +586,7 @@ class LogCatalog(Catalog):
         entry = self._entry(name)
         if entry is None:
             return False
-        effective = self.state().is_effective(step, entry.attempt)
+        effective = self.state().is_effective(step, entry.attempt, unit_kind(entry))
         return effective if self.history == "effective" else not effective
 
     def with_history(self, history: History) -> LogCatalog:

@@ -143,7 +143,7 @@ def _drop_superseded(
         rows = entry.record.get("rows") or {}
         if kind is not None and kind not in rows.get("kind", ()):
             continue
-        effective = [state.is_effective(s, entry.attempt) for s in rows.get("step", ())]
+        effective = state.effective_units(entry)
         if not any(effective):
             doomed.append(rel)
         elif not all(effective):

@@ -74,6 +74,7 @@ __all__ = [
     "LogState",
     "UnitEntry",
     "entry_name",
+    "unit_kind",
     "parse_entry",
 ]
 
@@ -112,10 +113,20 @@ class Attempt:
     pid: int = 0
     config: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     version: int = 0
+    # Kinds whose resume point is not ``resume_from`` (``{"eval": g + 1}``: a trainer that
+    # evaluated at its checkpoint's step before saving it does not evaluate there again).
+    resume_kinds: Mapping[str, int] = dataclasses.field(default_factory=dict)
+
+    def resumes_at(self, kind: str | None = None) -> int | None:
+        """The step this attempt resumed ``kind`` at (``None``: it supersedes nothing)."""
+        if self.resume_from is None:
+            return None
+        return self.resume_from if kind is None else self.resume_kinds.get(kind, self.resume_from)
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         out["config"] = dict(self.config)
+        out["resume_kinds"] = dict(self.resume_kinds)
         return out
 
     @classmethod
@@ -249,34 +260,38 @@ class LogState:
                 return a
         return None
 
-    def cutoff(self, attempt_id: str) -> int | None:
-        """The first step of ``attempt_id``'s writes that later attempts supersede: the
-        lowest resume point of a later attempt of its role (``None``: nothing superseded).
-        A step is *effective* when it is below its attempt's cutoff."""
+    def cutoff(self, attempt_id: str, kind: str | None = None) -> int | None:
+        """The first step of ``attempt_id``'s writes (of ``kind``) that later attempts
+        supersede: the lowest resume point of a later attempt of its role (``None``: nothing
+        superseded). A step is *effective* when it is below its attempt's cutoff."""
         mine = self.attempt(attempt_id)
         if mine is None:
             return None
         points = [
-            a.resume_from
+            point
             for a in self.attempts
-            if a.version > mine.version and a.role == mine.role and a.resume_from is not None
+            if a.version > mine.version
+            and a.role == mine.role
+            and (point := a.resumes_at(kind)) is not None
         ]
         return min(points) if points else None
 
-    def is_effective(self, step: int, attempt_id: str) -> bool:
-        """Whether ``attempt_id``'s write of ``step`` is the run's history."""
-        cut = self.cutoff(attempt_id)
+    def is_effective(self, step: int, attempt_id: str, kind: str | None = None) -> bool:
+        """Whether ``attempt_id``'s write of ``step`` (of ``kind``) is the run's history."""
+        cut = self.cutoff(attempt_id, kind)
         return cut is None or step < cut
+
+    def effective_units(self, e: UnitEntry) -> list[bool]:
+        """For each unit of step file ``e`` (its step rows, in order): effective or not."""
+        rows = e.record.get("rows", {})
+        steps = rows.get("step") or []
+        kinds = rows.get("kind") or [None] * len(steps)
+        return [self.is_effective(s, e.attempt, k) for s, k in zip(steps, kinds)]
 
     def effective(self) -> dict[str, UnitEntry]:
         """The committed step files with at least one effective unit (a compacted segment
         may be superseded in part: readers filter its rows by :meth:`cutoff`)."""
-        out = {}
-        for rel, e in self.units.items():
-            steps = e.record.get("rows", {}).get("step") or []
-            if any(self.is_effective(s, e.attempt) for s in steps):
-                out[rel] = e
-        return out
+        return {rel: e for rel, e in self.units.items() if any(self.effective_units(e))}
 
     # ------------------------------------------------------------------ checkpoints
     def to_table(self) -> pa.Table:
@@ -292,7 +307,7 @@ class LogState:
                         "kind": kind,
                         "path": path,
                         "effective": rel in effective,
-                        "cutoff": self.cutoff(e.attempt),
+                        "cutoff": self.cutoff(e.attempt, unit_kind(e)),
                         "attempt": e.attempt,
                         "version": e.version,
                         "item": json.dumps(_unit_item(e)),
@@ -375,6 +390,12 @@ class LogState:
                     state.replaced[row["path"]] = _unit_from_item(item, row)
         state.attempts.sort(key=lambda a: a.version)
         return state
+
+
+def unit_kind(e: UnitEntry) -> str | None:
+    """The kind of step file ``e``'s units (a file holds one kind)."""
+    kinds = e.record.get("rows", {}).get("kind") or [None]
+    return kinds[0]
 
 
 def _unit_item(e: UnitEntry) -> dict[str, Any]:

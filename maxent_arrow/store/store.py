@@ -90,13 +90,14 @@ class RolloutStore(ReadOnlyStore):
         long as it takes, and after two seconds logs whom it waits for.
     query_timeout:
         Seconds any one SQL query may run (``None``: no limit).
-    if_exists, resume_from, attempt, role:
+    if_exists, resume_from, resume_kinds, attempt, role:
         How this object's writes begin their attempt, in a store with a commit log
         (:class:`~maxent_arrow.store.attempts.AttemptSpec`): a fresh run into a store that
         holds steps of an earlier run is refused (``if_exists="error"``, the default) before
         anything is written; ``resume_from=step`` resumes it at a checkpoint's step (the
         stored steps from there on are superseded), ``if_exists="resume"`` continues after
-        its last step, ``if_exists="new_attempt"`` records a re-run that supersedes it all.
+        its last step, ``if_exists="new_attempt"`` records a re-run that supersedes it all;
+        ``resume_kinds`` a kind's own resume point (``{"eval": s + 1}``).
         Ranks of one launch share one attempt (:func:`~.attempts.default_attempt_id`).
     attempts:
         Which history the readers of this object see (``"effective"``, ``"all"``,
@@ -121,6 +122,7 @@ class RolloutStore(ReadOnlyStore):
         attempt: str | None = None,
         role: str = "trainer",
         attempts: History = "effective",
+        resume_kinds: Mapping[str, int] | None = None,
     ):
         super().__init__(
             root,
@@ -131,7 +133,11 @@ class RolloutStore(ReadOnlyStore):
             attempts=attempts,
         )
         self.attempt_spec = AttemptSpec(
-            if_exists=if_exists, resume_from=resume_from, attempt=attempt, role=role
+            if_exists=if_exists,
+            resume_from=resume_from,
+            attempt=attempt,
+            role=role,
+            resume_kinds=resume_kinds,
         )
         self.lock_timeout = check_timeout(lock_timeout)
         every = compact_every
@@ -164,7 +170,11 @@ class RolloutStore(ReadOnlyStore):
         return self.writer.begin_attempt(config=config)
 
     def next_attempt(
-        self, *, resume_from: int | None = None, if_exists: IfExists | None = None
+        self,
+        *,
+        resume_from: int | None = None,
+        if_exists: IfExists | None = None,
+        resume_kinds: Mapping[str, int] | None = None,
     ) -> RolloutStore:
         """This store opened again, with this object's options and history, for the next
         trainer run of this process: an attempt of its own
@@ -205,6 +215,7 @@ class RolloutStore(ReadOnlyStore):
             attempt=next_attempt_id(spec.id),
             role=spec.role,
             attempts=history,
+            resume_kinds=resume_kinds if resume_from is not None else None,
         )
 
     @classmethod

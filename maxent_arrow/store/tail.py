@@ -199,12 +199,10 @@ def _apply(state: LogState, entry: Mapping[str, Any], kind: str | None) -> TailE
     """Apply ``entry`` to ``state``; the event it gives, if any."""
     op = entry.get("op")
     if op == "attempt":
-        role = str(entry["attempt"].get("role") or "trainer")
-        before = _cutoffs(state, role)
+        before = state.copy()
         state.apply(entry)
-        after = _cutoffs(state, role)
         attempt = state.attempts[-1]
-        gone = _superseded(state, before, after, kind)
+        gone = _superseded(before, state, kind)
         if not gone:
             return None
         return TailEvent(
@@ -226,7 +224,7 @@ def _apply(state: LogState, entry: Mapping[str, Any], kind: str | None) -> TailE
     if len(steps) != 1:  # an append commits one step of one rank
         raise StoreError(f"commit log: append entry {unit.version} holds {len(steps)} step rows")
     step, rank, knd = int(steps[0]), int(rows["rank"][0]), str(rows["kind"][0])
-    if (kind is not None and knd != kind) or not state.is_effective(step, unit.attempt):
+    if (kind is not None and knd != kind) or not state.is_effective(step, unit.attempt, knd):
         return None
     attempt = state.attempt(unit.attempt)
     return TailEvent(
@@ -246,31 +244,18 @@ def _apply(state: LogState, entry: Mapping[str, Any], kind: str | None) -> TailE
     )
 
 
-def _cutoffs(state: LogState, role: str) -> dict[str, int | None]:
-    return {a.id: state.cutoff(a.id) for a in state.attempts if a.role == role}
-
-
-def _superseded(
-    state: LogState,
-    before: Mapping[str, int | None],
-    after: Mapping[str, int | None],
-    kind: str | None,
-) -> list[dict[str, Any]]:
-    """The units effective under the ``before`` cutoffs and not under ``after``'s: what a new
-    attempt took out of the history (each was delivered, or would have been)."""
-    changed = {a for a in before if before[a] != after.get(a)}
+def _superseded(before: LogState, after: LogState, kind: str | None) -> list[dict[str, Any]]:
+    """The units effective in ``before`` and not in ``after`` (the state once a new attempt
+    began): what the attempt took out of the history (each was delivered, or would have
+    been)."""
     gone: set[tuple[int, str, int, str]] = set()
-    for e in state.units.values():
-        if e.attempt not in changed:
-            continue
-        old, new = before[e.attempt], after[e.attempt]
+    for e in after.units.values():
         rows = e.record.get("rows", {})
-        for step, rank, knd in zip(
-            rows.get("step", ()), rows.get("rank", ()), rows.get("kind", ())
+        was, now = before.effective_units(e), after.effective_units(e)
+        for step, rank, knd, old, new in zip(
+            rows.get("step", ()), rows.get("rank", ()), rows.get("kind", ()), was, now
         ):
-            if kind is not None and knd != kind:
-                continue
-            if (old is None or step < old) and new is not None and step >= new:
+            if (kind is None or knd == kind) and old and not new:
                 gone.add((int(step), str(knd), int(rank), e.attempt))
     return [{"step": s, "rank": r, "kind": k, "attempt": a} for s, k, r, a in sorted(gone)]
 

@@ -190,7 +190,7 @@ class Writer:
             taken = name in names or name in self.catalog.hidden(names, "skip")
         else:
             taken = any(
-                state.is_effective(batch.step, e.attempt)
+                state.is_effective(batch.step, e.attempt, batch.kind)
                 for e in state.writes_of(batch.step, batch.rank, batch.kind)
             )
         if taken:

@@ -225,12 +225,6 @@ def test_a_second_train_call_of_one_trainer_is_a_run_of_its_own(tmp_path):
     assert superseded.steps() == [1]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the resume point is a step of every kind (store/log.py LogState.cutoff): an "
-    "evaluation at the checkpoint's own step, made before the checkpoint was saved and not "
-    "made again by the resumed run, is superseded with the rounds TRL regenerates",
-)
 def test_an_evaluation_at_the_checkpoint_step_stays_in_the_history(tmp_path):
     settings = dict(
         ROUND_PER_STEP,
@@ -251,3 +245,9 @@ def test_an_evaluation_at_the_checkpoint_step_stays_in_the_history(tmp_path):
     store = RolloutStore(tmp_path / "store")
     assert store.steps(kind="train") == [0, 1]
     assert store.steps(kind="eval") == [1, 2]  # the evaluation at 1 is of the checkpoint's model
+    # The first attempt's evaluation at step 2 is what the resumed one did again.
+    assert RolloutStore(tmp_path / "store", attempts="superseded").steps(kind="eval") == [2]
+    (resume,) = [a for a in store.attempts() if a["mode"] == "resume"]
+    assert (resume["resume_from"], resume["resume_kinds"]) == (1, {"eval": 2})
+    files = {p.name: w for p, w in store.live_files("groups")}
+    assert all(w is None for w in files.values())  # one unit per file: no row filters
