@@ -263,6 +263,8 @@ def read_records(
             if cut is not None:
                 below = pc.less(table.column("step"), cut)
                 table = table.filter(below if history == "effective" else pc.invert(below))
+            elif history == "superseded":  # no later attempt supersedes any of it
+                table = table.slice(0, 0)
         elif history == "superseded":
             table = table.slice(0, 0)
         parts.append(table)
