@@ -319,7 +319,7 @@ class SqlViews:
         # Files of one schema form one set (DuckDB binds a set to its first file's footer).
         group_sets, self.files = self._group_sets(self.files, self.catalog)
         history = None
-        if self.other_catalog is not None:
+        if self.other_catalog is not None and isinstance(self.catalog, LogCatalog):
             other_sets, self.other = self._group_sets(self.other, self.other_catalog)
             records = self.records.get(R.LIFECYCLE)
             history = History(
