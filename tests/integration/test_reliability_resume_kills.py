@@ -304,6 +304,10 @@ def test_generator_and_trainer_killed_200_times_train_each_prompt_once(tmp_path)
         f"{dict(sorted(done['realized'].items(), key=str))}"
     )
     assert done["kills"] == KILLS
+    # Nothing went wrong on the way either: no launch warned (a compaction that a crash left
+    # failing, a checkpoint of the log not used) or failed.
+    said = {p.name: p.read_text() for p in (run / "logs").iterdir()}
+    assert not {name: text[-2000:] for name, text in said.items() if text.strip()}
     assert P >= 300, P
 
     store = RolloutStore(root)
