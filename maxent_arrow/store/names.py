@@ -118,7 +118,12 @@ def unit_name(step: int, rank: int, kind: str) -> str:
 def with_token(name: str) -> str:
     """``name`` (a unit's file name) made unique: ``….{kind}.t{12 hex}.parquet`` (stores with
     a commit log: every commit writes files of a name of its own). A compacted segment's
-    name is unique already (a digest of its inputs)."""
+    digest of its inputs becomes a random token of the same form: a compaction that died
+    after publishing its files and before its log entry left them under the digest's name,
+    and its retry (the same inputs) must not meet them."""
+    match = _COMPACT_RE.match(name)
+    if match is not None:
+        return f"{name[: match.start(6)]}{secrets.token_hex(6)}.parquet"
     if _UNIT_RE.match(name) is None:
         return name
     return f"{name.removesuffix('.parquet')}.t{secrets.token_hex(6)}.parquet"
@@ -134,7 +139,8 @@ def unit_of(name: str) -> str:
 
 def compact_name(kind: str, steps: tuple[int, int], ranks: tuple[int, int], inputs: list) -> str:
     """The name of a compacted segment: its kind, step range, rank range and a digest of its
-    inputs' records (their names and CRCs), so two compactions never share a name."""
+    inputs' records (their names and CRCs), so two compactions never share a name (in a
+    store with a commit log, :func:`with_token` makes the digest a random token)."""
     digest = hashlib.sha256(repr(sorted(inputs)).encode()).hexdigest()[:12]
     return (
         f"compact-{steps[0]:010d}-{steps[1]:010d}.{kind}."

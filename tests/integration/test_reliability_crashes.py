@@ -100,6 +100,24 @@ def test_crash_at_each_point_of_a_compaction(tmp_path, point):
     assert_sound(RolloutStore(root), want)
 
 
+@pytest.mark.parametrize("point", ["compact:group-published", "compact:step-published"])
+def test_compaction_retried_without_repair_after_a_crash_between_publish_and_commit(
+    tmp_path, point
+):
+    """A compaction killed after publishing its files, before its log entry, leaves them as
+    leftovers; compacting the same inputs again (no repair between) commits at once: the
+    segment's files have a name of their own, never the leftovers'."""
+    root = tmp_path / "store"
+    assert run_script(WRITER, root, 0, 0, 4, 6).returncode == 0
+    crashed = run_script(COMPACTOR, root, "null", crash_at=point)
+    assert crashed.returncode == KILLED, crashed.stderr
+    done = run_script(COMPACTOR, root, "null")
+    assert done.returncode == 0, done.stderr
+    store = RolloutStore(root)
+    assert [u.step_file.startswith("compact-") for u in store.units()] == [True] * 4
+    assert_sound(store, {(s, 0): expected(s, 0) for s in range(4)})
+
+
 def test_lagging_rank_compacted_later_loses_nothing(tmp_path):
     """Rank 0's steps 0-1 compacted, then a lagging rank 1 appends the same steps and is
     compacted later: two segments with different names, every row once."""

@@ -1,0 +1,67 @@
+"""Record tables across attempts: a trainer resume supersedes the lifecycle events of the
+steps from its resume point on, and the three histories split the rows between them."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from maxent_arrow import RolloutBatch, RolloutStore
+
+
+def _batch(step: int, first: int, size: int, k: int = 2) -> RolloutBatch:
+    groups = pa.table(
+        {
+            "step": pa.array([step] * size, pa.int64()),
+            "rank": pa.array([0] * size, pa.int32()),
+            "kind": ["train"] * size,
+            "group_index": pa.array(range(size), pa.int32()),
+            "group_id": [f"{step}.0.{g}" for g in range(size)],
+            "group_size": pa.array([k] * size, pa.int32()),
+            "num_completions": pa.array([k] * size, pa.int32()),
+            "completions": [[f"c{p}.{i}" for i in range(k)] for p in range(first, first + size)],
+            "stream_index": pa.array(range(first, first + size), pa.int64()),
+        }
+    )
+    row = pa.table(
+        {
+            "step": pa.array([step], pa.int64()),
+            "rank": pa.array([0], pa.int32()),
+            "kind": ["train"],
+            "num_groups": pa.array([size], pa.int32()),
+            "num_samples": pa.array([size * k], pa.int32()),
+        }
+    )
+    return RolloutBatch(groups, row)
+
+
+def _steps(table: pa.Table) -> list[tuple[int, str]]:
+    return sorted(zip(table.column("step").to_pylist(), table.column("attempt").to_pylist()))
+
+
+def test_superseded_records_are_only_those_a_later_attempt_superseded(tmp_path):
+    root = tmp_path / "store"
+    RolloutStore.create(root, if_exists="error")
+    generator = RolloutStore(root, role="generator", if_exists="resume", attempt="g")
+    generator.append(_batch(0, 0, 6))
+    first = RolloutStore(root, role="trainer", resume_from=0, attempt="t1")
+    groups = first.frontier().in_flight
+    for t in range(3):  # steps 0 and 1 checkpointed; step 2 died before its checkpoint
+        first.record_lifecycle(groups.slice(2 * t, 2), step=t, event="trained")
+    second = RolloutStore(root, role="trainer", resume_from=2, attempt="t2")
+    second.begin_attempt()
+    store = RolloutStore(root)
+    assert _steps(store.lifecycle()) == [(0, "t1"), (0, "t1"), (1, "t1"), (1, "t1")]
+    superseded = [(2, "t1"), (2, "t1")]
+    assert _steps(store.lifecycle(attempts="superseded")) == superseded
+    assert store.lifecycle(attempts="all").num_rows == 6
+    assert store.frontier().position == 4
+    # The resumed attempt redoes step 2: its rows are effective, not superseded.
+    second.record_lifecycle(store.frontier().in_flight, step=2, event="trained")
+    store = RolloutStore(root)
+    assert _steps(store.lifecycle(attempts="superseded")) == superseded
+    effective = store.lifecycle()
+    assert _steps(effective)[-2:] == [(2, "t2"), (2, "t2")]
+    assert store.lifecycle(attempts="all").num_rows == effective.num_rows + len(superseded)
+    assert store.sql("SELECT count(*) AS n FROM lifecycle").column("n")[0].as_py() == 6
+    frontier = store.frontier()
+    assert (frontier.position, frontier.gaps, frontier.double) == (6, [], [])
