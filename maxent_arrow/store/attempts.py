@@ -158,9 +158,11 @@ class AttemptSpec:
     @property
     def id(self) -> str:
         """The attempt id: the explicit one, else :func:`default_attempt_id` (worked out when
-        first asked: only a writer needs it)."""
+        first asked: only a writer needs it), with the role for any role but ``"trainer"``
+        (one process writing as a generator and as a trainer is two attempts)."""
         if self._id is None:
-            self._id = default_attempt_id()
+            base = default_attempt_id()
+            self._id = base if self.role == "trainer" else f"{base}.{self.role}"
         return self._id
 
     def attempt(self) -> Attempt:

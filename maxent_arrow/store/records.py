@@ -240,6 +240,38 @@ def commit_records(
         backend.discard(pending)
 
 
+# Record files read and checked by this process, by path, size and CRC-32: a committed file is
+# never rewritten (a new commit writes a file of a new name), so a consumer that reads the
+# records every step (``frontier()``) parses each file once. Damage present when this process
+# first reads a file is never served; a file damaged or lost later is ``verify``'s to find.
+_CHECKED: dict[tuple[str, int, int], pa.Table] = {}
+_CHECKED_MAX = 4096
+
+
+def _records_file(backend: Backend, name: str, item: Mapping[str, Any]) -> pa.Table:
+    """The rows of one committed records file, checked against the log's size and CRC-32."""
+    rel = str(item["path"])
+    where = backend.path(rel)
+    key = (str(where), int(item["size"]), int(item["crc32"]))
+    hit = _CHECKED.get(key)
+    if hit is not None:
+        return hit
+    try:
+        data = backend.read(rel)
+    except StoreError as exc:
+        raise StoreError(f"{where}: a committed records file of {name!r} is lost ({exc})") from None
+    if data.size != item["size"] or crc32(data.to_pybytes()) != item["crc32"]:
+        raise StoreError(
+            f"{where}: damaged (size {data.size}, recorded {item['size']}; CRC-32 differs "
+            "from the log's)"
+        )
+    table = pq.read_table(pa.BufferReader(data))
+    if len(_CHECKED) >= _CHECKED_MAX:
+        _CHECKED.pop(next(iter(_CHECKED)))
+    _CHECKED[key] = table
+    return table
+
+
 def read_records(
     backend: Backend, state: LogState, name: str, history: History = "effective"
 ) -> pa.Table:
@@ -249,20 +281,7 @@ def read_records(
     registry's layout (empty), or an empty table."""
     parts = []
     for item in state.records.get(name, []):
-        rel = str(item["path"])
-        where = backend.path(rel)
-        try:
-            data = backend.read(rel)
-        except StoreError as exc:
-            raise StoreError(
-                f"{where}: a committed records file of {name!r} is lost ({exc})"
-            ) from None
-        if data.size != item["size"] or crc32(data.to_pybytes()) != item["crc32"]:
-            raise StoreError(
-                f"{where}: damaged (size {data.size}, recorded {item['size']}; CRC-32 differs "
-                "from the log's)"
-            )
-        table = pq.read_table(pa.BufferReader(data))
+        table = _records_file(backend, name, item)
         table = table.append_column(
             "attempt", _repeat(str(item["attempt"]), pa.string(), table.num_rows)
         )
