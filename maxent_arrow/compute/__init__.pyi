@@ -42,6 +42,20 @@ from .loss import (
     grpo_loss as grpo_loss,
     maxent_loss as maxent_loss,
 )
+from .offpolicy import (
+    IS_SAFETY_BOUND as IS_SAFETY_BOUND,
+    RS_MODES as RS_MODES,
+    TRL_IS_MODES as TRL_IS_MODES,
+    ImportanceWeights as ImportanceWeights,
+    RejectionMask as RejectionMask,
+    RolloutCorrection as RolloutCorrection,
+    offpolicy_metrics as offpolicy_metrics,
+    rollout_correction as rollout_correction,
+    rollout_is_weights as rollout_is_weights,
+    rollout_rejection_mask as rollout_rejection_mask,
+    trl_importance_metrics as trl_importance_metrics,
+    trl_importance_ratio as trl_importance_ratio,
+)
 from .reward_step import (
     apply_entropy_bonus as apply_entropy_bonus,
     behavior_logprobs_from_meta as behavior_logprobs_from_meta,
