@@ -23,6 +23,7 @@ import dataclasses
 import datetime as dt
 import re
 import secrets
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
