@@ -306,6 +306,7 @@ def run_stages(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         ctx = _validation_context(args, trainer, store)
         started = time.perf_counter()
         _train(args, trainer, ctx, start=resumed_at or 0)
+        store.checkpoint()  # the log's live files, for plain readers of the run
         timings["train"] = time.perf_counter() - started
         started = time.perf_counter()
         replayed = _replay(args, out, store)

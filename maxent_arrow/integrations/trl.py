@@ -81,6 +81,7 @@ the earlier run, ``"resume"`` continues after its last step.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import functools
 import inspect
 import json
@@ -969,6 +970,11 @@ class RolloutRecorder(_Trainer):
         finally:
             self.flush_rollouts()
             self.rollout_appender.wait()
+            if self._rollout_records and self.accelerator.is_main_process:
+                # The log checkpoint plain readers read (docs/commit-protocol.md); a failure
+                # costs them freshness, never data.
+                with contextlib.suppress(OSError, StoreError):
+                    self.rollout_store.checkpoint()
 
     def evaluate(self, *args: Any, **kwargs: Any) -> Any:
         if self.rollout_attempt is None:  # an evaluation before any train(): its own attempt

@@ -60,11 +60,15 @@ def _start_time(pid: int) -> str:
 def _process_attempt(pid: int) -> str:
     host = socket.gethostname()
     run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    # An elastic restart (--max-restarts) runs new workers under the same run id and agent:
+    # a new attempt of the run, which resumes (not the same one continued).
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    again = f".restart-{restart}" if restart not in ("", "0") else ""
     if run_id and run_id != "none":
-        return f"torchrun-{run_id}"
+        return f"torchrun-{run_id}{again}"
     if run_id is not None:  # torchrun without a run id: the ranks of one node share a parent
         parent = os.getppid()
-        seed = f"{host}:{parent}:{_start_time(parent)}"
+        seed = f"{host}:{parent}:{_start_time(parent)}{again}"
     else:
         seed = f"{host}:{pid}:{_start_time(pid)}"
     return hashlib.sha256(seed.encode()).hexdigest()[:16]

@@ -48,7 +48,7 @@ import pyarrow as pa
 if TYPE_CHECKING:
     import pyarrow.fs as pafs
 
-from maxent_arrow.errors import StoreError
+from maxent_arrow.errors import MissingExtraError, StoreError
 
 __all__ = [
     "ArrowFsBackend",
@@ -857,6 +857,11 @@ class ArrowFsBackend(Backend):
 
     def put_if_absent(self, rel: str, data: bytes) -> bool:
         if not self.exclusive_create:
+            if self._fs.type_name == "s3":
+                # Check-then-write would let two ranks both take a log version on S3, and
+                # ranks commit at the same instant: never fall back to it silently.
+                # (Committing to S3 needs boto3's conditional create: pyarrow.fs has none.)
+                raise MissingExtraError("boto3", "s3")
             return super().put_if_absent(rel, data)
         bucket, _, key = str(self.root / rel).partition("/")
         client = self._s3_client()

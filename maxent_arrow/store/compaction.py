@@ -120,6 +120,10 @@ def compact(
                 progress(min(done, total), total)
     if not made:  # each merge tidies retired/; without one, do it here
         _expire(catalog)
+    if made and isinstance(catalog, LogCatalog):
+        # The files a plain reader's checkpoint lists just moved to retired/: a new one.
+        with contextlib.suppress(OSError, StoreError):
+            catalog.log.write_checkpoint()
     if progress is not None:
         progress(total, total)
     return made

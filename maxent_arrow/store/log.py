@@ -300,7 +300,7 @@ class LogState:
         rows: list[dict[str, Any]] = []
         effective = self.effective()
         for rel, e in self.units.items():
-            group = f"groups/{e.record['group_file']}"
+            group = f"{GROUPS}/{e.record['group_file']}"
             for kind, path in (("step_file", rel), ("group_file", group)):
                 rows.append(
                     {

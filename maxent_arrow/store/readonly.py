@@ -40,6 +40,7 @@ from maxent_arrow.store.records import (
     check_record_name,
     frontier_of,
     read_records,
+    record_filter,
     record_names,
     record_schema,
 )
@@ -285,21 +286,28 @@ class ReadOnlyStore:
         each live file's path and the row filter it needs (``"step < 7"``: a segment a
         resumed run superseded in part), or ``None``. The same list as the log checkpoint's
         (``docs/commit-protocol.md``, "Plain readers")."""
+        if table not in (GROUPS, STEPS) and not table.startswith("records:"):
+            raise StoreError(
+                f"live_files: table must be 'groups', 'steps' or 'records:<name>', got {table!r}"
+            )
         if not isinstance(self.catalog, LogCatalog):
+            if table.startswith("records:"):
+                check_record_name(table.partition(":")[2])
+                return []  # a store without a commit log keeps no record tables
             return [(p, None) for p in self.committed_files("steps" if table == STEPS else GROUPS)]
         history = self.catalog.history if attempts is None else check_history(attempts)
         catalog = self.catalog.with_history(history)
         with catalog.snapshot():
             state = catalog.state()
+            out: list[tuple[Any, str | None]] = []
             if table.startswith("records:"):
                 name = check_record_name(table.partition(":")[2])
-                return [(self.backend.path(i["path"]), None) for i in state.records.get(name, [])]
-            if table not in (GROUPS, STEPS):
-                raise StoreError(
-                    "live_files: table must be 'groups', 'steps' or 'records:<name>', got "
-                    f"{table!r}"
-                )
-            out = []
+                for item in state.records.get(name, []):
+                    where = record_filter(state, item, history)
+                    if where is not False:
+                        path = self.backend.path(item["path"])
+                        out.append((path, None if where is True else where))
+                return out
             for name in catalog.committed(self.on_error):
                 step = catalog.step_file(name)
                 rel = f"{GROUPS}/{step.group_file}" if table == GROUPS else f"{STEPS}/{name}"

@@ -19,6 +19,7 @@ role, as it does their rollouts. Readers see the effective records by default.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import re
@@ -49,6 +50,8 @@ __all__ = [
     "lifecycle_rows",
     "prepare_records",
     "read_records",
+    "record_cutoffs",
+    "record_filter",
     "record_names",
     "record_schema",
 ]
@@ -232,10 +235,13 @@ def commit_records(
         assert version is not None
         return version
     except BaseException:
-        if published:
-            committed = {i["path"] for i in log.state().records.get(name, [])}
-            if pending.final not in committed:
-                backend.remove(pending.final)
+        # Our file goes again unless the entry made it (as commit_unit's files): a leftover
+        # is harmless (repair moves it), removing a committed file is a loss.
+        with contextlib.suppress(Exception):
+            if published:
+                committed = {i["path"] for i in log.state().records.get(name, [])}
+                if pending.final not in committed:
+                    backend.remove(pending.final)
         raise
     finally:
         backend.discard(pending)
@@ -286,9 +292,10 @@ def read_records(
         table = table.append_column(
             "attempt", _repeat(str(item["attempt"]), pa.string(), table.num_rows)
         )
-        cut = state.cutoff(str(item["attempt"])) if "step" in table.column_names else None
-        if history != "all" and cut is not None:
-            below = pc.less(table.column("step"), cut)
+        default, kinds = record_cutoffs(state, item)
+        cut = default is not None or any(c is not None for c in kinds.values())
+        if history != "all" and cut:
+            below = _below(table, default, kinds)
             table = table.filter(below if history == "effective" else pc.invert(below))
         elif history == "superseded":  # nothing of this file is superseded
             table = table.slice(0, 0)
@@ -300,6 +307,53 @@ def read_records(
     if not parts:
         return pa.table({})
     return pa.concat_tables(parts, promote_options="permissive")
+
+
+def record_cutoffs(
+    state: LogState, item: Mapping[str, Any]
+) -> tuple[int | None, dict[str, int | None]]:
+    """Where the rows of a records file leave the history: the cutoff of its attempt (rows of
+    steps at or after it are superseded; ``None``: none are), and, for a table with a
+    ``kind`` column, the cutoff of each kind a later attempt resumed at a point of its own
+    (``resume_kinds``). A table without a ``step`` column is never superseded."""
+    columns = item.get("columns") or {}
+    if "step" not in columns:
+        return None, {}
+    attempt = str(item["attempt"])
+    kinds: dict[str, int | None] = {}
+    if "kind" in columns:
+        for a in state.attempts:
+            for kind in a.resume_kinds:
+                kinds[kind] = state.cutoff(attempt, kind)
+    return state.cutoff(attempt), kinds
+
+
+def _below(table: pa.Table, default: int | None, kinds: Mapping[str, int | None]) -> pa.Array:
+    """Rows of ``table`` below their cutoff (:func:`record_cutoffs`)."""
+    step = table.column("step")
+    out = pc.less(step, default) if default is not None else pc.is_valid(step)
+    for kind, cut in kinds.items():
+        keep = pc.less(step, cut) if cut is not None else pc.is_valid(step)
+        out = pc.if_else(pc.equal(table.column("kind"), kind), keep, out)
+    return out
+
+
+def record_filter(state: LogState, item: Mapping[str, Any], history: History) -> str | bool:
+    """A records file's rows in ``history`` as a plain reader's filter: ``True`` (all of
+    them), ``False`` (none) or a SQL condition over ``step`` (and ``kind``)."""
+    default, kinds = record_cutoffs(state, item)
+    if history == "all":
+        return True
+    if default is None and all(c is None for c in kinds.values()):
+        return history == "effective"
+    base = "TRUE" if default is None else f"step < {int(default)}"
+    if kinds:
+        cases = " ".join(
+            f"WHEN '{kind}' THEN {'TRUE' if cut is None else f'step < {int(cut)}'}"
+            for kind, cut in sorted(kinds.items())
+        )
+        base = f"CASE kind {cases} ELSE {base} END"
+    return base if history == "effective" else f"NOT ({base})"
 
 
 def record_names(state: LogState) -> list[str]:

@@ -58,7 +58,7 @@ from maxent_arrow.store.session import (
     check_timeout,
     duckdb_module,
 )
-from maxent_arrow.store.sqlplan import FileSet, History, ViewPlan, plan_views
+from maxent_arrow.store.sqlplan import FileSet, HistoryViews, ViewPlan, plan_views
 
 __all__ = ["SqlViews", "plan_scans", "scanned_columns"]
 
@@ -328,7 +328,7 @@ class SqlViews:
         if self.other_catalog is not None:  # a store with a commit log: a LogCatalog
             other_sets, self.other = self._group_sets(self.other, self.other_catalog)
             records = self.records.get(R.LIFECYCLE)
-            history = History(
+            history = HistoryViews(
                 reads=self.reads,
                 other_sets=other_sets,
                 dropped=None if records is None else lifecycle_keys(records, "dropped"),

@@ -30,7 +30,7 @@ __all__ = [
     "SAMPLE_ALIASES",
     "UNSCORED_AS_NULL",
     "FileSet",
-    "History",
+    "HistoryViews",
     "ViewPlan",
     "plan_views",
     "quote",
@@ -224,10 +224,10 @@ def plan_views(
     step_rows: pa.Table | None,
     reward_names: Sequence[str],
     spell: Speller,
-    history: History | None = None,
+    history: HistoryViews | None = None,
 ) -> ViewPlan:
     """The plan of the views ``steps``, ``groups`` and ``samples`` (and, for a store with a
-    commit log, those of its :class:`History`).
+    commit log, those of its :class:`HistoryViews`).
 
     ``group_sets`` / ``step_sets`` are the files DuckDB reads (one set per schema: DuckDB
     binds a set to its first file's footer); ``group_rows`` / ``step_rows`` the rows decoded
@@ -253,7 +253,7 @@ def plan_views(
 
 
 @dataclass
-class History:
+class HistoryViews:
     """What a store with a commit log adds to its views: which history ``groups`` reads
     (``"effective"``, ``"all"`` or ``"superseded"``), the files of the other history
     (``superseded``; ``groups_all`` is every attempt's), the stored groups the run dropped
@@ -270,7 +270,7 @@ class History:
 
 def _history_views(
     plan: ViewPlan,
-    history: History,
+    history: HistoryViews,
     group_schema: pa.Schema,
     group_sets: list[FileSet],
     group_rows: pa.Table | None,

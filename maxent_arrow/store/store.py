@@ -199,6 +199,8 @@ class RolloutStore(ReadOnlyStore):
         else:
             if_exists = if_exists or spec.if_exists
             resume_from = own if if_exists == "resume" else None
+        if resume_kinds is None and resume_from is not None and resume_from == own:
+            resume_kinds = spec.resume_kinds  # this object's own resume point, as it says
         history = self.catalog.history if isinstance(self.catalog, LogCatalog) else "effective"
         return type(self)(
             self.backend,

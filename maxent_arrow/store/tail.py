@@ -50,7 +50,7 @@ from maxent_arrow.arrow import registry as R
 from maxent_arrow.errors import ArgumentError, StoreError
 from maxent_arrow.store.backend import Backend
 from maxent_arrow.store.log import CommitLog, LogState
-from maxent_arrow.store.names import GROUPS, LOG
+from maxent_arrow.store.names import GROUPS, LOG, unit_name
 
 __all__ = ["DEFAULT_POLL", "FIGURES", "TailEvent", "check_since", "tail", "watches"]
 
@@ -237,7 +237,7 @@ def _apply(state: LogState, entry: Mapping[str, Any], kind: str | None) -> TailE
         rank=rank,
         kind=knd,
         num_groups=int(rows["num_groups"][0]) if "num_groups" in rows else None,
-        unit=f"step-{step:010d}.rank-{rank:05d}.{knd}.parquet",
+        unit=unit_name(step, rank, knd),
         step_file=rel,
         group_file=f"{GROUPS}/{unit.record['group_file']}",
         figures={f: rows[f][0] for f in FIGURES if rows.get(f, [None])[0] is not None},

@@ -26,13 +26,14 @@ from maxent_arrow.store.backend import Backend, is_temp_name, temp_final
 from maxent_arrow.store.cache import CACHE_META_KEY, unit_group_crc32
 from maxent_arrow.store.catalog import Catalog, LogCatalog, StepFile
 from maxent_arrow.store.checksums import check_chunks, check_seal
-from maxent_arrow.store.log import UnitEntry
+from maxent_arrow.store.log import LogState, UnitEntry, entry_name
 from maxent_arrow.store.manifest import read as read_manifest
 from maxent_arrow.store.names import (
     CACHE,
     GROUPS,
     LOG,
     MANIFEST,
+    RECORDS,
     STEPS,
     UNIT_META_KEY,
     UnitName,
@@ -232,6 +233,45 @@ def _verify_logged(
             report.notes.append(
                 StoreProblem(backend.root / CACHE / name, "temp file of an unfinished write")
             )
+    _verify_log_files(report, catalog, state)
+
+
+def _verify_log_files(report: VerifyReport, catalog: LogCatalog, state: LogState) -> None:
+    """The log's own directory and the record tables' files: an entry past a gap (a lost
+    entry hides every later commit from readers) is a problem; temp files and record files
+    no entry names are leftovers (notes; ``repair`` moves them aside)."""
+    backend = catalog.backend
+    later = sorted(
+        int(name[:20])
+        for name in backend.list(LOG)
+        if len(name) == 25 and name.endswith(".json") and name[:20].isdigit()
+    )
+    later = [v for v in later if v > state.version]
+    if later:
+        report.problems.append(
+            StoreProblem(
+                backend.root / entry_name(state.version + 1),
+                f"lost: commit log entry {state.version + 1}; readers stop before it, so the "
+                f"{len(later)} later entries ({later[0]}..{later[-1]}) are hidden from them",
+            )
+        )
+    records = {str(i["path"]) for items in state.records.values() for i in items}
+    directories = [LOG, *(f"{RECORDS}/{n}" for n in backend.subdirectories(RECORDS))]
+    for directory in directories:
+        for name in backend.list(directory):
+            rel = f"{directory}/{name}"
+            if is_temp_name(name):
+                report.notes.append(
+                    StoreProblem(backend.root / rel, "temp file of an unfinished write")
+                )
+            elif directory != LOG and rel not in records:
+                report.notes.append(
+                    StoreProblem(
+                        backend.root / rel,
+                        "uncommitted: no commit log entry names it (a write that did not "
+                        "finish); invisible to readers; `repair` moves it aside",
+                    )
+                )
 
 
 def _unit_keys(record: Mapping[str, Any]) -> list[tuple[int, int, str]]:

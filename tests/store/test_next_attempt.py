@@ -3,6 +3,8 @@ refused), and the superseded history of record tables."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -98,3 +100,20 @@ def test_a_resume_asked_of_an_attempt_that_began_is_refused_not_ignored(tmp_path
     resumed = first.next_attempt(resume_from=1)
     resumed.append(make_batch(1, seed=5))
     assert RolloutStore(root).steps() == [0, 1]
+
+
+def test_an_elastic_restart_of_a_torchrun_launch_is_an_attempt_of_its_own():
+    """torchrun --max-restarts runs new workers under the same run id: a restart is a new
+    attempt (it resumes), the ranks of one restart share it."""
+    script = (
+        "from maxent_arrow.store.attempts import default_attempt_id; print(default_attempt_id())"
+    )
+    ids = []
+    for restart in ("0", "0", "1"):
+        environ = {k: v for k, v in os.environ.items() if k != "MAXENT_ARROW_ATTEMPT"}
+        environ.update(TORCHELASTIC_RUN_ID="job7", TORCHELASTIC_RESTART_COUNT=restart)
+        done = subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, env=environ, check=True
+        )
+        ids.append(done.stdout.strip())
+    assert ids[0] == ids[1] == "torchrun-job7" and ids[2] == "torchrun-job7.restart-1"

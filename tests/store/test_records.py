@@ -313,3 +313,49 @@ def test_repair_moves_record_files_no_entry_names_and_the_log_temp_files(tmp_pat
     assert not stray.exists() and not temp.exists() and kept.exists()
     assert RolloutStore(root).read_records("judge").num_rows == 1
     assert RolloutStore(root).verify().ok
+
+
+def test_a_kind_resumed_at_its_own_point_keeps_its_records_and_plain_filters(tmp_path):
+    """A record table with a ``kind`` column (``trainer_metrics``) follows the per-kind
+    resume points (``resume_kinds``) as the rollouts do; ``live_files`` gives plain readers
+    the same filter, and DuckDB with it reads the same rows."""
+    root = tmp_path / "s"
+    first = RolloutStore.create(root, attempt="a")
+    for step in range(4):
+        first.append(make_batch(step))
+    first.append_records(
+        "judge", pa.table({"step": [1, 2, 2, 3], "kind": ["train", "train", "eval", "eval"]})
+    )
+    second = RolloutStore(root, resume_from=2, resume_kinds={"eval": 3}, attempt="b")
+    second.begin_attempt()
+    got = RolloutStore(root).read_records("judge")
+    assert sorted(zip(got["step"].to_pylist(), got["kind"].to_pylist())) == [
+        (1, "train"), (2, "eval")
+    ]  # fmt: skip
+    gone = RolloutStore(root).read_records("judge", attempts="superseded")
+    assert sorted(zip(gone["step"].to_pylist(), gone["kind"].to_pylist())) == [
+        (2, "train"), (3, "eval")
+    ]  # fmt: skip
+    for history, table in (("effective", got), ("superseded", gone)):
+        ((path, where),) = RolloutStore(root, attempts=history).live_files("records:judge")
+        rows = duckdb.sql(f"SELECT step, kind FROM read_parquet('{path}') WHERE {where}")
+        assert sorted(rows.fetchall()) == sorted(
+            zip(table["step"].to_pylist(), table["kind"].to_pylist())
+        )
+    # The next attempt of this object keeps its own resume points.
+    again = second.next_attempt()
+    assert again.attempt_spec.resume_kinds == {"eval": 3}
+
+
+def test_verify_names_a_lost_log_entry_and_live_files_checks_its_table(tmp_path):
+    root = tmp_path / "s"
+    store = RolloutStore.create(root)
+    for step in range(3):
+        store.append(make_batch(step))
+    with pytest.raises(StoreError, match="table must be"):
+        store.live_files("group")
+    entries = sorted((root / "log").glob("0*.json"))
+    entries[1].unlink()  # readers stop before it: every later commit hidden
+    problems = RolloutStore(root).verify().problems
+    assert [p.path.name for p in problems] == [entries[1].name]
+    assert f"{len(entries) - 2} later entries" in problems[0].problem

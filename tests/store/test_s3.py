@@ -7,6 +7,7 @@ system and need no ``s3`` extra.
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 
+from fault_harness import env  # noqa: E402
 from store_fixtures import CONFIG, make_batch, unit_path  # noqa: E402
 
 from maxent_arrow import RolloutStore  # noqa: E402
@@ -258,3 +260,28 @@ def test_a_lost_step_object_is_reported_by_verify(s3) -> None:
     (problem,) = report.problems
     assert str(problem.path).endswith(name) and "lost: the step file of step 1" in problem.problem
     assert any("step-0000000007" in str(n.path) for n in report.notes)
+
+
+def test_a_commit_to_s3_without_boto3_is_refused_naming_the_extra(s3) -> None:
+    """Without boto3 there is no conditional create on S3, and ranks commit at the same
+    instant: the writer refuses (exit 3's MissingExtraError) instead of racing for a log
+    version. Run where boto3 cannot be imported, as on an install without the extra."""
+    endpoint, _ = s3
+    script = (
+        "import sys; sys.modules['boto3'] = None\n"
+        "from store_fixtures import make_batch\n"
+        "from maxent_arrow import RolloutStore\n"
+        "from maxent_arrow.errors import MissingExtraError\n"
+        f"store = RolloutStore.create({_uri(endpoint, 'no-boto3')!r})\n"
+        "try:\n"
+        "    store.append(make_batch(0))\n"
+        "except MissingExtraError as exc:\n"
+        "    print('REFUSED', exc)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env(), timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "REFUSED" in done.stdout and "pip install 'maxent-arrow[s3]'" in done.stdout
+    # Nothing was committed: a reader with boto3 sees an empty store.
+    assert RolloutStore(_uri(endpoint, "no-boto3")).steps() == []
