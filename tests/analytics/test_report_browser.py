@@ -78,7 +78,7 @@ def test_a_report_with_damaged_files_skipped_names_them_in_a_banner(browser, tmp
     """Read with on_error="skip": the banner names the damaged file, and every number of the
     summary is what SQL says over the same store read the same way (the file left out)."""
     written = write_store(tmp_path / "store", steps=range(5), eval_steps=(4,), seed=6)
-    victim = sorted((written.root / "groups").glob("*.train.parquet"))[2]
+    victim = sorted((written.root / "groups").glob("*.train.*parquet"))[2]
     data = bytearray(victim.read_bytes())
     data[-64] ^= 0xFF  # the footer
     victim.write_bytes(bytes(data))
