@@ -111,11 +111,13 @@ def steps(work: Path, *, quick: bool, venv: Path | None) -> list[tuple[str, list
         ]
     assert venv is not None
     exe, python = str(venv / "bin" / "maxent-arrow"), str(venv / "bin" / "python")
-    out = str(work / "quick-demo")
+    # A rerun is a new run, as `make demo` twice gives two runs/demo/run-NNN: the demo never
+    # writes into a run directory that holds one.
+    first, again = str(work / "quick-demo"), str(work / "quick-demo-rerun")
     return [
         ("venv", [python, "-c", "import maxent_arrow"]),
-        ("demo", [exe, "demo", "--out", out, *QUICK_DEMO]),
-        ("demo_rerun", [exe, "demo", "--out", out, *QUICK_DEMO]),
+        ("demo", [exe, "demo", "--out", first, *QUICK_DEMO]),
+        ("demo_rerun", [exe, "demo", "--out", again, *QUICK_DEMO]),
         ("test", [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *QUICK_TESTS]),
     ]
 
