@@ -15,7 +15,7 @@ import functools
 import json
 import numbers
 import warnings
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeGuard, cast
 
@@ -57,6 +57,7 @@ __all__ = [
     "locate",
     "rows_table",
     "step_rows_json",
+    "step_rows_of",
 ]
 
 OnError = Literal["raise", "skip"]
@@ -134,6 +135,46 @@ def rows_table(rows: dict[str, list], layout: pa.Schema) -> pa.Table | None:
         parse_options=pj.ParseOptions(explicit_schema=parsed, unexpected_field_behavior="error"),
     )
     return table.select(names).cast(pa.schema(fields))
+
+
+def step_rows_of(steps: Sequence[StepFile], keeps: Callable[[StepFile, int], bool]) -> pa.Table:
+    """The step rows of ``steps`` that ``keeps(step_file, step)`` keeps, as one table of the
+    step layout's columns (those any of them has). Rows recorded as JSON are parsed in one
+    pass for all files (a parse per file costs ~0.7 ms, which a store of many files pays on
+    every SQL session); files whose rows were decoded from Parquet add their own tables."""
+    layout = S.step_schema()
+    lines: list[bytes] = []
+    names: set[str] = set()
+    decoded: list[pa.Table] = []
+    for s in steps:
+        rows = s.meta.get("rows")
+        if s.decoded is not None or rows is None or not set(rows) <= set(layout.names):
+            keep = [i for i, step in enumerate(s.column("step")) if keeps(s, step)]
+            decoded.append(s.table.take(pa.array(keep, pa.int64())).replace_schema_metadata())
+            continue
+        columns = list(rows)
+        names.update(columns)
+        for values in zip(*rows.values()):
+            row = dict(zip(columns, values))
+            if keeps(s, row["step"]):
+                lines.append(json.dumps(row, allow_nan=True).encode())
+    fields = [f for f in layout if f.name in names]
+    parsed = pa.schema(
+        [pa.field(f.name, pa.int64() if pa.types.is_timestamp(f.type) else f.type) for f in fields]
+    )
+    if lines:
+        table = pj.read_json(
+            pa.BufferReader(b"\n".join(lines) + b"\n"),
+            read_options=pj.ReadOptions(use_threads=False),
+            parse_options=pj.ParseOptions(
+                explicit_schema=parsed, unexpected_field_behavior="error"
+            ),
+        ).cast(pa.schema(fields))
+    else:
+        table = S.empty(pa.schema(fields))
+    if not decoded:
+        return table
+    return pa.concat_tables([table, *decoded], promote_options="permissive")
 
 
 @dataclass(frozen=True)

@@ -301,6 +301,7 @@ class LogState:
         effective = self.effective()
         for rel, e in self.units.items():
             group = f"{GROUPS}/{e.record['group_file']}"
+            item = json.dumps(_unit_item(e))
             for kind, path in (("step_file", rel), ("group_file", group)):
                 rows.append(
                     {
@@ -310,7 +311,8 @@ class LogState:
                         "cutoff": self.cutoff(e.attempt, unit_kind(e)),
                         "attempt": e.attempt,
                         "version": e.version,
-                        "item": json.dumps(_unit_item(e)),
+                        # The unit's record once, on its step file's row.
+                        "item": item if kind == "step_file" else "{}",
                     }
                 )
         for name, files in self.records.items():
@@ -376,8 +378,10 @@ class LogState:
         meta = json.loads((table.schema.metadata or {})[b"maxent_arrow.log"])
         state = cls(version=int(meta["version"]), run=meta.get("run"))
         for row in table.to_pylist():
-            item = json.loads(row["item"])
             kind = row["kind"]
+            if kind == "group_file":
+                continue  # its unit is the step file's row
+            item = json.loads(row["item"])
             if kind == "step_file":
                 state._add(item["step_file"], _unit_from_item(item, row))
             elif kind == "attempt":

@@ -45,7 +45,7 @@ from maxent_arrow.arrow import registry as R
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.arrow.upgrade import needs_upgrade
 from maxent_arrow.errors import StoreError
-from maxent_arrow.store.catalog import Catalog, LogCatalog, OnError, StepFile, fail
+from maxent_arrow.store.catalog import Catalog, LogCatalog, OnError, StepFile, fail, step_rows_of
 from maxent_arrow.store.ledger import ChecksumLedger
 from maxent_arrow.store.names import GROUPS, STEPS
 from maxent_arrow.store.reader import read_group_file
@@ -309,14 +309,6 @@ class SqlViews:
                         f"{str(exc).splitlines()[0]}"
                     ) from None
 
-    def _kept_rows(self, step: StepFile) -> pa.Table:
-        """The step rows of ``step`` in the history the catalog reads."""
-        steps = step.column("step")
-        keep = [i for i, s in enumerate(steps) if self.catalog.keeps(step.name, s)]
-        return (
-            step.table if len(keep) == len(steps) else step.table.take(pa.array(keep, pa.int64()))
-        )
-
     def _install_once(self) -> None:
         if self.session is not None:
             self.session.close()
@@ -353,12 +345,8 @@ class SqlViews:
                 handed.extend(members)
         step_rows = None
         if handed:
-            step_rows = pa.concat_tables(
-                [
-                    S.conform(self._kept_rows(s).replace_schema_metadata(), self.step_schema)
-                    for s in handed
-                ]
-            )
+            rows = step_rows_of(handed, lambda s, step: self.catalog.keeps(s.name, step))
+            step_rows = S.conform(rows, self.step_schema)
         legacy = (
             pa.concat_tables([S.conform(t, self.group_schema) for t in self.legacy])
             if self.legacy
