@@ -581,7 +581,7 @@ class LogCatalog(Catalog):
         entry stays until the file is retired: the reader still reads it, from retired/)."""
         state = self.state()
         rel = f"{STEPS}/{name}"
-        return state.units.get(rel) or state.replaced.get(rel)
+        return state.units.get(rel) or state.replaced_entry(rel)
 
     def hidden(self, names: Iterable[str], on_error: OnError) -> set[str]:
         return set()  # what a compaction replaced is not in the log's state

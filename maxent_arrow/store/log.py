@@ -165,8 +165,16 @@ class LogState:
     # the entries of replaced step files not yet retired (readers that planned before the
     # replacement still read them, from retired/)
     replaced: dict[str, UnitEntry] = dataclasses.field(default_factory=dict)
+    # the same, as a checkpoint holds them, parsed when first asked for (a long run's
+    # checkpoint holds a compaction's every input, which readers rarely ask for):
+    # relative path -> (item JSON, attempt, version)
+    replaced_raw: dict[str, tuple[str, str, int]] = dataclasses.field(default_factory=dict)
     # (step, rank, kind) -> the step files that hold a write of it (an index of `units`)
     writes: dict[tuple[int, int, str], list[str]] = dataclasses.field(default_factory=dict)
+    # (attempt, kind) -> its cutoff, until the next attempt begins (readers ask per unit)
+    cutoffs: dict[tuple[str, str | None], int | None] = dataclasses.field(
+        default_factory=dict, repr=False, compare=False
+    )
 
     def writes_of(self, step: int, rank: int, kind: str) -> list[UnitEntry]:
         """The committed writes of one unit (several when attempts rewrote it)."""
@@ -198,6 +206,7 @@ class LogState:
             records={k: list(v) for k, v in self.records.items()},
             retiring=dict(self.retiring),
             replaced=dict(self.replaced),
+            replaced_raw=dict(self.replaced_raw),
             writes={k: list(v) for k, v in self.writes.items()},
         )
 
@@ -212,6 +221,7 @@ class LogState:
             self.run = entry.get("run")
         if op == "attempt":
             self.attempts.append(Attempt.from_json({**entry["attempt"], "version": version}))
+            self.cutoffs.clear()
         elif op in ("append", "compact", "restore", "drop"):
             for rel in entry.get("replaces") or ():
                 gone = self._drop(rel)
@@ -249,9 +259,20 @@ class LogState:
             for rel in entry.get("files") or ():
                 self.retiring.pop(rel, None)
                 self.replaced.pop(rel, None)
+                self.replaced_raw.pop(rel, None)
         elif op != "noop":
             raise StoreError(f"commit log: entry {version} has an unknown op {op!r}")
         self.version = version
+
+    def replaced_entry(self, rel: str) -> UnitEntry | None:
+        """The entry of step file ``rel`` that a compaction (or a drop) replaced, until it is
+        retired (``None``: not one)."""
+        entry = self.replaced.get(rel)
+        if entry is None and rel in self.replaced_raw:
+            text, attempt, version = self.replaced_raw.pop(rel)
+            entry = _unit_from_item(json.loads(text), {"attempt": attempt, "version": version})
+            self.replaced[rel] = entry
+        return entry
 
     # ------------------------------------------------------------------ the history
     def attempt(self, attempt_id: str) -> Attempt | None:
@@ -264,17 +285,20 @@ class LogState:
         """The first step of ``attempt_id``'s writes (of ``kind``) that later attempts
         supersede: the lowest resume point of a later attempt of its role (``None``: nothing
         superseded). A step is *effective* when it is below its attempt's cutoff."""
+        key = (attempt_id, kind)
+        if key in self.cutoffs:
+            return self.cutoffs[key]
         mine = self.attempt(attempt_id)
-        if mine is None:
-            return None
         points = [
             point
             for a in self.attempts
-            if a.version > mine.version
+            if mine is not None
+            and a.version > mine.version
             and a.role == mine.role
             and (point := a.resumes_at(kind)) is not None
         ]
-        return min(points) if points else None
+        self.cutoffs[key] = cut = min(points) if points else None
+        return cut
 
     def is_effective(self, step: int, attempt_id: str, kind: str | None = None) -> bool:
         """Whether ``attempt_id``'s write of ``step`` (of ``kind``) is the run's history."""
@@ -343,15 +367,22 @@ class LogState:
             )
         for path, version in self.retiring.items():
             gone = self.replaced.get(path)
+            raw = self.replaced_raw.get(path)
+            if gone is not None:
+                attempt, item = gone.attempt, json.dumps(_unit_item(gone))
+            elif raw is not None:
+                attempt, item = raw[1], raw[0]
+            else:
+                attempt, item = None, "{}"
             rows.append(
                 {
                     "kind": "retiring",
                     "path": path,
                     "effective": False,
                     "cutoff": None,
-                    "attempt": None if gone is None else gone.attempt,
+                    "attempt": attempt,
                     "version": version,
-                    "item": "{}" if gone is None else json.dumps(_unit_item(gone)),
+                    "item": item,
                 }
             )
         schema = pa.schema(
@@ -381,6 +412,11 @@ class LogState:
             kind = row["kind"]
             if kind == "group_file":
                 continue  # its unit is the step file's row
+            if kind == "retiring":
+                state.retiring[row["path"]] = row["version"]
+                if row["item"] != "{}":
+                    state.replaced_raw[row["path"]] = (row["item"], row["attempt"], row["version"])
+                continue
             item = json.loads(row["item"])
             if kind == "step_file":
                 state._add(item["step_file"], _unit_from_item(item, row))
@@ -388,10 +424,6 @@ class LogState:
                 state.attempts.append(Attempt.from_json(item))
             elif kind.startswith("records:"):
                 state.records.setdefault(kind.partition(":")[2], []).append(item)
-            elif kind == "retiring":
-                state.retiring[row["path"]] = row["version"]
-                if item:
-                    state.replaced[row["path"]] = _unit_from_item(item, row)
         state.attempts.sort(key=lambda a: a.version)
         return state
 
