@@ -175,6 +175,10 @@ class LogState:
     cutoffs: dict[tuple[str, str | None], int | None] = dataclasses.field(
         default_factory=dict, repr=False, compare=False
     )
+    # version -> :meth:`effective` at it (a state at one version never changes)
+    effective_at: dict[int, dict[str, UnitEntry]] = dataclasses.field(
+        default_factory=dict, repr=False, compare=False
+    )
 
     def writes_of(self, step: int, rank: int, kind: str) -> list[UnitEntry]:
         """The committed writes of one unit (several when attempts rewrote it)."""
@@ -315,7 +319,12 @@ class LogState:
     def effective(self) -> dict[str, UnitEntry]:
         """The committed step files with at least one effective unit (a compacted segment
         may be superseded in part: readers filter its rows by :meth:`cutoff`)."""
-        return {rel: e for rel, e in self.units.items() if any(self.effective_units(e))}
+        hit = self.effective_at.get(self.version)
+        if hit is None:
+            hit = {rel: e for rel, e in self.units.items() if any(self.effective_units(e))}
+            self.effective_at.clear()
+            self.effective_at[self.version] = hit
+        return hit
 
     # ------------------------------------------------------------------ checkpoints
     def to_table(self) -> pa.Table:
