@@ -16,6 +16,7 @@ import tomllib
 import zipfile
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 import maxent_arrow
@@ -611,6 +612,8 @@ def test_commands_on_a_real_store_import_only_what_they_need(tmp_path, command):
     store = RolloutStore.create(tmp_path / "store")
     for step in range(3):
         store.append(make_batch(step))
+    store.append_records("lifecycle_notes", pa.table({"step": [0], "note": ["x"]}))
+    store.checkpoint()  # opened from a log checkpoint and its record tables, as a long run is
     argv = {
         "inspect": ["inspect", str(store.root)],
         "query": ["query", str(store.root), "SELECT step, avg(total_util) FROM samples GROUP BY 1"],

@@ -589,7 +589,7 @@ class CommitLog:
                 data = self.backend.read(name).to_pybytes()
                 if crc is not None and crc32(data) != crc:
                     raise StoreError("checkpoint CRC-32 differs from the one recorded")
-                state = LogState.from_table(pq.read_table(pa.BufferReader(data)))
+                state = LogState.from_table(pq.ParquetFile(pa.BufferReader(data)).read())
             except (StoreError, ValueError, KeyError, TypeError, pa.ArrowException) as exc:
                 where = self.backend.path(name)
                 warnings.warn(f"{where}: checkpoint not used ({exc})", stacklevel=3)
@@ -618,7 +618,7 @@ class CommitLog:
             data = self.backend.read(checkpoint_name(int(hint["version"]))).to_pybytes()
             if crc32(data) != hint["crc32"]:
                 raise StoreError("checkpoint CRC-32 differs from the one recorded")
-            return LogState.from_table(pq.read_table(pa.BufferReader(data)))
+            return LogState.from_table(pq.ParquetFile(pa.BufferReader(data)).read())
         except (StoreError, ValueError, KeyError, TypeError, pa.ArrowException) as exc:
             # A damaged checkpoint costs time, not correctness: replay the entries instead.
             where = self.backend.path(pointer)
