@@ -170,7 +170,9 @@ def bench_trl(bench: harness.Bench, args, work: Path) -> dict[str, float]:
     examples = load_prompts("train", limit=256)
     if args.context:  # dataset columns beside the prompt and answer
         examples = [
-            {**r, "task_id": i, "source": r["prompt"].split()[2]} for i, r in enumerate(examples)
+            # A source label derived from the answer (the shipped prompts carry none).
+            {**r, "task_id": i, "source": ("even", "odd")[int(r["answer"]) % 2]}
+            for i, r in enumerate(examples)
         ]
     trainer = Timed(
         model=str(model_dir),
