@@ -131,8 +131,6 @@ def _writable_store(args: argparse.Namespace) -> Any:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    from maxent_arrow.analytics.summary import tokenizer_text
-
     with analytics.RunAnalytics(_store(args)) as run:
         info = run.describe()
     if args.json:
@@ -149,7 +147,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         *_history_lines(info.get("history")),
         f"trainer:         {config.get('trainer') or '-'}",
         f"model:           {config.get('model') or '-'}",
-        f"tokenizer:       {tokenizer_text(config.get('tokenizer')) or '-'}",
+        f"tokenizer:       {analytics.tokenizer_text(config.get('tokenizer')) or '-'}",
         f"ranks:           {len(ranks)}"
         + (f" (rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))})" if ranks else ""),
         f"reward funcs:    {', '.join(info['reward_functions']) or '-'}",
@@ -382,11 +380,9 @@ def _tail_line(event: Any) -> str:
 
 
 def _cmd_tail(args: argparse.Namespace) -> int:
-    from maxent_arrow.store.tail import watches
-
     run = _store(args)
     events = run.tail(kind=args.kind, since=args.since, poll=args.poll, timeout=args.timeout)
-    how = watches(run.backend)
+    how = store.watches(run.backend)
     sys.stderr.write(
         f"maxent-arrow tail: following {run.uri} ({how}); resume with --since VERSION\n"
     )

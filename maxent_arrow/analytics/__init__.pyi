@@ -5,6 +5,7 @@ from .export import export_hf as export_hf, export_ipc as export_ipc
 from .queries import ReadyMadeQueries as ReadyMadeQueries
 from .relations import RunRelations as RunRelations
 from .report import Report as Report, build_report as build_report
+from .summary import tokenizer_text as tokenizer_text
 from .run import (
     DEFAULT_QUANTILES as DEFAULT_QUANTILES,
     RunAnalytics as RunAnalytics,

@@ -9,5 +9,5 @@ from .repair import RepairReport as RepairReport
 from .replay import ReplayOptions as ReplayOptions
 from .sql import SqlViews as SqlViews
 from .store import RolloutStore as RolloutStore
-from .tail import TailEvent as TailEvent
+from .tail import TailEvent as TailEvent, watches as watches
 from .verify import StoreProblem as StoreProblem, VerifyReport as VerifyReport
