@@ -93,7 +93,8 @@ def test_the_contract_round_trips_through_a_store_and_plain_readers(tmp_path):
     assert top.fetchone() == ([-0.5, -1.5],)
     # And replay gives the batch back with them.
     (back,) = list(store.replay())
-    assert back.column("completion_policy_version").to_pylist() == [[5, 5], [4, 5], [3, 5]]
+    versions = back.column("completion_policy_version")
+    assert versions is not None and versions.to_pylist() == [[5, 5], [4, 5], [3, 5]]
 
 
 def test_a_store_written_before_the_contract_reads_with_the_columns_absent(tmp_path):
