@@ -363,8 +363,8 @@ REGISTRY: tuple[Column, ...] = (
     _g("version_run_versions", _list(_list(_i64)), "completion", "the policy version of each "
        "run in `version_run_starts` (parallel to it; non-decreasing, the first is "
        "`completion_policy_version`)"),
-    _g("behavior_logp_semantics", _list(_str), "completion", "what the behaviour log-probs "
-       "(`behavior_token_logp`, `sampling_token_logp`) are: `raw` (the model's log-softmax at "
+    _g("behavior_logp_semantics", _list(_str), "completion", "what the sampler's log-probs "
+       "(`sampling_token_logp` where stored, else `behavior_token_logp`) are: `raw` (the model's log-softmax at "
        "temperature 1, before any sampling processor) or `processed` (of the distribution "
        "sampled from: after temperature, top-k, top-p and min-p, renormalised over the kept "
        "set)", dictionary=True, alias="logp_semantics"),

@@ -433,8 +433,13 @@ def round_table(
     dataset_columns: Mapping[str, Sequence[Any]] | None = None,
     extras: Mapping[str, Sequence[Any]] | None = None,
     user_columns: UserColumns | None = None,
+    offpolicy: Mapping[str, Any] | None = None,
 ) -> pa.Table:
-    """The group rows of a round from its :class:`HostRound` (see :func:`trl_group_table`)."""
+    """The group rows of a round from its :class:`HostRound` (see :func:`trl_group_table`).
+
+    ``offpolicy``: the round's part of the off-policy contract, one value for every
+    completion (:func:`trl_offpolicy`): ``policy_version``, ``logp_semantics`` and the
+    sampling parameters ``temperature``, ``top_p``, ``top_k``, ``min_p``."""
     b = len(prompts)
     if len(completions) != b or len(host.lengths) != b:
         raise LayoutError(
@@ -501,6 +506,7 @@ def round_table(
             columns["behavior_logp_sum"] = grouped(pa.array(row_sums(flat, token_offsets)))
     if host.sequence_ratio is not None:
         columns["sequence_importance_sampling_ratio"] = grouped(pa.array(host.sequence_ratio))
+    columns.update(_offpolicy_columns(offpolicy or {}, b, grouped))
     for name, values in (extras or {}).items():
         if len(values) != b:
             raise LayoutError(
@@ -509,6 +515,45 @@ def round_table(
             )
         columns[EXTRA + name] = grouped(user.extra_values(name, values, where=where))
     return pa.table(columns)
+
+
+def _offpolicy_columns(values: Mapping[str, Any], b: int, grouped: Any) -> dict[str, pa.Array]:
+    """The per-completion columns of the off-policy contract, each one value repeated."""
+    out: dict[str, pa.Array] = {}
+    if values.get("policy_version") is not None:
+        out["completion_policy_version"] = grouped(
+            pa.array(np.full(b, int(values["policy_version"]), dtype=np.int64))
+        )
+    if values.get("logp_semantics") is not None:
+        out["behavior_logp_semantics"] = grouped(pa.array([values["logp_semantics"]] * b))
+    for param, name in R.SAMPLING_COLUMNS.items():
+        if values.get(param) is not None:
+            kind = np.int32 if param == "top_k" else np.float64
+            out[name] = grouped(pa.array(np.full(b, values[param], dtype=kind)))
+    return out
+
+
+def trl_offpolicy(trainer: Any, *, step: int) -> dict[str, Any]:
+    """What TRL shows of the off-policy contract for a round generated at ``step``: the
+    policy version (``global_step``), the sampling parameters of ``GRPOConfig`` (``top_k``
+    None or 0 stored as 0: off; ``min_p`` None as 0.0), and the log-prob semantics:
+    ``processed`` under vLLM (TRL asks vLLM for ``processed_logprobs``, and refuses a server
+    that gives others), and without vLLM when nothing cuts the distribution (no top-p, top-k or
+    min-p: TRL's ``old_per_token_logps`` at the sampling temperature are then the sampled
+    distribution's); otherwise unknown (not stored)."""
+    args = trainer.args
+    top_p = float(args.top_p) if args.top_p is not None else 1.0
+    top_k = int(args.top_k or 0)
+    min_p = float(args.min_p or 0.0)
+    uncut = top_p >= 1.0 and top_k == 0 and min_p == 0.0
+    return {
+        "policy_version": int(step),
+        "temperature": float(trainer.temperature),
+        "top_p": top_p,
+        "top_k": top_k,
+        "min_p": min_p,
+        "logp_semantics": "processed" if (args.use_vllm or uncut) else None,
+    }
 
 
 def _prompt_tokens(outputs: Mapping[str, Any], starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -599,6 +644,8 @@ def trl_run_config(trainer: Any) -> RunConfig:
         "use_vllm": args.use_vllm,
         "vllm_importance_sampling_correction": args.vllm_importance_sampling_correction,
         "vllm_importance_sampling_mode": args.vllm_importance_sampling_mode,
+        "vllm_importance_sampling_clip_max": getattr(args, "vllm_importance_sampling_clip_max", None),
+        "vllm_importance_sampling_clip_min": getattr(args, "vllm_importance_sampling_clip_min", None),
         "generation_kwargs": _json_safe(args.generation_kwargs),
         "chat_template_kwargs": _json_safe(args.chat_template_kwargs),
         "eos_token_ids": list(trainer.eos_token_ids),
@@ -1096,6 +1143,7 @@ class RolloutRecorder(_Trainer):
                 dataset_columns={n: _Column(inputs, n) for n in self._rollout_record},
                 extras=self._round_extras(logged, b),
                 user_columns=self.rollout_columns,
+                offpolicy=trl_offpolicy(self, step=step),
             )
         )
         # A GRPOConfig, whose __post_init__ sets steps_per_generation (TRL declares the
