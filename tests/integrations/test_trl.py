@@ -227,11 +227,13 @@ def test_the_off_policy_contract_holds_what_trl_shows(plain_run):
     log-prob semantics; DuckDB reads them from the files."""
     root, probe = plain_run
     files = [str(p) for p in RolloutStore(root / "store").committed_files("groups")]
-    rows = duckdb.sql(
+    relation = duckdb.sql(
         "SELECT step, unnest(completion_policy_version) v, unnest(sampling_temperature) t, "
         "unnest(sampling_top_p) p, unnest(sampling_top_k) k, unnest(sampling_min_p) m, "
         f"unnest(behavior_logp_semantics) s FROM read_parquet({files})"
-    ).fetchall()
+    )
+    assert relation is not None
+    rows = relation.fetchall()
     args = probe.args
     assert (args.top_p, args.top_k or 0, args.min_p or 0.0) == (1.0, 0, 0.0)
     generated = sum(o["completion_ids"].shape[0] for _, k, o in probe.generated if k == "train")
