@@ -59,6 +59,7 @@ __all__ = [
     "TRAINER_METRICS",
     "LIFECYCLE",
     "LOGP_SEMANTICS",
+    "OFFPOLICY_READS",
     "SAMPLING_COLUMNS",
     "LIFECYCLE_KEY",
     "EVENTS",
@@ -108,6 +109,15 @@ SAMPLING_COLUMNS = {
     "top_k": "sampling_top_k",
     "min_p": "sampling_min_p",
 }
+
+# What the off-policy analytics read of a group row (``analytics/offpolicy.py``): where it
+# sits, its versions, the trainer's and the sampler's log-probs, the counted tokens, the kept
+# sets and top-k log-probs, and their semantics.
+OFFPOLICY_READS = (
+    "step", "rank", "kind", "group_index", "num_completions", "completion_policy_version",
+    "behavior_token_logp", "sampling_token_logp", "tool_mask", "kept_token_ids",
+    "topk_token_ids", "topk_token_logp", "behavior_logp_semantics",
+)  # fmt: skip
 
 
 def _list(kind: pa.DataType) -> pa.DataType:
@@ -338,8 +348,9 @@ REGISTRY: tuple[Column, ...] = (
        "importance sampling ratio, per sequence", TRL),
     _g("tool_mask", _list(_list(pa.int8())), "token", "TRL's tool mask (1: a token the model "
        "generated, 0: a tool's output)", TRL),
-    _g("sampling_token_logp", _list(_list(_f32)), "token", "verl's `rollout_log_probs`: the "
-       "rollout engine's per-token log-probs", VERL),
+    _g("sampling_token_logp", _list(_list(_f32)), "token", "the rollout engine's own per-token "
+       "log-probs: verl's `rollout_log_probs`, TRL's `sampling_per_token_logps` (vLLM or a "
+       "`rollout_func`)", TRL, VERL),
     _g("token_returns", _list(_list(_f32)), "token", "verl's `returns`", VERL),
     _g("token_values", _list(_list(_f32)), "token", "verl's `values` (critic)", VERL),
     _g("verl_row", _list(_i32), "completion", "each completion's row in the `DataProto` it "

@@ -230,6 +230,7 @@ def trl_group_table(
     dataset_columns: Mapping[str, Sequence[Any]] | None = None,
     extras: Mapping[str, Sequence[Any]] | None = None,
     user_columns: UserColumns | None = None,
+    offpolicy: Mapping[str, Any] | None = None,
 ) -> pa.Table:
     """The group rows of one generation round of one process, from TRL's tensors.
 
@@ -279,6 +280,9 @@ def trl_group_table(
     user_columns:
         The run's :class:`~maxent_arrow.integrations.context.UserColumns` (declares the
         types of new user columns); default a fresh one.
+    offpolicy:
+        The round's policy version, log-prob semantics and sampling parameters, one value
+        for every completion (:func:`trl_offpolicy`; see :func:`round_table`).
     """
     host = host_round(
         outputs,
@@ -306,6 +310,7 @@ def trl_group_table(
         dataset_columns=dataset_columns,
         extras=extras,
         user_columns=user_columns,
+        offpolicy=offpolicy,
     )
 
 
