@@ -109,6 +109,7 @@ from maxent_arrow.errors import (
 )
 from maxent_arrow.integrations.adapters import (
     completion_info,
+    offpolicy_columns,
     offsets_of,
     reward_columns,
     row_sums,
@@ -511,7 +512,7 @@ def round_table(
             columns["behavior_logp_sum"] = grouped(pa.array(row_sums(flat, token_offsets)))
     if host.sequence_ratio is not None:
         columns["sequence_importance_sampling_ratio"] = grouped(pa.array(host.sequence_ratio))
-    columns.update(_offpolicy_columns(offpolicy or {}, b, grouped))
+    columns.update(offpolicy_columns(offpolicy or {}, b, grouped))
     for name, values in (extras or {}).items():
         if len(values) != b:
             raise LayoutError(
@@ -520,22 +521,6 @@ def round_table(
             )
         columns[EXTRA + name] = grouped(user.extra_values(name, values, where=where))
     return pa.table(columns)
-
-
-def _offpolicy_columns(values: Mapping[str, Any], b: int, grouped: Any) -> dict[str, pa.Array]:
-    """The per-completion columns of the off-policy contract, each one value repeated."""
-    out: dict[str, pa.Array] = {}
-    if values.get("policy_version") is not None:
-        out["completion_policy_version"] = grouped(
-            pa.array(np.full(b, int(values["policy_version"]), dtype=np.int64))
-        )
-    if values.get("logp_semantics") is not None:
-        out["behavior_logp_semantics"] = grouped(pa.array([values["logp_semantics"]] * b))
-    for param, name in R.SAMPLING_COLUMNS.items():
-        if values.get(param) is not None:
-            kind = np.int32 if param == "top_k" else np.float64
-            out[name] = grouped(pa.array(np.full(b, values[param], dtype=kind)))
-    return out
 
 
 def trl_offpolicy(trainer: Any, *, step: int) -> dict[str, Any]:
