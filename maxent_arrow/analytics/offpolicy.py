@@ -5,8 +5,8 @@ For each step (of one kind), from the stored columns alone:
 
 - **staleness**: a histogram of ``trained_at - completion_policy_version`` over the step's
   completions, ``trained_at`` the step a ``lifecycle`` record says the group was trained at,
-  else the group's own step; without per-completion versions, the step row's
-  ``policy_version``;
+  else the group's own step (a group the lifecycle only dropped is left out: it never
+  trained); without per-completion versions, the step row's ``policy_version``;
 - **diagnostics** of the trainer's log-probs π (``behavior_token_logp``: TRL's
   ``old_per_token_logps``, verl's ``old_log_probs``) against the sampler's μ
   (``sampling_token_logp``: vLLM's, verl's ``rollout_log_probs``): verl's KL, k3, χ² per token
@@ -106,21 +106,19 @@ def offpolicy_steps(
 
 def _trained_at(store: ReadOnlyStore, kind: str) -> dict[tuple[int, int, int], int]:
     """(step, rank, group_index) -> the last trainer step a ``lifecycle`` record says the
-    group was trained at."""
+    group was trained at; -1 for a group only ever dropped (never trained: not counted)."""
     if R.LIFECYCLE not in store.record_names():
         return {}
     records = store.lifecycle()
     if not records.num_rows:
         return {}
-    rows = records.filter(
-        pc.and_(pc.equal(records.column("event"), "trained"),
-                pc.equal(records.column("rollout_kind"), kind))  # fmt: skip
-    ).to_pydict()
+    rows = records.filter(pc.equal(records.column("rollout_kind"), kind)).to_pydict()
     out: dict[tuple[int, int, int], int] = {}
-    for s, rs, rr, g in zip(rows["step"], rows["rollout_step"], rows["rollout_rank"],
-                            rows["group_index"]):  # fmt: skip
+    for s, event, rs, rr, g in zip(rows["step"], rows["event"], rows["rollout_step"],
+                                   rows["rollout_rank"], rows["group_index"]):  # fmt: skip
         key = (int(rs), int(rr), int(g))
-        out[key] = max(out.get(key, int(s)), int(s))
+        at = int(s) if event == "trained" else -1
+        out[key] = max(out.get(key, at), at)
     return out
 
 
@@ -194,6 +192,7 @@ def _staleness(table, counts, trained, versions_by_rank) -> dict[int, int] | Non
     use = ~known & np.array([v is not None for v in fallback], dtype=bool)
     per[use] = np.asarray([int(v) for v in fallback[use]], dtype=np.int64)
     known |= use
+    known &= np.repeat(at >= 0, counts)  # a group only dropped was never trained
     if not known.any():
         return None
     stale = np.repeat(at, counts)[known] - per[known]

@@ -193,3 +193,20 @@ def test_a_run_without_off_policy_data_is_reported_without_torch(tmp_path):
     assert out.returncode == 0, out.stderr
     (report,) = json.loads(out.stdout)
     assert report["diagnostics"] is None and report["staleness"] is None
+
+
+def test_staleness_counts_from_the_step_a_lifecycle_record_says_a_group_was_trained_at(tmp_path):
+    """Groups of step 0 (version 0) replayed and trained at step 4: age 4; one dropped as
+    stale, never trained: not counted."""
+    ids = [[[5, 6], [7]], [[8], [9, 10]], [[11], [12]]]
+    info = [[{"token_ids": c, "finish_reason": "stop", "token_count": len(c)} for c in g]
+            for g in ids]  # fmt: skip
+    generation = GenerationBatch(["a", "b", "c"], ["1", "2", "3"], [["x", "y"]] * 3,
+                                 [[{}, {}]] * 3, info)  # fmt: skip
+    store = RolloutStore.create(tmp_path / "run")
+    store.append(RolloutBatch.from_parts(0, generation=generation, policy_version=0))
+    groups = store.read(steps=0)
+    store.record_lifecycle(groups.slice(0, 2), step=4, event="trained")
+    store.record_lifecycle(groups.slice(2, 1), step=1, event="dropped", reason="stale")
+    (report,) = offpolicy_steps(store.root)
+    assert report["staleness"] == {4: 4}
