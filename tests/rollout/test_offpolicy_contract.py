@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from maxent_arrow import GenerationBatch, Ragged, RolloutBatch, RolloutStore
-from maxent_arrow.arrow.keptsets import decode_gaps, encode_gaps, token_sets
+from maxent_arrow.arrow.keptsets import KEPT_IDS_TYPE, decode_gaps, encode_gaps, token_sets
 from maxent_arrow.errors import LayoutError, SchemaError
 
 
@@ -205,3 +205,30 @@ def test_top_k_64_kept_sets_take_at_most_1_5_bytes_per_id_on_disk(tmp_path):
     assert per_id <= 1.5
     got, _ = token_sets(pq.read_table(path, columns=["kept_token_ids"]).column(0))
     assert np.array_equal(got.reshape(kept.shape), np.sort(kept, axis=1))
+
+
+def test_kept_sets_and_versions_of_a_group_split_over_ranks_reassemble_in_order(tmp_path):
+    """Two ranks each store half of one group (completion indices 2, 3 on rank 0 and 0, 1 on
+    rank 1); ``reassemble`` puts the kept sets and versions back in completion order."""
+    from maxent_arrow.rollout import reassemble
+
+    store = RolloutStore.create(tmp_path / "run")
+    halves = {0: ([[7, 8], [9]], [2, 3]), 1: ([[5], [6, 4]], [0, 1])}
+    for rank, (tokens, index) in halves.items():
+        kept = [[[t, t + 100] for t in row] for row in tokens]
+        batch = RolloutBatch.from_parts(0, rank=rank, generation=_generation([tokens]),
+                                        policy_versions=[10 + i for i in index],
+                                        kept_token_ids=kept)  # fmt: skip
+        groups = batch.groups
+        for name, array in (
+            ("group_id", pa.array(["g"], pa.string())),
+            ("group_size", pa.array([4], pa.int32())),
+            ("completion_index", pa.array([index], pa.list_(pa.field("item", pa.int32(), False)))),
+        ):
+            groups = groups.set_column(groups.schema.get_field_index(name), name, array)
+        store.append(RolloutBatch(groups, batch.step_row))
+    (row,) = reassemble(store.read(steps=0)).to_pylist()
+    assert row["completion_policy_version"] == [10, 11, 12, 13]
+    ids, offsets = token_sets(pa.array([row["kept_token_ids"]], type=KEPT_IDS_TYPE))
+    sets = [ids[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:])]
+    assert sets == [[5, 105], [6, 106], [4, 104], [7, 107], [8, 108], [9, 109]]
