@@ -232,3 +232,28 @@ def test_kept_sets_and_versions_of_a_group_split_over_ranks_reassemble_in_order(
     ids, offsets = token_sets(pa.array([row["kept_token_ids"]], type=KEPT_IDS_TYPE))
     sets = [ids[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:])]
     assert sets == [[5, 105], [6, 106], [4, 104], [7, 107], [8, 108], [9, 109]]
+
+
+@pytest.mark.parametrize(("density", "bound"), [(0.1, 0.5), (0.5, 1.3), (0.9, 1.0)])
+def test_dense_kept_sets_are_near_a_bitmap_or_smaller(tmp_path, density, bound):
+    """Random kept sets of 10 %, 50 % and 90 % of a 32k vocabulary (2 x 2 completions of 64
+    tokens), stored: gap coding takes at most ``bound`` times a bitmap's bytes."""
+    rng = np.random.default_rng(4)
+    vocab, n_tokens = 32_000, 4 * 64
+    keep = rng.random((n_tokens, vocab)) < density
+    rows, ids = np.nonzero(keep)
+    offsets = np.concatenate([[0], np.cumsum(keep.sum(1))])
+    sampled = ids[offsets[:-1]]  # each token's first kept id
+    tokens = sampled.reshape(2, 2, 64).tolist()
+    batch = RolloutBatch.from_parts(0, generation=_generation(tokens), kept_token_ids=Ragged(
+        torch.from_numpy(ids), torch.from_numpy(offsets)))  # fmt: skip
+    store = RolloutStore.create(tmp_path / "run")
+    store.append(batch)
+    (path,) = store.committed_files("groups")
+    meta = pq.ParquetFile(path).metadata.row_group(0)
+    size = sum(meta.column(c).total_compressed_size for c in range(meta.num_columns)
+               if meta.column(c).path_in_schema.startswith("kept_token_ids."))  # fmt: skip
+    bitmap = n_tokens * vocab / 8
+    print(f"density {density}: {size / len(ids):.3f} bytes per id, bitmap "
+          f"{bitmap / len(ids):.3f}")  # fmt: skip
+    assert size <= bound * bitmap
