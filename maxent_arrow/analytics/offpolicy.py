@@ -81,7 +81,14 @@ def offpolicy_steps(
     None, "notes": [...]}``. ``root``: a store path or URI, or an open store."""
     store = root if isinstance(root, ReadOnlyStore) else ReadOnlyStore(root)
     present = _present(store)
-    wanted = [n for n in R.OFFPOLICY_READS if n in present]
+    # Bulk columns only where they serve: the trainer's log-probs with the sampler's, top-k
+    # log-probs with kept sets (a MaxEnt run's behaviour log-probs alone are not read).
+    skip = set()
+    if "sampling_token_logp" not in present:
+        skip |= {"behavior_token_logp", "tool_mask"}
+    if "kept_token_ids" not in present:
+        skip |= {"topk_token_ids", "topk_token_logp"}
+    wanted = [n for n in R.OFFPOLICY_READS if n in present and n not in skip]
     step_rows = store.read_steps(kind=kind)
     all_steps = sorted(set(step_rows.column("step").to_pylist()))
     if steps is not None:
@@ -333,6 +340,9 @@ def _kept_mass(table: pa.Table, report: dict[str, Any]) -> None:
         np.add.reduceat(found.astype(np.int64), kept_off[:-1]) == np.diff(kept_off)
         if len(found) else np.zeros(n_tokens, dtype=bool)
     )  # fmt: skip
+    if not bool(covered_tokens.any()):
+        report["notes"].append("no kept set is covered by its top-k log-probs: no kept mass")
+        return
     audit = kept_mass_audit(log_s, offsets=torch.from_numpy(per_token), mask=covered_tokens)
     report["kept_mass"] = {
         "mean_log_s": audit.mean_log,

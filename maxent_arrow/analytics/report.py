@@ -37,7 +37,7 @@ from maxent_arrow.analytics.offpolicy import offpolicy_html, offpolicy_markdown,
 from maxent_arrow.analytics.page import render_html, render_markdown
 from maxent_arrow.analytics.run import RunAnalytics
 from maxent_arrow.analytics.summary import Summary, summarize
-from maxent_arrow.errors import ArgumentError, LayoutError, SchemaError, StoreError
+from maxent_arrow.errors import ArgumentError, ComputeError, LayoutError, SchemaError, StoreError
 
 __all__ = ["Report", "build_report"]
 
@@ -153,7 +153,10 @@ def build_report(
                 )
                 # The "Off-policy" section (analytics/offpolicy.py; torch only for runs that
                 # stored sampler log-probs or kept sets).
-                report.offpolicy = offpolicy_steps(run.store)
+                try:
+                    report.offpolicy = offpolicy_steps(run.store)
+                except (SchemaError, LayoutError, ComputeError) as exc:
+                    report.run_summary.absent["off-policy"] = str(exc)
     finally:
         # Shown to the caller as they would have been without the report's recording (out
         # of the recording context, else they would be recorded again).
