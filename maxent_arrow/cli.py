@@ -6,6 +6,7 @@ Subcommands::
     maxent-arrow inspect RUN [--json]           schema version, steps, ranks, rows, sizes, config
     maxent-arrow query RUN "SQL" [--json|--csv] DuckDB SQL over views groups, samples, steps
     maxent-arrow report RUN --out DIR           PNG plots, index.html, summary.md
+    maxent-arrow offpolicy RUN [--json]         per step: staleness, IS diagnostics, kept mass
     maxent-arrow verify RUN [--json]            check every file (sizes, checksums, rows)
     maxent-arrow repair RUN [--json]            move crash leftovers into RUN/quarantine/
     maxent-arrow compact RUN [--max-steps N]    merge per-append files atomically
@@ -282,6 +283,16 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_offpolicy(args: argparse.Namespace) -> int:
+    # Loads torch only when the run stored what needs it (sampler log-probs, kept sets).
+    reports = analytics.offpolicy_steps(_store(args), kind=args.kind, steps=args.steps)
+    if args.json:
+        _print_json(reports)
+    else:
+        sys.stdout.write(analytics.offpolicy_text(reports))
+    return EXIT_OK
+
+
 def _cmd_verify(args: argparse.Namespace) -> int:
     with _files_bar("verifying", _progress(args)) as progress:
         report = _store(args).verify(progress=progress)
@@ -516,6 +527,17 @@ def _parser() -> _Parser:
     p.add_argument("--json", action="store_true", help="print what was written as JSON")
     timeout_option(p)
     p.set_defaults(func=_cmd_report)
+
+    p = command(
+        "offpolicy",
+        "Per step: the staleness histogram, verl's off-policy diagnostics (KL, k3, chi2, ESS, "
+        "perplexity ratio), the kept-mass bias E[log S], and what each TRL and verl correction "
+        "mode would clip or mask.",
+    )
+    p.add_argument("--kind", default="train", help="the steps of this kind (default train)")
+    p.add_argument("--steps", type=int, nargs="+", default=None, help="only these steps")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=_cmd_offpolicy)
 
     p = command("verify", "Check every file of a store; exit 1 if any is damaged.")
     p.add_argument("--json", action="store_true", help="print JSON")

@@ -597,6 +597,8 @@ _HEAVY = {
     "compact": ("torch", "pyarrow.dataset"),  # pyarrow imports pandas building arrays
     "export": ("torch", "pyarrow.dataset", *_WRITE_SIDE),
     "report": ("torch", *_WRITE_SIDE),
+    # torch only for a run that stored sampler log-probs or kept sets (this one has neither)
+    "offpolicy": ("torch", *_WRITE_SIDE),
     "tail": ("torch", "pandas", "pyarrow.dataset", *_WRITE_SIDE),
 }
 
@@ -621,6 +623,7 @@ def test_commands_on_a_real_store_import_only_what_they_need(tmp_path, command):
         "compact": ["compact", str(store.root)],
         "export": ["export", str(store.root), "--to", "ipc", str(tmp_path / "out")],
         "report": ["report", str(store.root), "--out", str(tmp_path / "report")],
+        "offpolicy": ["offpolicy", str(store.root)],
         "tail": ["tail", str(store.root), "--since", "0", "--timeout", "0.1"],
     }[command]
     _, imported = _importtime("-m", "maxent_arrow.cli", *argv, timeout=180)

@@ -2,6 +2,12 @@
 # checkers read their types (docs/architecture.md §4).
 
 from .export import export_hf as export_hf, export_ipc as export_ipc
+from .offpolicy import (
+    offpolicy_html as offpolicy_html,
+    offpolicy_markdown as offpolicy_markdown,
+    offpolicy_steps as offpolicy_steps,
+    offpolicy_text as offpolicy_text,
+)
 from .queries import ReadyMadeQueries as ReadyMadeQueries
 from .relations import RunRelations as RunRelations
 from .report import Report as Report, build_report as build_report

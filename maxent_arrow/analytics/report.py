@@ -33,10 +33,11 @@ from typing import Any
 import pyarrow as pa
 
 from maxent_arrow.analytics import figures as F
+from maxent_arrow.analytics.offpolicy import offpolicy_html, offpolicy_markdown, offpolicy_steps
 from maxent_arrow.analytics.page import render_html, render_markdown
 from maxent_arrow.analytics.run import RunAnalytics
 from maxent_arrow.analytics.summary import Summary, summarize
-from maxent_arrow.errors import ArgumentError, LayoutError, SchemaError, StoreError
+from maxent_arrow.errors import ArgumentError, ComputeError, LayoutError, SchemaError, StoreError
 
 __all__ = ["Report", "build_report"]
 
@@ -63,6 +64,7 @@ class Report:
     run_summary: Summary = field(default_factory=Summary)
     skipped: dict[str, str] = field(default_factory=dict)
     left_out: list[str] = field(default_factory=list)
+    offpolicy: list[dict[str, Any]] = field(default_factory=list)
 
 
 CAPTIONS = {
@@ -149,6 +151,12 @@ def build_report(
                 tables = _build(
                     run, report, threshold=threshold, ks=ks, bins=bins, progress=progress
                 )
+                # The "Off-policy" section (analytics/offpolicy.py; torch only for runs that
+                # stored sampler log-probs or kept sets).
+                try:
+                    report.offpolicy = offpolicy_steps(run.store)
+                except (SchemaError, LayoutError, ComputeError) as exc:
+                    report.run_summary.absent["off-policy"] = str(exc)
     finally:
         # Shown to the caller as they would have been without the report's recording (out
         # of the recording context, else they would be recorded again).
@@ -277,12 +285,16 @@ def _write_pages(report: Report, tables: dict[str, pa.Table]) -> None:
     captions = {name: CAPTIONS[name] for name in report.plots}
     parts = dict(evals=tables.get("evals"), extremes=tables.get("extremes"))
     page = render_html(summary, report.plots, captions, report.skipped, **parts)
+    end = "</main></body></html>"
+    page = page.replace(end, offpolicy_html(report.offpolicy) + "\n" + end, 1)
     report.html = report.out / "index.html"
     report.html.write_text(page, encoding="utf-8")
     report.markdown = report.out / "summary.md"
-    report.markdown.write_text(
-        render_markdown(summary, report.plots, captions, report.skipped, **parts), encoding="utf-8"
-    )
+    markdown = render_markdown(summary, report.plots, captions, report.skipped, **parts)
+    extra = offpolicy_markdown(report.offpolicy)
+    report.markdown.write_text(markdown + ("\n" + extra if extra else ""), encoding="utf-8")
+    if extra:
+        report.summary["offpolicy"] = report.offpolicy
     (report.out / "summary.json").write_text(
         json.dumps(report.summary, indent=2, default=str, allow_nan=False) + "\n", encoding="utf-8"
     )

@@ -58,6 +58,9 @@ __all__ = [
     "REGISTRY",
     "TRAINER_METRICS",
     "LIFECYCLE",
+    "LOGP_SEMANTICS",
+    "OFFPOLICY_READS",
+    "SAMPLING_COLUMNS",
     "LIFECYCLE_KEY",
     "EVENTS",
     "DROP_REASONS",
@@ -95,6 +98,26 @@ ROW_KEY = (*UNIT_KEY, "group_index")
 # The stored group a ``lifecycle`` record names: its columns, parallel to ROW_KEY.
 LIFECYCLE_KEY = ("rollout_step", "rollout_rank", "rollout_kind", "group_index")
 GROUP_KEY = ("step", "kind", "group_id")
+
+
+# The off-policy contract (``docs/arrow-layout.md``, "Off-policy data"): what the behaviour
+# log-probs are, and the column of each per-completion sampling parameter.
+LOGP_SEMANTICS = ("raw", "processed")
+SAMPLING_COLUMNS = {
+    "temperature": "sampling_temperature",
+    "top_p": "sampling_top_p",
+    "top_k": "sampling_top_k",
+    "min_p": "sampling_min_p",
+}
+
+# What the off-policy analytics read of a group row (``analytics/offpolicy.py``): where it
+# sits, its versions, the trainer's and the sampler's log-probs, the counted tokens, the kept
+# sets and top-k log-probs, and their semantics.
+OFFPOLICY_READS = (
+    "step", "rank", "kind", "group_index", "num_completions", "completion_policy_version",
+    "behavior_token_logp", "sampling_token_logp", "tool_mask", "kept_token_ids",
+    "topk_token_ids", "topk_token_logp", "behavior_logp_semantics",
+)  # fmt: skip
 
 
 def _list(kind: pa.DataType) -> pa.DataType:
@@ -164,6 +187,10 @@ class Column:
     logged_as:
         The key a trainer's log gives the value under (TRL's ``log_history``; an evaluation's
         with TRL's ``eval_`` prefix), for columns of a record table that copy one.
+    kept_set:
+        Per-token sets of ids stored gap-coded (:mod:`.keptsets`): written byte-stream split
+        (the gaps' low and high bytes compress apart, to about 1.3 bytes per id at top-k 64 of
+        32k), checked against the token counts of ``completion_ids``.
     """
 
     name: str
@@ -182,6 +209,7 @@ class Column:
     upgrade: str | None = None
     merge: str | None = None
     logged_as: str | None = None
+    kept_set: bool = False
 
     @property
     def fed(self) -> tuple[str, ...]:
@@ -320,8 +348,9 @@ REGISTRY: tuple[Column, ...] = (
        "importance sampling ratio, per sequence", TRL),
     _g("tool_mask", _list(_list(pa.int8())), "token", "TRL's tool mask (1: a token the model "
        "generated, 0: a tool's output)", TRL),
-    _g("sampling_token_logp", _list(_list(_f32)), "token", "verl's `rollout_log_probs`: the "
-       "rollout engine's per-token log-probs", VERL),
+    _g("sampling_token_logp", _list(_list(_f32)), "token", "the rollout engine's own per-token "
+       "log-probs: verl's `rollout_log_probs`, TRL's `sampling_per_token_logps` (vLLM or a "
+       "`rollout_func`)", TRL, VERL),
     _g("token_returns", _list(_list(_f32)), "token", "verl's `returns`", VERL),
     _g("token_values", _list(_list(_f32)), "token", "verl's `values` (critic)", VERL),
     _g("verl_row", _list(_i32), "completion", "each completion's row in the `DataProto` it "
@@ -335,6 +364,36 @@ REGISTRY: tuple[Column, ...] = (
     _g("stream_index", _i64, "group", "the prompt's position in the run's prompt stream (0, 1, "
        "...): what a consumer's cursor counts, so `store.frontier()` can say which prompts are "
        "consumed and which are in flight (`docs/commit-protocol.md`, \"Exactly once\")"),
+    # ------------------------------------------------------------------ off-policy (2.2)
+    _g("completion_policy_version", _list(_i64), "completion", "the policy version (optimizer "
+       "updates the generating policy had) each completion was generated with; a partial "
+       "rollout's: the version its generation began with (its first run's)"),
+    _g("version_run_starts", _list(_list(_i32)), "completion", "partial rollouts: per "
+       "completion, the token index where each run of one policy version starts (0 first, "
+       "increasing, below the token count); empty for a completion made by one version"),
+    _g("version_run_versions", _list(_list(_i64)), "completion", "the policy version of each "
+       "run in `version_run_starts` (parallel to it; non-decreasing, the first is "
+       "`completion_policy_version`)"),
+    _g("behavior_logp_semantics", _list(_str), "completion", "what the sampler's log-probs "
+       "(`sampling_token_logp` where stored, else `behavior_token_logp`) are: `raw` (the model's log-softmax at "
+       "temperature 1, before any sampling processor) or `processed` (of the distribution "
+       "sampled from: after temperature, top-k, top-p and min-p, renormalised over the kept "
+       "set)", dictionary=True, alias="logp_semantics"),
+    _g("sampling_temperature", _list(_f64), "completion", "the sampling temperature of each "
+       "completion"),
+    _g("sampling_top_p", _list(_f64), "completion", "its nucleus (top-p) mass (1.0: off)"),
+    _g("sampling_top_k", _list(_i32), "completion", "its top-k cut (0: off)"),
+    _g("sampling_min_p", _list(_f64), "completion", "its min-p cut (0.0: off)"),
+    _g("kept_token_ids", _list(_list(pa.large_list(pa.field("item", _i32, nullable=False)))),
+       "token", "per token, the vocabulary ids the sampler kept after top-k / top-p / min-p "
+       "(the set it renormalised over and drew from), ascending and gap-coded: the first id, "
+       "then each id minus the one before (`maxent_arrow/arrow/keptsets.py` decodes; in SQL a "
+       "running sum); innermost `large_list` (a step's kept ids pass int32 offsets)",
+       kept_set=True),
+    _g("topk_token_ids", _list(_list(_list(_i32))), "token", "per token, the ids of the "
+       "generator's top-k log-probs (vLLM's `logprobs=k`), most likely first"),
+    _g("topk_token_logp", _list(_list(_list(_f32))), "token", "their log-probs (parallel to "
+       "`topk_token_ids`; with the semantics of `behavior_logp_semantics`)"),
     # ------------------------------------------------------------------ step table
     _s("step", _i64, "identity", required=True, statistics=True),
     _s("rank", _i32, "identity", required=True, statistics=True),

@@ -51,7 +51,7 @@ __all__ = [
     "visible",
 ]
 
-SCHEMA_VERSION = "2.1"
+SCHEMA_VERSION = "2.2"
 SCHEMA_MAJOR = 2
 METADATA_KEY = b"maxent_arrow.schema_version"
 

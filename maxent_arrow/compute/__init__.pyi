@@ -44,6 +44,10 @@ from .loss import (
 )
 from .offpolicy import (
     IS_SAFETY_BOUND as IS_SAFETY_BOUND,
+    KeptMass as KeptMass,
+    kept_mass_audit as kept_mass_audit,
+    kept_set_log_mass as kept_set_log_mass,
+    kept_set_ratio as kept_set_ratio,
     RS_MODES as RS_MODES,
     TRL_IS_MODES as TRL_IS_MODES,
     ImportanceWeights as ImportanceWeights,

@@ -17,7 +17,11 @@ on CPU and GPU, with one host sync for the scalar metrics; no Python loop over c
   (``verl/trainer/ppo/rollout_corr_helper.py``): truncated (TIS) or IcePop importance weights
   at token or sequence level, the eleven ``rollout_rs`` rejection criteria, and the
   diagnostics verl logs (KL, k3, χ² per token and per sequence, ESS, perplexities), with
-  verl's metric names.
+  verl's metric names;
+- :func:`kept_set_log_mass`, :func:`kept_set_ratio` and :func:`kept_mass_audit`: the kept-set
+  renormalisation that removes the top-p / top-k bias of an importance ratio when the
+  sampler's kept sets are stored (``kept_token_ids``), and the audit of the kept mass
+  ``E[log S]`` (trl#6789, trl#7269).
 
 A completion whose tokens are all masked (or that has none) follows verl's padded semantics:
 its sums are 0, its means are 0, and it still counts in the batch means verl takes over rows
@@ -40,6 +44,10 @@ from maxent_arrow.errors import ComputeError
 
 __all__ = [
     "IS_SAFETY_BOUND",
+    "KeptMass",
+    "kept_mass_audit",
+    "kept_set_log_mass",
+    "kept_set_ratio",
     "RS_MODES",
     "TRL_IS_MODES",
     "ImportanceWeights",
@@ -789,3 +797,174 @@ def rollout_correction(
         keep = flags.clone() if flags is not None else torch.ones_like(t.cur, dtype=torch.bool)
     metrics.update(offpolicy_metrics(cur, beh, mask=flags))
     return RolloutCorrection(weights, keep, {f"rollout_corr/{k}": v for k, v in metrics.items()})
+
+
+# ---------------------------------------------------------------------------- kept sets
+def _segment_logsumexp(values: torch.Tensor, seg: Segments) -> torch.Tensor:
+    """``log Σ exp`` of each segment ``[P]`` (``-inf`` for an empty one), stable."""
+    top = seg.max(values)
+    safe = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    total = seg.sum(torch.exp(values - seg.expand(safe)))
+    return torch.log(total) + safe
+
+
+def kept_set_log_mass(
+    policy_logp: torch.Tensor,
+    kept_ids: Any,
+    *,
+    set_offsets: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``log S_t = log Σ_{v ∈ S_t} π_t(v)``: each token's policy mass of its kept set.
+
+    Parameters
+    ----------
+    policy_logp:
+        ``[T, V]`` log-probs of the policy over the vocabulary at each of ``T`` tokens (at
+        the sampling temperature: ``log_softmax(logits / temperature)``); or, with the
+        kept ids given as the log-probs themselves, the ``[M]`` flat policy log-probs of the
+        kept ids (``kept_ids=None``), e.g. a stored top-k covering the set.
+    kept_ids:
+        Each token's kept ids: a ``Ragged`` with one row per token, or a flat ``[M]`` id
+        tensor with ``set_offsets`` (``[T + 1]``, int64 from 0); ``None`` when
+        ``policy_logp`` is already the flat ``[M]`` kept log-probs (``set_offsets`` then
+        required).
+
+    Returns
+    -------
+    torch.Tensor
+        ``[T]`` ``log S_t`` (≤ 0; ``-inf`` for an empty set), in the working dtype. One
+        gather and one segment log-sum-exp: no loop over tokens, CPU or GPU.
+    """
+    where = "kept_set_log_mass"
+    if kept_ids is None:
+        if set_offsets is None or policy_logp.dim() != 1:
+            raise ComputeError(
+                f"{where}: flat kept log-probs need set_offsets= (one set per token)"
+            )
+        values, offsets = policy_logp, set_offsets
+    else:
+        ids, offsets = _rows(kept_ids, set_offsets, f"{where}: kept_ids")
+        if policy_logp.dim() != 2:
+            raise ComputeError(
+                f"{where}: policy_logp: expected [T, V] log-probs over the vocabulary, got "
+                f"shape {tuple(policy_logp.shape)}"
+            )
+        seg_ids = Segments.cached(
+            offsets, num_values=int(ids.shape[0]), device=policy_logp.device,
+            where=f"{where}: set_offsets", allow_empty=True,
+        )  # fmt: skip
+        if len(seg_ids) != policy_logp.shape[0]:
+            raise ComputeError(
+                f"{where}: expected one kept set per token ({policy_logp.shape[0]}), got "
+                f"{len(seg_ids)}"
+            )
+        ids = ids.to(policy_logp.device, torch.int64)
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= policy_logp.shape[1]):
+            raise ComputeError(
+                f"{where}: kept_ids: an id outside the vocabulary [0, {policy_logp.shape[1]})"
+            )
+        values = policy_logp[seg_ids.row_ids, ids]
+    if not values.is_floating_point():
+        raise ComputeError(f"{where}: expected floating log-probs, got {values.dtype}")
+    seg = Segments.cached(
+        offsets, num_values=int(values.shape[0]), device=values.device,
+        where=f"{where}: set_offsets", allow_empty=True,
+    )  # fmt: skip
+    return _segment_logsumexp(values.to(work_dtype(values.dtype)), seg)
+
+
+def kept_set_ratio(
+    logp: Any,
+    behaviour_logp: Any,
+    log_mass: torch.Tensor,
+    *,
+    offsets: torch.Tensor | None = None,
+    mask: Any = None,
+    level: Literal["token", "sequence"] = "token",
+    behaviour_log_mass: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The importance ratio against the policy renormalised over the kept sets.
+
+    ``r_t = exp((log π_t(y_t) - log S_t) - log μ_t(y_t))`` per token, or its product over a
+    completion's counted tokens (``level="sequence"``). The sampler drew ``y_t`` from μ
+    restricted to ``S_t`` and renormalised (``processed`` log-probs); against the full π the
+    ratio's mean under μ is ``E[S]`` (about 0.9 at ``top_p=0.8``, trl#7269), against π
+    renormalised over the same set it is 1.
+
+    Parameters
+    ----------
+    logp, behaviour_logp, offsets, mask:
+        As :func:`trl_importance_ratio`: the policy's and the sampler's per-token log-probs of
+        the sampled tokens (``Ragged`` rows, or flat ``[N]`` with ``offsets``) and the counted
+        tokens (an uncounted token has log-ratio 0).
+    log_mass:
+        ``[N]`` ``log S_t`` of the policy (:func:`kept_set_log_mass`).
+    behaviour_log_mass:
+        When the behaviour log-probs are ``raw`` (the sampler's full distribution, not the
+        renormalised one), its own ``log S_t`` over the same sets: ``log μ`` becomes
+        ``log μ - log S^μ``.
+    """
+    where = "kept_set_ratio"
+    t = _tokens(logp, behaviour_logp, offsets, mask, where, need_token=False)
+    if log_mass.shape != t.cur.shape:
+        raise ComputeError(
+            f"{where}: log_mass: expected {t.cur.shape[0]} values (one per token), got "
+            f"{tuple(log_mass.shape)}"
+        )
+    beh = t.beh
+    if behaviour_log_mass is not None:
+        if behaviour_log_mass.shape != t.cur.shape:
+            raise ComputeError(
+                f"{where}: behaviour_log_mass: expected {t.cur.shape[0]} values, got "
+                f"{tuple(behaviour_log_mass.shape)}"
+            )
+        beh = beh - behaviour_log_mass.to(beh.device, t.dtype)
+    diff = t.masked(t.cur - log_mass.to(t.cur.device, t.dtype) - beh)
+    if level == "sequence":
+        return torch.exp(t.seg.sum(diff))
+    if level != "token":
+        raise ComputeError(f"{where}: level must be 'token' or 'sequence', got {level!r}")
+    return torch.exp(diff)
+
+
+@dataclass(frozen=True)
+class KeptMass:
+    """The kept-mass audit of a batch (:func:`kept_mass_audit`): ``mean_log`` = E[log S]
+    over counted tokens, ``mean`` = E[S] (the mean of the unrenormalised on-policy ratio),
+    ``min`` = the least S, ``seq_mean_log`` = the mean over completions of Σ_t log S_t (the
+    log of the sequence ratio's bias factor), ``tokens`` counted."""
+
+    mean_log: float
+    mean: float
+    min: float
+    seq_mean_log: float
+    tokens: int
+
+    def metrics(self, prefix: str = "kept_mass/") -> dict[str, float]:
+        return {
+            f"{prefix}mean_log": self.mean_log,
+            f"{prefix}mean": self.mean,
+            f"{prefix}min": self.min,
+            f"{prefix}seq_mean_log": self.seq_mean_log,
+        }
+
+
+def kept_mass_audit(
+    log_mass: Any, *, offsets: torch.Tensor | None = None, mask: Any = None
+) -> KeptMass:
+    """``E[log S]`` and friends of per-token ``log S_t`` (:func:`kept_set_log_mass`), rows as
+    ``Ragged`` or flat ``[N]`` with completion ``offsets``; ``mask`` the counted tokens."""
+    where = "kept_mass_audit"
+    t = _tokens(log_mass, log_mass, offsets, mask, where)
+    values = t.cur
+    got = _floats(
+        {
+            "mean_log": t.mean(values),
+            "mean": t.mean(torch.exp(values)),
+            "min": torch.exp(t.token_min(values)),
+            "seq_mean_log": t.row_sum(values).mean(),
+            "tokens": t.total(),
+        }
+    )
+    return KeptMass(got["mean_log"], got["mean"], got["min"], got["seq_mean_log"],
+                    int(got["tokens"]))  # fmt: skip

@@ -14,7 +14,9 @@ lives here, so a new adapter copies none of it:
 - the identity columns of the rows (whole groups or parts of them) are
   :class:`maxent_arrow.arrow.GroupIdentity`, the one builder every writer uses;
 - :func:`row_sums`: per-completion sums of flat per-token values (``ref_logp_sum_raw``,
-  ``behavior_logp_sum``); :func:`offsets_of`: offsets from lengths.
+  ``behavior_logp_sum``); :func:`offsets_of`: offsets from lengths;
+- :func:`offpolicy_columns`: the off-policy contract's per-completion columns of a batch whose
+  completions share one policy version, log-prob semantics and sampling parameters.
 
 Per-completion values are grouped with :func:`maxent_arrow.arrow.regroup` over the group
 offsets. Everything is vectorised (numpy and Arrow; no Python loop over rows); the step row is
@@ -23,18 +25,21 @@ offsets. Everything is vectorised (numpy and Arrow; no Python loop over rows); t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import torch
 
 from maxent_arrow.arrow import regroup
+from maxent_arrow.arrow import registry as R
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.errors import LayoutError
 
 __all__ = [
     "completion_info",
+    "offpolicy_columns",
     "offsets_of",
     "reward_columns",
     "row_sums",
@@ -173,3 +178,24 @@ def row_sums(flat: np.ndarray, token_offsets: np.ndarray) -> np.ndarray:
     if full.any():
         sums[full] = np.add.reduceat(np.asarray(flat, dtype=np.float64), offsets[:-1][full])
     return sums
+
+
+def offpolicy_columns(
+    values: Mapping[str, Any], n: int, grouped: Callable[[pa.Array], pa.Array]
+) -> dict[str, pa.Array]:
+    """The off-policy contract's per-completion columns (``docs/arrow-layout.md``, "Off-policy
+    data") for ``n`` completions sharing ``values``: ``policy_version``, ``logp_semantics``
+    and the sampling parameters ``temperature``, ``top_p``, ``top_k``, ``min_p`` (each left
+    out when None), grouped by ``grouped``."""
+    out: dict[str, pa.Array] = {}
+    if values.get("policy_version") is not None:
+        out["completion_policy_version"] = grouped(
+            pa.array(np.full(n, int(values["policy_version"]), dtype=np.int64))
+        )
+    if values.get("logp_semantics") is not None:
+        out["behavior_logp_semantics"] = grouped(pa.array([values["logp_semantics"]] * n))
+    for param, name in R.SAMPLING_COLUMNS.items():
+        if values.get(param) is not None:
+            kind = np.int32 if param == "top_k" else np.float64
+            out[name] = grouped(pa.array(np.full(n, values[param], dtype=kind)))
+    return out

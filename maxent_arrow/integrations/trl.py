@@ -109,6 +109,7 @@ from maxent_arrow.errors import (
 )
 from maxent_arrow.integrations.adapters import (
     completion_info,
+    offpolicy_columns,
     offsets_of,
     reward_columns,
     row_sums,
@@ -230,6 +231,7 @@ def trl_group_table(
     dataset_columns: Mapping[str, Sequence[Any]] | None = None,
     extras: Mapping[str, Sequence[Any]] | None = None,
     user_columns: UserColumns | None = None,
+    offpolicy: Mapping[str, Any] | None = None,
 ) -> pa.Table:
     """The group rows of one generation round of one process, from TRL's tensors.
 
@@ -279,6 +281,9 @@ def trl_group_table(
     user_columns:
         The run's :class:`~maxent_arrow.integrations.context.UserColumns` (declares the
         types of new user columns); default a fresh one.
+    offpolicy:
+        The round's policy version, log-prob semantics and sampling parameters, one value
+        for every completion (:func:`trl_offpolicy`; see :func:`round_table`).
     """
     host = host_round(
         outputs,
@@ -306,6 +311,7 @@ def trl_group_table(
         dataset_columns=dataset_columns,
         extras=extras,
         user_columns=user_columns,
+        offpolicy=offpolicy,
     )
 
 
@@ -433,8 +439,13 @@ def round_table(
     dataset_columns: Mapping[str, Sequence[Any]] | None = None,
     extras: Mapping[str, Sequence[Any]] | None = None,
     user_columns: UserColumns | None = None,
+    offpolicy: Mapping[str, Any] | None = None,
 ) -> pa.Table:
-    """The group rows of a round from its :class:`HostRound` (see :func:`trl_group_table`)."""
+    """The group rows of a round from its :class:`HostRound` (see :func:`trl_group_table`).
+
+    ``offpolicy``: the round's part of the off-policy contract, one value for every
+    completion (:func:`trl_offpolicy`): ``policy_version``, ``logp_semantics`` and the
+    sampling parameters ``temperature``, ``top_p``, ``top_k``, ``min_p``."""
     b = len(prompts)
     if len(completions) != b or len(host.lengths) != b:
         raise LayoutError(
@@ -501,6 +512,7 @@ def round_table(
             columns["behavior_logp_sum"] = grouped(pa.array(row_sums(flat, token_offsets)))
     if host.sequence_ratio is not None:
         columns["sequence_importance_sampling_ratio"] = grouped(pa.array(host.sequence_ratio))
+    columns.update(offpolicy_columns(offpolicy or {}, b, grouped))
     for name, values in (extras or {}).items():
         if len(values) != b:
             raise LayoutError(
@@ -509,6 +521,29 @@ def round_table(
             )
         columns[EXTRA + name] = grouped(user.extra_values(name, values, where=where))
     return pa.table(columns)
+
+
+def trl_offpolicy(trainer: Any, *, step: int) -> dict[str, Any]:
+    """What TRL shows of the off-policy contract for a round generated at ``step``: the
+    policy version (``global_step``), the sampling parameters of ``GRPOConfig`` (``top_k``
+    None or 0 stored as 0: off; ``min_p`` None as 0.0), and the log-prob semantics:
+    ``processed`` under vLLM (TRL asks vLLM for ``processed_logprobs``, and refuses a server
+    that gives others), and without vLLM when nothing cuts the distribution (no top-p, top-k or
+    min-p: TRL's ``old_per_token_logps`` at the sampling temperature are then the sampled
+    distribution's); otherwise unknown (not stored)."""
+    args = trainer.args
+    top_p = float(args.top_p) if args.top_p is not None else 1.0
+    top_k = int(args.top_k or 0)
+    min_p = float(args.min_p or 0.0)
+    uncut = top_p >= 1.0 and top_k == 0 and min_p == 0.0
+    return {
+        "policy_version": int(step),
+        "temperature": float(trainer.temperature),
+        "top_p": top_p,
+        "top_k": top_k,
+        "min_p": min_p,
+        "logp_semantics": "processed" if (args.use_vllm or uncut) else None,
+    }
 
 
 def _prompt_tokens(outputs: Mapping[str, Any], starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -599,6 +634,8 @@ def trl_run_config(trainer: Any) -> RunConfig:
         "use_vllm": args.use_vllm,
         "vllm_importance_sampling_correction": args.vllm_importance_sampling_correction,
         "vllm_importance_sampling_mode": args.vllm_importance_sampling_mode,
+        "vllm_importance_sampling_clip_max": getattr(args, "vllm_importance_sampling_clip_max", None),
+        "vllm_importance_sampling_clip_min": getattr(args, "vllm_importance_sampling_clip_min", None),
         "generation_kwargs": _json_safe(args.generation_kwargs),
         "chat_template_kwargs": _json_safe(args.chat_template_kwargs),
         "eos_token_ids": list(trainer.eos_token_ids),
@@ -1096,6 +1133,7 @@ class RolloutRecorder(_Trainer):
                 dataset_columns={n: _Column(inputs, n) for n in self._rollout_record},
                 extras=self._round_extras(logged, b),
                 user_columns=self.rollout_columns,
+                offpolicy=trl_offpolicy(self, step=step),
             )
         )
         # A GRPOConfig, whose __post_init__ sets steps_per_generation (TRL declares the

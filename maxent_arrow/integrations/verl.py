@@ -61,7 +61,12 @@ from maxent_arrow.arrow import GroupIdentity, Ragged, list_offsets, regroup, sin
 from maxent_arrow.arrow import registry as R
 from maxent_arrow.arrow.registry import CORE, VERL
 from maxent_arrow.errors import LayoutError, MissingExtraError, SchemaError
-from maxent_arrow.integrations.adapters import completion_info, token_lists, truncation_flags
+from maxent_arrow.integrations.adapters import (
+    completion_info,
+    offpolicy_columns,
+    token_lists,
+    truncation_flags,
+)
 from maxent_arrow.integrations.context import example_id_array
 from maxent_arrow.integrations.messages import (
     conversation_list,
@@ -72,7 +77,7 @@ from maxent_arrow.integrations.messages import (
 from maxent_arrow.integrations.steps import step_row
 from maxent_arrow.rollout import RolloutBatch, RunConfig, declare_families
 
-__all__ = ["LAYOUT_KEY", "from_dataproto", "to_dataproto"]
+__all__ = ["LAYOUT_KEY", "from_dataproto", "to_dataproto", "verl_sampling"]
 
 # Where the layout lives in the step row's RunConfig.extra.
 LAYOUT_KEY = "verl_dataproto"
@@ -129,6 +134,7 @@ def from_dataproto(
     tokenizer: Any = None,
     policy_version: int | None = None,
     example_id: str | None = "index",
+    sampling: Mapping[str, Any] | None = None,
 ) -> RolloutBatch:
     """A verl ``DataProto`` rollout batch as one step of one rank (see the module doc).
 
@@ -148,6 +154,11 @@ def from_dataproto(
         (``skip_special_tokens=True``); otherwise ``completions`` holds empty strings.
     policy_version:
         The optimizer updates the generating policy had (verl's ``global_steps - 1``).
+    sampling:
+        The rollout's sampling parameters and log-prob semantics, one for every completion
+        (:func:`verl_sampling` of verl's config): ``temperature``, ``top_p``, ``top_k``,
+        ``min_p``, ``logp_semantics``. With ``policy_version``, each completion's
+        ``completion_policy_version`` (``docs/arrow-layout.md``, "Off-policy data").
     example_id:
         The non-tensor key whose value (of a group's first row) is the group's
         ``example_id``: verl's ``index`` (its dataset's ``extra_info.index``) by default;
@@ -211,6 +222,9 @@ def from_dataproto(
     table = table.append_column(
         "completion_info", _completion_info(responses, lr, r_len, groups, tokenizer)
     )
+    contract = {**(sampling or {}), "policy_version": policy_version}
+    for name, array in offpolicy_columns(contract, b, groups.grouped).items():
+        table = table.append_column(name, array)
     run_config = _with_layout(config, layout, r_len)
     row = step_row(
         table,
@@ -222,6 +236,34 @@ def from_dataproto(
         policy_version=policy_version,
     )
     return RolloutBatch(declare_families(table, (CORE, VERL)), row)
+
+
+def verl_sampling(config: Any) -> dict[str, Any]:
+    """What verl's trainer config says of the rollout's sampling (``actor_rollout_ref.rollout``:
+    ``temperature``, ``top_p``, ``top_k`` (-1, verl's "off", stored as 0), and the log-prob
+    semantics of ``rollout_log_probs`` from ``logprobs_mode``: ``processed_logprobs`` (verl's
+    default) is ``processed``, ``raw_logprobs`` is ``raw``; logits modes are neither (left
+    out)). verl's rollout has no min-p setting (stored as 0.0: off). ``config``: an
+    OmegaConf ``DictConfig`` or nested dicts."""
+
+    def get(key: str, default: Any) -> Any:
+        node = config
+        for part in ("actor_rollout_ref", "rollout", key):
+            try:
+                node = node[part]
+            except (KeyError, TypeError, AttributeError):
+                return default
+        return default if node is None else node
+
+    mode = str(get("logprobs_mode", "processed_logprobs"))
+    top_k = int(get("top_k", -1))
+    return {
+        "temperature": float(get("temperature", 1.0)),
+        "top_p": float(get("top_p", 1.0)),
+        "top_k": max(top_k, 0),
+        "min_p": 0.0,
+        "logp_semantics": {"processed_logprobs": "processed", "raw_logprobs": "raw"}.get(mode),
+    }
 
 
 def _parts(data: Any) -> tuple[dict[str, torch.Tensor], dict[str, np.ndarray], dict]:

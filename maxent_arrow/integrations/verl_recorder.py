@@ -24,7 +24,7 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 from maxent_arrow.errors import MissingExtraError, SchemaError
-from maxent_arrow.integrations.verl import from_dataproto
+from maxent_arrow.integrations.verl import from_dataproto, verl_sampling
 from maxent_arrow.rollout import RunConfig
 from maxent_arrow.store import RolloutStore
 
@@ -161,6 +161,7 @@ class VerlRolloutRecorder(_Trainer):
             config=self.rollout_config,
             tokenizer=self.tokenizer,
             policy_version=step - 1,
+            sampling=verl_sampling(self.config),
         )
         self.rollout_store.append(stored)
         self._rollout_written.add(step)

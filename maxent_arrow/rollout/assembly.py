@@ -24,6 +24,7 @@ from maxent_arrow import arrow as A
 from maxent_arrow import types as T
 from maxent_arrow.arrow import GroupIdentity, list_offsets, regroup
 from maxent_arrow.arrow import registry as R
+from maxent_arrow.arrow.keptsets import kept_ids_array
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.arrow.registry import CORE, MAXENT
 from maxent_arrow.arrow.upgrade import reward_lists
@@ -256,6 +257,113 @@ class GroupColumns:
             "behavior_token_logp", rows, self.offsets, pa.float32()
         )
 
+    def add_offpolicy(
+        self,
+        *,
+        policy_versions: Any = None,
+        version_runs: Any = None,
+        logp_semantics: Any = None,
+        sampling: Mapping[str, Any] | None = None,
+        kept_token_ids: Any = None,
+        topk: Any = None,
+    ) -> None:
+        """The off-policy contract (``docs/arrow-layout.md``, "Off-policy data"); see
+        :meth:`RolloutBatch.from_parts <maxent_arrow.rollout.RolloutBatch.from_parts>`. The
+        values are checked here for their shapes and by the batch's checks for their ranges
+        (:func:`~maxent_arrow.rollout.checks.check_offpolicy`)."""
+        offsets, n = self.offsets, self.num_samples
+        if policy_versions is not None:
+            self.columns["completion_policy_version"] = regroup(
+                _per_sample("policy_versions", policy_versions, n, pa.int64()), offsets
+            )
+        if version_runs is not None:
+            if not isinstance(version_runs, tuple) or len(version_runs) != 2:
+                raise SchemaError(
+                    "RolloutBatch.from_parts: version_runs expected (starts, versions): per "
+                    "completion, the token index and policy version of each run"
+                )
+            for name, value, kind in zip(
+                ("version_run_starts", "version_run_versions"), version_runs, (pa.int32(), pa.int64())
+            ):
+                rows = _nested(f"version_runs ({name})", value, pa.list_(kind))
+                _check_rows(f"version_runs ({name})", rows, n)
+                self.columns[name] = regroup(rows, offsets)
+        if logp_semantics is not None:
+            self.columns["behavior_logp_semantics"] = regroup(
+                _per_sample("logp_semantics", logp_semantics, n, pa.string()), offsets
+            )
+        for param, value in (sampling or {}).items():
+            name = R.SAMPLING_COLUMNS.get(param)
+            if name is None:
+                raise SchemaError(
+                    f"RolloutBatch.from_parts: sampling: unknown parameter {param!r}; expected "
+                    f"some of {list(R.SAMPLING_COLUMNS)}"
+                )
+            if value is None:
+                continue
+            kind = pa.int32() if param == "top_k" else pa.float64()
+            self.columns[name] = regroup(_per_sample(f"sampling[{param!r}]", value, n, kind), offsets)
+        if kept_token_ids is not None:
+            values, set_offsets, token_offsets = self._token_sets("kept_token_ids", kept_token_ids)
+            self.columns["kept_token_ids"] = kept_ids_array(
+                values, set_offsets, token_offsets, offsets,
+                where="RolloutBatch.from_parts: kept_token_ids",
+            )
+        if topk is not None:
+            if not isinstance(topk, tuple) or len(topk) != 2:
+                raise SchemaError(
+                    "RolloutBatch.from_parts: topk expected (ids, logps): per token, the top-k "
+                    "ids and their log-probs"
+                )
+            for name, value, kind in zip(
+                ("topk_token_ids", "topk_token_logp"), topk, (pa.int32(), pa.float32())
+            ):
+                values, set_offsets, token_offsets = self._token_sets(name, value)
+                sets = pa.ListArray.from_arrays(
+                    pa.array(set_offsets.astype(np.int32)), pa.array(values).cast(kind)
+                )
+                self.columns[name] = regroup(regroup(sets, token_offsets), offsets)
+
+    def _token_sets(self, name: str, value: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(values, set_offsets, token_offsets)`` of per-token sets given as a ``Ragged``
+        (one row per completion token, completions in group order) or per completion (a
+        ``list<list<number>>`` array or nested Python lists, one row per completion)."""
+        n = self.num_samples
+        ids = self.columns.get("completion_ids")
+        counts = None if ids is None else np.diff(list_offsets(ids.flatten()))
+        if isinstance(value, A.Ragged):
+            set_offsets = np.asarray(value.offsets.cpu().numpy(), dtype=np.int64)
+            values = np.asarray(value.values.detach().cpu().numpy())
+            if counts is None:
+                raise SchemaError(
+                    f"RolloutBatch.from_parts: {name}: a Ragged of token rows needs the "
+                    "completion token ids (score_batch or the completion info) to split them"
+                )
+            if len(set_offsets) - 1 != int(counts.sum()):
+                raise LayoutError(
+                    f"RolloutBatch.from_parts: {name}: expected {int(counts.sum())} rows (one "
+                    f"per completion token), got {len(set_offsets) - 1}"
+                )
+            return values, set_offsets, offsets_of_counts(counts)
+        rows = _nested(name, value, pa.list_(pa.list_(pa.float64() if "logp" in name else pa.int64())))
+        _check_rows(name, rows, n)
+        token_offsets = list_offsets(rows)
+        if counts is not None:
+            got = np.diff(token_offsets)
+            bad = np.flatnonzero(got != counts)
+            if bad.size:
+                i = int(bad[0])
+                g = int(np.searchsorted(self.offsets, i, side="right") - 1)
+                raise LayoutError(
+                    f"RolloutBatch.from_parts: {name}: expected {counts[i]} token sets (one per "
+                    f"completion token) at group {g}, sample {i - int(self.offsets[g])}, got "
+                    f"{got[i]}"
+                )
+        sets = rows.flatten()
+        set_offsets = list_offsets(sets)
+        values = np.asarray(sets.flatten().to_numpy(zero_copy_only=False))
+        return values, set_offsets, token_offsets
+
     def to_batch(self) -> pa.RecordBatch:
         """The group record batch in the schema's column order (absent parts left out)."""
         schema = S.group_schema()
@@ -330,6 +438,41 @@ def step_values(
         values["num_scored"] = int(np.count_nonzero(~np.isnan(flat)))
     schema = S.step_schema()
     return pa.RecordBatch.from_pydict({f.name: [values.get(f.name)] for f in schema}, schema=schema)
+
+
+def offsets_of_counts(counts: np.ndarray) -> np.ndarray:
+    """int64 offsets from 0 of rows of ``counts`` items."""
+    return np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int64)
+
+
+def _per_sample(name: str, value: Any, n: int, kind: pa.DataType) -> pa.Array:
+    """One value for every completion, or ``[N]`` values (a sequence, an array, a tensor)."""
+    data: Any = value
+    if isinstance(data, str | int | float | np.integer | np.floating):
+        data = [data] * n
+    elif hasattr(data, "detach"):
+        data = data.detach().cpu().numpy()
+    try:
+        array = data.cast(kind) if isinstance(data, pa.Array) else pa.array(data, kind)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError) as exc:
+        raise SchemaError(f"RolloutBatch.from_parts: {name}: expected {kind} values ({exc})") from None
+    _check_rows(name, array, n)
+    if array.null_count:
+        i = int(np.flatnonzero(~np.asarray(array.is_valid().to_numpy(zero_copy_only=False)))[0])
+        raise LayoutError(f"RolloutBatch.from_parts: {name}: null at sample {i}")
+    return array
+
+
+def _nested(name: str, value: Any, kind: pa.DataType) -> pa.Array:
+    """Rows of lists (an Arrow list array, or nested Python lists) as one array."""
+    if isinstance(value, pa.ChunkedArray):
+        value = value.combine_chunks()
+    if isinstance(value, pa.Array):
+        return value
+    try:
+        return pa.array(value, kind)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as exc:
+        raise SchemaError(f"RolloutBatch.from_parts: {name}: expected {kind} rows ({exc})") from None
 
 
 def _typed(name: str, value: Any, kind: Any, expected: str) -> Any:

@@ -294,6 +294,12 @@ class RolloutBatch:
         config: Mapping[str, Any] | None = None,
         policy_version: int | None = None,
         behavior_token_logp: Any = None,
+        policy_versions: Any = None,
+        version_runs: Any = None,
+        logp_semantics: Any = None,
+        sampling: Mapping[str, Any] | None = None,
+        kept_token_ids: Any = None,
+        topk: Any = None,
     ) -> RolloutBatch:
         """Assemble one step of one rank from the seed objects.
 
@@ -323,6 +329,30 @@ class RolloutBatch:
         config:
             The run config snapshot (JSON-serialisable dict): tau, beta, T_q, epsilon, weight
             convention, clip settings, lengths, tokenizer identity, reward names and weights.
+        policy_versions:
+            The off-policy contract (``docs/arrow-layout.md``, "Off-policy data"): the policy
+            version of each completion (one int for all, or ``[N]``; default
+            ``policy_version`` when that is given).
+        version_runs:
+            Partial rollouts: ``(starts, versions)``, per completion the token index where
+            each run of one policy version starts and its version (empty lists for a
+            completion made by one version).
+        logp_semantics:
+            ``"raw"`` or ``"processed"`` (one for all, or ``[N]``): what the behaviour
+            log-probs are.
+        sampling:
+            ``{"temperature", "top_p", "top_k", "min_p"}``: each one value for all or ``[N]``.
+        kept_token_ids:
+            Per token, the ids the sampler kept (any order; stored ascending, gap-coded): a
+            ``Ragged`` with one row per completion token (completions in group order), or one
+            ``list<list<int>>`` row per completion. Each must hold its sampled token.
+        topk:
+            ``(ids, logps)``: per token, the generator's top-k ids and their log-probs, in the
+            same forms as ``kept_token_ids``.
+
+        Bad shapes or values are refused with a :class:`~maxent_arrow.errors.LayoutError` or
+        :class:`~maxent_arrow.errors.SchemaError` naming the argument and the group, sample
+        and token.
         """
         parts = {
             "generation": generation,
@@ -351,6 +381,16 @@ class RolloutBatch:
             columns.add_scores(scores)
         if behavior_token_logp is not None:
             columns.add_behavior_tokens(behavior_token_logp)
+        if policy_versions is None and policy_version is not None:
+            policy_versions = int_arg("policy_version", policy_version)
+        columns.add_offpolicy(
+            policy_versions=policy_versions,
+            version_runs=version_runs,
+            logp_semantics=logp_semantics,
+            sampling=sampling,
+            kept_token_ids=kept_token_ids,
+            topk=topk,
+        )
         step_row = step_values(
             columns,
             step=step,

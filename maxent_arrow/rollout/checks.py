@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from maxent_arrow.arrow import list_offsets, single_array
+from maxent_arrow.arrow.keptsets import decode_gaps
 from maxent_arrow.arrow import registry as R
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.errors import LayoutError, SchemaError
@@ -32,6 +33,7 @@ __all__ = [
     "STEP_META_KEY",
     "STEP_TYPES",
     "cast_column",
+    "check_offpolicy",
     "config_json",
     "int_arg",
     "normalise",
@@ -261,6 +263,7 @@ def _check_groups(groups: pa.RecordBatch, step_row: pa.RecordBatch) -> None:
                 )
             if inner.flatten().null_count:
                 raise LayoutError(f"RolloutBatch column {name!r}: a null inside a token list")
+    check_offpolicy(groups)
 
 
 def _check_prompts(groups: pa.RecordBatch) -> None:
@@ -381,3 +384,204 @@ def _check_grouped(name: str, column: pa.Array, sizes: np.ndarray) -> None:
         )
     if not pa.types.is_list(column.type.value_type) and column.flatten().null_count:
         raise LayoutError(f"RolloutBatch column {name!r}: a null inside a group")
+
+
+# ---------------------------------------------------------------------------- off-policy
+def _where(groups: pa.RecordBatch, sample: int, token: int | None = None) -> str:
+    """``group g, sample i[, token t]`` of flat completion ``sample``."""
+    offsets = list_offsets(groups.column("completions"))
+    g = int(np.searchsorted(offsets, sample, side="right") - 1)
+    text = f"group {g}, sample {sample - int(offsets[g])}"
+    return text if token is None else f"{text}, token {token}"
+
+
+def _flat(groups: pa.RecordBatch, name: str) -> pa.Array | None:
+    """Column ``name`` flattened to one item per completion, or None when absent or all null."""
+    if name not in groups.schema.names:
+        return None
+    column = single_array(groups.column(name))
+    if column.null_count == len(column):
+        return None
+    return column.flatten()
+
+
+def _numbers(array: pa.Array) -> np.ndarray:
+    return np.asarray(array.to_numpy(zero_copy_only=False))
+
+
+def check_offpolicy(groups: pa.RecordBatch) -> None:
+    """The off-policy contract's columns (``docs/arrow-layout.md``, "Off-policy data"): versions
+    >= 0 and their runs well formed, known log-prob semantics, sampling parameters in range,
+    per-token sets with one set per completion token, kept sets ascending and holding the
+    sampled token, top-k ids and log-probs parallel; a :class:`LayoutError` names the column
+    and the group, sample and token. Vectorised over offsets."""
+    versions = _flat(groups, "completion_policy_version")
+    if versions is not None:
+        v = _numbers(versions)
+        if (v < 0).any():
+            i = int(np.flatnonzero(v < 0)[0])
+            raise LayoutError(
+                f"RolloutBatch column 'completion_policy_version': expected >= 0 at "
+                f"{_where(groups, i)}, got {int(v[i])}"
+            )
+    semantics = _flat(groups, "behavior_logp_semantics")
+    if semantics is not None:
+        known = pc.is_in(semantics, value_set=pa.array(R.LOGP_SEMANTICS))
+        bad = np.flatnonzero(~_numbers(known).astype(bool))
+        if bad.size:
+            i = int(bad[0])
+            raise LayoutError(
+                f"RolloutBatch column 'behavior_logp_semantics': expected one of "
+                f"{list(R.LOGP_SEMANTICS)} at {_where(groups, i)}, got {semantics[i].as_py()!r}"
+            )
+    _check_sampling(groups)
+    _check_version_runs(groups)
+    _check_token_sets(groups)
+
+
+# Each sampling parameter's valid range: (low, low inclusive, high, high inclusive).
+_RANGES = {
+    "temperature": (0.0, False, math.inf, False),
+    "top_p": (0.0, False, 1.0, True),
+    "top_k": (0.0, True, math.inf, False),
+    "min_p": (0.0, True, 1.0, True),
+}
+
+
+def _check_sampling(groups: pa.RecordBatch) -> None:
+    for param, name in R.SAMPLING_COLUMNS.items():
+        values = _flat(groups, name)
+        if values is None:
+            continue
+        x = _numbers(values).astype(np.float64)
+        low, low_in, high, high_in = _RANGES[param]
+        ok = (x >= low if low_in else x > low) & (x <= high if high_in else x < high)
+        bad = np.flatnonzero(~ok)
+        if bad.size:
+            i = int(bad[0])
+            raise LayoutError(
+                f"RolloutBatch column {name!r}: {param} out of range at {_where(groups, i)}: "
+                f"{x[i]}"
+            )
+
+
+def _token_counts(groups: pa.RecordBatch) -> np.ndarray | None:
+    ids = _flat(groups, "completion_ids")
+    return None if ids is None else np.diff(list_offsets(ids))
+
+
+def _check_version_runs(groups: pa.RecordBatch) -> None:
+    starts, versions = _flat(groups, "version_run_starts"), _flat(groups, "version_run_versions")
+    if starts is None and versions is None:
+        return
+    if starts is None or versions is None:
+        raise SchemaError(
+            "RolloutBatch: version_run_starts and version_run_versions go together"
+        )
+    runs = np.diff(list_offsets(starts))
+    if not np.array_equal(runs, np.diff(list_offsets(versions))):
+        i = int(np.flatnonzero(runs != np.diff(list_offsets(versions)))[0])
+        raise LayoutError(
+            f"RolloutBatch column 'version_run_versions': expected one version per run of "
+            f"'version_run_starts' ({runs[i]}) at {_where(groups, i)}"
+        )
+    s, v = _numbers(starts.flatten()), _numbers(versions.flatten())
+    owner = np.repeat(np.arange(len(runs)), runs)
+    first = np.zeros(len(s), dtype=bool)
+    first[list_offsets(starts)[:-1][runs > 0]] = True
+    problems = [
+        ("version_run_starts", first & (s != 0), "the first run starts at token 0"),
+        ("version_run_starts", ~first & (np.diff(s, prepend=0) <= 0), "run starts increase"),
+        ("version_run_versions", ~first & (np.diff(v, prepend=0) < 0), "versions never decrease"),
+    ]
+    counts = _token_counts(groups)
+    if counts is not None:
+        problems.append(("version_run_starts", s >= counts[owner], "runs start below the "
+                         "completion's token count"))
+    policy = _flat(groups, "completion_policy_version")
+    if policy is not None:
+        problems.append(("version_run_versions", first & (v != _numbers(policy)[owner]),
+                         "the first run's version is completion_policy_version"))
+    for name, bad, rule in problems:
+        hits = np.flatnonzero(bad)
+        if hits.size:
+            j = int(hits[0])
+            raise LayoutError(
+                f"RolloutBatch column {name!r}: {rule}; not so at "
+                f"{_where(groups, int(owner[j]))}, run {j - int(list_offsets(starts)[owner[j]])}"
+            )
+
+
+def _check_token_sets(groups: pa.RecordBatch) -> None:
+    counts = _token_counts(groups)
+    ids = _flat(groups, "completion_ids")
+    token_sets = {}
+    for name in R.names(R.GROUP, level="token", where=lambda c: c.kept_set or (
+            c.name.startswith("topk_"))):
+        rows = _flat(groups, name)
+        if rows is None:
+            continue
+        if counts is None:
+            raise SchemaError(f"RolloutBatch column {name!r}: needs completion_ids (its tokens)")
+        got = np.diff(list_offsets(rows))
+        valid = _numbers(rows.is_valid()).astype(bool)
+        bad = np.flatnonzero(valid & (got != counts))
+        if bad.size:
+            i = int(bad[0])
+            raise LayoutError(
+                f"RolloutBatch column {name!r}: expected {counts[i]} token sets (one per "
+                f"completion token) at {_where(groups, i)}, got {got[i]}"
+            )
+        token_sets[name] = rows
+    if "topk_token_ids" in token_sets or "topk_token_logp" in token_sets:
+        a, b = token_sets.get("topk_token_ids"), token_sets.get("topk_token_logp")
+        if a is None or b is None:
+            raise SchemaError("RolloutBatch: topk_token_ids and topk_token_logp go together")
+        ka, kb = np.diff(list_offsets(a.flatten())), np.diff(list_offsets(b.flatten()))
+        if not np.array_equal(ka, kb):
+            t = int(np.flatnonzero(ka != kb)[0])
+            i, tok = _token_of(a, t)
+            raise LayoutError(
+                f"RolloutBatch column 'topk_token_logp': expected {ka[t]} log-probs (one per "
+                f"top-k id) at {_where(groups, i, tok)}, got {kb[t]}"
+            )
+    kept = token_sets.get("kept_token_ids")
+    if kept is None or ids is None:
+        return
+    sets = kept.flatten()
+    set_offsets = list_offsets(sets)
+    gaps = _numbers(sets.flatten()).astype(np.int64)
+    sizes = np.diff(set_offsets)
+    first = np.zeros(len(gaps), dtype=bool)
+    first[set_offsets[:-1][sizes > 0]] = True
+    owner = np.repeat(np.arange(len(sizes)), sizes)
+    bad = np.flatnonzero((first & (gaps < 0)) | (~first & (gaps <= 0)))
+    if bad.size:
+        i, tok = _token_of(kept, int(owner[bad[0]]))
+        raise LayoutError(
+            f"RolloutBatch column 'kept_token_ids': a set is not ascending and gap-coded at "
+            f"{_where(groups, i, tok)}"
+        )
+    decoded = decode_gaps(gaps, set_offsets)
+    sampled = _numbers(ids.flatten()).astype(np.int64)
+    # Each token's sampled id must be in its set: one searchsorted over (token, id) keys, which
+    # are ascending since each set is.
+    keys = owner.astype(np.int64) << 32 | decoded
+    wanted = np.arange(len(sizes), dtype=np.int64) << 32 | sampled
+    hit = np.searchsorted(keys, wanted)
+    found = (hit < len(keys)) & (keys[np.minimum(hit, len(keys) - 1)] == wanted)
+    missing = np.flatnonzero(~found)
+    if missing.size:
+        t = int(missing[0])
+        i, tok = _token_of(kept, t)
+        raise LayoutError(
+            f"RolloutBatch column 'kept_token_ids': the sampled token {int(sampled[t])} is not "
+            f"in its kept set at {_where(groups, i, tok)}"
+        )
+
+
+def _token_of(rows: pa.Array, token: int) -> tuple[int, int]:
+    """(completion, token within it) of flat token ``token`` of per-completion ``rows``."""
+    offsets = list_offsets(rows)
+    i = int(np.searchsorted(offsets, token, side="right") - 1)
+    return i, token - int(offsets[i])

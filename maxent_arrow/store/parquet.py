@@ -48,6 +48,13 @@ def _leaf(kind: pa.DataType) -> pa.DataType:
     return kind
 
 
+def _depth(kind: pa.DataType) -> int:
+    depth = 0
+    while pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        kind, depth = kind.value_type, depth + 1
+    return depth
+
+
 def group_file_settings(schema: pa.Schema) -> dict[str, Any]:
     """The writer options of a group file with this schema, from the column registry."""
     registered = {c.name: c for c in R.columns(R.GROUP)}
@@ -55,11 +62,13 @@ def group_file_settings(schema: pa.Schema) -> dict[str, Any]:
     return {
         "dictionary": [c.name for c in present if c.dictionary],
         "statistics": [c.name for c in present if c.statistics],
-        # Parquet paths of the per-token floats (``name.list.element.list.element``).
+        # Parquet paths of the per-token floats (``name.list.element.list.element``) and of
+        # the gap-coded kept-token sets (one level deeper).
         "byte_stream_split": [
-            f"{c.name}.list.element.list.element"
+            c.name + ".list.element" * _depth(schema.field(c.name).type)
             for c in present
-            if c.byte_stream_split and pa.types.is_floating(_leaf(schema.field(c.name).type))
+            if c.kept_set
+            or (c.byte_stream_split and pa.types.is_floating(_leaf(schema.field(c.name).type)))
         ],
     }
 

@@ -71,6 +71,18 @@ GROUP_COLUMNS = [
     # The context of a rollout (issue 22): the dataset example it came from.
     "example_id",
     "stream_index",
+    # Schema 2.2: the off-policy contract (issue 24).
+    "completion_policy_version",
+    "version_run_starts",
+    "version_run_versions",
+    "behavior_logp_semantics",
+    "sampling_temperature",
+    "sampling_top_p",
+    "sampling_top_k",
+    "sampling_min_p",
+    "kept_token_ids",
+    "topk_token_ids",
+    "topk_token_logp",
 ]
 # The layouts of runs by family: a TRL run carries no MaxEnt column, a MaxEnt run no TRL one.
 MAXENT_ONLY = {
@@ -90,7 +102,7 @@ def list_of(kind: pa.DataType) -> pa.DataType:
 def test_group_schema_columns_types_and_non_null_children():
     schema = S.group_schema()
     assert schema.names == GROUP_COLUMNS
-    assert schema.metadata[S.METADATA_KEY] == S.SCHEMA_VERSION.encode() == b"2.1"
+    assert schema.metadata[S.METADATA_KEY] == S.SCHEMA_VERSION.encode() == b"2.2"
     assert schema.field("step").type == pa.int64() and not schema.field("step").nullable
     for name in ("kind", "group_id"):
         assert schema.field(name).type == pa.string() and not schema.field(name).nullable
@@ -131,7 +143,7 @@ def test_rewards_are_names_and_values_so_a_new_reward_changes_no_schema():
     assert schema.field("reward_values").type == list_of(list_of(pa.float64()))
     assert "rewards" not in names
     extra = S.group_schema(metadata={b"run": b"demo"}).metadata
-    assert extra[b"run"] == b"demo" and extra[S.METADATA_KEY] == b"2.1"
+    assert extra[b"run"] == b"demo" and extra[S.METADATA_KEY] == b"2.2"
 
 
 def test_column_groups_are_consistent_with_the_schema():
@@ -168,7 +180,7 @@ def test_a_run_carries_the_columns_of_its_families_in_the_2_0_order():
 
 def test_step_schema_holds_the_scalar_records_and_the_config():
     schema = S.step_schema()
-    assert schema.metadata[S.METADATA_KEY] == b"2.1"
+    assert schema.metadata[S.METADATA_KEY] == b"2.2"
     assert set(S.STEP_REQUIRED) <= set(schema.names)
     scalar_fields = {
         "RewardMoments": ["reward_mean", "reward_std"],
@@ -244,7 +256,7 @@ def test_schemas_survive_a_parquet_file(tmp_path):
     pq.write_table(group, tmp_path / "group.parquet")
     back = pq.read_table(tmp_path / "group.parquet")
     assert back.schema.equals(group.schema, check_metadata=False)
-    assert S.check_version(back.schema.metadata[S.METADATA_KEY], where="group.parquet") == "2.1"
+    assert S.check_version(back.schema.metadata[S.METADATA_KEY], where="group.parquet") == "2.2"
     assert back.column("completion_ids").to_pylist() == [[[52], [53, 1]]]
     step = pa.Table.from_pylist(
         [{"step": 3, "rank": 0, "kind": "train", "num_groups": 1, "num_samples": 2}],
@@ -280,7 +292,7 @@ def test_check_version_refuses_a_newer_major_missing_and_malformed_versions():
     with pytest.raises(
         SchemaVersionError,
         match=r"^part-0\.parquet: written with schema version 3\.0, newer than this "
-        r"maxent-arrow reads \(2\.1\); upgrade maxent-arrow$",
+        r"maxent-arrow reads \(2\.2\); upgrade maxent-arrow$",
     ):
         S.check_version("3.0", where="part-0.parquet")
     with pytest.raises(SchemaVersionError, match="^x: no schema version in the metadata$"):
@@ -316,7 +328,7 @@ def test_a_reward_added_mid_run_keeps_every_file_schema_and_plain_readers_see_it
     schemas = [pq.read_schema(tmp_path / f) for f in ("step-1.parquet", "step-2.parquet")]
     assert schemas[0].equals(schemas[1], check_metadata=False)
     unified = S.unify_schemas(schemas)
-    assert unified.metadata[S.METADATA_KEY] == b"2.1"
+    assert unified.metadata[S.METADATA_KEY] == b"2.2"
     # A plain pyarrow dataset (first file's schema) keeps the second reward.
     table = ds.dataset(tmp_path, format="parquet").to_table().sort_by("step")
     assert table.column("reward_names").to_pylist() == [["accuracy"], ["accuracy", "format"]]

@@ -47,7 +47,7 @@ def test_inspect_json(capsys, store):
     code, out, _ = run(capsys, "inspect", store.root, "--json")
     assert code == EXIT_OK
     info = json.loads(out)
-    assert info["schema_version"] == "2.1" and info["store_version"] == "3.0"
+    assert info["schema_version"] == "2.2" and info["store_version"] == "3.0"
     assert info["ranks"] == [0, 1]
     assert info["kinds"]["train"]["steps"] == 4 and info["kinds"]["eval"]["steps"] == 1
     assert info["kinds"]["train"]["samples"] == sum(len(g.utils) for g in store.train())

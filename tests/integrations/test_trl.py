@@ -221,6 +221,29 @@ def test_step_row_carries_trls_settings_as_the_replay_contract(plain_run):
     assert batch.step_row.column("kl_value")[0].as_py() > 0.0
 
 
+def test_the_off_policy_contract_holds_what_trl_shows(plain_run):
+    """Per completion: the policy version TRL generated with (``global_step`` of the round),
+    GRPOConfig's sampling parameters and, with no top-p/top-k/min-p cut, ``processed``
+    log-prob semantics; DuckDB reads them from the files."""
+    root, probe = plain_run
+    files = [str(p) for p in RolloutStore(root / "store").committed_files("groups")]
+    relation = duckdb.sql(
+        "SELECT step, unnest(completion_policy_version) v, unnest(sampling_temperature) t, "
+        "unnest(sampling_top_p) p, unnest(sampling_top_k) k, unnest(sampling_min_p) m, "
+        f"unnest(behavior_logp_semantics) s FROM read_parquet({files})"
+    )
+    assert relation is not None
+    rows = relation.fetchall()
+    args = probe.args
+    assert (args.top_p, args.top_k or 0, args.min_p or 0.0) == (1.0, 0, 0.0)
+    generated = sum(o["completion_ids"].shape[0] for _, k, o in probe.generated if k == "train")
+    assert sorted({r[0] for r in rows}) == [0, 2] and len(rows) == generated == 8
+    assert {r[1:] for r in rows if r[0] == 0} == {(0, probe.temperature, 1.0, 0, 0.0, "processed")}
+    assert {r[1] for r in rows if r[0] == 2} == {2}
+    cfg = next(iter(RolloutStore(root / "store").replay(steps=[0]))).run_config
+    assert cfg.extra["trl"]["vllm_importance_sampling_clip_max"] == 3.0
+
+
 @pytest.mark.slow
 def test_chat_prompts_are_typed_messages_and_eval_rounds_are_stored(tmp_path):
     probe = trl_runs.trainer(

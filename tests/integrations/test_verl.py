@@ -448,6 +448,22 @@ def test_the_recorder_stores_each_step_at_verls_hook_and_it_round_trips(tmp_path
     (batch,) = store.replay(steps=[3])
     assert_same(to_dataproto(batch), data, batch.run_config.extra[LAYOUT_KEY])
     assert batch.step_row.column("policy_version")[0].as_py() == 2
+    # The off-policy contract from verl's rollout config: versions, sampling, semantics.
+    rollout = trainer.config.actor_rollout_ref.rollout
+    contract = {
+        name: {v for row in batch.groups.column(name).to_pylist() for v in row}
+        for name in ("completion_policy_version", "sampling_temperature", "sampling_top_p",
+                     "sampling_top_k", "sampling_min_p", "behavior_logp_semantics")
+    }  # fmt: skip
+    assert contract == {
+        "completion_policy_version": {2},
+        "sampling_temperature": {rollout.temperature},
+        "sampling_top_p": {rollout.top_p},
+        "sampling_top_k": {max(rollout.top_k, 0)},
+        "sampling_min_p": {0.0},
+        "behavior_logp_semantics": {"processed" if rollout.logprobs_mode == "processed_logprobs"
+                                    else "raw"},
+    }  # fmt: skip
     cfg = batch.run_config
     assert (cfg.num_generations, cfg.max_completion_len) == (N, R)
     assert cfg.trainer.startswith("verl.RayPPOTrainer") and cfg.extra["verl"]["adv_estimator"]

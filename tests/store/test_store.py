@@ -45,7 +45,7 @@ def test_layout_on_disk(store):
     manifest = json.loads((root / "manifest.json").read_text())
     assert manifest["format"] == "maxent-arrow-rollouts"
     assert manifest["schema_version"] == STORE_VERSION == "3.0"
-    assert manifest["table_schema_version"] == S.SCHEMA_VERSION == "2.1"
+    assert manifest["table_schema_version"] == S.SCHEMA_VERSION == "2.2"
     assert manifest["log"] == {"format": 1} and manifest["config"] == {"run": "test"}
     names = sorted(p.name for p in (root / "groups").iterdir())
     # Every commit writes files of a name of its own: the unit's name and a token.
