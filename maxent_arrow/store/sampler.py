@@ -45,6 +45,7 @@ from maxent_arrow.errors import ArgumentError, StoreError
 from maxent_arrow.rollout import RolloutBatch
 from maxent_arrow.store.catalog import Unit, int_set
 from maxent_arrow.store.readonly import ReadOnlyStore
+from maxent_arrow.store.records import lifecycle_rows
 from maxent_arrow.store.replay import check_shard, load_unit_groups
 
 __all__ = ["ReplaySampler", "SampledBatch", "SamplerOptions", "mix_counts"]
@@ -53,7 +54,6 @@ Sampling = Literal["sequential", "uniform", "prioritized"]
 # The per-completion policy version, where the store has it (the off-policy data contract);
 # the step-level ``policy_version`` otherwise.
 COMPLETION_VERSION = "completion_policy_version"
-_UNIT_CACHE = 4  # loaded units kept between batches
 
 
 def mix_counts(batch_groups: int, replay_ratio: float) -> tuple[int, int]:
@@ -94,7 +94,8 @@ class SamplerOptions:
         given to :meth:`ReplaySampler.sample`); older ones are dropped (``stale``). ``None``
         keeps every group.
     drop_zero_std:
-        Drop groups whose rewards are all equal (``zero_std``: no advantage, no signal).
+        Drop groups whose rewards are all equal (``zero_std``: no advantage, no signal): for
+        good, recorded once (in the first epoch) and passed over in later ones.
     shard:
         ``(index, count)``: this consumer's share of every epoch's order, disjoint across the
         ``count`` consumers.
@@ -104,6 +105,9 @@ class SamplerOptions:
     record:
         Write each consumption (``trained``) and drop to the store's ``lifecycle`` records
         (a writable store with a commit log).
+    cache_units:
+        Loaded units (one step of one rank, checked once) kept for the next batches; 0 reads
+        each batch's units afresh.
     """
 
     batch_groups: int | None = None
@@ -119,6 +123,7 @@ class SamplerOptions:
     columns: list[str] | None = None
     source: Literal["auto", "cache", "parquet"] = "auto"
     record: bool = True
+    cache_units: int = 4
 
     def __post_init__(self) -> None:
         b = self.batch_groups
@@ -143,6 +148,9 @@ class SamplerOptions:
             int_set(self.steps, what="sampler: steps")
         if self.shard is not None:
             object.__setattr__(self, "shard", check_shard(self.shard, where="sampler"))
+        c = self.cache_units
+        if isinstance(c, bool) or not isinstance(c, int) or c < 0:
+            raise ArgumentError(f"sampler: cache_units must be an int >= 0, got {c!r}")
         if self.source not in ("auto", "cache", "parquet"):
             raise ArgumentError(
                 f"sampler: source must be 'auto', 'cache' or 'parquet', got {self.source!r}"
@@ -353,6 +361,7 @@ class ReplaySampler:
         self.position = 0  # in this consumer's order of the epoch
         self.batches = 0  # batches yielded so far (the default trainer step)
         self._order: np.ndarray | None = None
+        self._idle = 0  # groups dropped since the last one kept
         self._loaded: OrderedDict[int, tuple[pa.RecordBatch, pa.RecordBatch]] = OrderedDict()
 
     # ------------------------------------------------------------------ the plan
@@ -510,22 +519,33 @@ class ReplaySampler:
         taken: list[int] = []
         dropped: dict[str, list[int]] = {"stale": [], "zero_std": []}
         items_taken = 0
+        idle = 0  # groups passed over without being kept
         for item in self._candidates():
             groups = self.items[item]
+            if o.drop_zero_std:
+                zero = self.index.zero_std[groups]
+                if zero.any():
+                    # Dropped for good: recorded once, in the first epoch; skipped after.
+                    if self.epoch == 0:
+                        dropped["zero_std"].extend(groups[zero].tolist())
+                    idle += int(zero.sum())
+                    groups = groups[~zero]
             if o.max_staleness is not None and current_version is not None:
                 stale = current_version - self.index.version[groups] > o.max_staleness
                 dropped["stale"].extend(groups[stale].tolist())
+                idle += int(stale.sum())
                 groups = groups[~stale]
-            if o.drop_zero_std:
-                zero = self.index.zero_std[groups]
-                dropped["zero_std"].extend(groups[zero].tolist())
-                groups = groups[~zero]
             if len(groups):
                 taken.extend(groups.tolist())
                 items_taken += 1
             if items_taken >= want:
                 break
-        if not taken and not any(dropped.values()):
+        if not taken and not idle:
+            return None
+        # A whole epoch's worth of groups passed over with nothing kept: nothing ever will be
+        # (every group dropped); end the stream rather than yield empty batches forever.
+        self._idle = 0 if taken else self._idle + idle
+        if self._idle > len(self.index.unit):
             return None
         self.batches += 1
         if o.record:
@@ -536,14 +556,20 @@ class ReplaySampler:
         return batch
 
     def _record(self, dropped: dict[str, list[int]], taken: list[int], step: int) -> None:
-        record = self.store.record_lifecycle
-        for reason, rows in dropped.items():
-            if rows:
-                keys = self.index.keys.take(pa.array(sorted(rows), pa.int64()))
-                record(keys, step=step, event="dropped", reason=reason)
+        """The batch's drops and consumption as ``lifecycle`` records, in one commit."""
+        parts = [
+            lifecycle_rows(self._keys(rows), step=step, event="dropped", reason=reason)
+            for reason, rows in dropped.items()
+            if rows
+        ]
         if taken:
-            keys = self.index.keys.take(pa.array(sorted(taken), pa.int64()))
-            record(keys, step=step, event="trained")
+            parts.append(lifecycle_rows(self._keys(taken), step=step, event="trained"))
+        if parts:
+            store: Any = self.store
+            store.append_records(R.LIFECYCLE, pa.concat_tables(parts))
+
+    def _keys(self, rows: list[int]) -> pa.Table:
+        return self.index.keys.take(pa.array(sorted(rows), pa.int64()))
 
     # ------------------------------------------------------------------ loading
     def _unit(self, u: int) -> tuple[pa.RecordBatch, pa.RecordBatch]:
@@ -559,7 +585,7 @@ class ReplaySampler:
             crc=store.check_crc,
         )
         self._loaded[u] = loaded
-        while len(self._loaded) > _UNIT_CACHE:
+        while len(self._loaded) > self.options.cache_units:
             self._loaded.popitem(last=False)
         return loaded
 
