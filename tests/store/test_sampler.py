@@ -17,7 +17,7 @@ import pytest
 from store_fixtures import make_parts
 
 from maxent_arrow import ArgumentError, RolloutBatch, RolloutStore, StoreError
-from maxent_arrow.store.sampler import ReplaySampler, mix_counts
+from maxent_arrow.store.sampler import ReplaySampler, SamplerOptions, mix_counts
 
 TESTS = Path(__file__).resolve().parents[1]
 
@@ -279,3 +279,25 @@ def test_a_sigkilled_consumer_resumes_the_same_stream(store, tmp_path):
     _run([str(store.root), str(log), str(state), "fast"]).wait(timeout=120)
     got = [json.loads(line) for line in log.read_text().splitlines()]
     assert got == expected
+
+
+def test_data_loader_workers_sample_disjoint_groups(store):
+    """Through ``ReplayDataset(sampler=...)`` two DataLoader worker processes of each of two
+    consumers take disjoint shares: every group once over the four."""
+    import torch.utils.data
+
+    from maxent_arrow.store import ReplayDataset
+
+    seen: list[tuple[int, int, int]] = []
+    for rank in range(2):
+        dataset = ReplayDataset(
+            store.root,
+            shard=(rank, 2),
+            transform=_keys,
+            sampler=SamplerOptions(batch_groups=3, seed=2, record=False),
+        )
+        loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2)
+        seen += [tuple(k) for keys in loader for k in keys]
+    assert len(seen) == len(set(seen)) == ALL
+    with pytest.raises(ArgumentError, match="sampler"):
+        ReplayDataset(store.root, sampler=SamplerOptions(), shuffle=True)
