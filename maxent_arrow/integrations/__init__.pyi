@@ -17,6 +17,7 @@ from .trl import (
     trl_run_config as trl_run_config,
 )
 from .verl import from_dataproto as from_dataproto, to_dataproto as to_dataproto
+from .verl_replay import REPLAY_KEY as REPLAY_KEY, VerlFeeder as VerlFeeder
 from .verl_recorder import (
     RecordingRayPPOTrainer as RecordingRayPPOTrainer,
     VerlRolloutRecorder as VerlRolloutRecorder,
