@@ -301,3 +301,21 @@ def test_data_loader_workers_sample_disjoint_groups(store):
     assert len(seen) == len(set(seen)) == ALL
     with pytest.raises(ArgumentError, match="sampler"):
         ReplayDataset(store.root, sampler=SamplerOptions(), shuffle=True)
+
+
+def test_the_docs_snippet_runs(tmp_path, monkeypatch):
+    """docs/integrations.md "Train from the store" runs as written, on a real store."""
+    import re
+
+    doc = (TESTS.parent / "docs" / "integrations.md").read_text(encoding="utf-8")
+    part = doc.split("## Train from the store", 1)[1].split("\n## ", 1)[0]
+    (block,) = re.findall(r"```python\n(.*?)```", part, flags=re.S)
+    store = RolloutStore.create(tmp_path / "run" / "store", config={"run": "test"})
+    for step in range(3):
+        store.append(_batch(step, groups=20, version=95 + step))
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    exec(compile(block, "docs/integrations.md", "exec"), namespace)  # noqa: S102
+    assert namespace["batch"].num_groups > 0
+    assert namespace["state"]["batches"] == 1
+    assert {e["event"] for e in RolloutStore(store.root).lifecycle().to_pylist()} >= {"trained"}
