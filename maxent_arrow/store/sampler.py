@@ -98,7 +98,8 @@ class SamplerOptions:
         good, recorded once (in the first epoch) and passed over in later ones.
     shard:
         ``(index, count)``: this consumer's share of every epoch's order, disjoint across the
-        ``count`` consumers.
+        ``count`` consumers (with ``replacement``: disjoint slices of one common draw, in
+        which a group may still come twice).
     columns, source:
         Group columns to load (default all) and where from (``"auto"``, ``"cache"``,
         ``"parquet"``), as for :meth:`RolloutStore.replay`.
@@ -337,7 +338,10 @@ class ReplaySampler:
     ``sample(current_version=, step=)`` gives the next batch (``None`` at the end of the last
     epoch); iterating calls it with no version (no staleness check) and consecutive steps.
     ``state_dict()`` / ``load_state_dict()`` carry the stream's position: a consumer that
-    saves it with its checkpoint and loads it on resume continues the same stream.
+    saves it with its checkpoint and loads it on resume continues the same stream. A batch's
+    lifecycle records are written when it is drawn: a consumer killed before its checkpoint
+    draws that batch again on resume (at-least-once); resumed as an attempt at that step, the
+    earlier records are superseded (``docs/commit-protocol.md``, "Lifecycle").
     """
 
     def __init__(self, store: ReadOnlyStore, options: SamplerOptions | None = None, **kwargs: Any):
