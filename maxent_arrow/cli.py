@@ -11,6 +11,7 @@ Subcommands::
     maxent-arrow repair RUN [--json]            move crash leftovers into RUN/quarantine/
     maxent-arrow compact RUN [--max-steps N]    merge per-append files atomically
     maxent-arrow export RUN --to ipc|hf DIR     Arrow IPC files or a HF datasets dataset
+    maxent-arrow train --from-store RUN --out D train a policy from a demo run's stored rollouts
 
 Exit codes (scripts can rely on them):
 
@@ -44,6 +45,7 @@ import sys
 import traceback
 import warnings
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, Literal, NoReturn
 
 from maxent_arrow import analytics, demo, store
@@ -65,6 +67,7 @@ EXIT_USAGE = 2
 EXIT_MISSING_EXTRA = 3
 EXIT_INTERNAL = 4
 EXIT_INTERRUPTED = 130
+EXACT_TOLERANCE = 1e-6  # train --exact: relative error of each replayed loss
 
 
 def _progress(args: argparse.Namespace) -> bool:
@@ -293,6 +296,45 @@ def _cmd_offpolicy(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_train(args: argparse.Namespace) -> int:
+    """``train --from-store RUN``: a policy trained from a demo run's stored rollouts
+    (:func:`maxent_arrow.demo.train_offline`; torch loads here, when it runs)."""
+    result = demo.train_offline(
+        demo.run_directory(args.from_store),
+        demo.prepare_run_dir(args.out),
+        steps=args.steps,
+        replay_ratio=args.replay_ratio,
+        seed=args.seed,
+        eval_prompts=args.eval_prompts,
+        eval_every=args.eval_every,
+        exact=args.exact,
+        threads=args.threads,
+    )
+    errors = [s.loss_error for s in result.steps if s.logged_loss == s.logged_loss]
+    summary = {
+        "out": str(args.out),
+        "steps": len(result.steps),
+        "seconds": result.seconds,
+        "dropped": sum(sum(s.dropped.values()) for s in result.steps),
+        "accuracy": [[step, accuracy] for step, accuracy in result.accuracy],
+        "max_loss_error": max(errors) if errors else None,
+        "losses": [[s.step, s.loss, _finite(s.logged_loss)] for s in result.steps],
+    }
+    if args.json:
+        _print_json(summary)
+    else:
+        lines = [f"trained {summary['steps']} steps from the store in {result.seconds:.1f}s"]
+        if result.accuracy:
+            (s0, a0), (s1, a1) = result.accuracy[0], result.accuracy[-1]
+            lines.append(f"held-out accuracy {a0:.3f} (step {s0}) -> {a1:.3f} (step {s1})")
+        if errors:
+            lines.append(f"losses vs the logged ones: max relative error {max(errors):.2e}")
+        sys.stdout.write("".join(line + "\n" for line in lines))
+    if args.exact and (not errors or max(errors) > EXACT_TOLERANCE):
+        return EXIT_DATA
+    return EXIT_OK
+
+
 def _cmd_verify(args: argparse.Namespace) -> int:
     with _files_bar("verifying", _progress(args)) as progress:
         report = _store(args).verify(progress=progress)
@@ -496,6 +538,40 @@ def _parser() -> _Parser:
         )
 
     sub.add_parser("demo", help="run the end-to-end demo (see `maxent-arrow demo --help`)")
+
+    p = command(
+        "train",
+        "Train a policy from a demo run's stored rollouts through the replay sampler: offline "
+        "(default) or mixed with fresh generation (--replay-ratio), from the run's starting "
+        "checkpoint; --exact replays the run's own updates from its snapshots instead.",
+        run=False,
+    )
+    p.add_argument(
+        "--from-store",
+        required=True,
+        metavar="RUN",
+        help="the demo run directory (its store/ and snapshots/), or its store",
+    )
+    p.add_argument("--out", required=True, type=Path, help="a new or empty directory")
+    p.add_argument("--steps", type=int, default=None, help="updates (default: the run's)")
+    p.add_argument(
+        "--replay-ratio",
+        type=float,
+        default=1.0,
+        help="replayed share of each update's groups (1: offline; the rest generated fresh)",
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--eval-prompts", type=int, default=128, help="held-out prompts (0: none)")
+    p.add_argument("--eval-every", type=int, default=10, help="evaluate every N steps")
+    p.add_argument(
+        "--exact",
+        action="store_true",
+        help="replay the run's updates exactly (stored steps in order, staleness 0, weights "
+        "from its snapshots): exit 1 unless each loss equals the logged one",
+    )
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=_cmd_train)
 
     p = command("inspect", "Schema version, steps, ranks, rows, sizes and config of a run.")
     p.add_argument("--json", action="store_true", help="print JSON")

@@ -23,6 +23,7 @@ from maxent_arrow.analytics.summary import loss_label
 from maxent_arrow.errors import MissingExtraError
 
 __all__ = [
+    "plot_compare",
     "WIDTH_PX",
     "plot_advantages",
     "plot_eval",
@@ -292,3 +293,22 @@ def plot_advantages(hist: pa.Table, out: Path) -> Path | str:
     ax.set_xlabel("advantage", fontsize=11)
     ax.set_ylabel("completions", fontsize=11)
     return _save(fig, out / "advantages.png")
+
+
+def plot_compare(curves: dict[str, pa.Table], out: Path) -> Path | str:
+    """The eval reward curves of several runs on one plot, one colour per run, one line style
+    per reward function (``curves``: run label -> its ``reward_curve(kind="eval")``)."""
+    if not any(curve.num_rows for curve in curves.values()):
+        return "no run has eval steps"
+    fig, (ax,) = _figure("Eval reward per step of each run")
+    styles = ("-", "--", ":", "-.")
+    for i, (label, curve) in enumerate(curves.items()):
+        for j, reward in enumerate(_reward_names(curve)):
+            part = curve.filter(pc.equal(curve.column("reward"), reward))
+            ax.plot(_np(part, "step"), _np(part, "mean"), color=_colour(i), marker="o",
+                    linestyle=styles[j % len(styles)],
+                    label=f"{label}: {_label(reward)}")  # fmt: skip
+    ax.set_xlabel("step", fontsize=11)
+    ax.set_ylabel("mean eval reward", fontsize=11)
+    ax.legend(**_LEGEND)
+    return _save(fig, out / "compare.png")

@@ -68,6 +68,8 @@ class Report:
 
 
 CAPTIONS = {
+    "compare": "The eval reward of this run beside the runs it is compared with (e.g. a policy "
+    "trained offline from this run's stored rollouts), step by step.",
     "reward curve": "Mean reward per train step of each reward function and of the weighted "
     "total U, with the 5-95 % band over the step's completions.",
     "eval": "Mean reward of each function on the eval steps (solid) beside the same function "
@@ -118,6 +120,7 @@ def build_report(
     k: tuple[int, ...] = (1, 4),
     bins: int = 50,
     progress: bool = True,
+    compare: dict[str, Any] | None = None,
 ) -> Report:
     """Write the plots, ``index.html``, ``summary.md`` and ``summary.json`` into ``out``.
 
@@ -134,6 +137,8 @@ def build_report(
         Bins of the advantage histogram.
     progress
         A tqdm bar over the reading and plotting tasks.
+    compare
+        Other runs (label -> store) whose eval reward curves are plotted beside this run's.
     """
     ks = check_report_options(threshold=threshold, k=k, bins=bins)
     out = Path(out)
@@ -170,6 +175,17 @@ def build_report(
         )
     )
     report.run_summary.left_out = report.left_out
+    if compare:
+        curves = {"this run": tables.get("eval_reward", pa.table({}))}
+        for label, other in compare.items():
+            with RunAnalytics(other, progress=False) as run:
+                curves[label] = run.reward_curve(kind="eval")
+        if all("reward" in c.column_names for c in curves.values()):
+            result = F.plot_compare(curves, out)
+            if isinstance(result, Path):
+                report.plots["compare"] = result
+            else:
+                report.skipped["compare"] = result
     _write_pages(report, tables)
     return report
 

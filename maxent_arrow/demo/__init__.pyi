@@ -8,6 +8,13 @@ from .job import (
     run as run,
 )
 from .model import tiny_model as tiny_model
+from .offline import (
+    OfflineRun as OfflineRun,
+    eval_accuracy as eval_accuracy,
+    run_directory as run_directory,
+    train_offline as train_offline,
+    validation_context as validation_context,
+)
 from .prompts import load_prompts as load_prompts
 from .rewards import (
     accuracy_reward as accuracy_reward,

@@ -37,6 +37,7 @@ from transformers.utils import logging as hf_logging
 
 from maxent_arrow.analytics import build_report
 from maxent_arrow.demo.model import tiny_model
+from maxent_arrow.demo.offline import OfflineRun, train_offline, validation_context
 from maxent_arrow.demo.prompts import load_prompts
 from maxent_arrow.demo.rewards import accuracy_reward, format_reward
 from maxent_arrow.errors import StoreError
@@ -46,19 +47,12 @@ from maxent_arrow.train import (
     MaxEntTrainer,
     ReplayedStep,
     evaluate,
-    greedy_generator,
     replay_losses,
     should_evaluate,
     snapshot_loader,
     supervised_warm_start,
 )
-from maxent_arrow.types import (
-    EvaluationSettings,
-    GenerationSettings,
-    LoggingHandles,
-    RewardSpec,
-    ValidationContext,
-)
+from maxent_arrow.types import ValidationContext
 
 __all__ = ["RunFigures", "run_figures", "run_stages"]
 
@@ -191,34 +185,13 @@ def warm_start(args: argparse.Namespace, model: Any, tokenizer: Any) -> dict[str
 def _validation_context(args, trainer: MaxEntTrainer, store: RolloutStore) -> ValidationContext:
     """The seed's ``ValidationContext`` for greedy evaluation of held-out prompts; the
     results go to the store only (the closing lines read them back from there)."""
-    config = trainer.config
-    return ValidationContext(
-        evaluation=EvaluationSettings(
-            enabled=args.eval_prompts > 0,
-            rows=load_prompts("eval", limit=args.eval_prompts),
-            batch_size=64,
-            every_n_steps=args.eval_every,
-        ),
-        accelerator=trainer.accelerator,
-        model=trainer.policy,
-        tokenizer=trainer.tokenizer,
-        reward=RewardSpec(
-            [accuracy_reward, format_reward],
-            list(config.reward_weights),
-            list(config.reward_names),
-        ),
-        generator=greedy_generator(
-            trainer.policy,
-            trainer.tokenizer,
-            max_new_tokens=args.max_new_tokens,
-            max_prompt_len=config.max_prompt_len,
-        ),
-        logging=LoggingHandles(store=store),
-        generation=GenerationSettings(
-            max_prompt_len=config.max_prompt_len,
-            max_completion_len=args.max_new_tokens,
-            num_generations=args.k,
-        ),
+    return validation_context(
+        trainer,
+        store,
+        eval_prompts=args.eval_prompts,
+        eval_every=args.eval_every,
+        max_new_tokens=args.max_new_tokens,
+        k=args.k,
     )
 
 
@@ -267,6 +240,38 @@ def _replay(args, out: Path, store: RolloutStore) -> list[ReplayedStep]:
     return replayed
 
 
+def _offline_label(args: argparse.Namespace) -> str:
+    ratio = getattr(args, "replay_ratio", 1.0)
+    if ratio >= 1:
+        return "offline, from the stored rollouts"
+    return f"{100 * ratio:.0f}% replayed groups"
+
+
+def _offline(args: argparse.Namespace, out: Path) -> OfflineRun | None:
+    """A second policy trained from this run's stored rollouts (offline, or with a share of
+    replayed groups), from the same warm start, evaluated on the same held-out prompts."""
+    steps = getattr(args, "offline_steps", None)
+    steps = max(1, args.steps // 2) if steps is None else steps
+    if not steps:
+        return None
+    target, n = out / "offline", 1
+    while target.exists():  # a resumed run trains its second policy again, beside the first
+        n += 1
+        target = out / f"offline-{n}"
+    with _bar(args, steps, "from the store") as bar:
+        return train_offline(
+            out,
+            target,
+            steps=steps,
+            replay_ratio=getattr(args, "replay_ratio", 1.0),
+            seed=args.seed,
+            eval_prompts=args.eval_prompts,
+            eval_every=args.eval_every,
+            threads=args.threads,
+            on_step=lambda _: bar.update(1),
+        )
+
+
 def run_stages(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     """Warm start, train and evaluate, replay, report, into the run directory ``out``
     (which exists and is empty); returns what the closing lines print."""
@@ -311,10 +316,16 @@ def run_stages(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         started = time.perf_counter()
         replayed = _replay(args, out, store)
         timings["replay"] = time.perf_counter() - started
+        offline = _offline(args, out)
+        if offline is not None:
+            timings["offline"] = offline.seconds
         report = None
         if not args.no_report:
             started = time.perf_counter()
-            report = build_report(out / "store", out / "report", progress=not args.quiet)
+            compare = None if offline is None else {_offline_label(args): offline.store.root}
+            report = build_report(
+                out / "store", out / "report", progress=not args.quiet, compare=compare
+            )
             timings["report"] = time.perf_counter() - started
     finally:
         torch.set_num_threads(threads)
@@ -323,6 +334,7 @@ def run_stages(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         "config": config,
         "figures": run_figures(store),
         "replayed": replayed,
+        "offline": offline,
         "report": report,
         "timings": timings,
         "store": store,

@@ -16,9 +16,11 @@ from .trl import (
     trl_group_table as trl_group_table,
     trl_run_config as trl_run_config,
 )
+from .trl_replay import StoreFedGRPOTrainer as StoreFedGRPOTrainer, trl_inputs as trl_inputs
 from .verl import from_dataproto as from_dataproto, to_dataproto as to_dataproto
 from .verl_recorder import (
     RecordingRayPPOTrainer as RecordingRayPPOTrainer,
     VerlRolloutRecorder as VerlRolloutRecorder,
     verl_run_config as verl_run_config,
 )
+from .verl_replay import REPLAY_KEY as REPLAY_KEY, VerlFeeder as VerlFeeder

@@ -7,6 +7,12 @@ from .reader import GroupFileRead as GroupFileRead
 from .readonly import ReadOnlyStore as ReadOnlyStore
 from .repair import RepairReport as RepairReport
 from .replay import ReplayOptions as ReplayOptions
+from .sampler import (
+    ReplaySampler as ReplaySampler,
+    SampledBatch as SampledBatch,
+    SamplerOptions as SamplerOptions,
+    mix_counts as mix_counts,
+)
 from .sql import SqlViews as SqlViews
 from .store import RolloutStore as RolloutStore
 from .tail import TailEvent as TailEvent, watches as watches

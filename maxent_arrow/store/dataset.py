@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import warnings
 from collections.abc import Callable, Iterator
@@ -12,8 +13,8 @@ import torch.distributed
 import torch.utils.data
 
 from maxent_arrow.errors import ArgumentError
-from maxent_arrow.rollout import RolloutBatch
 from maxent_arrow.store.replay import check_shard
+from maxent_arrow.store.sampler import ReplaySampler, SamplerOptions
 from maxent_arrow.store.store import RolloutStore
 
 __all__ = ["ReplayDataset", "process_shard"]
@@ -56,6 +57,12 @@ class ReplayDataset(torch.utils.data.IterableDataset):
         and count, :func:`process_shard`); each data-loader worker takes its part of it.
     rank, world_size:
         Deprecated spelling of ``shard=(rank, world_size)``.
+    sampler:
+        Sample whole groups through the replay sampler
+        (:class:`~maxent_arrow.store.sampler.ReplaySampler`) with these options instead of
+        streaming the replay plan: each item is a
+        :class:`~maxent_arrow.store.sampler.SampledBatch`; the sampler's share is this
+        worker's (its options' ``shard`` is set per process and worker).
     **replay_kwargs:
         ``steps``, ``batch_groups``, ``shuffle``, ``seed``, ``kind``, ``columns``, ``source``.
     """
@@ -64,10 +71,11 @@ class ReplayDataset(torch.utils.data.IterableDataset):
         self,
         root: str | os.PathLike[str],
         *,
-        transform: Callable[[RolloutBatch], Any] | None = None,
+        transform: Callable[[Any], Any] | None = None,
         shard: tuple[int, int] | None = None,
         rank: int | None = None,
         world_size: int | None = None,
+        sampler: SamplerOptions | None = None,
         **replay_kwargs: Any,
     ):
         super().__init__()
@@ -85,6 +93,12 @@ class ReplayDataset(torch.utils.data.IterableDataset):
             shard = (rank, world_size or 1)
         self.shard = None if shard is None else check_shard(shard, where="ReplayDataset")
         self.replay_kwargs = replay_kwargs
+        if sampler is not None and (replay_kwargs or sampler.shard is not None):
+            raise ArgumentError(
+                "ReplayDataset: with sampler=, the options are the sampler's (and its shard "
+                "is set per process and worker)"
+            )
+        self.sampler = sampler
         for bad in ("shard", "rank", "world_size", "start"):
             if bad in replay_kwargs:
                 raise ArgumentError(
@@ -96,6 +110,12 @@ class ReplayDataset(torch.utils.data.IterableDataset):
         info = torch.utils.data.get_worker_info()
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
         store = RolloutStore(self.root)
+        if self.sampler is not None:
+            shard = (index * workers + worker, count * workers)
+            options = dataclasses.replace(self.sampler, shard=shard)
+            for sampled in ReplaySampler(store, options):
+                yield sampled if self.transform is None else self.transform(sampled)
+            return
         stream = store.replay(
             shard=(index * workers + worker, count * workers), **self.replay_kwargs
         )

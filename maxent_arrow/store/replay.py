@@ -35,7 +35,7 @@ from maxent_arrow.store.catalog import (
 from maxent_arrow.store.padding import strip_padding
 from maxent_arrow.store.reader import read_group_file
 
-__all__ = ["ReplayOptions", "check_shard", "replay"]
+__all__ = ["ReplayOptions", "check_shard", "load_unit_groups", "replay"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -232,6 +232,20 @@ def replay(
         items = items[o.shard[0] :: o.shard[1]]
     position = _position(o.start, fingerprint, len(items))
     return _iterate(catalog, units, items, position, fingerprint, o, on_error, crc)
+
+
+def load_unit_groups(
+    catalog: Catalog,
+    unit: Unit,
+    *,
+    columns: list[str] | None = None,
+    source: Literal["auto", "cache", "parquet"] = "auto",
+    crc: bool = True,
+) -> tuple[pa.RecordBatch, pa.RecordBatch]:
+    """The group rows and the step row of one committed ``unit``, read as :func:`replay`
+    reads them (the IPC cache where asked, checksums checked when ``crc``): the loader the
+    replay sampler (:mod:`maxent_arrow.store.sampler`) shares with the replay stream."""
+    return _load_unit(catalog, unit, ReplayOptions(columns=columns, source=source), crc)
 
 
 def _by_step(units: list[Unit], shuffle: bool, seed: int) -> list[list[Unit]]:

@@ -13,8 +13,10 @@ from .generation import (
 )
 from .offline import (
     ReplayedStep as ReplayedStep,
+    StoreStep as StoreStep,
     recompute_errors as recompute_errors,
     replay_losses as replay_losses,
+    train_from_store as train_from_store,
 )
 from .scoring import (
     TokenScores as TokenScores,

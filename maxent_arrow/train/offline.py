@@ -21,10 +21,11 @@ from maxent_arrow.compute import ClipSettings, evaluate_losses
 from maxent_arrow.errors import StoreError
 from maxent_arrow.ingest import build_score_batch
 from maxent_arrow.rollout import RolloutBatch, RunConfig, recompute
-from maxent_arrow.store import RolloutStore
+from maxent_arrow.store import ReplaySampler, RolloutStore
 from maxent_arrow.train.scoring import sequence_scores
+from maxent_arrow.train.trainer import MaxEntTrainer
 
-__all__ = ["ReplayedStep", "replay_losses", "recompute_errors"]
+__all__ = ["ReplayedStep", "StoreStep", "recompute_errors", "replay_losses", "train_from_store"]
 
 
 @dataclass(frozen=True)
@@ -128,3 +129,84 @@ def replay_losses(
             recompute_errors=errors,
             num_samples=batch.num_samples,
         )
+
+
+@dataclass(frozen=True)
+class StoreStep:
+    """One update of a trainer fed from the store: the loss it optimised, the loss the run
+    logged for the same groups (when the batch is one whole stored step, else NaN), and what
+    the sampler gave and dropped."""
+
+    step: int
+    loss: float
+    logged_loss: float
+    stored_steps: tuple[int, ...]
+    num_groups: int
+    num_samples: int
+    staleness: float  # mean of current version minus the groups' versions
+    dropped: dict[str, int]
+
+    @property
+    def loss_error(self) -> float:
+        """Relative difference of the optimised loss to the logged one (NaN: none logged)."""
+        return abs(self.loss - self.logged_loss) / max(abs(self.logged_loss), 1e-12)
+
+
+def train_from_store(
+    trainer: MaxEntTrainer,
+    sampler: ReplaySampler,
+    *,
+    steps: int | None = None,
+    start: int = 0,
+    load_policy: Callable[[Any, int], None] | None = None,
+    on_step: Callable[[StoreStep], None] | None = None,
+) -> list[StoreStep]:
+    """Train ``trainer`` offline on the batches of ``sampler`` (``maxent-arrow train
+    --from-store``): one :meth:`~MaxEntTrainer.step_from_store` per batch, trainer steps
+    ``start, start + 1, ...``, each batch asked for at policy version = the trainer step (the
+    sampler's staleness window counts from it), until ``steps`` updates or the sampler ends.
+
+    ``load_policy(model, stored_step)``: before each update, load into the policy the weights
+    that produced the batch's stored step (the run's snapshots): the exact replay of the run,
+    where each update's loss is the loss the run logged (staleness 0, whole-step batches).
+    """
+    done: list[StoreStep] = []
+    step = start
+    while steps is None or step < start + steps:
+        sampled = sampler.sample(current_version=step, step=step)
+        if sampled is None:
+            break
+        if sampled.num_groups == 0:  # every group of this draw was dropped
+            continue
+        stored = tuple(sorted(set(sampled.groups.column("step").to_pylist())))
+        if load_policy is not None:
+            if len(stored) != 1:
+                raise StoreError(
+                    "train_from_store: load_policy needs whole-step batches (batch_groups=None)"
+                )
+            load_policy(trainer.policy, stored[0])
+        loss, _ = trainer.step_from_store(step, sampled)
+        logged = math.nan
+        scalars = sampled.rollout_batch().loss_scalars
+        whole = len(stored) == 1 and sampled.num_groups == _stored_groups(sampler, stored[0])
+        if whole and scalars is not None:
+            logged = float(scalars.total_loss)
+        record = StoreStep(
+            step=step,
+            loss=float(loss.loss.detach()),
+            logged_loss=logged,
+            stored_steps=stored,
+            num_groups=sampled.num_groups,
+            num_samples=sampled.num_samples,
+            staleness=float((step - sampled.versions).mean()),
+            dropped=dict(sampled.dropped),
+        )
+        done.append(record)
+        if on_step is not None:
+            on_step(record)
+        step += 1
+    return done
+
+
+def _stored_groups(sampler: ReplaySampler, step: int) -> int:
+    return int((sampler.index.step == step).sum())

@@ -39,9 +39,10 @@ from maxent_arrow.compute import (
     length_stats,
     maxent_weights,
 )
+from maxent_arrow.errors import StoreError
 from maxent_arrow.ingest import build_score_batch, tokenizer_identity
 from maxent_arrow.rollout import METRICS_KEY, RolloutBatch, RunConfig, trainer_metrics_table
-from maxent_arrow.store import RolloutStore
+from maxent_arrow.store import RolloutStore, SampledBatch
 from maxent_arrow.store.attempts import IfExists
 from maxent_arrow.train.generation import Rollouts, sample_groups
 from maxent_arrow.train.scoring import reference_logprobs, sequence_scores
@@ -153,11 +154,18 @@ class MaxEntTrainer:
         save_model(self.policy, str(path))
         return path
 
-    def step(self, step: int, rows: Sequence[dict[str, str]]) -> RolloutBatch:
+    def step(
+        self, step: int, rows: Sequence[dict[str, str]], *, replayed: SampledBatch | None = None
+    ) -> RolloutBatch:
         """Run one training step on ``rows`` (``{"prompt", "answer"}``) and append it.
 
         The stages of ``docs/formulas.md`` §4.1: generate, rewards, score batch, reference,
         snapshot, policy scores, weights, loss and update, append.
+
+        ``replayed``: stored groups (from the replay sampler) mixed into this update: the
+        optimised loss is the group-weighted mean of the fresh groups' loss and their
+        :meth:`replay_loss`, one backward pass. The appended step holds the fresh groups and
+        their own loss; the ``trainer_metrics`` record has the mixed loss.
         """
         cfg = self.config
         rollouts = self.generate(step, rows)
@@ -187,7 +195,16 @@ class MaxEntTrainer:
             temperature=cfg.gen_temperature,
         )
         weights = self.weights(rewards, reference)
-        loss, diagnostics = self.update(scores, reference, weights)
+        loss, diagnostics = self.losses(scores, reference, weights)
+        optimised, total = loss.loss, None
+        if replayed is not None and replayed.num_groups:
+            fresh = len(rows)
+            replay_loss, _ = self.replay_loss(replayed)
+            optimised = (fresh * loss.loss + replayed.num_groups * replay_loss.loss) / (
+                fresh + replayed.num_groups
+            )
+            total = float(optimised.detach())
+        self.apply(optimised)
         batch = RolloutBatch.from_parts(
             step,
             generation=rollouts.generation,
@@ -206,10 +223,63 @@ class MaxEntTrainer:
             behavior_token_logp=rollouts.behavior_token_logp,
         )
         self.store.append(batch)
-        self.record_metrics(step, loss, diagnostics)
+        self.record_metrics(step, loss, diagnostics, total=total)
         return batch
 
-    def record_metrics(self, step: int, loss: LossOutputs, diagnostics: BatchDiagnostics) -> None:
+    def replay_loss(self, sampled: SampledBatch) -> tuple[LossOutputs, BatchDiagnostics]:
+        """The MaxEnt loss of stored groups (a :class:`~maxent_arrow.store.SampledBatch` of the
+        replay sampler) under the current policy, with gradients: the stored token ids
+        re-scored, the stored reference log-probs and MaxEnt weights (they depend on the
+        rewards and the reference only, not on the policy that sampled), the stored behaviour
+        log-probs as the old ones. At staleness 0 with the step's weights it is the loss the
+        online step logged."""
+        cfg = self.config
+        batch = sampled.rollout_batch()
+        reference = batch.reference_logprobs
+        weights = batch.ragged("weights")
+        if reference is None or weights is None:
+            raise StoreError(
+                f"replay_loss: the stored groups of step {sampled.step} have no reference "
+                "log-probs or MaxEnt weights (not a MaxEnt run's store?)"
+            )
+        score_batch = build_score_batch(
+            batch,
+            pad_token_id=self.tokenizer.pad_token_id,
+            max_prompt_len=cfg.max_prompt_len,
+            slice_size=0,
+            eos_token_id=self.tokenizer.eos_token_id,
+            max_completion_len=cfg.max_completion_len,
+            accelerator=self.accelerator,
+        )
+        scores = sequence_scores(
+            self.model,
+            score_batch,
+            reference,
+            behavior_token_logp=batch.ragged("behavior_token_logp"),
+            temperature=cfg.gen_temperature,
+        )
+        return self.losses(scores, reference, weights)
+
+    def step_from_store(
+        self, step: int, sampled: SampledBatch
+    ) -> tuple[LossOutputs, BatchDiagnostics]:
+        """One update on stored groups alone (offline training): the snapshot of the weights
+        it starts from, :meth:`replay_loss`, one optimizer step, the ``trainer_metrics``
+        record. Nothing is appended to the rollout tables (the groups are stored already)."""
+        self.save_snapshot(step)
+        loss, diagnostics = self.replay_loss(sampled)
+        self.apply(loss.loss)
+        self.record_metrics(step, loss, diagnostics)
+        return loss, diagnostics
+
+    def record_metrics(
+        self,
+        step: int,
+        loss: LossOutputs,
+        diagnostics: BatchDiagnostics,
+        *,
+        total: float | None = None,
+    ) -> None:
         """The step's ``trainer_metrics`` record (``docs/arrow-layout.md``), as TRL's recorder
         writes one from TRL's log: optimizer step ``step + 1`` (the update just made), trained
         on the rollout step ``step``, one step and one batch averaged; the loss terms and the
@@ -233,7 +303,7 @@ class MaxEntTrainer:
             "averaged_steps": 1,
             "loss_batches": 1,
             "rounds": 1,
-            "loss": float(loss.scalars.total_loss),
+            "loss": float(loss.scalars.total_loss) if total is None else total,
             "grad_norm": self.last_grad_norm,
             "learning_rate": float(self.optimizer.param_groups[0]["lr"]),
             "kl": diagnostics.kl_value,
@@ -280,8 +350,16 @@ class MaxEntTrainer:
         self, scores: SequenceScores, reference: ReferenceLogprobs, weights: Ragged
     ) -> tuple[LossOutputs, BatchDiagnostics]:
         """The MaxEnt loss and diagnostics (§3.9-3.10), then one optimizer step."""
+        loss, diagnostics = self.losses(scores, reference, weights)
+        self.apply(loss.loss)
+        return loss, diagnostics
+
+    def losses(
+        self, scores: SequenceScores, reference: ReferenceLogprobs, weights: Ragged
+    ) -> tuple[LossOutputs, BatchDiagnostics]:
+        """The MaxEnt loss and diagnostics (§3.9-3.10) of scored samples, no update."""
         cfg = self.config
-        loss, diagnostics = evaluate_losses(
+        return evaluate_losses(
             scores,
             reference,
             weights,
@@ -291,12 +369,14 @@ class MaxEntTrainer:
             max_completion_len=cfg.max_completion_len,
             len_norm_ref=cfg.len_norm_ref,
         )
-        self.accelerator.backward(loss.loss)
+
+    def apply(self, loss: torch.Tensor) -> None:
+        """Backward pass of ``loss`` and one optimizer step (the gradient norm kept)."""
+        self.accelerator.backward(loss)
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
         self.last_grad_norm = float(torch.nn.utils.get_total_norm(grads)) if grads else None
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return loss, diagnostics
 
     def weights(self, rewards: RewardComputation, reference: ReferenceLogprobs) -> Ragged:
         """MaxEnt weights from the step's q and the reference term (§3.6).

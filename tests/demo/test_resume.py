@@ -67,7 +67,8 @@ def test_a_killed_demo_resumes_from_its_last_snapshot(tmp_path):
     assert "recomputed losses equal the logged ones" in stdout
     store = RolloutStore(store_dir)
     assert store.steps(kind="train") == list(range(6))  # each step once, effective
-    attempts = store.attempts()
+    # The trainer's attempts (the second policy's replay sampler records as a role of its own).
+    attempts = [a for a in store.attempts() if a["role"] == "trainer"]
     assert [a["mode"] for a in attempts] == ["error", "resume"]
     assert attempts[1]["resume_from"] == resumed_at
     superseded = RolloutStore(store_dir, attempts="superseded").steps(kind="train")

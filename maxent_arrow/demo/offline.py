@@ -1,0 +1,252 @@
+"""A second policy trained from a demo run's stored rollouts (``maxent-arrow train
+--from-store RUN``, and the demo's offline stage).
+
+The policy starts from the run's first snapshot (the warm-started model the online run began
+from), with the same reference and settings (the run's stored config), and takes its groups
+from the run's store through the replay sampler (:class:`~maxent_arrow.store.ReplaySampler`):
+all of them replayed (offline), or mixed with fresh generation at ``replay_ratio``. It writes a
+store of its own (its trainer figures, its eval steps and, when mixed, its fresh steps); the
+sampler records each consumption and drop in the source store's ``lifecycle``.
+
+``exact=True`` is the exact replay of the run instead: whole stored steps in order, staleness
+window 0, the weights of each step loaded from the run's snapshots before its update; each
+update's loss is then the one the run logged.
+
+This module imports torch and transformers (the command line loads it when it runs).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_model
+from transformers import ByT5Tokenizer
+from transformers.utils import logging as hf_logging
+
+from maxent_arrow.demo.model import tiny_model
+from maxent_arrow.demo.prompts import load_prompts
+from maxent_arrow.demo.rewards import accuracy_reward, format_reward
+from maxent_arrow.errors import ArgumentError, StoreError
+from maxent_arrow.rollout import RunConfig
+from maxent_arrow.store import ReplaySampler, RolloutStore, mix_counts
+from maxent_arrow.train import (
+    MaxEntTrainer,
+    StoreStep,
+    evaluate,
+    greedy_generator,
+    should_evaluate,
+    snapshot_path,
+    train_from_store,
+)
+from maxent_arrow.types import (
+    EvaluationSettings,
+    GenerationSettings,
+    LoggingHandles,
+    RewardSpec,
+    ValidationContext,
+)
+
+__all__ = ["OfflineRun", "eval_accuracy", "run_directory", "train_offline", "validation_context"]
+
+
+@dataclass(frozen=True)
+class OfflineRun:
+    """What :func:`train_offline` did: its store, the updates fed from the source store, the
+    held-out accuracy per eval step ``(step, accuracy)``, and the seconds it took."""
+
+    store: RolloutStore
+    steps: list[StoreStep]
+    accuracy: list[tuple[int, float]]
+    seconds: float
+
+
+def validation_context(
+    trainer: MaxEntTrainer,
+    store: RolloutStore,
+    *,
+    eval_prompts: int,
+    eval_every: int,
+    max_new_tokens: int,
+    k: int,
+) -> ValidationContext:
+    """The seed's ``ValidationContext`` for greedy evaluation of the held-out prompts; the
+    results go to ``store`` only."""
+    config = trainer.config
+    return ValidationContext(
+        evaluation=EvaluationSettings(
+            enabled=eval_prompts > 0,
+            rows=load_prompts("eval", limit=eval_prompts),
+            batch_size=64,
+            every_n_steps=eval_every,
+        ),
+        accelerator=trainer.accelerator,
+        model=trainer.policy,
+        tokenizer=trainer.tokenizer,
+        reward=RewardSpec(
+            [accuracy_reward, format_reward],
+            list(config.reward_weights),
+            list(config.reward_names),
+        ),
+        generator=greedy_generator(
+            trainer.policy,
+            trainer.tokenizer,
+            max_new_tokens=max_new_tokens,
+            max_prompt_len=config.max_prompt_len,
+        ),
+        logging=LoggingHandles(store=store),
+        generation=GenerationSettings(
+            max_prompt_len=config.max_prompt_len,
+            max_completion_len=max_new_tokens,
+            num_generations=k,
+        ),
+    )
+
+
+def eval_accuracy(store: RolloutStore) -> list[tuple[int, float]]:
+    """Mean held-out accuracy per eval step, by SQL over the store's ``samples`` view."""
+    rows = store.sql(
+        "SELECT step, avg(reward_accuracy) AS accuracy FROM samples WHERE kind = 'eval' "
+        "GROUP BY step ORDER BY step"
+    ).to_pylist()
+    return [(int(r["step"]), float(r["accuracy"])) for r in rows]
+
+
+def run_directory(path: str | Path) -> Path:
+    """The demo run directory of ``path``: the directory itself, or the one holding it when
+    ``path`` is the run's store; it must have ``store/`` and ``snapshots/``."""
+    path = Path(path)
+    if (path / "manifest.json").is_file() and not (path / "store").is_dir():
+        path = path.parent
+    if not (path / "store" / "manifest.json").is_file() or not (path / "snapshots").is_dir():
+        raise StoreError(
+            f"{path}: not a demo run directory (a store/ with policy snapshots/ beside it)"
+        )
+    return path
+
+
+def train_offline(
+    run_dir: Path,
+    out: Path,
+    *,
+    steps: int | None = None,
+    replay_ratio: float = 1.0,
+    seed: int = 0,
+    eval_prompts: int = 128,
+    eval_every: int = 10,
+    exact: bool = False,
+    threads: int = 1,
+    on_step: Any = None,
+) -> OfflineRun:
+    """Train a second policy from the demo run in ``run_dir`` (its ``store/`` and
+    ``snapshots/``) into ``out`` (new or empty; its store goes to ``out/store``).
+
+    ``steps``: updates (default: as many as the run has train steps). ``replay_ratio``: the
+    replayed share of each update's groups (1: offline; below 1 the rest is generated fresh
+    from the RL prompts). ``exact``: the exact replay of the run (module docstring).
+    """
+    if not 0.0 < replay_ratio <= 1.0:
+        raise ArgumentError(f"train: --replay-ratio must be in (0, 1], got {replay_ratio}")
+    if exact and replay_ratio != 1.0:
+        raise ArgumentError("train: --exact replays the stored steps alone (no --replay-ratio)")
+    first = snapshot_path(run_dir, 0)
+    if not first.is_file():
+        raise StoreError(f"{run_dir}: no policy snapshot of step 0 (not a demo run directory?)")
+    hf_logging.set_verbosity_error()
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return _train(run_dir, out, steps, replay_ratio, seed, eval_prompts, eval_every, exact,
+                      on_step)  # fmt: skip
+    finally:
+        torch.set_num_threads(before)
+
+
+def _train(run_dir, out, steps, replay_ratio, seed, eval_prompts, eval_every, exact, on_step):
+    started = time.perf_counter()
+    # The sampler writes its lifecycle records into the run's store as a role of its own (a
+    # consumer of the stored groups, not a re-run of the trainer that wrote them).
+    source = RolloutStore(run_dir / "store", role="sampler")
+    config = RunConfig.from_dict(source.config)
+    stored_steps = source.steps(kind="train")
+    if not stored_steps:
+        raise StoreError(f"{source.uri}: no train steps to train from")
+    total = len(stored_steps) if steps is None else steps
+    torch.manual_seed(seed)
+    model = tiny_model(config.seed)
+    load_model(model, str(snapshot_path(run_dir, 0)))  # the run's starting checkpoint
+    store = RolloutStore.create(out / "store", config=config.to_dict(), if_exists="error")
+    trainer = MaxEntTrainer(
+        model,
+        ByT5Tokenizer(),
+        store,
+        config=config,
+        reward_funcs=[accuracy_reward, format_reward],
+        run_dir=out if exact else None,
+    )
+    store = trainer.store
+    ctx = validation_context(
+        trainer,
+        store,
+        eval_prompts=0 if exact else eval_prompts,
+        eval_every=eval_every,
+        max_new_tokens=config.max_completion_len,
+        k=config.num_generations,
+    )
+    groups = config.prompts_per_step
+    fresh, replayed = mix_counts(groups, replay_ratio)
+    if exact:
+        sampler = ReplaySampler(source, sampling="sequential", max_staleness=0, epochs=1)
+    else:
+        # Groups with no reward spread carry no signal: dropped (and recorded as such).
+        sampler = ReplaySampler(
+            source, batch_groups=replayed, seed=seed, epochs=None, drop_zero_std=True
+        )
+    rows = load_prompts("train")
+    random.Random(seed + 1).shuffle(rows)
+    done: list[StoreStep] = []
+
+    def load(policy: Any, step: int) -> None:
+        load_model(policy, str(snapshot_path(run_dir, step)))
+
+    for step in range(total):
+        if should_evaluate(ctx, step):
+            evaluate(ctx, step=step)
+        if fresh == 0:
+            got = train_from_store(
+                trainer, sampler, steps=1, start=step, load_policy=load if exact else None
+            )
+            if not got:
+                break
+            done.extend(got)
+        else:
+            sampled = sampler.sample(current_version=step, step=step)
+            chunk = [rows[(step * fresh + i) % len(rows)] for i in range(fresh)]
+            batch = trainer.step(step, chunk, replayed=sampled)
+            done.append(
+                StoreStep(
+                    step=step,
+                    loss=float(trainer.metrics_records[-1]["loss"]),
+                    logged_loss=float("nan"),
+                    stored_steps=tuple(
+                        sorted(set(sampled.groups.column("step").to_pylist()))
+                        if sampled is not None
+                        else ()
+                    ),
+                    num_groups=batch.num_groups + (sampled.num_groups if sampled else 0),
+                    num_samples=batch.num_samples + (sampled.num_samples if sampled else 0),
+                    staleness=float((step - sampled.versions).mean()) if sampled else 0.0,
+                    dropped=dict(sampled.dropped) if sampled else {},
+                )
+            )
+        if on_step is not None:
+            on_step(done[-1])
+    if ctx.evaluation.enabled:
+        evaluate(ctx, step=len(done))
+    store.checkpoint()
+    accuracy = eval_accuracy(store) if ctx.evaluation.enabled else []
+    return OfflineRun(store, done, accuracy, time.perf_counter() - started)

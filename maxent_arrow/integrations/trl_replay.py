@@ -1,0 +1,187 @@
+"""A ``trl.GRPOTrainer`` that takes its generation batches from a rollout store.
+
+:class:`StoreFedGRPOTrainer` replaces what ``GRPOTrainer._generate_and_score_completions``
+returns in training with stored groups drawn by the replay sampler
+(:class:`~maxent_arrow.store.ReplaySampler`): all of the batch (``replay_ratio=1``, no
+generation), or a share of it beside freshly generated groups (``0 < replay_ratio < 1``: TRL
+generates and scores the first prompts of its batch as usual, the rest are replayed). TRL's own
+loss then runs on it unchanged (``_compute_loss``: its ``loss_type``, clipping, β-KL to the
+stored reference log-probs, its importance ratio against ``old_per_token_logps``).
+
+What a stored group gives TRL (the columns the TRL recorder writes, :mod:`.trl`): the exact
+prompt and completion tokens, re-padded as TRL pads them (prompts on the left, completions on
+the right with the pad token, masks from the lengths), TRL's advantages, the reference
+log-probs (``ref_token_logp``) when β > 0, and the behaviour log-probs
+(``behavior_token_logp``, TRL's ``old_per_token_logps``) as the old policy's when stored: the
+denominator of TRL's ratio for a replayed, older group. A stored step at staleness 0, given to
+the trainer restored from that step's checkpoint, gives back the loss TRL logged for it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from maxent_arrow.errors import ArgumentError, MissingExtraError, StoreError
+from maxent_arrow.store import (
+    ReadOnlyStore,
+    ReplaySampler,
+    SampledBatch,
+    SamplerOptions,
+    mix_counts,
+)
+
+try:
+    from trl import GRPOTrainer  # pyright: ignore[reportPrivateImportUsage] - trl's lazy module
+except ImportError:  # pragma: no cover - the extra is installed where this module is used
+    raise MissingExtraError("trl", "trl") from None
+
+__all__ = ["StoreFedGRPOTrainer", "trl_inputs"]
+
+
+def trl_inputs(
+    sampled: SampledBatch,
+    *,
+    pad_token_id: int,
+    device: torch.device | str = "cpu",
+    ref: bool = True,
+    old: bool = True,
+) -> dict[str, Any]:
+    """The dict ``GRPOTrainer._generate_and_score_completions`` returns, from stored groups:
+    ``prompt_ids``/``prompt_mask`` (left-padded, one row per completion),
+    ``completion_ids``/``completion_mask`` (right-padded with ``pad_token_id``),
+    ``advantages``, ``num_items_in_batch`` and, when stored and asked, ``ref_per_token_logps``
+    and ``old_per_token_logps`` (right-padded with 0, TRL's widths)."""
+    batch = sampled.rollout_batch()
+    completions = batch.ragged("completion_ids")
+    prompts = batch.ragged("prompt_ids")
+    advantages = batch.ragged("advantages")
+    if completions is None or prompts is None or advantages is None:
+        raise StoreError(
+            f"trl_inputs: stored groups of step {sampled.step} lack prompt_ids, "
+            "completion_ids or advantages (not a TRL run's store?)"
+        )
+    per_group = torch.from_numpy(batch.group_offsets).diff()
+    rows = torch.repeat_interleave(torch.arange(len(per_group)), per_group)
+    prompt_ids, prompt_mask = prompts.to_padded(pad_token_id, side="left")
+    completion_ids, completion_mask = completions.to_padded(pad_token_id)
+    out: dict[str, Any] = {
+        "prompt_ids": prompt_ids[rows].long(),
+        "prompt_mask": prompt_mask[rows].long(),
+        "completion_ids": completion_ids.long(),
+        "completion_mask": completion_mask.long(),
+        "advantages": advantages.values.float(),
+        "num_items_in_batch": completion_mask.sum(),
+    }
+    width = completion_ids.shape[1]
+    for name, key, wanted in (
+        ("ref_token_logp", "ref_per_token_logps", ref),
+        ("behavior_token_logp", "old_per_token_logps", old),
+    ):
+        stored = batch.ragged(name) if wanted else None
+        if stored is not None:
+            padded, _ = stored.to_padded(0.0, max_len=width)
+            out[key] = padded.float()
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in out.items()}
+
+
+def _concat(fresh: dict[str, Any], stored: dict[str, Any], pad_token_id: int) -> dict[str, Any]:
+    """TRL's generation output of fresh groups and of stored ones, as one batch (prompts
+    re-padded on the left, completions on the right, to the wider of the two)."""
+    out: dict[str, Any] = {}
+    for key in fresh.keys() & stored.keys():
+        a, b = fresh[key], stored[key]
+        if key == "num_items_in_batch":
+            out[key] = a + b
+        elif not isinstance(a, torch.Tensor) or a.dim() == 1:
+            out[key] = torch.cat([a, b.to(a.device)])
+        else:
+            width = max(a.shape[1], b.shape[1])
+            left = key.startswith("prompt")
+            pad = pad_token_id if key.endswith("_ids") else 0
+            parts = []
+            for t in (a, b.to(a.device)):
+                fill = t.new_full((t.shape[0], width - t.shape[1]), pad)
+                parts.append(torch.cat([fill, t] if left else [t, fill], dim=1))
+            out[key] = torch.cat(parts)
+    return out
+
+
+class StoreFedGRPOTrainer(GRPOTrainer):
+    """A ``GRPOTrainer`` whose training generation batches come from ``replay_store``.
+
+    Parameters
+    ----------
+    replay_store:
+        The store of a recorded TRL run (a writable ``RolloutStore`` with ``record=True`` in
+        the options: consumption and drops go to its ``lifecycle``).
+    replay_options:
+        The sampler's options (default: stored steps whole, in order, not recorded);
+        ``batch_groups`` defaults to the groups of TRL's generation batch times the replayed
+        share.
+    replay_ratio:
+        The replayed share of each generation batch (1: all replayed).
+    use_behavior_logps:
+        Give TRL the stored behaviour log-probs as ``old_per_token_logps`` (its ratio's
+        denominator); without them TRL's ratio is 1 (on-policy).
+    **kwargs:
+        ``GRPOTrainer``'s.
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        replay_store: ReadOnlyStore,
+        replay_options: SamplerOptions | None = None,
+        replay_ratio: float = 1.0,
+        use_behavior_logps: bool = True,
+        **kwargs: Any,
+    ):
+        super().__init__(*args, **kwargs)
+        trl_args: Any = self.args
+        per_batch = trl_args.per_device_train_batch_size * trl_args.steps_per_generation
+        self.group_size = int(trl_args.num_generations)
+        groups, rest = divmod(per_batch, self.group_size)
+        if rest:
+            raise ArgumentError(
+                "StoreFedGRPOTrainer: a generation batch must hold whole groups "
+                f"({per_batch} completions, num_generations={self.group_size})"
+            )
+        self.fresh_groups, replayed = mix_counts(groups, replay_ratio)
+        if replayed == 0:
+            raise ArgumentError(f"StoreFedGRPOTrainer: replay_ratio {replay_ratio} replays nothing")
+        if replay_options is None:
+            replay_options = SamplerOptions(
+                batch_groups=None if self.fresh_groups == 0 else replayed,
+                sampling="sequential",
+                record=False,
+            )
+        self.replay_sampler = ReplaySampler(replay_store, replay_options)
+        self.use_behavior_logps = use_behavior_logps
+        self.last_replayed: SampledBatch | None = None
+
+    def _generate_and_score_completions(self, inputs: Any) -> dict[str, Any]:
+        model: Any = self.model
+        if not model.training:  # evaluation generates, as TRL does
+            return super()._generate_and_score_completions(inputs)
+        step = int(self.state.global_step)
+        sampled = self.replay_sampler.sample(current_version=step, step=step)
+        if sampled is None:
+            raise StoreError("StoreFedGRPOTrainer: the replay sampler has no more groups")
+        self.last_replayed = sampled
+        processor: Any = self.processing_class
+        pad = int(getattr(processor, "tokenizer", processor).pad_token_id)
+        stored = trl_inputs(
+            sampled,
+            pad_token_id=pad,
+            device=self.accelerator.device,
+            ref=self.beta != 0.0,
+            old=self.use_behavior_logps,
+        )
+        if self.fresh_groups == 0:
+            return stored
+        fresh = super()._generate_and_score_completions(
+            inputs[: self.fresh_groups * self.group_size]
+        )
+        return _concat(fresh, stored, pad)

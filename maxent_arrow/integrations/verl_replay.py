@@ -1,0 +1,83 @@
+"""A verl feeder: stored verl steps handed back to verl as ``DataProto`` batches, through the
+replay sampler.
+
+Each stored step a verl run recorded (:func:`~maxent_arrow.integrations.verl.from_dataproto`)
+comes back through :func:`~maxent_arrow.integrations.verl.to_dataproto` as the ``DataProto``
+verl held (token ids, masks, position ids, old, reference and rollout log-probs, rewards,
+advantages, every non-tensor column), in the sampler's order: sequential, uniform or
+prioritised over whole steps, within a staleness window, deterministic for a seed, resumable
+(``state_dict()``), sharded across consumers, with every consumption and drop in the store's
+``lifecycle``. verl's own loss functions (``verl.trainer.ppo.core_algos``) then run on it as on
+a fresh rollout. A step's ``meta_info["maxent_arrow_replay"]`` says which stored step it is and
+the policy version that generated it.
+
+Whole steps only: a verl batch is the ``DataProto`` of one step, whose layout (its row order,
+its padded widths) the store keeps per step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from maxent_arrow.errors import ArgumentError
+from maxent_arrow.integrations.verl import to_dataproto
+from maxent_arrow.store import ReadOnlyStore, ReplaySampler, SampledBatch, SamplerOptions
+
+__all__ = ["REPLAY_KEY", "VerlFeeder"]
+
+REPLAY_KEY = "maxent_arrow_replay"  # meta_info: where a fed batch came from
+
+
+class VerlFeeder:
+    """Stored verl steps of ``store`` as ``DataProto`` batches (module docstring).
+
+    ``options`` (or keywords) are the :class:`~maxent_arrow.store.SamplerOptions` of the
+    sampler underneath, with ``batch_groups=None`` (whole steps).
+    """
+
+    def __init__(self, store: ReadOnlyStore, options: SamplerOptions | None = None, **kwargs: Any):
+        if options is None:
+            options = SamplerOptions(**kwargs)
+        elif kwargs:
+            raise ArgumentError("VerlFeeder: pass a SamplerOptions or keywords, not both")
+        if options.batch_groups is not None:
+            raise ArgumentError(
+                "VerlFeeder: a verl batch is one whole stored step (batch_groups=None), got "
+                f"batch_groups={options.batch_groups}"
+            )
+        if options.drop_zero_std:
+            raise ArgumentError(
+                "VerlFeeder: drop_zero_std would cut groups out of a step's DataProto; verl "
+                "filters groups itself (algorithm.filter_groups)"
+            )
+        self.sampler = ReplaySampler(store, options)
+        self.last: SampledBatch | None = None
+
+    def next(self, *, current_version: int | None = None, step: int | None = None) -> Any:
+        """The next stored step as a ``DataProto`` (``None`` at the end of the stream);
+        ``current_version`` and ``step`` as for :meth:`ReplaySampler.sample`."""
+        sample = self.sampler.sample
+        while (sampled := sample(current_version=current_version, step=step)) is not None:
+            if sampled.num_groups:  # not a draw whose step was dropped as stale
+                break
+        if sampled is None:
+            return None
+        self.last = sampled
+        data = to_dataproto(sampled.rollout_batch())
+        data.meta_info[REPLAY_KEY] = {
+            "step": int(sampled.groups.column("step")[0].as_py()),
+            "policy_version": int(sampled.versions.min()),
+            "trainer_step": sampled.step,
+        }
+        return data
+
+    def __iter__(self) -> Iterator[Any]:
+        while (data := self.next()) is not None:
+            yield data
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.sampler.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any] | str) -> None:
+        self.sampler.load_state_dict(state)
