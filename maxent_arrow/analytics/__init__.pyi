@@ -2,6 +2,7 @@
 # checkers read their types (docs/architecture.md §4).
 
 from .export import export_hf as export_hf, export_ipc as export_ipc
+from .links import DEFAULT_VIEW_PORT as DEFAULT_VIEW_PORT, DEFAULT_VIEW_URL as DEFAULT_VIEW_URL
 from .queries import ReadyMadeQueries as ReadyMadeQueries
 from .relations import RunRelations as RunRelations
 from .report import Report as Report, build_report as build_report

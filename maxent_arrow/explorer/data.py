@@ -1,0 +1,483 @@
+"""What each page of the explorer shows, read from the store as it is asked for.
+
+Every read goes through :class:`~maxent_arrow.store.ReadOnlyStore`'s checked reads
+(``read_steps``, ``read`` with ``steps``, ``kind``, ``ranks`` and ``columns``, ``units``,
+``attempts``, ``read_records``): a page reads the step table, or the rows of one step, or one
+group row, and only the columns it shows. Nothing here writes, and no path comes from a
+request: steps, ranks and group indices are integers, kinds are matched against the store's.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from maxent_arrow.arrow import registry as R
+from maxent_arrow.errors import ArgumentError
+from maxent_arrow.store import ReadOnlyStore
+
+__all__ = ["GroupRow", "RunData", "StepGroups", "completion_stats", "nan_mean"]
+
+History = Literal["effective", "all", "superseded"]
+HISTORIES: tuple[History, ...] = ("effective", "all", "superseded")
+
+# What a step's table needs of each group row (no token columns, no prompt ids).
+_SCORES = ("total_utils", "advantages", "reward_values")
+_NAMES = ("reward_names", "completion_info", "group_id")
+_TEXT = ("prompt", "prompt_messages", "example_id")
+# What a group's page adds.
+_GROUP_EXTRA = ("completions", "completion_messages", "answer")
+_MAXENT = ("q", "weights", "ref_tok_counts")
+# The step curves of the overview: (column of the step table, label).
+_CURVES = (
+    ("reward_mean", "reward (mean U)"),
+    ("mean_length", "completion length (tokens)"),
+    ("kl_value", "KL"),
+    ("total_loss", "loss"),
+)
+# The trainer's own figures (the trainer_metrics record table), when the step table lacks one.
+_METRIC_CURVES = (("kl", "KL (trainer)"), ("loss", "loss (trainer)"))
+# Per-token series of the tokens page: label, how it is made.
+TOKEN_SERIES: tuple[tuple[str, str], ...] = (
+    ("behavior_token_logp", "behaviour log-prob"),
+    ("ref_token_logp", "reference log-prob"),
+    ("sampling_token_logp", "sampling (rollout) log-prob"),
+    ("kl", "KL (k3, behaviour vs reference)"),
+    ("importance_sampling_ratio", "importance ratio"),
+    ("token_advantages", "advantage"),
+    ("tool_mask", "tool mask"),
+    ("token_values", "value (critic)"),
+    ("token_returns", "return"),
+)
+
+
+def nan_mean(values: Sequence[float | None]) -> float:
+    """The mean of the finite values; NaN when there are none."""
+    kept = [v for v in values if v is not None and not math.isnan(v)]
+    return sum(kept) / len(kept) if kept else math.nan
+
+
+def _std(values: Sequence[float | None]) -> float:
+    kept = [v for v in values if v is not None and not math.isnan(v)]
+    if not kept:
+        return math.nan
+    m = sum(kept) / len(kept)
+    return math.sqrt(sum((v - m) ** 2 for v in kept) / len(kept))
+
+
+def _spread(values: Sequence[float | None]) -> float:
+    kept = [v for v in values if v is not None and not math.isnan(v)]
+    return max(kept) - min(kept) if kept else math.nan
+
+
+def completion_stats(info: Sequence[dict[str, Any] | None] | None, k: int) -> tuple[list, list, list]:
+    """Per completion: token count (or ``None``), finish reason, truncated flag."""
+    items: Sequence[dict[str, Any] | None] = info or [None] * k
+    lengths = [None if i is None else i.get("token_count") for i in items]
+    reasons = [None if i is None else (i.get("finish_reason") or i.get("stop_reason")) for i in items]
+    truncated = [bool(i and (i.get("truncated") or i.get("finish_reason") == "length")) for i in items]
+    return lengths, reasons, truncated
+
+
+@dataclass
+class StepGroups:
+    """The groups of one step and kind, one dict per group row, and what the filters offer."""
+
+    step: int
+    kind: str
+    rows: list[dict[str, Any]]
+    reward_functions: list[str]
+    has_status: bool
+    history: History
+
+
+@dataclass
+class GroupRow:
+    """One group row with its completions, as the group page shows it."""
+
+    key: dict[str, Any]
+    prompt: str | None
+    prompt_messages: list[dict[str, Any]] | None
+    answer: str | None
+    example_id: str | None
+    attempt: str
+    superseded: bool
+    status: str | None
+    reward_names: list[str]
+    completions: list[dict[str, Any]] = field(default_factory=list)
+    best: int | None = None
+    worst: int | None = None
+
+
+class RunData:
+    """The reads of one run for the explorer; a store object per history, opened on first use."""
+
+    def __init__(self, run: str | Any, *, on_error: str = "raise", query_timeout: float = 30.0):
+        self.run = run
+        self.on_error = on_error
+        self.query_timeout = query_timeout
+        self._stores: dict[str, ReadOnlyStore] = {}
+        self._lifecycle: dict[tuple, tuple[str, str | None]] | None = None
+        self._lock = threading.Lock()
+        self.store("effective")  # a store that cannot be opened fails at start, not on a page
+
+    # ------------------------------------------------------------------ stores
+    def store(self, history: History = "effective") -> ReadOnlyStore:
+        if history not in HISTORIES:
+            raise ArgumentError(f"attempts: expected one of {HISTORIES}, got {history!r}")
+        with self._lock:
+            if history not in self._stores:
+                self._stores[history] = ReadOnlyStore(
+                    self.run,
+                    on_error=self.on_error,  # type: ignore[arg-type]
+                    query_timeout=self.query_timeout,
+                    attempts=history,
+                )
+            return self._stores[history]
+
+    @property
+    def uri(self) -> str:
+        return self.store().uri
+
+    def kinds(self) -> list[str]:
+        return sorted({u.kind for u in self.store("all").units()})
+
+    def check_kind(self, kind: str) -> str:
+        if kind not in self.kinds():
+            raise ArgumentError(f"kind: this run has no {kind!r} steps (it has {self.kinds()})")
+        return kind
+
+    # ------------------------------------------------------------------ overview
+    def overview(self) -> dict[str, Any]:
+        """Curves per kind from the step table (and trainer_metrics), config, attempts."""
+        store = self.store()
+        schema = store.schema("steps")
+        wanted = [c for c, _ in _CURVES if c in schema.names]
+        table = store.read_steps(columns=[*R.UNIT_KEY, "num_groups", *wanted])
+        curves: dict[str, dict[str, list[tuple[int, float]]]] = {}
+        rows = table.to_pylist()
+        for name, label in _CURVES:
+            if name not in wanted:
+                continue
+            for kind in sorted({r["kind"] for r in rows}):
+                by_step: dict[int, list[tuple[float, int]]] = {}
+                for r in rows:
+                    v = r[name]
+                    if r["kind"] == kind and v is not None and math.isfinite(v):
+                        by_step.setdefault(r["step"], []).append((v, r["num_groups"] or 1))
+                points = [
+                    (s, sum(v * w for v, w in vs) / sum(w for _, w in vs))
+                    for s, vs in sorted(by_step.items())
+                ]
+                if points:
+                    curves.setdefault(label, {})[kind] = points
+        if R.TRAINER_METRICS in store.record_names():
+            metrics = store.read_records(R.TRAINER_METRICS).to_pylist()
+            for name, label in _METRIC_CURVES:
+                for kind in sorted({m["kind"] for m in metrics}):
+                    points = sorted(
+                        (m["step"], m[name])
+                        for m in metrics
+                        if m["kind"] == kind
+                        and m.get("step") is not None
+                        and m.get(name) is not None
+                        and math.isfinite(m[name])
+                    )
+                    if points:
+                        curves.setdefault(label, {})[kind] = points
+        steps_by_kind = {
+            kind: sorted({r["step"] for r in rows if r["kind"] == kind})
+            for kind in sorted({r["kind"] for r in rows})
+        }
+        superseded = sorted({u.step for u in self.store("superseded").units()})
+        return {
+            "uri": store.uri,
+            "config": store.config,
+            "manifest": {k: v for k, v in store.manifest.items() if k != "config"},
+            "attempts": store.attempts(),
+            "curves": curves,
+            "steps": steps_by_kind,
+            "superseded_steps": superseded,
+            "groups": sum(r["num_groups"] or 0 for r in rows),
+        }
+
+    def verify(self) -> dict[str, Any]:
+        report = self.store().verify()
+        return {
+            "ok": report.ok,
+            "checked": report.checked,
+            "problems": [(str(p.path), p.problem) for p in report.problems],
+        }
+
+    # ------------------------------------------------------------------ lifecycle
+    def status_of(self) -> dict[tuple, tuple[str, str | None]]:
+        """(step, rank, kind, group_index) -> (event, reason) of the effective lifecycle records;
+        read once (a record table, not the group rows)."""
+        if self._lifecycle is None:
+            store = self.store()
+            found: dict[tuple, tuple[str, str | None]] = {}
+            if R.LIFECYCLE in store.record_names():
+                table = store.lifecycle()
+                cols = [table.column(n).to_pylist() for n in (*R.LIFECYCLE_KEY, "event", "reason")]
+                for s, r, k, g, event, reason in zip(*cols):
+                    found[(s, r, k, g)] = (event, reason)
+            self._lifecycle = found
+        return self._lifecycle
+
+    # ------------------------------------------------------------------ attempts
+    def unit_attempts(self, step: int, kind: str, history: History) -> dict[int, tuple[str, bool]]:
+        """rank -> (attempt, superseded) of the units of ``step`` and ``kind`` in ``history``."""
+        store = self.store(history)
+        effective = {
+            (u.rank, u.step_file) for u in self.store("effective").units(kind=kind, steps=step)
+        }
+        out: dict[int, tuple[str, bool]] = {}
+        for u in store.units(kind=kind, steps=step):
+            attempt = store.catalog.attempt_of(u.step_file)
+            out.setdefault(u.rank, (attempt, (u.rank, u.step_file) not in effective))
+        return out
+
+    # ------------------------------------------------------------------ step
+    def step_groups(self, step: int, kind: str, history: History = "effective") -> StepGroups:
+        """Every group row of one step: the figures the step table sorts and filters by."""
+        store = self.store(history)
+        schema = store.schema()
+        columns = [c for c in (*R.ROW_KEY, *_NAMES, *_SCORES, *_TEXT) if c in schema.names]
+        table = store.read(steps=step, kind=kind, columns=columns)
+        lengths_from_ids = None
+        attempts = self.unit_attempts(step, kind, history)
+        status = self.status_of()
+        cols = {n: table.column(n).to_pylist() for n in table.column_names}
+        n = table.num_rows
+        functions: list[str] = []
+        if "completion_info" in cols and all(
+            all((i or {}).get("token_count") is None for i in (info or [None]))
+            for info in cols["completion_info"]
+        ) and "completion_ids" in schema.names and n:
+            ids = store.read(steps=step, kind=kind, columns=[*R.ROW_KEY, "completion_ids"])
+            lengths_from_ids = ids.column("completion_ids").to_pylist()
+        rows = []
+        for i in range(n):
+            utils = (cols.get("total_utils") or [None] * n)[i] or []
+            advantages = (cols.get("advantages") or [None] * n)[i] or []
+            k = len(utils) or len(advantages)
+            lengths, _reasons, truncated = completion_stats(
+                (cols.get("completion_info") or [None] * n)[i], k
+            )
+            if lengths_from_ids is not None:
+                lengths = [len(x) for x in lengths_from_ids[i] or []]
+            names = (cols.get("reward_names") or [None] * n)[i] or []
+            values = (cols.get("reward_values") or [None] * n)[i] or []
+            per_function = {}
+            for j, name in enumerate(names):
+                per_function[name] = nan_mean([v[j] if v and j < len(v) else None for v in values])
+                if name not in functions:
+                    functions.append(name)
+            key = (cols["step"][i], cols["rank"][i], cols["kind"][i], cols["group_index"][i])
+            event = status.get(key)
+            attempt, superseded = attempts.get(cols["rank"][i], ("", False))
+            prompt = (cols.get("prompt") or [None] * n)[i]
+            messages = (cols.get("prompt_messages") or [None] * n)[i]
+            if prompt is None and messages:
+                prompt = " / ".join(f"{m['role']}: {m['content']}" for m in messages)
+            row = {n_: (cols.get(n_) or [None] * n)[i] for n_ in (*_TEXT, "group_id")}
+            row["prompt"] = prompt
+            rows.append(
+                {
+                    **dict(zip(R.ROW_KEY, key)),
+                    **row,
+                    "k": k,
+                    "mean_reward": nan_mean(utils),
+                    "reward_std": _std(utils),
+                    "advantage_spread": _spread(advantages),
+                    "mean_length": nan_mean(lengths),
+                    "truncated": sum(truncated),
+                    "status": None if event is None else event[0],
+                    "reason": None if event is None else event[1],
+                    "attempt": attempt,
+                    "superseded": superseded,
+                    "rewards": per_function,
+                    "unscored": sum(1 for u in utils if u is None or math.isnan(u)),
+                    "chat": bool(messages),
+                }
+            )
+        return StepGroups(step, kind, rows, functions, bool(status), history)
+
+    # ------------------------------------------------------------------ group
+    def _group_table(
+        self, step: int, rank: int, group_index: int, kind: str, history: History, columns
+    ) -> tuple[ReadOnlyStore, pa.Table]:
+        store = self.store(history)
+        schema = store.schema()
+        columns = [c for c in dict.fromkeys(columns) if c in schema.names]
+        table = store.read(
+            steps=step,
+            kind=kind,
+            ranks=[rank],
+            columns=columns,
+            filter=pc.field("group_index") == group_index,
+        )
+        if table.num_rows == 0:
+            raise LookupError(
+                f"no group {group_index} of rank {rank} at {kind} step {step} ({history} history)"
+            )
+        return store, table.slice(0, 1)
+
+    def group(
+        self, step: int, rank: int, group_index: int, kind: str, history: History = "effective"
+    ) -> GroupRow:
+        columns = [*R.ROW_KEY, *_NAMES, *_SCORES, *_TEXT, *_GROUP_EXTRA, *_MAXENT]
+        _, table = self._group_table(step, rank, group_index, kind, history, columns)
+        row = table.to_pylist()[0]
+        utils = row.get("total_utils") or []
+        texts = row.get("completions") or []
+        k = max(len(texts), len(utils))
+        lengths, reasons, truncated = completion_stats(row.get("completion_info"), k)
+        ref_counts = row.get("ref_tok_counts") or []
+        names = row.get("reward_names") or []
+        values = row.get("reward_values") or []
+        messages = row.get("completion_messages") or []
+        attempt, superseded = self.unit_attempts(step, kind, history).get(rank, ("", False))
+        event = self.status_of().get((step, rank, kind, group_index))
+
+        def at(name: str, i: int) -> Any:
+            seq = row.get(name) or []
+            return seq[i] if i < len(seq) else None
+
+        completions = []
+        for i in range(k):
+            length = lengths[i] if i < len(lengths) else None
+            if length is None and i < len(ref_counts):
+                length = ref_counts[i]
+            completions.append(
+                {
+                    "index": i,
+                    "text": texts[i] if i < len(texts) else "",
+                    "messages": messages[i] if i < len(messages) else None,
+                    "rewards": {
+                        name: (values[i][j] if i < len(values) and values[i] else None)
+                        for j, name in enumerate(names)
+                    },
+                    "total": at("total_utils", i),
+                    "advantage": at("advantages", i),
+                    "q": at("q", i),
+                    "weight": at("weights", i),
+                    "length": length,
+                    "finish_reason": reasons[i] if i < len(reasons) else None,
+                    "truncated": truncated[i] if i < len(truncated) else False,
+                }
+            )
+        scored = [
+            (c["total"], c["index"])
+            for c in completions
+            if c["total"] is not None and not math.isnan(c["total"])
+        ]
+        best = worst = None
+        if len(scored) > 1 and max(scored)[0] != min(scored)[0]:
+            best = max(scored, key=lambda t: (t[0], -t[1]))[1]
+            worst = min(scored)[1]
+        return GroupRow(
+            key=dict(zip(R.ROW_KEY, (step, rank, kind, group_index))),
+            prompt=row.get("prompt"),
+            prompt_messages=row.get("prompt_messages"),
+            answer=row.get("answer"),
+            example_id=row.get("example_id"),
+            attempt=attempt,
+            superseded=superseded,
+            status=None if event is None else (event[0] + (f" ({event[1]})" if event[1] else "")),
+            reward_names=names,
+            completions=completions,
+            best=best,
+            worst=worst,
+        )
+
+    # ------------------------------------------------------------------ tokens
+    def tokens(
+        self,
+        step: int,
+        rank: int,
+        group_index: int,
+        sample: int,
+        kind: str,
+        history: History = "effective",
+    ) -> dict[str, Any]:
+        """One completion's token ids and every per-token series the run stored for it."""
+        token_columns = R.names(R.GROUP, level="token")
+        columns = [*R.ROW_KEY, "completions", *token_columns]
+        _, table = self._group_table(step, rank, group_index, kind, history, columns)
+        present = set(table.column_names)
+        row = table.to_pylist()[0]
+        ids_all = row.get("completion_ids") or []
+        if sample < 0 or sample >= max(len(ids_all), len(row.get("completions") or [])):
+            raise LookupError(f"no completion {sample} in group {group_index} (rank {rank})")
+        ids = ids_all[sample] if sample < len(ids_all) else []
+        series: dict[str, list[float | None]] = {}
+        for name, _label in TOKEN_SERIES:
+            if name in present and row.get(name) and sample < len(row[name]):
+                values = row[name][sample]
+                if values is not None:
+                    series[name] = [None if v is None else float(v) for v in values]
+        behaviour = series.get("behavior_token_logp") or series.get("sampling_token_logp")
+        reference = series.get("ref_token_logp")
+        if behaviour and reference and len(behaviour) == len(reference):
+            kl = []
+            for b, r in zip(behaviour, reference):
+                if b is None or r is None:
+                    kl.append(None)
+                else:
+                    d = r - b
+                    kl.append(math.exp(d) - d - 1.0)
+            series["kl"] = kl
+        texts = row.get("completions") or []
+        return {
+            "ids": ids,
+            "text": texts[sample] if sample < len(texts) else "",
+            "series": {n: series[n] for n, _ in TOKEN_SERIES if n in series},
+            "labels": dict(TOKEN_SERIES),
+        }
+
+    # ------------------------------------------------------------------ compare
+    def compare(self, example_id: str | None, prompt: str | None, kind: str) -> list[dict]:
+        """Every group of ``kind`` with this example id (exact), or this prompt text when the
+        run records no example ids: step, rank, group index, mean reward; by step. A SQL
+        query over the ``groups`` view reads only the columns it names."""
+        store = self.store()
+        schema = store.schema()
+        if example_id is not None and "example_id" in schema.names:
+            where, value = "example_id = ?", example_id
+        elif prompt is not None:
+            where, value = "prompt = ?", prompt
+        else:
+            return []
+        with store.sql_views() as views:
+            table = views.query(
+                "SELECT step, rank, kind, group_index, total_utils FROM groups "
+                f"WHERE kind = ? AND {where} ORDER BY step, rank, group_index",
+                [kind, value],
+            )
+        out = []
+        for r in table.to_pylist():
+            out.append({**{k: r[k] for k in R.ROW_KEY}, "mean_reward": nan_mean(r["total_utils"])})
+        return out
+
+
+def dumps(value: Any) -> str:
+    """JSON for a page's data attribute: non-finite floats as null."""
+
+    def clean(v: Any) -> Any:
+        if isinstance(v, float) and not math.isfinite(v):
+            return None
+        if isinstance(v, dict):
+            return {k: clean(x) for k, x in v.items()}
+        if isinstance(v, list | tuple):
+            return [clean(x) for x in v]
+        return v
+
+    return json.dumps(clean(value), default=str)
