@@ -29,10 +29,19 @@ def step_path(step: int, kind: str, *, attempts: str | None = None) -> str:
 
 
 def group_path(
-    step: int, rank: int, group_index: int, kind: str, *, attempts: str | None = None
+    step: int,
+    rank: int,
+    group_index: int,
+    kind: str,
+    *,
+    attempts: str | None = None,
+    attempt: str | None = None,
 ) -> str:
-    """The group page of the group row (step, rank, kind, group_index)."""
-    return f"/group/{int(step)}/{int(rank)}/{int(group_index)}" + _query(kind, attempts)
+    """The group page of the group row (step, rank, kind, group_index); ``attempt`` picks
+    the row of one attempt where several wrote the step (``attempts="all"``)."""
+    return f"/group/{int(step)}/{int(rank)}/{int(group_index)}" + _query(
+        kind, attempts, attempt=attempt
+    )
 
 
 def tokens_path(
@@ -43,9 +52,10 @@ def tokens_path(
     kind: str,
     *,
     attempts: str | None = None,
+    attempt: str | None = None,
     series: str | None = None,
 ) -> str:
     """The tokens page of completion ``sample`` of a group row, coloured by ``series``."""
     return f"/tokens/{int(step)}/{int(rank)}/{int(group_index)}/{int(sample)}" + _query(
-        kind, attempts, series=series
+        kind, attempts, attempt=attempt, series=series
     )

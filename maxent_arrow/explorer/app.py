@@ -166,17 +166,20 @@ def make_app(
     def group(request: Request) -> Response:
         p = request.path_params
         history = history_of(request)
-        row = data.group(p["step"], p["rank"], p["group"], kind_of(request), history)
+        attempt = request.query_params.get("attempt") or None
+        row = data.group(p["step"], p["rank"], p["group"], kind_of(request), history, attempt)
         return html(pages.group_page(row, uri=uri, history=history))
 
     def tokens(request: Request) -> Response:
         p = request.path_params
         history, kind = history_of(request), kind_of(request)
-        found = data.tokens(p["step"], p["rank"], p["group"], p["sample"], kind, history)
+        attempt = request.query_params.get("attempt") or None
+        found = data.tokens(p["step"], p["rank"], p["group"], p["sample"], kind, history, attempt)
         key = {**dict(zip(R.ROW_KEY, (p["step"], p["rank"], kind, p["group"]))),
                "sample": p["sample"]}  # fmt: skip
         series = request.query_params.get("series")
-        return html(pages.tokens_page(found, key, series, uri=uri, history=history))
+        page = pages.tokens_page(found, key, series, uri=uri, history=history, attempt=attempt)
+        return html(page)
 
     def compare(request: Request) -> Response:
         example_id = request.query_params.get("example_id")

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from maxent_arrow.arrow import registry as R
 from maxent_arrow.errors import ArgumentError
@@ -232,16 +231,24 @@ class RunData:
         return self._lifecycle
 
     # ------------------------------------------------------------------ attempts
-    def unit_attempts(self, step: int, kind: str, history: History) -> dict[int, tuple[str, bool]]:
-        """rank -> (attempt, superseded) of the units of ``step`` and ``kind`` in ``history``."""
+    def row_attempts(
+        self, step: int, kind: str, history: History, ranks: list[int] | None = None
+    ) -> list[tuple[str, bool]]:
+        """(attempt, superseded) of each group row ``read(steps=step, kind=kind, ranks=ranks)``
+        returns, in its order (units grouped by file, as the store's reader reads them)."""
         store = self.store(history)
         effective = {
-            (u.rank, u.step_file) for u in self.store("effective").units(kind=kind, steps=step)
+            (u.rank, u.step_file)
+            for u in self.store("effective").units(kind=kind, steps=step, ranks=ranks)
         }
-        out: dict[int, tuple[str, bool]] = {}
-        for u in store.units(kind=kind, steps=step):
-            attempt = store.catalog.attempt_of(u.step_file)
-            out.setdefault(u.rank, (attempt, (u.rank, u.step_file) not in effective))
+        by_file: dict[str, list] = {}
+        for u in store.units(kind=kind, steps=step, ranks=ranks):
+            by_file.setdefault(u.step_file, []).append(u)
+        out: list[tuple[str, bool]] = []
+        for name, members in by_file.items():
+            attempt = store.catalog.attempt_of(name)
+            for u in members:
+                out.extend([(attempt, (u.rank, u.step_file) not in effective)] * u.num_groups)
         return out
 
     # ------------------------------------------------------------------ step
@@ -252,7 +259,7 @@ class RunData:
         columns = [c for c in (*R.ROW_KEY, *_NAMES, *_SCORES, *_TEXT) if c in schema.names]
         table = store.read(steps=step, kind=kind, columns=columns)
         lengths_from_ids = None
-        attempts = self.unit_attempts(step, kind, history)
+        attempts = self.row_attempts(step, kind, history)
         status = self.status_of()
         cols = {n: table.column(n).to_pylist() for n in table.column_names}
         n = table.num_rows
@@ -282,7 +289,7 @@ class RunData:
                     functions.append(name)
             key = (cols["step"][i], cols["rank"][i], cols["kind"][i], cols["group_index"][i])
             event = status.get(key)
-            attempt, superseded = attempts.get(cols["rank"][i], ("", False))
+            attempt, superseded = attempts[i] if i < len(attempts) else ("", False)
             prompt = (cols.get("prompt") or [None] * n)[i]
             messages = (cols.get("prompt_messages") or [None] * n)[i]
             if prompt is None and messages:
@@ -312,29 +319,51 @@ class RunData:
 
     # ------------------------------------------------------------------ group
     def _group_table(
-        self, step: int, rank: int, group_index: int, kind: str, history: History, columns
-    ) -> tuple[ReadOnlyStore, pa.Table]:
+        self,
+        step: int,
+        rank: int,
+        group_index: int,
+        kind: str,
+        history: History,
+        columns,
+        attempt: str | None,
+    ) -> tuple[pa.Table, str, bool]:
+        """The group row (one row table), the attempt that wrote it and whether a later
+        attempt superseded it; ``attempt`` picks among the attempts that wrote the step (the
+        ``all`` history), else the latest."""
         store = self.store(history)
         schema = store.schema()
         columns = [c for c in dict.fromkeys(columns) if c in schema.names]
-        table = store.read(
-            steps=step,
-            kind=kind,
-            ranks=[rank],
-            columns=columns,
-            filter=pc.field("group_index") == group_index,
-        )
-        if table.num_rows == 0:
+        table = store.read(steps=step, kind=kind, ranks=[rank], columns=columns)
+        attempts = self.row_attempts(step, kind, history, ranks=[rank])
+        found = [
+            i
+            for i, g in enumerate(table.column("group_index").to_pylist())
+            if g == group_index and (attempt is None or attempts[i][0] == attempt)
+        ]
+        if not found:
+            also = f", attempt {attempt}" if attempt else ""
             raise LookupError(
-                f"no group {group_index} of rank {rank} at {kind} step {step} ({history} history)"
+                f"no group {group_index} of rank {rank} at {kind} step {step} "
+                f"({history} history{also})"
             )
-        return store, table.slice(0, 1)
+        i = found[-1]
+        who, superseded = attempts[i] if i < len(attempts) else ("", False)
+        return table.slice(i, 1), who, superseded
 
     def group(
-        self, step: int, rank: int, group_index: int, kind: str, history: History = "effective"
+        self,
+        step: int,
+        rank: int,
+        group_index: int,
+        kind: str,
+        history: History = "effective",
+        attempt: str | None = None,
     ) -> GroupRow:
         columns = [*R.ROW_KEY, *_NAMES, *_SCORES, *_TEXT, *_GROUP_EXTRA, *_MAXENT]
-        _, table = self._group_table(step, rank, group_index, kind, history, columns)
+        table, attempt, superseded = self._group_table(
+            step, rank, group_index, kind, history, columns, attempt
+        )
         row = table.to_pylist()[0]
         utils = row.get("total_utils") or []
         texts = row.get("completions") or []
@@ -344,7 +373,6 @@ class RunData:
         names = row.get("reward_names") or []
         values = row.get("reward_values") or []
         messages = row.get("completion_messages") or []
-        attempt, superseded = self.unit_attempts(step, kind, history).get(rank, ("", False))
         event = self.status_of().get((step, rank, kind, group_index))
 
         def at(name: str, i: int) -> Any:
@@ -407,11 +435,14 @@ class RunData:
         sample: int,
         kind: str,
         history: History = "effective",
+        attempt: str | None = None,
     ) -> dict[str, Any]:
         """One completion's token ids and every per-token series the run stored for it."""
         token_columns = R.names(R.GROUP, level="token")
         columns = [*R.ROW_KEY, "completions", *token_columns]
-        _, table = self._group_table(step, rank, group_index, kind, history, columns)
+        table, _, _ = self._group_table(
+            step, rank, group_index, kind, history, columns, attempt
+        )
         present = set(table.column_names)
         row = table.to_pylist()[0]
         ids_all = row.get("completion_ids") or []

@@ -281,7 +281,10 @@ def step_page(groups: StepGroups, params: dict[str, str], *, uri: str) -> str:
     )
     body_rows = []
     for r in shown:
-        href = group_path(r["step"], r["rank"], r["group_index"], r["kind"], attempts=groups.history)
+        href = group_path(
+            r["step"], r["rank"], r["group_index"], r["kind"], attempts=groups.history,
+            attempt=r["attempt"] if groups.history != "effective" and r["attempt"] else None,
+        )  # fmt: skip
         prompt = r["prompt"] or ""
         classes = " ".join(
             c for c, on in (("superseded", r["superseded"]), ("nan", r["unscored"])) if on
@@ -373,6 +376,7 @@ def _messages(messages: list[dict[str, Any]] | None) -> str:
 def group_page(group: GroupRow, *, uri: str, history: str) -> str:
     key = group.key
     step, rank, kind, gi = key["step"], key["rank"], key["kind"], key["group_index"]
+    pick = group.attempt if history != "effective" and group.attempt else None
     if group.prompt_messages:
         prompt = _messages(group.prompt_messages)
     else:
@@ -405,7 +409,7 @@ def group_page(group: GroupRow, *, uri: str, history: str) -> str:
             f'<tr><th>{escape(n)}</th><td data-figure="{escape(n)}">{fmt(v)}</td></tr>' for n, v in figures
         )
         text = _messages(c["messages"]) if c["messages"] else f"<pre class=text>{escape(c['text'] or '')}</pre>"
-        href = tokens_path(step, rank, gi, i, kind, attempts=history)
+        href = tokens_path(step, rank, gi, i, kind, attempts=history, attempt=pick)
         cards.append(
             f'<article class="{" ".join(classes)}" data-index={i}><h3>completion {i} {"".join(marks)}</h3>'
             f"<table class=figures>{table}</table>{text}"
@@ -441,7 +445,15 @@ def _colour(value: float | None, lo: float, hi: float, diverging: bool) -> str:
     return f"rgb({int(255 - 150 * t)},{int(255 - 90 * t)},255)"
 
 
-def tokens_page(data: dict[str, Any], key: dict[str, Any], series: str | None, *, uri: str, history: str) -> str:
+def tokens_page(
+    data: dict[str, Any],
+    key: dict[str, Any],
+    series: str | None,
+    *,
+    uri: str,
+    history: str,
+    attempt: str | None = None,
+) -> str:
     step, rank, kind, gi, sample = key["step"], key["rank"], key["kind"], key["group_index"], key["sample"]
     available = list(data["series"])
     chosen = series if series in data["series"] else (available[0] if available else None)
@@ -460,7 +472,7 @@ def tokens_page(data: dict[str, Any], key: dict[str, Any], series: str | None, *
             f"{token}</span>"
         )
     links = " ".join(
-        f'<a class="series{" chosen" if n == chosen else ""}" data-series="{n}" href="{escape(tokens_path(step, rank, gi, sample, kind, attempts=history, series=n))}">'
+        f'<a class="series{" chosen" if n == chosen else ""}" data-series="{n}" href="{escape(tokens_path(step, rank, gi, sample, kind, attempts=history, attempt=attempt, series=n))}">'
         f"{escape(data['labels'][n])}</a>"
         for n in available
     )
@@ -474,7 +486,8 @@ def tokens_page(data: dict[str, Any], key: dict[str, Any], series: str | None, *
     return _layout(
         f"tokens {step}/{gi}/{sample}", body, uri=uri,
         crumbs=[("run", "/"), (f"{kind} step {step}", step_path(step, kind, attempts=history)),
-                (f"group {gi}", group_path(step, rank, gi, kind, attempts=history)), (f"completion {sample}", None)],
+                (f"group {gi}", group_path(step, rank, gi, kind, attempts=history, attempt=attempt)),
+                (f"completion {sample}", None)],
     )  # fmt: skip
 
 

@@ -95,8 +95,14 @@ class Viewer:
 
 def serve(run: Any, *, host: str = LOOPBACK, port: int = DEFAULT_VIEW_PORT, other: Any = None,
           on_error: str = "raise") -> None:  # fmt: skip
-    """Serve the explorer of ``run`` until interrupted, printing its URL first."""
-    viewer = Viewer(run, host=host, port=port, other=other, on_error=on_error)
+    """Serve the explorer of ``run`` until interrupted, printing its URL first (and, on an
+    address other than loopback, a warning on stderr before anything is served)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        viewer = Viewer(run, host=host, port=port, other=other, on_error=on_error)
+    for item in caught:
+        sys.stderr.write(f"maxent-arrow view: warning: {item.message}\n")
+    sys.stderr.flush()
 
     def say(url: str) -> None:
         sys.stdout.write(f"maxent-arrow view: {viewer.data.uri}\n  open {url}\n")
