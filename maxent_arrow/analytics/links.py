@@ -9,7 +9,14 @@ from __future__ import annotations
 
 from urllib.parse import urlencode
 
-__all__ = ["DEFAULT_VIEW_PORT", "DEFAULT_VIEW_URL", "group_path", "step_path", "tokens_path"]
+__all__ = [
+    "DEFAULT_VIEW_PORT",
+    "DEFAULT_VIEW_URL",
+    "group_id_path",
+    "group_path",
+    "step_path",
+    "tokens_path",
+]
 
 DEFAULT_VIEW_PORT = 8765
 DEFAULT_VIEW_URL = f"http://127.0.0.1:{DEFAULT_VIEW_PORT}"
@@ -42,6 +49,12 @@ def group_path(
     return f"/group/{int(step)}/{int(rank)}/{int(group_index)}" + _query(
         kind, attempts, attempt=attempt
     )
+
+
+def group_id_path(step: int, kind: str, group_id: str) -> str:
+    """The group page of the first row of group ``group_id`` at ``step`` (a group a trainer
+    spread over ranks has a row per rank; the report names groups by ``group_id``)."""
+    return f"/group-id/{int(step)}?" + urlencode({"kind": kind, "id": group_id})
 
 
 def tokens_path(

@@ -111,7 +111,7 @@ def make_app(
     """The ASGI app of the explorer over ``data`` (and ``other``, a second run to compare)."""
     from starlette.applications import Starlette
     from starlette.requests import Request
-    from starlette.responses import HTMLResponse, PlainTextResponse, Response
+    from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
     from starlette.routing import Route
 
     uri = data.uri
@@ -169,6 +169,12 @@ def make_app(
         attempt = request.query_params.get("attempt") or None
         row = data.group(p["step"], p["rank"], p["group"], kind_of(request), history, attempt)
         return html(pages.group_page(row, uri=uri, history=history))
+
+    def group_by_id(request: Request) -> Response:
+        step, kind = request.path_params["step"], kind_of(request)
+        wanted = request.query_params.get("id") or ""
+        rank, group_index = data.find_group(step, kind, wanted)
+        return RedirectResponse(group_path(step, rank, group_index, kind), status_code=302)
 
     def tokens(request: Request) -> Response:
         p = request.path_params
@@ -237,6 +243,7 @@ def make_app(
         Route("/verify", guarded(verify)),
         Route("/step/{step:int}", guarded(step)),
         Route("/group/{step:int}/{rank:int}/{group:int}", guarded(group)),
+        Route("/group-id/{step:int}", guarded(group_by_id)),
         Route("/tokens/{step:int}/{rank:int}/{group:int}/{sample:int}", guarded(tokens)),
         Route("/compare", guarded(compare)),
         Route("/query", guarded(query)),

@@ -318,6 +318,18 @@ class RunData:
         return StepGroups(step, kind, rows, functions, bool(status), history)
 
     # ------------------------------------------------------------------ group
+    def find_group(self, step: int, kind: str, group_id: str) -> tuple[int, int]:
+        """(rank, group_index) of the first row of group ``group_id`` at ``step``."""
+        table = self.store().read(steps=step, kind=kind, columns=[*R.ROW_KEY, "group_id"])
+        for rank, index, gid in zip(
+            table.column("rank").to_pylist(),
+            table.column("group_index").to_pylist(),
+            table.column("group_id").to_pylist(),
+        ):
+            if gid == group_id:
+                return rank, index
+        raise LookupError(f"no group {group_id!r} at {kind} step {step}")
+
     def _group_table(
         self,
         step: int,

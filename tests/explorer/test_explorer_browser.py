@@ -247,3 +247,23 @@ def test_sql_box_table_and_csv(browser, run):
         page.wait_for_selector("#error")
         assert "only SELECT" in page.inner_text("#error")
         _shot(browser, page, "explorer_query_refused")
+
+
+def test_the_report_links_into_the_explorer(browser, run, tmp_path):
+    from maxent_arrow.analytics import DEFAULT_VIEW_URL, build_report
+
+    root, url, _ = run
+    report = build_report(root, tmp_path / "report", progress=False)
+    with browser.open(report.html) as page:
+        links = page.eval_on_selector_all(
+            "a.view", "a => a.map(x => [x.getAttribute('href'), x.closest('tr').textContent])"
+        )
+    assert len(links) >= 4 and all(h.startswith(DEFAULT_VIEW_URL + "/") for h, _ in links)
+    with browser.open(url + "/") as page:
+        for href, row in links:
+            response = page.goto(url + href.removeprefix(DEFAULT_VIEW_URL))
+            assert response is not None and response.ok, href
+            title = page.inner_text("h1")
+            assert title.startswith("train step") and title.split()[2] in row
+            if "/group-id/" in href:  # the group the report's row names
+                assert "/group/" in page.url and "completion 0" in page.inner_text("#cards")
