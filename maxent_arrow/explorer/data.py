@@ -16,7 +16,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from maxent_arrow.arrow import registry as R
 from maxent_arrow.errors import ArgumentError
@@ -63,17 +65,79 @@ def nan_mean(values: Sequence[float | None]) -> float:
     return sum(kept) / len(kept) if kept else math.nan
 
 
-def _std(values: Sequence[float | None]) -> float:
-    kept = [v for v in values if v is not None and not math.isnan(v)]
-    if not kept:
-        return math.nan
-    m = sum(kept) / len(kept)
-    return math.sqrt(sum((v - m) ** 2 for v in kept) / len(kept))
+def _flat(table: pa.Table, name: str, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The values of list column ``name`` as float64 and the row of each (empty if absent)."""
+    if name not in table.column_names or n == 0:
+        return np.zeros(0), np.zeros(0, np.int64)
+    column = table.column(name).combine_chunks()
+    values = pc.list_flatten(column).to_numpy(zero_copy_only=False)
+    rows = np.asarray(pc.list_parent_indices(column))
+    values = np.asarray(values, dtype=float)  # nulls (None) become NaN
+    return values, rows
 
 
-def _spread(values: Sequence[float | None]) -> float:
-    kept = [v for v in values if v is not None and not math.isnan(v)]
-    return max(kept) - min(kept) if kept else math.nan
+def _moments(values: np.ndarray, rows: np.ndarray, n: int) -> tuple[np.ndarray, ...]:
+    """Per row: the mean and population std of the finite values (NaN without any), and
+    how many values were NaN."""
+    if not len(values):
+        nan = np.full(n, np.nan)
+        return nan, nan.copy(), np.zeros(n, np.int64)
+    finite = np.isfinite(values)
+    x = np.where(finite, values, 0.0)
+    count = np.bincount(rows, weights=finite, minlength=n)
+    total = np.bincount(rows, weights=x, minlength=n)
+    squares = np.bincount(rows, weights=x * x, minlength=n)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.where(count > 0, total / count, np.nan)
+        var = np.where(count > 0, squares / count - mean * mean, np.nan)
+    std = np.sqrt(np.maximum(var, 0.0))
+    std[count == 0] = np.nan
+    nans = np.bincount(rows, weights=np.isnan(values), minlength=n).astype(np.int64)
+    return mean, std, nans
+
+
+def _spread(values: np.ndarray, rows: np.ndarray, n: int) -> np.ndarray:
+    """Per row: max - min of the finite values (NaN without any)."""
+    hi = np.full(n, -np.inf)
+    lo = np.full(n, np.inf)
+    finite = np.isfinite(values)
+    np.maximum.at(hi, rows[finite], values[finite])
+    np.minimum.at(lo, rows[finite], values[finite])
+    out = hi - lo
+    out[~np.isfinite(out)] = np.nan
+    return out
+
+
+def _function_means(table: pa.Table, n: int) -> tuple[list[str], dict[str, dict[int, float]]]:
+    """Each reward function's mean over a row's finite values, per row that scores it."""
+    if "reward_values" not in table.column_names or "reward_names" not in table.column_names:
+        return [], {}
+    names = table.column("reward_names").to_pylist()
+    values = table.column("reward_values").combine_chunks()
+    per_completion = pc.list_flatten(values)
+    flat = np.asarray(pc.list_flatten(per_completion).to_numpy(zero_copy_only=False), float)
+    completion_of = np.asarray(pc.list_parent_indices(per_completion))
+    row_of = np.asarray(pc.list_parent_indices(values))[completion_of]
+    starts = np.asarray(per_completion.offsets)[:-1][completion_of]
+    position = np.arange(len(flat)) - starts
+    functions: list[str] = []
+    out: dict[str, dict[int, float]] = {}
+    # The rows of a step share their reward functions but for schema evolution: one pass
+    # per distinct list of names.
+    groups: dict[tuple, list[int]] = {}
+    for i, row_names in enumerate(names):
+        groups.setdefault(tuple(row_names or ()), []).append(i)
+    for row_names, members in groups.items():
+        in_rows = np.isin(row_of, members)
+        for j, name in enumerate(row_names):
+            if name not in functions:
+                functions.append(name)
+            pick = in_rows & (position == j)
+            mean, _, _ = _moments(flat[pick], row_of[pick], n)
+            target = out.setdefault(name, {})
+            for i in members:
+                target[i] = float(mean[i])
+    return functions, out
 
 
 def completion_stats(info: Sequence[dict[str, Any] | None] | None, k: int) -> tuple[list, list, list]:
@@ -253,65 +317,81 @@ class RunData:
 
     # ------------------------------------------------------------------ step
     def step_groups(self, step: int, kind: str, history: History = "effective") -> StepGroups:
-        """Every group row of one step: the figures the step table sorts and filters by."""
+        """Every group row of one step: the figures the step table sorts and filters by,
+        computed over the step's flat per-completion values (numpy; no loop over
+        completions)."""
         store = self.store(history)
         schema = store.schema()
-        columns = [c for c in (*R.ROW_KEY, *_NAMES, *_SCORES, *_TEXT) if c in schema.names]
+        wanted = (*R.ROW_KEY, *_NAMES, *_SCORES, *_TEXT, "ref_tok_counts")
+        columns = [c for c in wanted if c in schema.names]
         table = store.read(steps=step, kind=kind, columns=columns)
-        lengths_from_ids = None
+        n = table.num_rows
+        present = set(table.column_names)
         attempts = self.row_attempts(step, kind, history)
         status = self.status_of()
-        cols = {n: table.column(n).to_pylist() for n in table.column_names}
-        n = table.num_rows
-        functions: list[str] = []
-        if "completion_info" in cols and all(
-            all((i or {}).get("token_count") is None for i in (info or [None]))
-            for info in cols["completion_info"]
-        ) and "completion_ids" in schema.names and n:
+
+        utils, u_rows = _flat(table, "total_utils", n)
+        adv, a_rows = _flat(table, "advantages", n)
+        counts = np.bincount(u_rows, minlength=n) if len(u_rows) else np.zeros(n, np.int64)
+        k = np.maximum(counts, np.bincount(a_rows, minlength=n) if len(a_rows) else 0)
+        mean, std, unscored = _moments(utils, u_rows, n)
+        spread = _spread(adv, a_rows, n)
+        # Lengths: the generator's token counts, else the scored token counts, else the ids.
+        lengths, l_rows = np.zeros(0), np.zeros(0, np.int64)
+        truncated = np.zeros(n, np.int64)
+        if "completion_info" in present:
+            info = table.column("completion_info").combine_chunks()
+            rows_of = np.asarray(pc.list_parent_indices(info))
+            items = pc.list_flatten(info)
+            tokens = pc.struct_field(items, "token_count")
+            if tokens.null_count < len(tokens):
+                lengths = np.asarray(tokens.to_numpy(zero_copy_only=False), dtype=float)
+                l_rows = rows_of
+            cut = pc.or_kleene(
+                pc.fill_null(pc.struct_field(items, "truncated"), False),
+                pc.fill_null(pc.equal(pc.struct_field(items, "finish_reason"), "length"), False),
+            )
+            flags = np.asarray(cut.to_numpy(zero_copy_only=False), dtype=np.int64)
+            truncated = np.bincount(rows_of, weights=flags, minlength=n).astype(np.int64)
+        if not len(lengths) and "ref_tok_counts" in present:
+            lengths, l_rows = _flat(table, "ref_tok_counts", n)
+        if not len(lengths) and "completion_ids" in schema.names and n:
             ids = store.read(steps=step, kind=kind, columns=[*R.ROW_KEY, "completion_ids"])
-            lengths_from_ids = ids.column("completion_ids").to_pylist()
+            per = pc.list_flatten(ids.column("completion_ids").combine_chunks())
+            lengths = np.asarray(pc.list_value_length(per).to_numpy(zero_copy_only=False), float)
+            l_rows = np.asarray(pc.list_parent_indices(ids.column("completion_ids").combine_chunks()))
+        mean_length, _, _ = _moments(lengths, l_rows, n)
+        functions, per_function = _function_means(table, n)
+
+        text = {c: table.column(c).to_pylist() for c in (*_TEXT, "group_id") if c in present}
+        keys = [table.column(c).to_pylist() for c in R.ROW_KEY]
         rows = []
         for i in range(n):
-            utils = (cols.get("total_utils") or [None] * n)[i] or []
-            advantages = (cols.get("advantages") or [None] * n)[i] or []
-            k = len(utils) or len(advantages)
-            lengths, _reasons, truncated = completion_stats(
-                (cols.get("completion_info") or [None] * n)[i], k
-            )
-            if lengths_from_ids is not None:
-                lengths = [len(x) for x in lengths_from_ids[i] or []]
-            names = (cols.get("reward_names") or [None] * n)[i] or []
-            values = (cols.get("reward_values") or [None] * n)[i] or []
-            per_function = {}
-            for j, name in enumerate(names):
-                per_function[name] = nan_mean([v[j] if v and j < len(v) else None for v in values])
-                if name not in functions:
-                    functions.append(name)
-            key = (cols["step"][i], cols["rank"][i], cols["kind"][i], cols["group_index"][i])
+            key = tuple(col[i] for col in keys)
             event = status.get(key)
             attempt, superseded = attempts[i] if i < len(attempts) else ("", False)
-            prompt = (cols.get("prompt") or [None] * n)[i]
-            messages = (cols.get("prompt_messages") or [None] * n)[i]
+            messages = text["prompt_messages"][i] if "prompt_messages" in text else None
+            prompt = text["prompt"][i] if "prompt" in text else None
             if prompt is None and messages:
                 prompt = " / ".join(f"{m['role']}: {m['content']}" for m in messages)
-            row = {n_: (cols.get(n_) or [None] * n)[i] for n_ in (*_TEXT, "group_id")}
+            row = {c: text[c][i] if c in text else None for c in (*_TEXT, "group_id")}
             row["prompt"] = prompt
             rows.append(
                 {
                     **dict(zip(R.ROW_KEY, key)),
                     **row,
-                    "k": k,
-                    "mean_reward": nan_mean(utils),
-                    "reward_std": _std(utils),
-                    "advantage_spread": _spread(advantages),
-                    "mean_length": nan_mean(lengths),
-                    "truncated": sum(truncated),
+                    "k": int(k[i]),
+                    "mean_reward": float(mean[i]),
+                    "reward_std": float(std[i]),
+                    "advantage_spread": float(spread[i]),
+                    "mean_length": float(mean_length[i]),
+                    "truncated": int(truncated[i]),
                     "status": None if event is None else event[0],
                     "reason": None if event is None else event[1],
                     "attempt": attempt,
                     "superseded": superseded,
-                    "rewards": per_function,
-                    "unscored": sum(1 for u in utils if u is None or math.isnan(u)),
+                    "rewards": {f: v[i] for f, v in per_function.items() if i in v},
+                    "unscored": int(unscored[i]),
                     "chat": bool(messages),
                 }
             )
