@@ -236,7 +236,9 @@ def make_app(
         name = request.path_params["name"]
         if name not in assets:
             return PlainTextResponse("not found", status_code=404, headers=_HEADERS)
-        return Response(assets[name], media_type=ASSETS[name], headers=_HEADERS)
+        # The package's own files change only with the package: cached by the browser.
+        cache = {**_HEADERS, "Cache-Control": "public, max-age=86400"}
+        return Response(assets[name], media_type=ASSETS[name], headers=cache)
 
     routes = [
         Route("/", guarded(overview)),
