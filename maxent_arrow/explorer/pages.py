@@ -293,7 +293,7 @@ def step_page(groups: StepGroups, params: dict[str, str], *, uri: str) -> str:
             f'<tr class="{classes}" data-rank={r["rank"]} data-group={r["group_index"]}>'
             f"<td>{r['rank']}</td>"
             f'<td><a class=grouplink href="{escape(href)}">{r["group_index"]}</a></td>'
-            f'<td class=prompt title="{escape(prompt)}">{"💬 " if r["chat"] else ""}'
+            f'<td class=prompt title="{escape(prompt)}">{"<span class=badge>chat</span> " if r["chat"] else ""}'
             f"{escape(prompt[:90])}{'…' if len(prompt) > 90 else ''}</td>"
             f"<td>{r['k']}</td>"
             + "".join(f'<td class=num data-key="{k}">{fmt(r[k])}</td>' for k, _ in METRICS)

@@ -126,7 +126,7 @@ def test_group_with_chat_prompt_and_tokens(browser, run):
     root, url, _ = run
     with browser.open(url + "/step/1?kind=train") as page:
         row = f"#groups tr[data-group='{stores.CHAT_GROUP}']"
-        assert page.inner_text(f"{row} td.prompt").startswith("💬")
+        assert page.inner_text(f"{row} td.prompt .badge") == "chat"
         page.click(f"{row} a.grouplink")
         page.wait_for_url(f"**/group/1/0/{stores.CHAT_GROUP}?kind=train")
         # The chat prompt as a conversation: a system and a user message.
