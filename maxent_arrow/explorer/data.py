@@ -65,15 +65,46 @@ def nan_mean(values: Sequence[float | None]) -> float:
     return sum(kept) / len(kept) if kept else math.nan
 
 
+_NUMPY = {
+    pa.float64(): np.float64, pa.float32(): np.float32, pa.int64(): np.int64,
+    pa.int32(): np.int32, pa.int16(): np.int16, pa.int8(): np.int8,
+}  # fmt: skip
+
+
+def numbers(array: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """A numeric or boolean Arrow array as float64 numpy (nulls as NaN), from its buffers:
+    ``Array.to_numpy`` imports pandas, which no command of the read side loads."""
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks()
+    n, offset = len(array), array.offset
+    if n == 0:
+        return np.zeros(0)
+    buffers = array.buffers()
+    if pa.types.is_boolean(array.type):
+        bits = np.unpackbits(np.frombuffer(buffers[1], np.uint8), bitorder="little")
+        values = bits[offset : offset + n].astype(np.float64)
+    elif array.type in _NUMPY:
+        kind = _NUMPY[array.type]
+        values = np.frombuffer(buffers[1], kind, count=offset + n)[offset:].astype(np.float64)
+    else:
+        raise TypeError(f"numbers: {array.type} is not a number column")
+    if array.null_count and buffers[0] is not None:
+        valid = np.unpackbits(np.frombuffer(buffers[0], np.uint8), bitorder="little")
+        values[~valid[offset : offset + n].astype(bool)] = np.nan
+    return values
+
+
+def _rows(column: pa.Array) -> np.ndarray:
+    """The row (list) of each flattened item of list array ``column``."""
+    return numbers(pc.list_parent_indices(column)).astype(np.int64)
+
+
 def _flat(table: pa.Table, name: str, n: int) -> tuple[np.ndarray, np.ndarray]:
     """The values of list column ``name`` as float64 and the row of each (empty if absent)."""
     if name not in table.column_names or n == 0:
         return np.zeros(0), np.zeros(0, np.int64)
     column = table.column(name).combine_chunks()
-    values = pc.list_flatten(column).to_numpy(zero_copy_only=False)
-    rows = np.asarray(pc.list_parent_indices(column))
-    values = np.asarray(values, dtype=float)  # nulls (None) become NaN
-    return values, rows
+    return numbers(pc.list_flatten(column)), _rows(column)
 
 
 def _moments(values: np.ndarray, rows: np.ndarray, n: int) -> tuple[np.ndarray, ...]:
@@ -115,10 +146,10 @@ def _function_means(table: pa.Table, n: int) -> tuple[list[str], dict[str, dict[
     names = table.column("reward_names").to_pylist()
     values = table.column("reward_values").combine_chunks()
     per_completion = pc.list_flatten(values)
-    flat = np.asarray(pc.list_flatten(per_completion).to_numpy(zero_copy_only=False), float)
-    completion_of = np.asarray(pc.list_parent_indices(per_completion))
-    row_of = np.asarray(pc.list_parent_indices(values))[completion_of]
-    starts = np.asarray(per_completion.offsets)[:-1][completion_of]
+    flat = numbers(pc.list_flatten(per_completion))
+    completion_of = _rows(per_completion)
+    row_of = _rows(values)[completion_of]
+    starts = numbers(per_completion.offsets).astype(np.int64)[:-1][completion_of]
     position = np.arange(len(flat)) - starts
     functions: list[str] = []
     out: dict[str, dict[int, float]] = {}
@@ -223,7 +254,10 @@ class RunData:
         store = self.store()
         schema = store.schema("steps")
         wanted = [c for c, _ in _CURVES if c in schema.names]
-        table = store.read_steps(columns=[*R.UNIT_KEY, "num_groups", *wanted])
+        # The steps view (DuckDB over the step files, checked and sandboxed): it reads the
+        # columns named and nothing else, and imports no pandas (read_steps may).
+        names = ", ".join([*R.UNIT_KEY, "num_groups", *wanted])
+        table = store.sql(f"SELECT {names} FROM steps ORDER BY step, kind, rank")
         curves: dict[str, dict[str, list[tuple[int, float]]]] = {}
         rows = table.to_pylist()
         for name, label in _CURVES:
@@ -341,25 +375,26 @@ class RunData:
         truncated = np.zeros(n, np.int64)
         if "completion_info" in present:
             info = table.column("completion_info").combine_chunks()
-            rows_of = np.asarray(pc.list_parent_indices(info))
+            rows_of = _rows(info)
             items = pc.list_flatten(info)
             tokens = pc.struct_field(items, "token_count")
             if tokens.null_count < len(tokens):
-                lengths = np.asarray(tokens.to_numpy(zero_copy_only=False), dtype=float)
+                lengths = numbers(tokens)
                 l_rows = rows_of
-            cut = pc.or_kleene(
-                pc.fill_null(pc.struct_field(items, "truncated"), False),
-                pc.fill_null(pc.equal(pc.struct_field(items, "finish_reason"), "length"), False),
-            )
-            flags = np.asarray(cut.to_numpy(zero_copy_only=False), dtype=np.int64)
+            # No Python scalars into pyarrow.compute (pa.scalar imports pandas).
+            cut = pc.struct_field(items, "truncated")
+            reasons = pc.struct_field(items, "finish_reason")
+            at_cap = pc.match_substring_regex(reasons, pattern="^length$")
+            flags = pc.or_(pc.and_kleene(cut, pc.is_valid(cut)), pc.and_kleene(at_cap, pc.is_valid(at_cap)))
+            flags = numbers(flags).astype(np.int64)
             truncated = np.bincount(rows_of, weights=flags, minlength=n).astype(np.int64)
         if not len(lengths) and "ref_tok_counts" in present:
             lengths, l_rows = _flat(table, "ref_tok_counts", n)
         if not len(lengths) and "completion_ids" in schema.names and n:
             ids = store.read(steps=step, kind=kind, columns=[*R.ROW_KEY, "completion_ids"])
             per = pc.list_flatten(ids.column("completion_ids").combine_chunks())
-            lengths = np.asarray(pc.list_value_length(per).to_numpy(zero_copy_only=False), float)
-            l_rows = np.asarray(pc.list_parent_indices(ids.column("completion_ids").combine_chunks()))
+            lengths = numbers(pc.list_value_length(per))
+            l_rows = _rows(ids.column("completion_ids").combine_chunks())
         mean_length, _, _ = _moments(lengths, l_rows, n)
         functions, per_function = _function_means(table, n)
 

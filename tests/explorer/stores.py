@@ -93,21 +93,27 @@ def batch(step: int, *, kind: str = "train", seed: int = 0, groups: int = GROUPS
     return RolloutBatch(table, step_row)
 
 
-def demo_like_store(root: Path, *, steps: int = 5) -> dict:
+def demo_like_store(
+    root: Path, *, steps: int = 5, resume: bool = True, lifecycle: bool = True
+) -> dict:
     """Steps 0..steps-1 (train), an eval step, lifecycle records; then a second attempt that
     resumes from step ``steps - 2`` and writes that step again: the first attempt's last two
-    steps are superseded. Returns the attempts' ids."""
+    steps are superseded (``resume=False``: no second attempt; ``lifecycle=False``: no lifecycle records). Returns the attempts' ids."""
     RolloutStore.create(root, config={"model": "tiny-gpt2", "max_completion_len": 9},
                         if_exists="error")  # fmt: skip
     first = RolloutStore(root).next_attempt()
     for step in range(steps):
         first.append(batch(step))
+        if not lifecycle:
+            continue
         rows = RolloutStore(root).read(steps=step, kind="train")
         keep = rows.filter(pa.compute.not_equal(rows.column("group_index"), DROPPED_GROUP))
         first.record_lifecycle(keep, step=step, event="trained")
         dropped = rows.filter(pa.compute.equal(rows.column("group_index"), DROPPED_GROUP))
         first.record_lifecycle(dropped, step=step, event="dropped", reason="zero_std")
     first.append(batch(steps - 1, kind="eval"))
+    if not resume:
+        return {"first": first.attempt_spec.id}
     resumed = RolloutStore(root).next_attempt(resume_from=steps - 2)
     resumed.begin_attempt()
     resumed.append(batch(steps - 2, seed=7))

@@ -92,6 +92,11 @@ def test_overview_curves_click_to_step_then_sort_and_filter(browser, run):
         assert [truth[g] for g in shown] == sorted(truth.values(), reverse=True)
         for g, cell in zip(shown, _cells(page, "mean_reward")):
             assert float(cell) == pytest.approx(truth[g], rel=1e-3)
+        cut = dict(_outside(root, """
+            SELECT group_index, len(list_filter(completion_info, lambda c: c.truncated))
+            FROM g WHERE step = 2 AND kind = 'train'"""))  # fmt: skip
+        assert [int(c) for c in _cells(page, "truncated")] == [cut[g] for g in shown]
+        assert sum(cut.values()) > 0
         page.click("a.sort[data-sort='mean_reward']")  # then ascending
         page.wait_for_url("**desc=0**")
         assert [truth[g] for g in _groups_shown(page)] == sorted(truth.values())
