@@ -400,7 +400,12 @@ def _cmd_tail(args: argparse.Namespace) -> int:
 
 def _cmd_view(args: argparse.Namespace) -> int:
     explorer.serve(
-        args.run, host=args.host, port=args.port, other=args.compare, on_error=args.on_error
+        args.run,
+        host=args.host,
+        port=args.port,
+        other=args.compare,
+        on_error=args.on_error,
+        export_dir=args.export_dir,
     )
     return EXIT_OK
 
@@ -639,6 +644,13 @@ def _parser() -> _Parser:
     )
     p.add_argument(
         "--compare", default=None, metavar="RUN2", help="a second run for the compare page"
+    )
+    p.add_argument(
+        "--export-dir",
+        default=None,
+        metavar="DIR",
+        help="let a step's selection be exported here as a Hugging Face dataset folder "
+        "(outside the store; default: export is off)",
     )
     p.set_defaults(func=_cmd_view)
     # What exists, for the demo's closing lines (they suggest only commands that exist).

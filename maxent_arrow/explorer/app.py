@@ -19,6 +19,7 @@ from __future__ import annotations
 import io
 import json
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 from maxent_arrow import analytics
@@ -27,6 +28,7 @@ from maxent_arrow.arrow import registry as R
 from maxent_arrow.errors import ArgumentError, MaxentArrowError, QueryError, StoreError
 from maxent_arrow.explorer import pages
 from maxent_arrow.explorer.data import HISTORIES, History, RunData
+from maxent_arrow.explorer.export import export_groups
 
 __all__ = ["ASSETS", "Guard", "MAX_QUERY_ROWS", "MAX_URL", "make_app", "table_csv"]
 
@@ -106,9 +108,14 @@ class Guard:
 
 
 def make_app(
-    data: RunData, *, other: RunData | None = None, hosts: tuple[str, ...] = ("127.0.0.1",)
+    data: RunData,
+    *,
+    other: RunData | None = None,
+    hosts: tuple[str, ...] = ("127.0.0.1",),
+    export_dir: Path | None = None,
 ) -> Any:
-    """The ASGI app of the explorer over ``data`` (and ``other``, a second run to compare)."""
+    """The ASGI app of the explorer over ``data`` (and ``other``, a second run to compare);
+    a step's selection may be exported under ``export_dir`` (none: export is off)."""
     from starlette.applications import Starlette
     from starlette.requests import Request
     from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
@@ -161,7 +168,22 @@ def make_app(
         for key, value in params.items():  # numbers are numbers before any row is read
             if key.endswith(("_min", "_max")) and value:
                 float(value)
-        return html(pages.step_page(groups, params, uri=uri))
+        return html(pages.step_page(groups, params, uri=uri, export=export_dir is not None))
+
+    def export(request: Request) -> Response:
+        if export_dir is None:
+            message = "export is off: start the explorer with --export-dir DIR (outside the store)"
+            return html(pages.error_page(403, message, uri=uri), 403)
+        number = int(request.path_params["step"])
+        groups = data.step_groups(number, kind_of(request), history_of(request))
+        params = params_of(request)
+        rows = pages.select_rows(groups, {**params, "kind": groups.kind})
+        folder = export_groups(
+            data, export_dir, step=number, kind=groups.kind, history=groups.history, rows=rows,
+            filters={k: v for k, v in params.items() if v and k != "page"},
+        )  # fmt: skip
+        card = (folder / "README.md").read_text(encoding="utf-8")
+        return html(pages.export_page(folder, len(rows), card, uri=uri))
 
     def group(request: Request) -> Response:
         p = request.path_params
@@ -246,6 +268,7 @@ def make_app(
         Route("/step/{step:int}", guarded(step)),
         Route("/group/{step:int}/{rank:int}/{group:int}", guarded(group)),
         Route("/group-id/{step:int}", guarded(group_by_id)),
+        Route("/export/step/{step:int}", guarded(export)),
         Route("/tokens/{step:int}/{rank:int}/{group:int}/{sample:int}", guarded(tokens)),
         Route("/compare", guarded(compare)),
         Route("/query", guarded(query)),

@@ -22,6 +22,7 @@ __all__ = [
     "PAGE_SIZE",
     "compare_page",
     "error_page",
+    "export_page",
     "group_page",
     "overview_page",
     "query_page",
@@ -252,7 +253,9 @@ def _href(base: str, params: dict[str, str], **changes: Any) -> str:
     return base + ("?" + urlencode(sorted(merged.items())) if merged else "")
 
 
-def step_page(groups: StepGroups, params: dict[str, str], *, uri: str) -> str:
+def step_page(
+    groups: StepGroups, params: dict[str, str], *, uri: str, export: bool = False
+) -> str:
     base = f"/step/{groups.step}"
     params = {**params, "kind": groups.kind}
     fn = params.get("fn") or ""
@@ -348,6 +351,12 @@ def step_page(groups: StepGroups, params: dict[str, str], *, uri: str) -> str:
             for p in range(pages)
         ) + "</p>"
     status_note = "" if groups.has_status else " · no lifecycle records (status unknown)"
+    if export and rows:
+        target = _href(f"/export/step/{groups.step}", params, page="")
+        status_note += (
+            f' · <a id=export href="{escape(target)}">export these {len(rows)} groups as a '
+            "Hugging Face dataset folder</a>"
+        )
     body = (
         f"<h1>{escape(groups.kind)} step {groups.step}</h1>"
         f'<p class=facts id=count>{len(rows)} of {len(groups.rows)} group rows shown'
@@ -489,6 +498,15 @@ def tokens_page(
                 (f"group {gi}", group_path(step, rank, gi, kind, attempts=history, attempt=attempt)),
                 (f"completion {sample}", None)],
     )  # fmt: skip
+
+
+def export_page(folder: Any, groups: int, card: str, *, uri: str) -> str:
+    body = (
+        f"<h1>Exported</h1><p class=ok id=exported>{groups} group rows written to "
+        f"<code id=folder>{escape(str(folder))}</code></p>"
+        f"<h2>Dataset card (README.md)</h2><pre class=text id=card>{escape(card)}</pre>"
+    )
+    return _layout("export", body, uri=uri, crumbs=[("run", "/"), ("export", None)])
 
 
 # ---------------------------------------------------------------------- compare, query

@@ -13,6 +13,7 @@ from maxent_arrow.analytics import DEFAULT_VIEW_PORT
 from maxent_arrow.errors import MissingExtraError
 from maxent_arrow.explorer.app import make_app
 from maxent_arrow.explorer.data import RunData
+from maxent_arrow.explorer.export import check_export_dir
 
 __all__ = ["Viewer", "is_loopback", "serve"]
 
@@ -54,6 +55,7 @@ class Viewer:
         port: int = DEFAULT_VIEW_PORT,
         other: Any = None,
         on_error: str = "raise",
+        export_dir: Any = None,
     ):
         try:
             import uvicorn  # noqa: F401
@@ -69,12 +71,14 @@ class Viewer:
             )
         self.data = RunData(run, on_error=on_error)
         self.other = None if other is None else RunData(other, on_error=on_error)
+        root = self.data.store().root
+        export = None if export_dir is None else check_export_dir(export_dir, root)
         self.socket = _bind(host, port)
         bound = self.socket.getsockname()[1]
         wide = host in ("0.0.0.0", "::", "")
         # Listening everywhere, any Host header may be ours; otherwise only the address served.
         hosts = ("*",) if wide else (host, "localhost", LOOPBACK)
-        self.app = make_app(self.data, other=self.other, hosts=hosts)
+        self.app = make_app(self.data, other=self.other, hosts=hosts, export_dir=export)
         shown = LOOPBACK if wide else host
         self.url = f"http://{'[' + shown + ']' if ':' in shown else shown}:{bound}/"
         self.server: Any = None
@@ -94,12 +98,13 @@ class Viewer:
 
 
 def serve(run: Any, *, host: str = LOOPBACK, port: int = DEFAULT_VIEW_PORT, other: Any = None,
-          on_error: str = "raise") -> None:  # fmt: skip
+          on_error: str = "raise", export_dir: Any = None) -> None:  # fmt: skip
     """Serve the explorer of ``run`` until interrupted, printing its URL first (and, on an
     address other than loopback, a warning on stderr before anything is served)."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        viewer = Viewer(run, host=host, port=port, other=other, on_error=on_error)
+        viewer = Viewer(run, host=host, port=port, other=other, on_error=on_error,
+                        export_dir=export_dir)  # fmt: skip
     for item in caught:
         sys.stderr.write(f"maxent-arrow view: warning: {item.message}\n")
     sys.stderr.flush()
