@@ -171,12 +171,18 @@ def _function_means(table: pa.Table, n: int) -> tuple[list[str], dict[str, dict[
     return functions, out
 
 
-def completion_stats(info: Sequence[dict[str, Any] | None] | None, k: int) -> tuple[list, list, list]:
+def completion_stats(
+    info: Sequence[dict[str, Any] | None] | None, k: int
+) -> tuple[list, list, list]:
     """Per completion: token count (or ``None``), finish reason, truncated flag."""
     items: Sequence[dict[str, Any] | None] = info or [None] * k
     lengths = [None if i is None else i.get("token_count") for i in items]
-    reasons = [None if i is None else (i.get("finish_reason") or i.get("stop_reason")) for i in items]
-    truncated = [bool(i and (i.get("truncated") or i.get("finish_reason") == "length")) for i in items]
+    reasons = [
+        None if i is None else (i.get("finish_reason") or i.get("stop_reason")) for i in items
+    ]
+    truncated = [
+        bool(i and (i.get("truncated") or i.get("finish_reason") == "length")) for i in items
+    ]
     return lengths, reasons, truncated
 
 
@@ -254,12 +260,17 @@ class RunData:
         store = self.store()
         schema = store.schema("steps")
         wanted = [c for c, _ in _CURVES if c in schema.names]
-        # The steps view (DuckDB over the step files, checked and sandboxed): it reads the
-        # columns named and nothing else, and imports no pandas (read_steps may).
-        names = ", ".join([*R.UNIT_KEY, "num_groups", *wanted])
-        table = store.sql(f"SELECT {names} FROM steps ORDER BY step, kind, rank")
+        # The step rows as the catalog holds them (from the commit log, checked when it was
+        # read; no group file, no SQL session, no pandas): one row per committed unit.
+        rows = []
+        for unit in store.units():
+            table = store.catalog.step_file(unit.step_file).table
+            row = {c: None for c in wanted}
+            for name in (*R.UNIT_KEY, "num_groups", *wanted):
+                if name in table.column_names:
+                    row[name] = table.column(name)[unit.row].as_py()
+            rows.append(row)
         curves: dict[str, dict[str, list[tuple[int, float]]]] = {}
-        rows = table.to_pylist()
         for name, label in _CURVES:
             if name not in wanted:
                 continue
@@ -385,7 +396,9 @@ class RunData:
             cut = pc.struct_field(items, "truncated")
             reasons = pc.struct_field(items, "finish_reason")
             at_cap = pc.match_substring_regex(reasons, pattern="^length$")
-            flags = pc.or_(pc.and_kleene(cut, pc.is_valid(cut)), pc.and_kleene(at_cap, pc.is_valid(at_cap)))
+            flags = pc.or_(
+                pc.and_kleene(cut, pc.is_valid(cut)), pc.and_kleene(at_cap, pc.is_valid(at_cap))
+            )
             flags = numbers(flags).astype(np.int64)
             truncated = np.bincount(rows_of, weights=flags, minlength=n).astype(np.int64)
         if not len(lengths) and "ref_tok_counts" in present:
@@ -567,9 +580,7 @@ class RunData:
         """One completion's token ids and every per-token series the run stored for it."""
         token_columns = R.names(R.GROUP, level="token")
         columns = [*R.ROW_KEY, "completions", *token_columns]
-        table, _, _ = self._group_table(
-            step, rank, group_index, kind, history, columns, attempt
-        )
+        table, _, _ = self._group_table(step, rank, group_index, kind, history, columns, attempt)
         present = set(table.column_names)
         row = table.to_pylist()[0]
         ids_all = row.get("completion_ids") or []

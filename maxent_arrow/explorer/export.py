@@ -72,7 +72,7 @@ def dataset_card(info: dict[str, Any], table: pa.Table) -> str:
         f"Selection: `{json.dumps(info['filters'], sort_keys=True)}`.",
         "",
         "One row per prompt group (its K completions in list columns). Load it with "
-        "`datasets.load_dataset(\"path/to/this/folder\")`; push it with "
+        '`datasets.load_dataset("path/to/this/folder")`; push it with '
         "`huggingface-cli upload REPO path/to/this/folder --repo-type dataset`.",
         "",
         "## Columns",

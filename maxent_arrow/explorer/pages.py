@@ -31,7 +31,7 @@ __all__ = [
     "verify_page",
 ]
 
-PAGE_SIZE = 100
+PAGE_SIZE = 50
 # The step table's sortable and filterable figures: key, header.
 METRICS = (
     ("mean_reward", "mean reward"),
@@ -40,6 +40,8 @@ METRICS = (
     ("mean_length", "mean length"),
     ("truncated", "truncated"),
 )
+_NO_ATTEMPTS = "<tr><td colspan=7>– (a store without a commit log)</td></tr>"
+_CHAT = "<span class=badge>chat</span> "
 _PALETTE = ("#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c")
 
 
@@ -80,7 +82,10 @@ def _layout(title: str, body: str, *, uri: str, crumbs: list[tuple[str, str | No
 
 
 def error_page(status: int, message: str, *, uri: str) -> str:
-    body = f'<h1>{status}</h1><p class=error id=error>{escape(message)}</p><p><a href="/">back to the run</a></p>'
+    body = (
+        f"<h1>{status}</h1><p class=error id=error>{escape(message)}</p>"
+        '<p><a href="/">back to the run</a></p>'
+    )
     return _layout(f"error {status}", body, uri=uri, crumbs=[("run", "/"), ("error", None)])
 
 
@@ -106,13 +111,16 @@ def _svg_curve(label: str, series: dict[str, list[tuple[int, float]]]) -> str:
         f'<figure class=curve data-curve="{escape(label)}"><figcaption>{escape(label)}</figcaption>'
         f'<svg viewBox="0 0 {width} {height}" width={width} height={height} role=img '
         f'aria-label="{escape(label)} per step">',
-        f'<line class=axis x1={pad} y1={height - pad} x2={width - pad} y2={height - pad} />',
-        f'<line class=axis x1={pad} y1={pad} x2={pad} y2={height - pad} />',
-        f'<text class=tick x={pad - 6} y={y(y1) + 4:.1f} text-anchor=end>{fmt(y1, 3)}</text>',
-        f'<text class=tick x={pad - 6} y={y(y0) + 4:.1f} text-anchor=end>{fmt(y0, 3)}</text>',
-        f'<text class=tick x={px(x0):.1f} y={height - pad + 16} text-anchor=middle>{int(x0)}</text>',
-        f'<text class=tick x={px(x1):.1f} y={height - pad + 16} text-anchor=middle>{int(x1)}</text>',
-        f'<text class=tick x={width / 2:.0f} y={height - 6} text-anchor=middle>step</text>',
+        f"<line class=axis x1={pad} y1={height - pad} x2={width - pad} y2={height - pad} />",
+        f"<line class=axis x1={pad} y1={pad} x2={pad} y2={height - pad} />",
+        f"<text class=tick x={pad - 6} y={y(y1) + 4:.1f} text-anchor=end>{fmt(y1, 3)}</text>",
+        f"<text class=tick x={pad - 6} y={y(y0) + 4:.1f} text-anchor=end>{fmt(y0, 3)}</text>",
+        *(
+            f"<text class=tick x={px(s):.1f} y={height - pad + 16} text-anchor=middle>"
+            f"{int(s)}</text>"
+            for s in (x0, x1)
+        ),
+        f"<text class=tick x={width / 2:.0f} y={height - 6} text-anchor=middle>step</text>",
     ]
     for i, (kind, points) in enumerate(sorted(series.items())):
         colour = _PALETTE[i % len(_PALETTE)]
@@ -125,7 +133,7 @@ def _svg_curve(label: str, series: dict[str, list[tuple[int, float]]]) -> str:
                 f'fill="{colour}"><title>{escape(kind)} step {s}: {fmt(v)}</title></circle></a>'
             )
         parts.append(
-            f'<text class=legend x={width - pad} y={pad - 24 + 14 * i} text-anchor=end '
+            f"<text class=legend x={width - pad} y={pad - 24 + 14 * i} text-anchor=end "
             f'fill="{colour}">{escape(kind)}</text>'
         )
     parts.append("</svg></figure>")
@@ -133,9 +141,7 @@ def _svg_curve(label: str, series: dict[str, list[tuple[int, float]]]) -> str:
 
 
 def overview_page(info: dict[str, Any]) -> str:
-    curves = "".join(
-        _svg_curve(label, series) for label, series in info["curves"].items()
-    )
+    curves = "".join(_svg_curve(label, series) for label, series in info["curves"].items())
     steps = "".join(
         f"<p><b>{escape(kind)}</b>: "
         + " ".join(f'<a class=steplink href="{escape(step_path(s, kind))}">{s}</a>' for s in s_)
@@ -155,8 +161,7 @@ def overview_page(info: dict[str, Any]) -> str:
     gone = (
         "<p class=note id=superseded>Steps superseded by a later attempt: "
         + " ".join(
-            f'<a href="{escape(step_path(s, "train", attempts="all"))}">{s}</a>'
-            for s in superseded
+            f'<a href="{escape(step_path(s, "train", attempts="all"))}">{s}</a>' for s in superseded
         )
         + " (shown with <code>attempts=all</code> or <code>superseded</code>)</p>"
         if superseded
@@ -168,11 +173,11 @@ def overview_page(info: dict[str, Any]) -> str:
         f"<h1>Run overview</h1><p class=facts>{info['groups']:,} group rows · "
         + " · ".join(f"{len(v)} {escape(k)} steps" for k, v in info["steps"].items())
         + ' · store health: <a href="/verify" id=verify-link>verify every file</a></p>'
-        f'<section class=curves id=curves>{curves or "<p>No step figures recorded.</p>"}</section>'
+        f"<section class=curves id=curves>{curves or '<p>No step figures recorded.</p>'}</section>"
         f"<h2>Steps</h2>{steps}"
-        f'<h2>Attempts</h2><table class=data id=attempts><thead><tr><th>attempt</th><th>role</th>'
+        f"<h2>Attempts</h2><table class=data id=attempts><thead><tr><th>attempt</th><th>role</th>"
         "<th>mode</th><th>resumed from</th><th>started</th><th>host</th><th>log version</th>"
-        f"</tr></thead><tbody>{attempts or '<tr><td colspan=7>– (a store without a commit log)</td></tr>'}"
+        f"</tr></thead><tbody>{attempts or _NO_ATTEMPTS}"
         f"</tbody></table>{gone}"
         f"<h2>Config</h2><pre class=json id=config>{config}</pre>"
         f"<details><summary>Manifest</summary><pre class=json>{manifest}</pre></details>"
@@ -182,17 +187,20 @@ def overview_page(info: dict[str, Any]) -> str:
 
 def verify_page(result: dict[str, Any], *, uri: str) -> str:
     if result["ok"]:
-        verdict = f'<p class=ok id=verdict>OK: {result["checked"]} files checked, no damage.</p>'
+        verdict = f"<p class=ok id=verdict>OK: {result['checked']} files checked, no damage.</p>"
     else:
         rows = "".join(
             f"<tr><td>{escape(p)}</td><td>{escape(w)}</td></tr>" for p, w in result["problems"]
         )
         verdict = (
-            f'<p class=error id=verdict>{len(result["problems"])} problem(s) in '
-            f'{result["checked"]} files</p><table class=data><tbody>{rows}</tbody></table>'
+            f"<p class=error id=verdict>{len(result['problems'])} problem(s) in "
+            f"{result['checked']} files</p><table class=data><tbody>{rows}</tbody></table>"
         )
     return _layout(
-        "verify", f"<h1>Store health</h1>{verdict}", uri=uri, crumbs=[("run", "/"), ("verify", None)]
+        "verify",
+        f"<h1>Store health</h1>{verdict}",
+        uri=uri,
+        crumbs=[("run", "/"), ("verify", None)],
     )
 
 
@@ -236,15 +244,28 @@ def select_rows(groups: StepGroups, params: dict[str, str]) -> list[dict[str, An
         def key_(r: dict[str, Any]) -> tuple:
             v = _number(r, sort, fn)
             # NaN last whichever way the column sorts.
-            return (math.isnan(v), -v if desc and not math.isnan(v) else v if not math.isnan(v) else 0)
+            return (
+                math.isnan(v),
+                -v if desc and not math.isnan(v) else v if not math.isnan(v) else 0,
+            )
 
         rows = sorted(rows, key=key_)
     elif sort in ("rank", "group_index", "status", "attempt", "k"):
         rows = sorted(
-            rows, key=lambda r: (r[sort] is None, r[sort] or 0, r["rank"], r["group_index"]),
+            rows,
+            key=lambda r: (r[sort] is None, r[sort] or 0, r["rank"], r["group_index"]),
             reverse=desc,
         )
     return rows
+
+
+def _selected(on: bool) -> str:
+    return " selected" if on else ""
+
+
+def _checkbox(name: str, label: str, params: dict[str, str]) -> str:
+    checked = " checked" if params.get(name) == "1" else ""
+    return f"<label><input type=checkbox name={name} value=1{checked}> {escape(label)}</label>"
 
 
 def _href(base: str, params: dict[str, str], **changes: Any) -> str:
@@ -253,9 +274,7 @@ def _href(base: str, params: dict[str, str], **changes: Any) -> str:
     return base + ("?" + urlencode(sorted(merged.items())) if merged else "")
 
 
-def step_page(
-    groups: StepGroups, params: dict[str, str], *, uri: str, export: bool = False
-) -> str:
+def step_page(groups: StepGroups, params: dict[str, str], *, uri: str, export: bool = False) -> str:
     base = f"/step/{groups.step}"
     params = {**params, "kind": groups.kind}
     fn = params.get("fn") or ""
@@ -265,10 +284,19 @@ def step_page(
     sort, desc = params.get("sort") or "group_index", params.get("desc") == "1"
 
     def header(key: str, label: str) -> str:
-        flip = "0" if sort == key and desc else "1" if sort == key else "1" if key != "group_index" else "0"
+        flip = (
+            "0"
+            if sort == key and desc
+            else "1"
+            if sort == key
+            else "1"
+            if key != "group_index"
+            else "0"
+        )
         mark = (" ▼" if desc else " ▲") if sort == key else ""
         return (
-            f'<th><a class=sort data-sort="{key}" href="{escape(_href(base, params, sort=key, desc=flip, page=""))}">'
+            f'<th><a class=sort data-sort="{key}" '
+            f'href="{escape(_href(base, params, sort=key, desc=flip, page=""))}">'
             f"{escape(label)}{mark}</a></th>"
         )
 
@@ -296,12 +324,14 @@ def step_page(
             f'<tr class="{classes}" data-rank={r["rank"]} data-group={r["group_index"]}>'
             f"<td>{r['rank']}</td>"
             f'<td><a class=grouplink href="{escape(href)}">{r["group_index"]}</a></td>'
-            f'<td class=prompt title="{escape(prompt)}">{"<span class=badge>chat</span> " if r["chat"] else ""}'
+            f'<td class=prompt title="{escape(prompt)}">{_CHAT if r["chat"] else ""}'
             f"{escape(prompt[:90])}{'…' if len(prompt) > 90 else ''}</td>"
             f"<td>{r['k']}</td>"
             + "".join(f'<td class=num data-key="{k}">{fmt(r[k])}</td>' for k, _ in METRICS)
-            + (f'<td class=num data-key=fn>{fmt(r["rewards"].get(fn))}</td>' if fn else "")
-            + f"<td class=status>{fmt(r['status'])}{' (' + escape(r['reason']) + ')' if r['reason'] else ''}</td>"
+            + (f"<td class=num data-key=fn>{fmt(r['rewards'].get(fn))}</td>" if fn else "")
+            + f"<td class=status>{fmt(r['status'])}"
+            + (f" ({escape(r['reason'])})" if r["reason"] else "")
+            + "</td>"
             f"<td class=attempt>{escape(r['attempt'] or '–')}"
             f"{' <span class=badge>superseded</span>' if r['superseded'] else ''}</td></tr>"
         )
@@ -313,8 +343,13 @@ def step_page(
         )
 
     options = "".join(
-        f'<option value="{escape(v)}"{" selected" if params.get("status", "") == v else ""}>{t}</option>'
-        for v, t in (("", "any"), ("trained", "trained"), ("dropped", "dropped"), ("none", "no record"))
+        f'<option value="{escape(v)}"{_selected(params.get("status", "") == v)}>{t}</option>'
+        for v, t in (
+            ("", "any"),
+            ("trained", "trained"),
+            ("dropped", "dropped"),
+            ("none", "no record"),
+        )
     )
     fns = "".join(
         f'<option value="{escape(n)}"{" selected" if fn == n else ""}>{escape(n)}</option>'
@@ -330,26 +365,33 @@ def step_page(
         if k in ("kind", "sort", "desc")
     )
     ranges = "".join(
-        f"<fieldset><legend>{escape(label)}</legend>{field(k + '_min', 'min')}{field(k + '_max', 'max')}</fieldset>"
+        f"<fieldset><legend>{escape(label)}</legend>"
+        f"{field(k + '_min', 'min')}{field(k + '_max', 'max')}</fieldset>"
         for k, label in (*METRICS[:4], ("fn", "reward function"))
     )
     form = (
         f'<form class=filters id=filters method=get action="{base}">{hidden}'
-        f'<label>status <select name=status>{options}</select></label>'
-        f'<label>reward function <select name=fn>{fns}</select></label>'
-        f'<label>attempts <select name=attempts>{histories}</select></label>'
-        f'<label><input type=checkbox name=trunc value=1{" checked" if params.get("trunc") == "1" else ""}> truncated</label>'
-        f'<label><input type=checkbox name=unscored value=1{" checked" if params.get("unscored") == "1" else ""}> NaN reward</label>'
-        f'{field("q", "prompt contains", "search")}{ranges}'
-        f'<button type=submit id=apply>apply</button> <a href="{base}?kind={escape(groups.kind)}">clear</a></form>'
+        f"<label>status <select name=status>{options}</select></label>"
+        f"<label>reward function <select name=fn>{fns}</select></label>"
+        f"<label>attempts <select name=attempts>{histories}</select></label>"
+        f"{_checkbox('trunc', 'truncated', params)}{_checkbox('unscored', 'NaN reward', params)}"
+        f"{field('q', 'prompt contains', 'search')}{ranges}"
+        "<button type=submit id=apply>apply</button> "
+        f'<a href="{base}?kind={escape(groups.kind)}">clear</a></form>'
     )
     pager = ""
     if len(rows) > PAGE_SIZE:
         pages = (len(rows) + PAGE_SIZE - 1) // PAGE_SIZE
-        pager = "<p class=pager>" + " ".join(
-            f'<a href="{escape(_href(base, params, page=p))}">{p + 1}</a>' if p != page else f"<b>{p + 1}</b>"
-            for p in range(pages)
-        ) + "</p>"
+        pager = (
+            "<p class=pager>"
+            + " ".join(
+                f'<a href="{escape(_href(base, params, page=p))}">{p + 1}</a>'
+                if p != page
+                else f"<b>{p + 1}</b>"
+                for p in range(pages)
+            )
+            + "</p>"
+        )
     status_note = "" if groups.has_status else " · no lifecycle records (status unknown)"
     if export and rows:
         target = _href(f"/export/step/{groups.step}", params, page="")
@@ -359,7 +401,7 @@ def step_page(
         )
     body = (
         f"<h1>{escape(groups.kind)} step {groups.step}</h1>"
-        f'<p class=facts id=count>{len(rows)} of {len(groups.rows)} group rows shown'
+        f"<p class=facts id=count>{len(rows)} of {len(groups.rows)} group rows shown"
         f" ({escape(groups.history)} history){status_note}</p>{form}"
         f'<table class="data groups" id=groups><thead><tr>{heads}</tr></thead>'
         f"<tbody>{''.join(body_rows)}</tbody></table>{pager}"
@@ -382,6 +424,11 @@ def _messages(messages: list[dict[str, Any]] | None) -> str:
     return f"<div class=chat>{''.join(out)}</div>"
 
 
+def _compare_link(params: dict[str, Any]) -> str:
+    href = "/compare?" + urlencode(params)
+    return f'<a id=compare href="{escape(href)}">same prompt across steps</a>'
+
+
 def group_page(group: GroupRow, *, uri: str, history: str) -> str:
     key = group.key
     step, rank, kind, gi = key["step"], key["rank"], key["kind"], key["group_index"]
@@ -392,9 +439,9 @@ def group_page(group: GroupRow, *, uri: str, history: str) -> str:
         prompt = f"<pre class=text>{escape(group.prompt or '')}</pre>"
     compare = ""
     if group.example_id is not None:
-        compare = f'<a id=compare href="/compare?{urlencode({"example_id": group.example_id, "kind": kind})}">same prompt across steps</a>'
+        compare = _compare_link({"example_id": group.example_id, "kind": kind})
     elif group.prompt is not None:
-        compare = f'<a id=compare href="/compare?{urlencode({"prompt": group.prompt, "kind": kind})}">same prompt across steps</a>'
+        compare = _compare_link({"prompt": group.prompt, "kind": kind})
     cards = []
     for c in group.completions:
         i = c["index"]
@@ -415,28 +462,43 @@ def group_page(group: GroupRow, *, uri: str, history: str) -> str:
             ("finish reason", c["finish_reason"]),
         ]
         table = "".join(
-            f'<tr><th>{escape(n)}</th><td data-figure="{escape(n)}">{fmt(v)}</td></tr>' for n, v in figures
+            f'<tr><th>{escape(n)}</th><td data-figure="{escape(n)}">{fmt(v)}</td></tr>'
+            for n, v in figures
         )
-        text = _messages(c["messages"]) if c["messages"] else f"<pre class=text>{escape(c['text'] or '')}</pre>"
+        text = (
+            _messages(c["messages"])
+            if c["messages"]
+            else f"<pre class=text>{escape(c['text'] or '')}</pre>"
+        )
         href = tokens_path(step, rank, gi, i, kind, attempts=history, attempt=pick)
         cards.append(
-            f'<article class="{" ".join(classes)}" data-index={i}><h3>completion {i} {"".join(marks)}</h3>'
+            f'<article class="{" ".join(classes)}" data-index={i}>'
+            f"<h3>completion {i} {''.join(marks)}</h3>"
             f"<table class=figures>{table}</table>{text}"
             f'<a class=tokenlink href="{escape(href)}">tokens</a></article>'
         )
     meta = [
-        ("rank", rank), ("attempt", (group.attempt or "–") + (" (superseded)" if group.superseded else "")),
+        ("rank", rank),
+        ("attempt", (group.attempt or "–") + (" (superseded)" if group.superseded else "")),
         ("status", group.status), ("example id", group.example_id), ("answer", group.answer),
     ]  # fmt: skip
-    facts = " · ".join(f"{escape(n)}: <b>{fmt(v) if not isinstance(v, str) else escape(v)}</b>" for n, v in meta)
+    facts = " · ".join(
+        f"{escape(n)}: <b>{fmt(v) if not isinstance(v, str) else escape(v)}</b>" for n, v in meta
+    )
     body = (
-        f"<h1>{escape(kind)} step {step} · group {gi}</h1><p class=facts id=facts>{facts} {compare}</p>"
+        f"<h1>{escape(kind)} step {step} · group {gi}</h1>"
+        f"<p class=facts id=facts>{facts} {compare}</p>"
         f"<h2>Prompt</h2><section id=prompt>{prompt}</section>"
-        f"<h2>{len(group.completions)} completions</h2><div class=cards id=cards>{''.join(cards)}</div>"
+        f"<h2>{len(group.completions)} completions</h2>"
+        f"<div class=cards id=cards>{''.join(cards)}</div>"
     )
     return _layout(
         f"step {step} group {gi}", body, uri=uri,
-        crumbs=[("run", "/"), (f"{kind} step {step}", step_path(step, kind, attempts=history)), (f"group {gi}", None)],
+        crumbs=[
+            ("run", "/"),
+            (f"{kind} step {step}", step_path(step, kind, attempts=history)),
+            (f"group {gi}", None),
+        ],
     )  # fmt: skip
 
 
@@ -463,8 +525,20 @@ def tokens_page(
     history: str,
     attempt: str | None = None,
 ) -> str:
-    step, rank, kind, gi, sample = key["step"], key["rank"], key["kind"], key["group_index"], key["sample"]
+    step, rank, kind, gi, sample = (
+        key["step"],
+        key["rank"],
+        key["kind"],
+        key["group_index"],
+        key["sample"],
+    )
     available = list(data["series"])
+
+    def series_href(name: str) -> str:
+        return tokens_path(
+            step, rank, gi, sample, kind, attempts=history, attempt=attempt, series=name
+        )
+
     chosen = series if series in data["series"] else (available[0] if available else None)
     values = data["series"].get(chosen, []) if chosen else []
     finite = [v for v in values if v is not None and not math.isnan(v)]
@@ -477,25 +551,29 @@ def tokens_page(
         for name, vals in data["series"].items():
             info[data["labels"][name]] = vals[t] if t < len(vals) else None
         chips.append(
-            f'<span class=tok data-info="{escape(dumps(info))}" style="background:{_colour(v, lo, hi, diverging)}">'
+            f'<span class=tok data-info="{escape(dumps(info))}" '
+            f'style="background:{_colour(v, lo, hi, diverging)}">'
             f"{token}</span>"
         )
     links = " ".join(
-        f'<a class="series{" chosen" if n == chosen else ""}" data-series="{n}" href="{escape(tokens_path(step, rank, gi, sample, kind, attempts=history, attempt=attempt, series=n))}">'
+        f'<a class="series{" chosen" if n == chosen else ""}" data-series="{n}" '
+        f'href="{escape(series_href(n))}">'
         f"{escape(data['labels'][n])}</a>"
         for n in available
     )
     body = (
         f"<h1>{escape(kind)} step {step} · group {gi} · completion {sample}</h1>"
-        f"<p class=facts>{len(data['ids'])} tokens · colour: <b id=chosen>{escape(data['labels'].get(chosen, 'none'))}</b>"
-        f" ({fmt(lo)} … {fmt(hi)})</p><p class=series-list>series: {links or '– (no per-token series stored)'}</p>"
+        f"<p class=facts>{len(data['ids'])} tokens · colour: "
+        f"<b id=chosen>{escape(data['labels'].get(chosen, 'none'))}</b> ({fmt(lo)} … {fmt(hi)})"
+        f"</p><p class=series-list>series: {links or '– (no per-token series stored)'}</p>"
         f"<div class=tokens id=tokens>{''.join(chips)}</div><div id=tip class=tip hidden></div>"
         f"<h2>Text</h2><pre class=text>{escape(data['text'] or '')}</pre>"
     )
     return _layout(
         f"tokens {step}/{gi}/{sample}", body, uri=uri,
         crumbs=[("run", "/"), (f"{kind} step {step}", step_path(step, kind, attempts=history)),
-                (f"group {gi}", group_path(step, rank, gi, kind, attempts=history, attempt=attempt)),
+                (f"group {gi}", group_path(step, rank, gi, kind, attempts=history,
+                                           attempt=attempt)),
                 (f"completion {sample}", None)],
     )  # fmt: skip
 
@@ -520,8 +598,9 @@ def compare_page(sections: list[tuple[str, list[dict]]], what: str, *, uri: str)
             for r in rows
         )
         parts.append(
-            f"<h2>{escape(title)}</h2><table class=data data-run=\"{escape(title)}\"><thead><tr><th>step</th><th>rank</th>"
-            f"<th>group</th><th>mean reward</th></tr></thead><tbody>{trs or '<tr><td colspan=4>none</td></tr>'}</tbody></table>"
+            f'<h2>{escape(title)}</h2><table class=data data-run="{escape(title)}"><thead><tr>'
+            "<th>step</th><th>rank</th><th>group</th><th>mean reward</th></tr></thead>"
+            f"<tbody>{trs or '<tr><td colspan=4>none</td></tr>'}</tbody></table>"
         )
     body = f"<h1>Same prompt across steps</h1><p class=facts>{escape(what)}</p>{''.join(parts)}"
     return _layout("compare", body, uri=uri, crumbs=[("run", "/"), ("compare", None)])
@@ -536,20 +615,27 @@ def query_page(sql: str, result: Any, error: str | None, *, uri: str, max_rows: 
         rows = result.slice(0, max_rows).to_pylist()
         head = "".join(f"<th>{escape(n)}</th>" for n in names)
         body_rows = "".join(
-            "<tr>" + "".join(f"<td>{fmt(r[n]) if not isinstance(r[n], list | dict) else escape(dumps(r[n]))}</td>" for n in names) + "</tr>"
+            "<tr>"
+            + "".join(
+                f"<td>{escape(dumps(r[n])) if isinstance(r[n], list | dict) else fmt(r[n])}</td>"
+                for n in names
+            )
+            + "</tr>"
             for r in rows
         )
         more = f" (showing {max_rows})" if result.num_rows > max_rows else ""
         out = (
-            f'<p class=facts id=rows>{result.num_rows:,} rows{more} · '
-            f'<a id=csv download=query.csv href="/query.csv?{urlencode({"sql": sql})}">download CSV</a></p>'
-            f"<table class=data id=result><thead><tr>{head}</tr></thead><tbody>{body_rows}</tbody></table>"
+            f"<p class=facts id=rows>{result.num_rows:,} rows{more} · "
+            f'<a id=csv download=query.csv href="/query.csv?{urlencode({"sql": sql})}">'
+            "download CSV</a></p><table class=data id=result>"
+            f"<thead><tr>{head}</tr></thead><tbody>{body_rows}</tbody></table>"
         )
     body = (
         "<h1>Query</h1><p>DuckDB SQL over the views <code>groups</code>, <code>samples</code>, "
         "<code>steps</code> (and the record tables), read-only and sandboxed as "
         "<code>maxent-arrow query</code>.</p>"
-        f'<form method=get action="/query" id=queryform><textarea name=sql id=sql rows=6 cols=100>{escape(sql)}</textarea>'
+        '<form method=get action="/query" id=queryform>'
+        f"<textarea name=sql id=sql rows=6 cols=100>{escape(sql)}</textarea>"
         f"<br><button type=submit id=run>run</button></form>{out}"
     )
     return _layout("query", body, uri=uri, crumbs=[("run", "/"), ("query", None)])

@@ -98,7 +98,8 @@ def demo_like_store(
 ) -> dict:
     """Steps 0..steps-1 (train), an eval step, lifecycle records; then a second attempt that
     resumes from step ``steps - 2`` and writes that step again: the first attempt's last two
-    steps are superseded (``resume=False``: no second attempt; ``lifecycle=False``: no lifecycle records). Returns the attempts' ids."""
+    steps are superseded (``resume=False``: no second attempt; ``lifecycle=False``: no
+    lifecycle records). Returns the attempts' ids."""
     RolloutStore.create(root, config={"model": "tiny-gpt2", "max_completion_len": 9},
                         if_exists="error")  # fmt: skip
     first = RolloutStore(root).next_attempt()

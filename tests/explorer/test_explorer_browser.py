@@ -67,7 +67,9 @@ def run(tmp_path_factory):
 def test_overview_curves_click_to_step_then_sort_and_filter(browser, run):
     root, url, attempts = run
     with browser.open(url + "/") as page:
-        captions = page.eval_on_selector_all("figure.curve figcaption", "f => f.map(x => x.textContent)")
+        captions = page.eval_on_selector_all(
+            "figure.curve figcaption", "f => f.map(x => x.textContent)"
+        )
         assert {"reward (mean U)", "completion length (tokens)", "KL", "loss"} <= set(captions)
         text = page.inner_text("#attempts")
         assert attempts["first"] in text and attempts["resumed"] in text
@@ -75,7 +77,9 @@ def test_overview_curves_click_to_step_then_sort_and_filter(browser, run):
         assert page.inner_text("#superseded").split(":")[1].split()[:2] == ["3", "4"]
         _shot(browser, page, "explorer_overview")
         # Click the reward curve's point of train step 2: the step page opens.
-        page.click("figure[data-curve='reward (mean U)'] a.point[data-step='2'][data-kind='train'] circle")
+        page.click(
+            "figure[data-curve='reward (mean U)'] a.point[data-step='2'][data-kind='train'] circle"
+        )
         page.wait_for_url("**/step/2?kind=train")
         assert page.inner_text("h1") == "train step 2"
         assert len(_groups_shown(page)) == stores.GROUPS
@@ -147,7 +151,10 @@ def test_group_with_chat_prompt_and_tokens(browser, run):
         assert int(best) == max(range(stores.K), key=lambda i: (totals[i], -i))
         assert int(worst) == min(range(stores.K), key=lambda i: totals[i])
         for i, card in enumerate(cards):
-            figure = lambda n: card.query_selector(f"td[data-figure='{n}']").inner_text()  # noqa: E731
+
+            def figure(n: str, card=card) -> str:
+                return card.query_selector(f"td[data-figure='{n}']").inner_text()
+
             assert float(figure("total U")) == pytest.approx(totals[i], rel=1e-3)
             assert float(figure("advantage")) == pytest.approx(stored["advantages"][i], abs=1e-3)
             assert float(figure("MaxEnt weight")) == pytest.approx(stored["weights"][i])
@@ -189,19 +196,25 @@ def test_nan_reward_superseded_attempt_and_compare(browser, run):
         _shot(browser, page, "explorer_group_nan")
         page.click("#compare")
         page.wait_for_url("**/compare?example_id=2**")
-        rows = page.eval_on_selector_all("table.data tbody tr td:first-child", "t => t.map(x => x.textContent)")
+        rows = page.eval_on_selector_all(
+            "table.data tbody tr td:first-child", "t => t.map(x => x.textContent)"
+        )
         assert rows == ["0", "1", "2", "3"]  # the effective history's steps
         _shot(browser, page, "explorer_compare")
     with browser.open(url + "/step/2?kind=train&unscored=1") as page:
         assert _groups_shown(page) == [stores.NAN_GROUP]
     # Step 3 was written by both attempts: the effective history shows the resumed one's...
     with browser.open(url + "/step/3?kind=train") as page:
-        assert set(page.eval_on_selector_all("#groups td.attempt", "t => t.map(x => x.textContent)")) == {attempts["resumed"]}
+        assert set(
+            page.eval_on_selector_all("#groups td.attempt", "t => t.map(x => x.textContent)")
+        ) == {attempts["resumed"]}
     # ... every attempt's rows side by side, the superseded marked ...
     with browser.open(url + "/step/3?kind=train&attempts=all") as page:
         cells = page.eval_on_selector_all("#groups td.attempt", "t => t.map(x => x.textContent)")
-        assert sorted(cells) == sorted([attempts["first"] + " superseded"] * stores.GROUPS
-                                       + [attempts["resumed"]] * stores.GROUPS)
+        assert sorted(cells) == sorted(
+            [attempts["first"] + " superseded"] * stores.GROUPS
+            + [attempts["resumed"]] * stores.GROUPS
+        )
         assert len(page.query_selector_all("#groups tr.superseded")) == stores.GROUPS
         _shot(browser, page, "explorer_step_superseded")
         page.click("#groups tr.superseded a.grouplink >> nth=0")
@@ -216,14 +229,19 @@ def test_nan_reward_superseded_attempt_and_compare(browser, run):
 
 def test_sql_box_table_and_csv(browser, run):
     root, url, _ = run
-    sql = "SELECT step, count(*) AS n, avg(total_util) AS u FROM samples WHERE kind = 'train' GROUP BY step ORDER BY step"
+    sql = (
+        "SELECT step, count(*) AS n, avg(total_util) AS u FROM samples WHERE kind = 'train' "
+        "GROUP BY step ORDER BY step"
+    )
     with browser.open(url + "/query") as page:
         page.fill("#sql", sql)
         page.click("#run")
         page.wait_for_selector("#result")
         heads = page.eval_on_selector_all("#result th", "t => t.map(x => x.textContent)")
         assert heads == ["step", "n", "u"]
-        rows = page.eval_on_selector_all("#result tbody tr", "t => t.map(r => Array.from(r.cells).map(c => c.textContent))")
+        rows = page.eval_on_selector_all(
+            "#result tbody tr", "t => t.map(r => Array.from(r.cells).map(c => c.textContent))"
+        )
         # What `maxent-arrow query` prints for the same SQL (a subprocess of the command).
         cli = subprocess.run(
             [sys.executable, "-m", "maxent_arrow.cli", "query", str(root), sql, "--csv"],

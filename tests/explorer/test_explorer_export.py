@@ -47,7 +47,9 @@ def test_a_filtered_step_exports_to_a_dataset_folder(browser, tmp_path):
     assert loaded.num_rows == len(want) == stores.GROUPS - 1
     assert [r["group_index"] for r in loaded] == [r["group_index"] for r in want]
     assert [r["completion_ids"] for r in loaded] == [r["completion_ids"] for r in want]
-    assert loaded[0]["prompt_messages"] is None and loaded[1]["prompt_messages"][0]["role"] == "system"
+    assert (
+        loaded[0]["prompt_messages"] is None and loaded[1]["prompt_messages"][0]["role"] == "system"
+    )
 
 
 def test_export_is_off_without_a_directory_and_refused_inside_the_store(tmp_path):

@@ -31,12 +31,17 @@ def test_a_trl_run_walked_from_curve_to_tokens(browser, tmp_path):
     before = fingerprint(root)
     stored = RolloutStore(root)
     with served(root) as (url, _proc), browser.open(url + "/") as page:
-        captions = page.eval_on_selector_all("figure.curve figcaption", "f => f.map(x => x.textContent)")
+        captions = page.eval_on_selector_all(
+            "figure.curve figcaption", "f => f.map(x => x.textContent)"
+        )
         assert "reward (mean U)" in captions
         assert "trl.GRPOTrainer" in page.inner_text("#config")
         browser.screenshot(page, "explorer_trl_overview")
         first = stored.steps(kind="train")[0]
-        page.click(f"figure[data-curve='reward (mean U)'] a.point[data-step='{first}'][data-kind='train'] circle")
+        page.click(
+            "figure[data-curve='reward (mean U)'] "
+            f"a.point[data-step='{first}'][data-kind='train'] circle"
+        )
         page.wait_for_url(f"**/step/{first}?kind=train")
         rows = stored.read(steps=first, kind="train").to_pylist()
         assert len(page.query_selector_all("#groups tbody tr")) == len(rows)

@@ -34,7 +34,9 @@ def served(root: Path, *args: str, timeout: float = 60.0) -> Iterator[tuple[str,
                 break
         if url is None:
             proc.kill()
-            raise AssertionError(f"the explorer did not start: {proc.stderr.read() if proc.stderr else ''}")
+            raise AssertionError(
+                f"the explorer did not start: {proc.stderr.read() if proc.stderr else ''}"
+            )
         yield url.rstrip("/"), proc
     finally:
         if proc.poll() is None:
