@@ -593,8 +593,12 @@ def compare_page(sections: list[tuple[str, list[dict]]], what: str, *, uri: str)
     for title, rows in sections:
         trs = "".join(
             f"<tr><td>{r['step']}</td><td>{r['rank']}</td>"
-            f'<td><a href="{escape(r["href"])}">{r["group_index"]}</a></td>'
-            f"<td class=num>{fmt(r['mean_reward'])}</td></tr>"
+            + (
+                f'<td><a href="{escape(r["href"])}">{r["group_index"]}</a></td>'
+                if r["href"]
+                else f"<td>{r['group_index']}</td>"  # the other run: not served here
+            )
+            + f"<td class=num>{fmt(r['mean_reward'])}</td></tr>"
             for r in rows
         )
         parts.append(
