@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 from maxent_arrow.arrow import registry as R
 from maxent_arrow.errors import ArgumentError
 from maxent_arrow.store import ReadOnlyStore
+from maxent_arrow.store.catalog import LogCatalog
 
 __all__ = ["GroupRow", "RunData", "StepGroups", "completion_stats", "nan_mean"]
 
@@ -225,6 +226,7 @@ class RunData:
         self.query_timeout = query_timeout
         self._stores: dict[str, ReadOnlyStore] = {}
         self._lifecycle: dict[tuple, tuple[str, str | None]] | None = None
+        self._lifecycle_files: tuple = ()
         self._lock = threading.Lock()
         self.store("effective")  # a store that cannot be opened fails at start, not on a page
 
@@ -326,10 +328,17 @@ class RunData:
 
     # ------------------------------------------------------------------ lifecycle
     def status_of(self) -> dict[tuple, tuple[str, str | None]]:
-        """(step, rank, kind, group_index) -> (event, reason) of the effective lifecycle records;
-        read once (a record table, not the group rows)."""
-        if self._lifecycle is None:
-            store = self.store()
+        """(step, rank, kind, group_index) -> (event, reason) of the effective lifecycle records
+        (a record table, not the group rows); read again only when its files change (a live
+        run records more)."""
+        store = self.store()
+        catalog = store.catalog
+        files: tuple = ()
+        if isinstance(catalog, LogCatalog):
+            state = catalog.state()  # a resume changes the effective events: attempts count
+            files = (len(state.attempts), *(i["path"] for i in state.records.get(R.LIFECYCLE, [])))
+        if self._lifecycle is None or files != self._lifecycle_files:
+            self._lifecycle_files = files
             found: dict[tuple, tuple[str, str | None]] = {}
             if R.LIFECYCLE in store.record_names():
                 table = store.lifecycle()
