@@ -29,7 +29,7 @@ from maxent_arrow.arrow import registry as R
 from maxent_arrow.errors import ArgumentError, MaxentArrowError, QueryError, StoreError
 from maxent_arrow.explorer import pages
 from maxent_arrow.explorer.data import HISTORIES, History, RunData
-from maxent_arrow.explorer.export import export_groups
+from maxent_arrow.explorer.export import export_groups, export_wandb
 
 __all__ = ["ASSETS", "Guard", "MAX_QUERY_ROWS", "MAX_URL", "make_app", "table_csv"]
 
@@ -187,12 +187,17 @@ def make_app(
         groups = data.step_groups(number, kind_of(request), history_of(request))
         params = params_of(request)
         rows = pages.select_rows(groups, {**params, "kind": groups.kind})
-        folder = export_groups(
+        to = params.pop("to", "hf")
+        how = {"hf": export_groups, "wandb": export_wandb}.get(to)
+        if how is None:
+            raise ArgumentError(f"export: to must be 'hf' or 'wandb', got {to!r}")
+        folder = how(
             data, export_dir, step=number, kind=groups.kind, history=groups.history, rows=rows,
             filters={k: v for k, v in params.items() if v and k != "page"},
         )  # fmt: skip
-        card = (folder / "README.md").read_text(encoding="utf-8")
-        return html(pages.export_page(folder, len(rows), card, uri=uri))
+        card = folder / "README.md"
+        text = card.read_text(encoding="utf-8") if card.exists() else "(`wandb sync` uploads it)"
+        return html(pages.export_page(folder, len(rows), text, uri=uri))
 
     def group(request: Request) -> Response:
         p = request.path_params

@@ -22,10 +22,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from maxent_arrow.arrow import registry as R
-from maxent_arrow.errors import ArgumentError
+from maxent_arrow.errors import ArgumentError, MissingExtraError
 from maxent_arrow.explorer.data import History, RunData
 
-__all__ = ["check_export_dir", "dataset_card", "export_groups"]
+__all__ = ["check_export_dir", "dataset_card", "export_groups", "export_wandb"]
 
 
 def check_export_dir(out: str | os.PathLike[str], store_root: Any) -> Path:
@@ -91,6 +91,84 @@ def dataset_card(info: dict[str, Any], table: pa.Table) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _selection(
+    data: RunData, step: int, kind: str, history: History, rows: list[dict[str, Any]]
+) -> pa.Table:
+    """The group rows ``rows`` (dicts with rank, group_index and attempt) of ``step``."""
+    if not rows:
+        raise ArgumentError("export: the selection is empty")
+    table = data.store(history).read(steps=step, kind=kind)
+    attempts = data.row_attempts(step, kind, history)
+    where = {
+        (r, g, attempts[i][0] if i < len(attempts) else ""): i
+        for i, (r, g) in enumerate(
+            zip(table.column("rank").to_pylist(), table.column("group_index").to_pylist())
+        )
+    }
+    positions = [where[(r["rank"], r["group_index"], r["attempt"])] for r in rows]
+    return table.take(_indices(positions))
+
+
+def _name(data: RunData, step: int, kind: str, history: History, groups: int, filters) -> str:
+    key = json.dumps([data.uri, step, kind, history, sorted(filters.items())], sort_keys=True)
+    digest = hashlib.sha256(key.encode()).hexdigest()[:10]
+    return f"{Path(str(data.store().root)).name}-{kind}-step{step}-{groups}groups-{digest}"
+
+
+def export_wandb(
+    data: RunData,
+    out: Path,
+    *,
+    step: int,
+    kind: str,
+    history: History,
+    rows: list[dict[str, Any]],
+    filters: dict[str, str],
+) -> Path:
+    """The selection as a W&B table (one row per completion) in an offline W&B run under
+    ``out/wandb`` (``wandb sync`` uploads it); the run's directory. Needs the ``view-wandb``
+    extra."""
+    try:
+        import wandb
+    except ImportError:
+        raise MissingExtraError("wandb", "view-wandb") from None
+    chosen = _selection(data, step, kind, history, rows)
+    name = _name(data, step, kind, history, len(rows), filters)
+    groups = chosen.to_pylist()
+    functions = list(dict.fromkeys(n for g in groups for n in g.get("reward_names") or []))
+    columns = [*R.ROW_KEY, "attempt", "completion", "prompt", "text", "total_util", "advantage"]
+    columns += [f"reward_{f}" for f in functions]
+    table_rows = []
+    for g, picked in zip(groups, rows):
+        prompt = g.get("prompt") or json.dumps(g.get("prompt_messages"), default=str)
+        names = g.get("reward_names") or []
+        for i, text in enumerate(g.get("completions") or []):
+            values = (g.get("reward_values") or [])[i] if g.get("reward_values") else []
+            by_name = dict(zip(names, values or []))
+            table_rows.append(
+                [g["step"], g["rank"], g["kind"], g["group_index"], picked["attempt"], i, prompt,
+                 text, (g.get("total_utils") or [None] * (i + 1))[i],
+                 (g.get("advantages") or [None] * (i + 1))[i],
+                 *(by_name.get(f) for f in functions)]
+            )  # fmt: skip
+    target = out / "wandb"
+    target.mkdir(parents=True, exist_ok=True)
+    run = wandb.init(
+        mode="offline",
+        dir=str(out),
+        project="maxent-arrow-view",
+        name=name,
+        config={"run": data.uri, "step": step, "kind": kind, "history": history,
+                "filters": filters},
+        settings=wandb.Settings(silent=True, console="off", x_disable_stats=True),
+    )  # fmt: skip
+    try:
+        run.log({"groups": wandb.Table(columns=list[Any](columns), data=table_rows)})
+    finally:
+        run.finish()
+    return Path(run.dir).parent
+
+
 def export_groups(
     data: RunData,
     out: Path,
@@ -103,22 +181,8 @@ def export_groups(
 ) -> Path:
     """Write the group rows ``rows`` (dicts with rank, group_index and attempt, from the step
     page) of ``step`` as a dataset folder under ``out``; its path."""
-    if not rows:
-        raise ArgumentError("export: the selection is empty")
-    store = data.store(history)
-    table = store.read(steps=step, kind=kind)
-    attempts = data.row_attempts(step, kind, history)
-    where = {
-        (r, g, attempts[i][0] if i < len(attempts) else ""): i
-        for i, (r, g) in enumerate(
-            zip(table.column("rank").to_pylist(), table.column("group_index").to_pylist())
-        )
-    }
-    positions = [where[(r["rank"], r["group_index"], r["attempt"])] for r in rows]
-    chosen = table.take(_indices(positions))
-    key = json.dumps([data.uri, step, kind, history, sorted(filters.items())], sort_keys=True)
-    digest = hashlib.sha256(key.encode()).hexdigest()[:10]
-    name = f"{Path(str(data.store().root)).name}-{kind}-step{step}-{len(rows)}groups-{digest}"
+    chosen = _selection(data, step, kind, history, rows)
+    name = _name(data, step, kind, history, len(rows), filters)
     target = out / name
     if target.exists():  # the same selection: already written
         return target

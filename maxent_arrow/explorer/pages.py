@@ -395,9 +395,11 @@ def step_page(groups: StepGroups, params: dict[str, str], *, uri: str, export: b
     status_note = "" if groups.has_status else " · no lifecycle records (status unknown)"
     if export and rows:
         target = _href(f"/export/step/{groups.step}", params, page="")
+        wandb = _href(f"/export/step/{groups.step}", params, page="", to="wandb")
         status_note += (
-            f' · <a id=export href="{escape(target)}">export these {len(rows)} groups as a '
-            "Hugging Face dataset folder</a>"
+            f' · export these {len(rows)} groups as a <a id=export href="{escape(target)}">'
+            f'Hugging Face dataset folder</a> or a <a id=export-wandb href="{escape(wandb)}">'
+            "W&amp;B table (offline run)</a>"
         )
     body = (
         f"<h1>{escape(groups.kind)} step {groups.step}</h1>"

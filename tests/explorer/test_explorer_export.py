@@ -71,3 +71,29 @@ def test_export_is_off_without_a_directory_and_refused_inside_the_store(tmp_path
     )  # fmt: skip
     assert out.returncode == 2 and "inside the store" in out.stderr
     assert not (root / "exports").exists()
+
+
+def test_a_selection_exports_to_an_offline_wandb_table(browser, tmp_path):
+    import json
+
+    root = tmp_path / "store"
+    stores.demo_like_store(root, steps=2, resume=False)
+    out = tmp_path / "exports"
+    before = fingerprint(root)
+    with served(root, "--export-dir", str(out)) as (url, _proc):
+        with browser.open(url + "/step/1?kind=train&status=dropped") as page:
+            page.click("#export-wandb")
+            page.wait_for_selector("#exported", timeout=120_000)
+            run_dir = Path(page.inner_text("#folder"))
+    assert fingerprint(root) == before
+    assert run_dir.parent == (out / "wandb").resolve() and run_dir.name.startswith("offline-run")
+    assert list(run_dir.glob("run-*.wandb"))
+    (table,) = run_dir.glob("files/media/table/groups_*.table.json")
+    logged = json.loads(table.read_text())
+    group = RolloutStore(root).read(steps=1, kind="train").to_pylist()[stores.DROPPED_GROUP]
+    assert len(logged["data"]) == stores.K  # the one dropped group's completions
+    at = {c: i for i, c in enumerate(logged["columns"])}
+    assert [r[at["text"]] for r in logged["data"]] == group["completions"]
+    assert [r[at["reward_accuracy"]] for r in logged["data"]] == [
+        v[0] for v in group["reward_values"]
+    ]
