@@ -20,7 +20,7 @@ def test_new_steps_and_lifecycle_records_show_on_the_next_read(tmp_path):
     data = RunData(root)
     assert data.overview()["steps"]["train"] == [0, 1]
     assert {r["status"] for r in data.step_groups(1, "train").rows} == {None}
-    writer = RolloutStore(root)
+    writer = RolloutStore(root, if_exists="resume")  # the run goes on
     writer.append(stores.batch(2))
     rows = writer.read(steps=1, kind="train")
     writer.record_lifecycle(rows, step=1, event="trained")
