@@ -9,6 +9,8 @@ Safety, in one place:
   start (no path from a request reaches a file system);
 - SQL goes through exactly what ``maxent-arrow query`` runs (``check_sql``, then
   ``RunAnalytics.sql``: one read-only statement, in DuckDB's sandbox over the store's files);
+- the one request that writes, an export (only with ``--export-dir``, outside the store), is
+  refused when another site's page makes it (``Sec-Fetch-Site``);
 - the ``Host`` header must name the address served (a page of another site cannot reach the
   explorer through DNS rebinding); pages are sent with a content security policy that loads
   nothing from elsewhere.
@@ -182,6 +184,12 @@ def make_app(
     def export(request: Request) -> Response:
         if export_dir is None:
             message = "export is off: start the explorer with --export-dir DIR (outside the store)"
+            return html(pages.error_page(403, message, uri=uri), 403)
+        # The one request that writes (outside the store): only from the explorer's own pages
+        # or typed in, never from another site's page (a link or an image there).
+        site = request.headers.get("sec-fetch-site", "none")
+        if site not in ("same-origin", "none"):
+            message = f"export refused: requested from another site (Sec-Fetch-Site: {site})"
             return html(pages.error_page(403, message, uri=uri), 403)
         number = int(request.path_params["step"])
         groups = data.step_groups(number, kind_of(request), history_of(request))

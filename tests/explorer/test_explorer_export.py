@@ -71,6 +71,18 @@ def test_export_is_off_without_a_directory_and_refused_inside_the_store(tmp_path
     )  # fmt: skip
     assert out.returncode == 2 and "inside the store" in out.stderr
     assert not (root / "exports").exists()
+    # Another site's page cannot make the explorer write an export (a link, an image there).
+    exports = tmp_path / "exports"
+    with served(root, "--export-dir", str(exports)) as (url, _proc):
+        request = urllib.request.Request(
+            url + "/export/step/0?kind=train", headers={"Sec-Fetch-Site": "cross-site"}
+        )
+        try:
+            urllib.request.urlopen(request)
+            raise AssertionError("a cross-site export was answered")
+        except urllib.error.HTTPError as exc:
+            assert exc.code == 403 and "another site" in exc.read().decode()
+    assert not exports.exists() or not any(exports.iterdir())
 
 
 def test_a_selection_exports_to_an_offline_wandb_table(browser, tmp_path):
