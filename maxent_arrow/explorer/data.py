@@ -1,10 +1,14 @@
 """What each page of the explorer shows, read from the store as it is asked for.
 
-Every read goes through :class:`~maxent_arrow.store.ReadOnlyStore`'s checked reads
-(``read_steps``, ``read`` with ``steps``, ``kind``, ``ranks`` and ``columns``, ``units``,
-``attempts``, ``read_records``): a page reads the step table, or the rows of one step, or one
-group row, and only the columns it shows. Nothing here writes, and no path comes from a
-request: steps, ranks and group indices are integers, kinds are matched against the store's.
+Every read goes through :class:`~maxent_arrow.store.ReadOnlyStore`: ``read`` with ``steps``,
+``kind``, ``ranks`` and ``columns`` (checked against the CRCs recorded at commit), ``units``
+and the catalog's step rows (from the commit log), ``attempts``, ``lifecycle``, and the
+sandboxed SQL views for the compare page's one-column scan. A page reads the step rows, or
+the group rows of one step, or one group row, and only the columns it shows: never the whole
+run. Nothing here writes, and no path comes from a request: steps, ranks and group indices
+are integers, kinds are matched against the store's. Numbers come out of Arrow through their
+buffers (:func:`numbers`): ``Array.to_numpy`` and Python scalars in ``pyarrow.compute``
+import pandas, which the read side never loads.
 """
 
 from __future__ import annotations
@@ -25,7 +29,17 @@ from maxent_arrow.errors import ArgumentError
 from maxent_arrow.store import ReadOnlyStore
 from maxent_arrow.store.catalog import LogCatalog
 
-__all__ = ["GroupRow", "RunData", "StepGroups", "completion_stats", "nan_mean"]
+__all__ = [
+    "HISTORIES",
+    "TOKEN_SERIES",
+    "GroupRow",
+    "RunData",
+    "StepGroups",
+    "completion_stats",
+    "dumps",
+    "nan_mean",
+    "numbers",
+]
 
 History = Literal["effective", "all", "superseded"]
 HISTORIES: tuple[History, ...] = ("effective", "all", "superseded")
