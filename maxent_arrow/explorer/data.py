@@ -60,7 +60,9 @@ _CURVES = (
 )
 # The trainer's own figures (the trainer_metrics record table), when the step table lacks one.
 _METRIC_CURVES = (("kl", "KL (trainer)"), ("loss", "loss (trainer)"))
-# Per-token series of the tokens page: label, how it is made.
+# Per-token number columns that are not a series to colour by: the ids themselves.
+_NOT_SERIES = ("completion_ids", "sample_prompt_ids")
+# Per-token series of the tokens page, in this order, with these labels ("kl" is computed).
 TOKEN_SERIES: tuple[tuple[str, str], ...] = (
     ("behavior_token_logp", "behaviour log-prob"),
     ("ref_token_logp", "reference log-prob"),
@@ -611,7 +613,13 @@ class RunData:
             raise LookupError(f"no completion {sample} in group {group_index} (rank {rank})")
         ids = ids_all[sample] if sample < len(ids_all) else []
         series: dict[str, list[float | None]] = {}
-        for name, _label in TOKEN_SERIES:
+        # Every per-token number column the run stored (a column the registry gains later,
+        # e.g. an off-policy correction, is shown under its own name).
+        labels = dict(TOKEN_SERIES)
+        for name in R.numbers(level="token"):
+            if name not in _NOT_SERIES:
+                labels.setdefault(name, name.replace("_", " "))
+        for name in labels:
             if name in present and row.get(name) and sample < len(row[name]):
                 values = row[name][sample]
                 if values is not None:
@@ -631,8 +639,8 @@ class RunData:
         return {
             "ids": ids,
             "text": texts[sample] if sample < len(texts) else "",
-            "series": {n: series[n] for n, _ in TOKEN_SERIES if n in series},
-            "labels": dict(TOKEN_SERIES),
+            "series": {n: series[n] for n in labels if n in series},
+            "labels": labels,
         }
 
     # ------------------------------------------------------------------ compare
