@@ -290,3 +290,33 @@ def test_the_report_links_into_the_explorer(browser, run, tmp_path):
             assert title.startswith("train step") and title.split()[2] in row
             if "/group-id/" in href:  # the group the report's row names
                 assert "/group/" in page.url and "completion 0" in page.inner_text("#cards")
+
+
+def test_store_health_on_demand(browser, run):
+    root, url, _ = run
+    with browser.open(url + "/") as page:
+        page.click("#verify-link")
+        page.wait_for_selector("#verdict")
+        verdict = page.inner_text("#verdict")
+        report = RolloutStore(root).verify()
+        assert report.ok and verdict == f"OK: {report.checked} files checked, no damage."
+        _shot(browser, page, "explorer_verify")
+
+
+def test_a_damaged_file_is_named_on_the_pages_that_read_it(browser, tmp_path):
+    root = tmp_path / "store"
+    stores.demo_like_store(root, steps=3, resume=False)
+    victim = next(
+        p for p, _ in RolloutStore(root).live_files("groups") if "step-0000000001" in p.name
+    )
+    data = bytearray(victim.read_bytes())
+    data[-64] ^= 0xFF  # the footer
+    victim.write_bytes(bytes(data))
+    with served(root) as (url, _proc):
+        with browser.open(url + "/verify") as page:
+            assert victim.name in page.inner_text("body")
+            assert "problem" in page.inner_text("#verdict")
+        with browser.open(url + "/step/1?kind=train") as page:
+            assert victim.name in page.inner_text("#error")
+        with browser.open(url + "/step/2?kind=train") as page:  # other steps still open
+            assert len(_groups_shown(page)) == stores.GROUPS
