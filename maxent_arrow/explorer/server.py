@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import socket
 import sys
@@ -36,8 +37,14 @@ def _bind(host: str, port: int) -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
-    except OSError:
+    except OSError as exc:
         sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise OSError(
+                exc.errno,
+                f"{host}:{port}: address already in use (another maxent-arrow view?); "
+                "--port N picks another, --port 0 any free one",
+            ) from None
         raise
     sock.listen(128)
     return sock

@@ -39,6 +39,7 @@ def test_a_missing_store_or_a_busy_port_is_one_line_and_exit_1(tmp_path):
         out = subprocess.run([*CLI, "view", str(root), "--port", str(port)], capture_output=True,
                              text=True, timeout=60)  # fmt: skip
     assert out.returncode == 1 and "address already in use" in out.stderr.lower()
+    assert "--port 0" in out.stderr
     assert len(out.stderr.splitlines()) == 1
 
 
