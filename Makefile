@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_PIN)"
-	$(PY) -m pip install -q -e ".[models,analytics,dev,ray,s3,trl,verl,browser]" "$(TORCH_PIN)"
+	$(PY) -m pip install -q -e ".[models,analytics,dev,ray,s3,trl,verl,browser,view,view-wandb]" "$(TORCH_PIN)"
 	touch $(STAMP)
 
 demo: $(STAMP)

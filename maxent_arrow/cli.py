@@ -12,6 +12,7 @@ Subcommands::
     maxent-arrow compact RUN [--max-steps N]    merge per-append files atomically
     maxent-arrow export RUN --to ipc|hf DIR     Arrow IPC files or a HF datasets dataset
     maxent-arrow train --from-store RUN --out D train a policy from a demo run's stored rollouts
+    maxent-arrow view RUN [--port N]            a local read-only web explorer (127.0.0.1)
 
 Exit codes (scripts can rely on them):
 
@@ -48,7 +49,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal, NoReturn
 
-from maxent_arrow import analytics, demo, store
+from maxent_arrow import analytics, demo, explorer, store
 from maxent_arrow.errors import ArgumentError, MaxentArrowError, MissingExtraError, QueryError
 
 __all__ = [
@@ -450,6 +451,18 @@ def _cmd_tail(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_view(args: argparse.Namespace) -> int:
+    explorer.serve(
+        args.run,
+        host=args.host,
+        port=args.port,
+        other=args.compare,
+        on_error=args.on_error,
+        export_dir=args.export_dir,
+    )
+    return EXIT_OK
+
+
 # ---------------------------------------------------------------------- parser
 
 _CHOICE = re.compile(r"invalid choice: '([^']*)' \(choose from (.*)\)$")
@@ -712,6 +725,32 @@ def _parser() -> _Parser:
     p.add_argument("dir", metavar="DIR", help="output directory (new or empty)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_cmd_export)
+
+    p = command(
+        "view",
+        "Serve a local, read-only web explorer of the run (curves, steps, groups, tokens, "
+        "SQL) on 127.0.0.1 and print its URL; runs until Ctrl-C.",
+    )
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1; another one is reachable by others, "
+        "with a warning)",
+    )
+    p.add_argument(
+        "--port", type=int, default=analytics.DEFAULT_VIEW_PORT, help="port (0: any free one)"
+    )
+    p.add_argument(
+        "--compare", default=None, metavar="RUN2", help="a second run for the compare page"
+    )
+    p.add_argument(
+        "--export-dir",
+        default=None,
+        metavar="DIR",
+        help="let a step's selection be exported here as a Hugging Face dataset folder "
+        "(outside the store; default: export is off)",
+    )
+    p.set_defaults(func=_cmd_view)
     # What exists, for the demo's closing lines (they suggest only commands that exist).
     parser.set_defaults(subcommands=tuple(sub.choices))
     return parser

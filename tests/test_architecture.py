@@ -32,6 +32,7 @@ SUBPACKAGES = [
     "arrow",
     "compute",
     "demo",
+    "explorer",
     "ingest",
     "integrations",
     "rollout",

@@ -19,6 +19,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from maxent_arrow.analytics.links import DEFAULT_VIEW_URL, group_id_path, group_path, step_path
 from maxent_arrow.analytics.summary import Summary, Trend
 
 __all__ = ["config_items", "format_value", "render_html", "render_markdown"]
@@ -153,6 +154,9 @@ def _table(
                 cells.append('<td class="text"><span class="empty">(empty)</span></td>')
             elif kind == "text":
                 cells.append(f'<td class="text">{_e(_cut(value))}</td>')
+            elif key in row.get("links", {}):  # a page of `maxent-arrow view`
+                href = DEFAULT_VIEW_URL + row["links"][key]
+                cells.append(f'<td><a class="view" href="{_e(href)}">{_e(value)}</a></td>')
             else:
                 cells.append(f"<td>{_e('–' if value is None else value)}</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
@@ -178,9 +182,12 @@ def _eval_section(evals: pa.Table | None) -> tuple[str, list[str]]:
         ("completion", "completion", "text"),
         *_reward_columns(evals),
     ]
+    rows = evals.to_pylist()
+    for row in rows:
+        row["links"] = {"group_index": group_path(step, row["rank"], row["group_index"], "eval")}
     html_part = (
         f'<h2 id="eval-completions">Eval completions against their gold answers (step {step})'
-        f"</h2>{_table(evals.to_pylist(), columns, id_='eval-table')}"
+        f"</h2>{_table(rows, columns, id_='eval-table')}"
     )
     md = [f"## Eval completions against their gold answers (step {step})", ""]
     md += _md_table(evals.to_pylist(), columns)
@@ -206,6 +213,10 @@ def _extremes_rows(extremes: pa.Table) -> list[dict[str, Any]]:
     for row in rows:
         row["which"] = f"{row['which']} #{row['position']}"
         row["n_scored"] = f"{row['n_scored']} / {row['k']}"
+        row["links"] = {
+            "step": step_path(row["step"], row["kind"]),
+            "which": group_id_path(row["step"], row["kind"], row["group_id"]),
+        }
     return rows
 
 
@@ -293,6 +304,8 @@ def render_html(
     if extremes is not None and extremes.num_rows:
         parts.append(
             '<h2 id="extremes">Best and worst prompt groups of the run (by mean U)</h2>'
+            f'<p class="note">Steps and groups link to <code>maxent-arrow view RUN</code> '
+            f"({DEFAULT_VIEW_URL}).</p>"
             + _table(_extremes_rows(extremes), _EXTREME_COLUMNS, id_="extremes-table")
         )
     parts.append("</main></body></html>")

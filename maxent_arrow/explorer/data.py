@@ -1,0 +1,683 @@
+"""What each page of the explorer shows, read from the store as it is asked for.
+
+Every read goes through :class:`~maxent_arrow.store.ReadOnlyStore`: ``read`` with ``steps``,
+``kind``, ``ranks`` and ``columns`` (checked against the CRCs recorded at commit), ``units``
+and the catalog's step rows (from the commit log), ``attempts``, ``lifecycle``, and the
+sandboxed SQL views for the compare page's one-column scan. A page reads the step rows, or
+the group rows of one step, or one group row, and only the columns it shows: never the whole
+run. Nothing here writes, and no path comes from a request: steps, ranks and group indices
+are integers, kinds are matched against the store's. Numbers come out of Arrow through their
+buffers (:func:`numbers`): ``Array.to_numpy`` and Python scalars in ``pyarrow.compute``
+import pandas, which the read side never loads.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from maxent_arrow.arrow import registry as R
+from maxent_arrow.errors import ArgumentError
+from maxent_arrow.store import ReadOnlyStore
+from maxent_arrow.store.catalog import LogCatalog
+
+__all__ = [
+    "HISTORIES",
+    "TOKEN_SERIES",
+    "GroupRow",
+    "RunData",
+    "StepGroups",
+    "completion_stats",
+    "dumps",
+    "nan_mean",
+    "numbers",
+]
+
+History = Literal["effective", "all", "superseded"]
+HISTORIES: tuple[History, ...] = ("effective", "all", "superseded")
+
+# What a step's table needs of each group row (no token columns, no prompt ids).
+_SCORES = ("total_utils", "advantages", "reward_values")
+_NAMES = ("reward_names", "completion_info", "group_id")
+_TEXT = ("prompt", "prompt_messages", "example_id")
+# What a group's page adds.
+_GROUP_EXTRA = ("completions", "completion_messages", "answer")
+_MAXENT = ("q", "weights", "ref_tok_counts")
+# The step curves of the overview: (column of the step table, label).
+_CURVES = (
+    ("reward_mean", "reward (mean U)"),
+    ("mean_length", "completion length (tokens)"),
+    ("kl_value", "KL"),
+    ("total_loss", "loss"),
+)
+# The trainer's own figures (the trainer_metrics record table), when the step table lacks one.
+_METRIC_CURVES = (("kl", "KL (trainer)"), ("loss", "loss (trainer)"))
+# Per-token number columns that are not a series to colour by: the ids themselves.
+_NOT_SERIES = ("completion_ids", "sample_prompt_ids")
+# Per-token series of the tokens page, in this order, with these labels ("kl" is computed).
+TOKEN_SERIES: tuple[tuple[str, str], ...] = (
+    ("behavior_token_logp", "behaviour log-prob"),
+    ("ref_token_logp", "reference log-prob"),
+    ("sampling_token_logp", "sampling (rollout) log-prob"),
+    ("kl", "KL (k3, behaviour vs reference)"),
+    ("importance_sampling_ratio", "importance ratio"),
+    ("token_advantages", "advantage"),
+    ("tool_mask", "tool mask"),
+    ("token_values", "value (critic)"),
+    ("token_returns", "return"),
+)
+
+
+def nan_mean(values: Sequence[float | None]) -> float:
+    """The mean of the finite values; NaN when there are none."""
+    kept = [v for v in values if v is not None and not math.isnan(v)]
+    return sum(kept) / len(kept) if kept else math.nan
+
+
+_NUMPY = {
+    pa.float64(): np.float64, pa.float32(): np.float32, pa.int64(): np.int64,
+    pa.int32(): np.int32, pa.int16(): np.int16, pa.int8(): np.int8,
+}  # fmt: skip
+
+
+def numbers(array: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """A numeric or boolean Arrow array as float64 numpy (nulls as NaN), from its buffers:
+    ``Array.to_numpy`` imports pandas, which no command of the read side loads."""
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks()
+    n, offset = len(array), array.offset
+    if n == 0:
+        return np.zeros(0)
+    buffers = array.buffers()
+    if pa.types.is_boolean(array.type):
+        bits = np.unpackbits(np.frombuffer(buffers[1], np.uint8), bitorder="little")
+        values = bits[offset : offset + n].astype(np.float64)
+    elif array.type in _NUMPY:
+        kind = _NUMPY[array.type]
+        values = np.frombuffer(buffers[1], kind, count=offset + n)[offset:].astype(np.float64)
+    else:
+        raise TypeError(f"numbers: {array.type} is not a number column")
+    if array.null_count and buffers[0] is not None:
+        valid = np.unpackbits(np.frombuffer(buffers[0], np.uint8), bitorder="little")
+        values[~valid[offset : offset + n].astype(bool)] = np.nan
+    return values
+
+
+def _rows(column: pa.Array) -> np.ndarray:
+    """The row (list) of each flattened item of list array ``column``."""
+    return numbers(pc.list_parent_indices(column)).astype(np.int64)
+
+
+def _flat(table: pa.Table, name: str, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The values of list column ``name`` as float64 and the row of each (empty if absent)."""
+    if name not in table.column_names or n == 0:
+        return np.zeros(0), np.zeros(0, np.int64)
+    column = table.column(name).combine_chunks()
+    return numbers(pc.list_flatten(column)), _rows(column)
+
+
+def _moments(values: np.ndarray, rows: np.ndarray, n: int) -> tuple[np.ndarray, ...]:
+    """Per row: the mean and population std of the finite values (NaN without any), and
+    how many values were NaN."""
+    if not len(values):
+        nan = np.full(n, np.nan)
+        return nan, nan.copy(), np.zeros(n, np.int64)
+    finite = np.isfinite(values)
+    x = np.where(finite, values, 0.0)
+    count = np.bincount(rows, weights=finite, minlength=n)
+    total = np.bincount(rows, weights=x, minlength=n)
+    squares = np.bincount(rows, weights=x * x, minlength=n)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.where(count > 0, total / count, np.nan)
+        var = np.where(count > 0, squares / count - mean * mean, np.nan)
+    std = np.sqrt(np.maximum(var, 0.0))
+    std[count == 0] = np.nan
+    nans = np.bincount(rows, weights=np.isnan(values), minlength=n).astype(np.int64)
+    return mean, std, nans
+
+
+def _spread(values: np.ndarray, rows: np.ndarray, n: int) -> np.ndarray:
+    """Per row: max - min of the finite values (NaN without any)."""
+    hi = np.full(n, -np.inf)
+    lo = np.full(n, np.inf)
+    finite = np.isfinite(values)
+    np.maximum.at(hi, rows[finite], values[finite])
+    np.minimum.at(lo, rows[finite], values[finite])
+    out = hi - lo
+    out[~np.isfinite(out)] = np.nan
+    return out
+
+
+def _function_means(table: pa.Table, n: int) -> tuple[list[str], dict[str, dict[int, float]]]:
+    """Each reward function's mean over a row's finite values, per row that scores it."""
+    if "reward_values" not in table.column_names or "reward_names" not in table.column_names:
+        return [], {}
+    names = table.column("reward_names").to_pylist()
+    values = table.column("reward_values").combine_chunks()
+    per_completion = pc.list_flatten(values)
+    flat = numbers(pc.list_flatten(per_completion))
+    completion_of = _rows(per_completion)
+    row_of = _rows(values)[completion_of]
+    starts = numbers(per_completion.offsets).astype(np.int64)[:-1][completion_of]
+    position = np.arange(len(flat)) - starts
+    functions: list[str] = []
+    out: dict[str, dict[int, float]] = {}
+    # The rows of a step share their reward functions but for schema evolution: one pass
+    # per distinct list of names.
+    groups: dict[tuple, list[int]] = {}
+    for i, row_names in enumerate(names):
+        groups.setdefault(tuple(row_names or ()), []).append(i)
+    for row_names, members in groups.items():
+        in_rows = np.isin(row_of, members)
+        for j, name in enumerate(row_names):
+            if name not in functions:
+                functions.append(name)
+            pick = in_rows & (position == j)
+            mean, _, _ = _moments(flat[pick], row_of[pick], n)
+            target = out.setdefault(name, {})
+            for i in members:
+                target[i] = float(mean[i])
+    return functions, out
+
+
+def completion_stats(
+    info: Sequence[dict[str, Any] | None] | None, k: int
+) -> tuple[list, list, list]:
+    """Per completion: token count (or ``None``), finish reason, truncated flag."""
+    items: Sequence[dict[str, Any] | None] = info or [None] * k
+    lengths = [None if i is None else i.get("token_count") for i in items]
+    reasons = [
+        None if i is None else (i.get("finish_reason") or i.get("stop_reason")) for i in items
+    ]
+    truncated = [
+        bool(i and (i.get("truncated") or i.get("finish_reason") == "length")) for i in items
+    ]
+    return lengths, reasons, truncated
+
+
+@dataclass
+class StepGroups:
+    """The groups of one step and kind, one dict per group row, and what the filters offer."""
+
+    step: int
+    kind: str
+    rows: list[dict[str, Any]]
+    reward_functions: list[str]
+    has_status: bool
+    history: History
+
+
+@dataclass
+class GroupRow:
+    """One group row with its completions, as the group page shows it."""
+
+    key: dict[str, Any]
+    prompt: str | None
+    prompt_messages: list[dict[str, Any]] | None
+    answer: str | None
+    example_id: str | None
+    attempt: str
+    superseded: bool
+    status: str | None
+    reward_names: list[str]
+    completions: list[dict[str, Any]] = field(default_factory=list)
+    best: int | None = None
+    worst: int | None = None
+
+
+class RunData:
+    """The reads of one run for the explorer; a store object per history, opened on first use."""
+
+    def __init__(self, run: str | Any, *, on_error: str = "raise", query_timeout: float = 30.0):
+        self.run = run
+        self.on_error = on_error
+        self.query_timeout = query_timeout
+        self._stores: dict[str, ReadOnlyStore] = {}
+        self._lifecycle: dict[tuple, tuple[str, str | None]] | None = None
+        self._lifecycle_files: tuple = ()
+        self._lock = threading.Lock()
+        self.store("effective")  # a store that cannot be opened fails at start, not on a page
+
+    # ------------------------------------------------------------------ stores
+    def store(self, history: History = "effective") -> ReadOnlyStore:
+        if history not in HISTORIES:
+            raise ArgumentError(f"attempts: expected one of {HISTORIES}, got {history!r}")
+        with self._lock:
+            if history not in self._stores:
+                self._stores[history] = ReadOnlyStore(
+                    self.run,
+                    on_error=self.on_error,  # type: ignore[arg-type]
+                    query_timeout=self.query_timeout,
+                    attempts=history,
+                )
+            return self._stores[history]
+
+    @property
+    def uri(self) -> str:
+        return self.store().uri
+
+    def kinds(self) -> list[str]:
+        return sorted({u.kind for u in self.store("all").units()})
+
+    def check_kind(self, kind: str) -> str:
+        if kind not in self.kinds():
+            raise ArgumentError(f"kind: this run has no {kind!r} steps (it has {self.kinds()})")
+        return kind
+
+    # ------------------------------------------------------------------ overview
+    def overview(self) -> dict[str, Any]:
+        """Curves per kind from the step table (and trainer_metrics), config, attempts."""
+        store = self.store()
+        schema = store.schema("steps")
+        wanted = [c for c, _ in _CURVES if c in schema.names]
+        # The step rows as the catalog holds them (from the commit log, checked when it was
+        # read; no group file, no SQL session, no pandas): one row per committed unit.
+        rows = []
+        for unit in store.units():
+            table = store.catalog.step_file(unit.step_file).table
+            row = {c: None for c in wanted}
+            for name in (*R.UNIT_KEY, "num_groups", *wanted):
+                if name in table.column_names:
+                    row[name] = table.column(name)[unit.row].as_py()
+            rows.append(row)
+        curves: dict[str, dict[str, list[tuple[int, float]]]] = {}
+        for name, label in _CURVES:
+            if name not in wanted:
+                continue
+            for kind in sorted({r["kind"] for r in rows}):
+                by_step: dict[int, list[tuple[float, int]]] = {}
+                for r in rows:
+                    v = r[name]
+                    if r["kind"] == kind and v is not None and math.isfinite(v):
+                        by_step.setdefault(r["step"], []).append((v, r["num_groups"] or 1))
+                points = [
+                    (s, sum(v * w for v, w in vs) / sum(w for _, w in vs))
+                    for s, vs in sorted(by_step.items())
+                ]
+                if points:
+                    curves.setdefault(label, {})[kind] = points
+        if R.TRAINER_METRICS in store.record_names():
+            metrics = store.read_records(R.TRAINER_METRICS).to_pylist()
+            for name, label in _METRIC_CURVES:
+                for kind in sorted({m["kind"] for m in metrics}):
+                    points = sorted(
+                        (m["step"], m[name])
+                        for m in metrics
+                        if m["kind"] == kind
+                        and m.get("step") is not None
+                        and m.get(name) is not None
+                        and math.isfinite(m[name])
+                    )
+                    if points:
+                        curves.setdefault(label, {})[kind] = points
+        steps_by_kind = {
+            kind: sorted({r["step"] for r in rows if r["kind"] == kind})
+            for kind in sorted({r["kind"] for r in rows})
+        }
+        superseded = sorted({u.step for u in self.store("superseded").units()})
+        return {
+            "uri": store.uri,
+            "config": store.config,
+            "manifest": {k: v for k, v in store.manifest.items() if k != "config"},
+            "attempts": store.attempts(),
+            "curves": curves,
+            "steps": steps_by_kind,
+            "superseded_steps": superseded,
+            "groups": sum(r["num_groups"] or 0 for r in rows),
+        }
+
+    def verify(self) -> dict[str, Any]:
+        report = self.store().verify()
+        return {
+            "ok": report.ok,
+            "checked": report.checked,
+            "problems": [(str(p.path), p.problem) for p in report.problems],
+        }
+
+    # ------------------------------------------------------------------ lifecycle
+    def status_of(self) -> dict[tuple, tuple[str, str | None]]:
+        """(step, rank, kind, group_index) -> (event, reason) of the effective lifecycle records
+        (a record table, not the group rows); read again only when its files change (a live
+        run records more)."""
+        store = self.store()
+        catalog = store.catalog
+        files: tuple = ()
+        if isinstance(catalog, LogCatalog):
+            state = catalog.state()  # a resume changes the effective events: attempts count
+            files = (len(state.attempts), *(i["path"] for i in state.records.get(R.LIFECYCLE, [])))
+        if self._lifecycle is None or files != self._lifecycle_files:
+            self._lifecycle_files = files
+            found: dict[tuple, tuple[str, str | None]] = {}
+            if R.LIFECYCLE in store.record_names():
+                table = store.lifecycle()
+                cols = [table.column(n).to_pylist() for n in (*R.LIFECYCLE_KEY, "event", "reason")]
+                for s, r, k, g, event, reason in zip(*cols):
+                    found[(s, r, k, g)] = (event, reason)
+            self._lifecycle = found
+        return self._lifecycle
+
+    # ------------------------------------------------------------------ attempts
+    def row_attempts(
+        self, step: int, kind: str, history: History, ranks: list[int] | None = None
+    ) -> list[tuple[str, bool]]:
+        """(attempt, superseded) of each group row ``read(steps=step, kind=kind, ranks=ranks)``
+        returns, in its order (units grouped by file, as the store's reader reads them)."""
+        store = self.store(history)
+        effective = {
+            (u.rank, u.step_file)
+            for u in self.store("effective").units(kind=kind, steps=step, ranks=ranks)
+        }
+        by_file: dict[str, list] = {}
+        for u in store.units(kind=kind, steps=step, ranks=ranks):
+            by_file.setdefault(u.step_file, []).append(u)
+        out: list[tuple[str, bool]] = []
+        for name, members in by_file.items():
+            attempt = store.catalog.attempt_of(name)
+            for u in members:
+                out.extend([(attempt, (u.rank, u.step_file) not in effective)] * u.num_groups)
+        return out
+
+    # ------------------------------------------------------------------ step
+    def step_groups(self, step: int, kind: str, history: History = "effective") -> StepGroups:
+        """Every group row of one step: the figures the step table sorts and filters by,
+        computed over the step's flat per-completion values (numpy; no loop over
+        completions)."""
+        store = self.store(history)
+        schema = store.schema()
+        wanted = (*R.ROW_KEY, *_NAMES, *_SCORES, *_TEXT, "ref_tok_counts")
+        columns = [c for c in wanted if c in schema.names]
+        table = store.read(steps=step, kind=kind, columns=columns)
+        n = table.num_rows
+        present = set(table.column_names)
+        attempts = self.row_attempts(step, kind, history)
+        status = self.status_of()
+
+        utils, u_rows = _flat(table, "total_utils", n)
+        adv, a_rows = _flat(table, "advantages", n)
+        counts = np.bincount(u_rows, minlength=n) if len(u_rows) else np.zeros(n, np.int64)
+        k = np.maximum(counts, np.bincount(a_rows, minlength=n) if len(a_rows) else 0)
+        mean, std, unscored = _moments(utils, u_rows, n)
+        spread = _spread(adv, a_rows, n)
+        # Lengths: the generator's token counts, else the scored token counts, else the ids.
+        lengths, l_rows = np.zeros(0), np.zeros(0, np.int64)
+        truncated = np.zeros(n, np.int64)
+        if "completion_info" in present:
+            info = table.column("completion_info").combine_chunks()
+            rows_of = _rows(info)
+            items = pc.list_flatten(info)
+            tokens = pc.struct_field(items, "token_count")
+            if tokens.null_count < len(tokens):
+                lengths = numbers(tokens)
+                l_rows = rows_of
+            # No Python scalars into pyarrow.compute (pa.scalar imports pandas).
+            cut = pc.struct_field(items, "truncated")
+            reasons = pc.struct_field(items, "finish_reason")
+            at_cap = pc.match_substring_regex(reasons, pattern="^length$")
+            flags = pc.or_(
+                pc.and_kleene(cut, pc.is_valid(cut)), pc.and_kleene(at_cap, pc.is_valid(at_cap))
+            )
+            flags = numbers(flags).astype(np.int64)
+            truncated = np.bincount(rows_of, weights=flags, minlength=n).astype(np.int64)
+        if not len(lengths) and "ref_tok_counts" in present:
+            lengths, l_rows = _flat(table, "ref_tok_counts", n)
+        if not len(lengths) and "completion_ids" in schema.names and n:
+            ids = store.read(steps=step, kind=kind, columns=[*R.ROW_KEY, "completion_ids"])
+            per = pc.list_flatten(ids.column("completion_ids").combine_chunks())
+            lengths = numbers(pc.list_value_length(per))
+            l_rows = _rows(ids.column("completion_ids").combine_chunks())
+        mean_length, _, _ = _moments(lengths, l_rows, n)
+        functions, per_function = _function_means(table, n)
+
+        text = {c: table.column(c).to_pylist() for c in (*_TEXT, "group_id") if c in present}
+        keys = [table.column(c).to_pylist() for c in R.ROW_KEY]
+        rows = []
+        for i in range(n):
+            key = tuple(col[i] for col in keys)
+            event = status.get(key)
+            attempt, superseded = attempts[i] if i < len(attempts) else ("", False)
+            messages = text["prompt_messages"][i] if "prompt_messages" in text else None
+            prompt = text["prompt"][i] if "prompt" in text else None
+            if prompt is None and messages:
+                prompt = " / ".join(f"{m['role']}: {m['content']}" for m in messages)
+            row = {c: text[c][i] if c in text else None for c in (*_TEXT, "group_id")}
+            row["prompt"] = prompt
+            rows.append(
+                {
+                    **dict(zip(R.ROW_KEY, key)),
+                    **row,
+                    "k": int(k[i]),
+                    "mean_reward": float(mean[i]),
+                    "reward_std": float(std[i]),
+                    "advantage_spread": float(spread[i]),
+                    "mean_length": float(mean_length[i]),
+                    "truncated": int(truncated[i]),
+                    "status": None if event is None else event[0],
+                    "reason": None if event is None else event[1],
+                    "attempt": attempt,
+                    "superseded": superseded,
+                    "rewards": {f: v[i] for f, v in per_function.items() if i in v},
+                    "unscored": int(unscored[i]),
+                    "chat": bool(messages),
+                }
+            )
+        return StepGroups(step, kind, rows, functions, bool(status), history)
+
+    # ------------------------------------------------------------------ group
+    def find_group(self, step: int, kind: str, group_id: str) -> tuple[int, int]:
+        """(rank, group_index) of the first row of group ``group_id`` at ``step``."""
+        table = self.store().read(steps=step, kind=kind, columns=[*R.ROW_KEY, "group_id"])
+        for rank, index, gid in zip(
+            table.column("rank").to_pylist(),
+            table.column("group_index").to_pylist(),
+            table.column("group_id").to_pylist(),
+        ):
+            if gid == group_id:
+                return rank, index
+        raise LookupError(f"no group {group_id!r} at {kind} step {step}")
+
+    def _group_table(
+        self,
+        step: int,
+        rank: int,
+        group_index: int,
+        kind: str,
+        history: History,
+        columns,
+        attempt: str | None,
+    ) -> tuple[pa.Table, str, bool]:
+        """The group row (one row table), the attempt that wrote it and whether a later
+        attempt superseded it; ``attempt`` picks among the attempts that wrote the step (the
+        ``all`` history), else the latest."""
+        store = self.store(history)
+        schema = store.schema()
+        columns = [c for c in dict.fromkeys(columns) if c in schema.names]
+        table = store.read(steps=step, kind=kind, ranks=[rank], columns=columns)
+        attempts = self.row_attempts(step, kind, history, ranks=[rank])
+        found = [
+            i
+            for i, g in enumerate(table.column("group_index").to_pylist())
+            if g == group_index and (attempt is None or attempts[i][0] == attempt)
+        ]
+        if not found:
+            also = f", attempt {attempt}" if attempt else ""
+            raise LookupError(
+                f"no group {group_index} of rank {rank} at {kind} step {step} "
+                f"({history} history{also})"
+            )
+        i = found[-1]
+        who, superseded = attempts[i] if i < len(attempts) else ("", False)
+        return table.slice(i, 1), who, superseded
+
+    def group(
+        self,
+        step: int,
+        rank: int,
+        group_index: int,
+        kind: str,
+        history: History = "effective",
+        attempt: str | None = None,
+    ) -> GroupRow:
+        columns = [*R.ROW_KEY, *_NAMES, *_SCORES, *_TEXT, *_GROUP_EXTRA, *_MAXENT]
+        table, attempt, superseded = self._group_table(
+            step, rank, group_index, kind, history, columns, attempt
+        )
+        row = table.to_pylist()[0]
+        utils = row.get("total_utils") or []
+        texts = row.get("completions") or []
+        k = max(len(texts), len(utils))
+        lengths, reasons, truncated = completion_stats(row.get("completion_info"), k)
+        ref_counts = row.get("ref_tok_counts") or []
+        names = row.get("reward_names") or []
+        values = row.get("reward_values") or []
+        messages = row.get("completion_messages") or []
+        event = self.status_of().get((step, rank, kind, group_index))
+
+        def at(name: str, i: int) -> Any:
+            seq = row.get(name) or []
+            return seq[i] if i < len(seq) else None
+
+        completions = []
+        for i in range(k):
+            length = lengths[i] if i < len(lengths) else None
+            if length is None and i < len(ref_counts):
+                length = ref_counts[i]
+            completions.append(
+                {
+                    "index": i,
+                    "text": texts[i] if i < len(texts) else "",
+                    "messages": messages[i] if i < len(messages) else None,
+                    "rewards": {
+                        name: (values[i][j] if i < len(values) and values[i] else None)
+                        for j, name in enumerate(names)
+                    },
+                    "total": at("total_utils", i),
+                    "advantage": at("advantages", i),
+                    "q": at("q", i),
+                    "weight": at("weights", i),
+                    "length": length,
+                    "finish_reason": reasons[i] if i < len(reasons) else None,
+                    "truncated": truncated[i] if i < len(truncated) else False,
+                }
+            )
+        scored = [
+            (c["total"], c["index"])
+            for c in completions
+            if c["total"] is not None and not math.isnan(c["total"])
+        ]
+        best = worst = None
+        if len(scored) > 1 and max(scored)[0] != min(scored)[0]:
+            best = max(scored, key=lambda t: (t[0], -t[1]))[1]
+            worst = min(scored)[1]
+        return GroupRow(
+            key=dict(zip(R.ROW_KEY, (step, rank, kind, group_index))),
+            prompt=row.get("prompt"),
+            prompt_messages=row.get("prompt_messages"),
+            answer=row.get("answer"),
+            example_id=row.get("example_id"),
+            attempt=attempt,
+            superseded=superseded,
+            status=None if event is None else (event[0] + (f" ({event[1]})" if event[1] else "")),
+            reward_names=names,
+            completions=completions,
+            best=best,
+            worst=worst,
+        )
+
+    # ------------------------------------------------------------------ tokens
+    def tokens(
+        self,
+        step: int,
+        rank: int,
+        group_index: int,
+        sample: int,
+        kind: str,
+        history: History = "effective",
+        attempt: str | None = None,
+    ) -> dict[str, Any]:
+        """One completion's token ids and every per-token series the run stored for it."""
+        token_columns = R.names(R.GROUP, level="token")
+        columns = [*R.ROW_KEY, "completions", *token_columns]
+        table, _, _ = self._group_table(step, rank, group_index, kind, history, columns, attempt)
+        present = set(table.column_names)
+        row = table.to_pylist()[0]
+        ids_all = row.get("completion_ids") or []
+        if sample < 0 or sample >= max(len(ids_all), len(row.get("completions") or [])):
+            raise LookupError(f"no completion {sample} in group {group_index} (rank {rank})")
+        ids = ids_all[sample] if sample < len(ids_all) else []
+        series: dict[str, list[float | None]] = {}
+        # Every per-token number column the run stored (a column the registry gains later,
+        # e.g. an off-policy correction, is shown under its own name).
+        labels = dict(TOKEN_SERIES)
+        for name in R.numbers(level="token"):
+            if name not in _NOT_SERIES:
+                labels.setdefault(name, name.replace("_", " "))
+        for name in labels:
+            if name in present and row.get(name) and sample < len(row[name]):
+                values = row[name][sample]
+                if values is not None:
+                    series[name] = [None if v is None else float(v) for v in values]
+        behaviour = series.get("behavior_token_logp") or series.get("sampling_token_logp")
+        reference = series.get("ref_token_logp")
+        if behaviour and reference and len(behaviour) == len(reference):
+            kl = []
+            for b, r in zip(behaviour, reference):
+                if b is None or r is None:
+                    kl.append(None)
+                else:
+                    d = r - b
+                    kl.append(math.exp(d) - d - 1.0)
+            series["kl"] = kl
+        texts = row.get("completions") or []
+        return {
+            "ids": ids,
+            "text": texts[sample] if sample < len(texts) else "",
+            "series": {n: series[n] for n in labels if n in series},
+            "labels": labels,
+        }
+
+    # ------------------------------------------------------------------ compare
+    def compare(self, example_id: str | None, prompt: str | None, kind: str) -> list[dict]:
+        """Every group of ``kind`` with this example id (exact), or this prompt text when the
+        run records no example ids: step, rank, group index, mean reward; by step. A SQL
+        query over the ``groups`` view reads only the columns it names."""
+        store = self.store()
+        schema = store.schema()
+        if example_id is not None and "example_id" in schema.names:
+            where, value = "example_id = ?", example_id
+        elif prompt is not None:
+            where, value = "prompt = ?", prompt
+        else:
+            return []
+        with store.sql_views() as views:
+            table = views.query(
+                "SELECT step, rank, kind, group_index, total_utils FROM groups "
+                f"WHERE kind = ? AND {where} ORDER BY step, rank, group_index",
+                [kind, value],
+            )
+        out = []
+        for r in table.to_pylist():
+            out.append({**{k: r[k] for k in R.ROW_KEY}, "mean_reward": nan_mean(r["total_utils"])})
+        return out
+
+
+def dumps(value: Any) -> str:
+    """JSON for a page's data attribute: non-finite floats as null."""
+
+    def clean(v: Any) -> Any:
+        if isinstance(v, float) and not math.isfinite(v):
+            return None
+        if isinstance(v, dict):
+            return {k: clean(x) for k, x in v.items()}
+        if isinstance(v, list | tuple):
+            return [clean(x) for x in v]
+        return v
+
+    return json.dumps(clean(value), default=str)
