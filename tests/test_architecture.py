@@ -616,6 +616,12 @@ def test_commands_on_a_real_store_import_only_what_they_need(tmp_path, command):
     for step in range(3):
         store.append(make_batch(step))
     store.append_records("lifecycle_notes", pa.table({"step": [0], "note": ["x"]}))
+    # lifecycle records (the groups view leaves out the dropped) and a resumed attempt (the
+    # records' cutoffs): the read side filters them without building arrays from Python values
+    store.record_lifecycle(store.read(steps=[0]), step=0, event="dropped", reason="zero_std")
+    store = RolloutStore(store.root, attempt="resumed", resume_from=2)
+    store.append(make_batch(2))
+    store.record_lifecycle(store.read(steps=[1]), step=1, event="trained")
     store.checkpoint()  # opened from a log checkpoint and its record tables, as a long run is
     argv = {
         "inspect": ["inspect", str(store.root)],

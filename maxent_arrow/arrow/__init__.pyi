@@ -8,9 +8,13 @@ from .identity import (
 )
 from .lists import (
     first_null as first_null,
+    int64_array as int64_array,
+    int64_scalar as int64_scalar,
     list_offsets as list_offsets,
     regroup as regroup,
     single_array as single_array,
+    text_array as text_array,
+    text_scalar as text_scalar,
 )
 from .ragged import (
     Ragged as Ragged,

@@ -1,7 +1,11 @@
-"""Arrow list arrays without torch: offsets rebased to 0, one chunk, a list over flat values.
+"""Arrow list arrays without torch: offsets rebased to 0, one chunk, a list over flat values;
+and arrays built from their buffers.
 
 The traps these exist for (``docs/arrow-layout.md``, "Traps"): ``ListArray.values`` ignores a
-slice's offset (use ``.flatten()``), and a slice's offsets are not rebased to 0.
+slice's offset (use ``.flatten()``), and a slice's offsets are not rebased to 0. And
+``pa.array``/``pa.scalar`` of Python or numpy values import pandas (about 0.4 s), as does a
+compute function given a Python value: the read side of the command line builds its arrays
+and scalars here instead.
 """
 
 from __future__ import annotations
@@ -9,7 +13,16 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["first_null", "list_offsets", "regroup", "single_array"]
+__all__ = [
+    "first_null",
+    "int64_array",
+    "int64_scalar",
+    "list_offsets",
+    "regroup",
+    "single_array",
+    "text_array",
+    "text_scalar",
+]
 
 
 def list_offsets(array: pa.Array) -> np.ndarray:
@@ -40,3 +53,28 @@ def first_null(array: pa.Array) -> int:
     """The position of the first null in ``array`` (which has at least one)."""
     valid = np.asarray(array.is_valid().to_numpy(zero_copy_only=False))
     return int(np.flatnonzero(~valid)[0])
+
+
+def int64_array(values: object) -> pa.Array:
+    """``values`` (ints, a numpy array) as an int64 array, from its buffer: no pandas."""
+    data = np.ascontiguousarray(values, dtype=np.int64)
+    return pa.Array.from_buffers(pa.int64(), len(data), [None, pa.py_buffer(data)])
+
+
+def int64_scalar(value: int) -> pa.Scalar:
+    """``value`` as an int64 scalar, for a compute function: no pandas."""
+    return int64_array([value])[0]
+
+
+def text_array(value: str, n: int) -> pa.Array:
+    """``value`` ``n`` times as a string array, from its buffers: no pandas."""
+    data = value.encode()
+    offsets = np.arange(n + 1, dtype=np.int32) * len(data)
+    return pa.Array.from_buffers(
+        pa.string(), n, [None, pa.py_buffer(offsets.tobytes()), pa.py_buffer(data * n)]
+    )
+
+
+def text_scalar(value: str) -> pa.Scalar:
+    """``value`` as a string scalar, for a compute function: no pandas."""
+    return text_array(value, 1)[0]

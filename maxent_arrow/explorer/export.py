@@ -17,10 +17,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from maxent_arrow.arrow import lists as L
 from maxent_arrow.arrow import registry as R
 from maxent_arrow.errors import ArgumentError, MissingExtraError
 from maxent_arrow.explorer.data import History, RunData
@@ -39,12 +39,6 @@ def check_export_dir(out: str | os.PathLike[str], store_root: Any) -> Path:
     if path.exists() and not path.is_dir():
         raise ArgumentError(f"--export-dir {out}: exists and is not a directory")
     return path
-
-
-def _indices(positions: list[int]) -> pa.Array:
-    # From a numpy buffer: pa.array of Python or numpy values imports pandas.
-    values = np.asarray(positions, dtype=np.int64)
-    return pa.Array.from_buffers(pa.int64(), len(values), [None, pa.py_buffer(values)])
 
 
 def dataset_card(info: dict[str, Any], table: pa.Table) -> str:
@@ -106,7 +100,7 @@ def _selection(
         )
     }
     positions = [where[(r["rank"], r["group_index"], r["attempt"])] for r in rows]
-    return table.take(_indices(positions))
+    return table.take(L.int64_array(positions))
 
 
 def _name(data: RunData, step: int, kind: str, history: History, groups: int, filters) -> str:

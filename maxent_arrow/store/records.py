@@ -27,11 +27,11 @@ import secrets
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from maxent_arrow.arrow import lists as L
 from maxent_arrow.arrow import registry as R
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.errors import SchemaError, StoreError
@@ -289,7 +289,7 @@ def read_records(
     parts = []
     for item in state.records.get(name, []):
         table = _records_file(backend, name, item)
-        table = table.append_column("attempt", _repeat_text(str(item["attempt"]), table.num_rows))
+        table = table.append_column("attempt", L.text_array(str(item["attempt"]), table.num_rows))
         default, kinds = record_cutoffs(state, item)
         cut = default is not None or any(c is not None for c in kinds.values())
         if history != "all" and cut:
@@ -329,10 +329,10 @@ def record_cutoffs(
 def _below(table: pa.Table, default: int | None, kinds: Mapping[str, int | None]) -> pa.Array:
     """Rows of ``table`` below their cutoff (:func:`record_cutoffs`)."""
     step = table.column("step")
-    out = pc.less(step, default) if default is not None else pc.is_valid(step)
+    out = pc.less(step, L.int64_scalar(default)) if default is not None else pc.is_valid(step)
     for kind, cut in kinds.items():
-        keep = pc.less(step, cut) if cut is not None else pc.is_valid(step)
-        out = pc.if_else(pc.equal(table.column("kind"), kind), keep, out)
+        keep = pc.less(step, L.int64_scalar(cut)) if cut is not None else pc.is_valid(step)
+        out = pc.if_else(pc.equal(table.column("kind"), L.text_scalar(kind)), keep, out)
     return out
 
 
@@ -361,10 +361,10 @@ def record_names(state: LogState) -> list[str]:
 
 def lifecycle_keys(table: pa.Table, event: str) -> pa.Table:
     """The stored groups (:data:`~maxent_arrow.arrow.registry.ROW_KEY`) of ``lifecycle``
-    rows of ``event``, each once."""
-    rows = table.filter(pc.equal(table.column("event"), event))
-    keys = pa.table({k: rows.column(c) for c, k in zip(R.LIFECYCLE_KEY, R.ROW_KEY)})
-    return keys.group_by(list(R.ROW_KEY)).aggregate([])
+    rows of ``event``: a set to test membership in (a group recorded twice is listed twice;
+    deduplicating here would take ``Table.group_by``, whose Acero import loads pandas)."""
+    rows = table.filter(pc.equal(table.column("event"), L.text_scalar(event)))
+    return pa.table({k: rows.column(c) for c, k in zip(R.LIFECYCLE_KEY, R.ROW_KEY)})
 
 
 def lifecycle_rows(
@@ -392,16 +392,6 @@ def lifecycle_rows(
 def _repeat(value: Any, kind: pa.DataType, n: int) -> pa.Array:
     """``value`` ``n`` times (the write side)."""
     return pa.repeat(pa.scalar(value, kind), n)
-
-
-def _repeat_text(value: str, n: int) -> pa.Array:
-    """``value`` ``n`` times, built from its buffers: the read side of the command line
-    never imports pandas, which ``pa.scalar`` and ``pa.array`` of Python values do (0.4 s)."""
-    data = value.encode()
-    offsets = np.arange(n + 1, dtype=np.int32) * len(data)
-    return pa.Array.from_buffers(
-        pa.string(), n, [None, pa.py_buffer(offsets.tobytes()), pa.py_buffer(data * n)]
-    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -443,7 +433,7 @@ def frontier_of(groups: pa.Table, lifecycle: pa.Table) -> Frontier:
     gaps = [p for p in range(position, top) if p not in counts]
     double = sorted(p for p, n in counts.items() if n > 1)
     keys = groups.select([*R.ROW_KEY, "stream_index"])
-    seen = pa.array(np.fromiter(sorted(counts), np.int64, len(counts)))
+    seen = L.int64_array(sorted(counts))
     mask = pc.invert(pc.is_in(keys.column("stream_index"), seen))
     in_flight = keys.filter(pc.and_(mask, pc.is_valid(keys.column("stream_index"))))
     in_flight = in_flight.sort_by([("stream_index", "ascending")])
