@@ -3,15 +3,29 @@ zero-copy replay (local stores only).
 
 A cache file is derived data: it is written after the commit, never counts as one, and is
 served only if it is the copy of the committed group file it claims to be (its record names
-the unit and the group file's CRC-32) and, when checked, if its own bytes match the CRC-32
-sealed into it. A file in ``cache/`` without that record and seal is never served. ``verify``
-checks every cache file in full.
+the unit and the group file's CRC-32) and, when checked, if the bytes served match the
+checksums written into it. A file in ``cache/`` without that record and those checksums is
+never served. ``verify`` checks every cache file in full.
+
+**Checked per column, as read.** A copy written by this version carries, in its footer, the
+CRC32C of each column's buffers and of its *frame* (every byte that is not a column buffer:
+the schema, the batch's buffer layout, the footer). A read memory-maps the file and checks
+the frame and the columns it serves (``columns``), nothing else: a replay of three token
+columns pays for those three, at memory speed, as ``torch.load(mmap=True)`` pays for the pages
+it touches. Damage in a column served, or in the frame, is a :class:`StoreError` naming the
+column; damage in a column not read is found by the read that touches it and by ``verify``.
+The bytes checked are the mapped file's at the read: like ``torch.load(mmap=True)``, a copy
+rewritten in place by another program afterwards is outside the check (this library only
+ever replaces a cache file whole), and one truncated while mapped ends the process with
+SIGBUS. Copies written before (one CRC-32 sealed over the whole file) are read into memory
+and checked whole, as before.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from typing import Any
 
 import pyarrow as pa
@@ -23,13 +37,23 @@ from maxent_arrow.errors import StoreError
 from maxent_arrow.rollout import STEP_META_KEY, RolloutBatch, step_row_to_json
 from maxent_arrow.store.backend import Backend
 from maxent_arrow.store.catalog import StepFile
-from maxent_arrow.store.checksums import SEAL_KEY, SEAL_PLACEHOLDER, check_seal, seal
+from maxent_arrow.store.checksums import SEAL_KEY, check_seal, crc32c_of
 from maxent_arrow.store.names import CACHE, cache_name
 
-__all__ = ["CACHE_META_KEY", "read_cache", "unit_group_crc32", "write_cache"]
+__all__ = [
+    "CACHE_META_KEY",
+    "check_cache_columns",
+    "read_cache",
+    "unit_group_crc32",
+    "write_cache",
+]
 
 # JSON in a cache file's schema metadata: the unit and the CRC of the group file it copies.
 CACHE_META_KEY = b"maxent_arrow.cache"
+# The CRC32C of the frame and of each column, as hex, patched into the footer's copy of the
+# schema metadata after the file is written (a placeholder of the same length first).
+CHECKSUMS_KEY = b"maxent_arrow.cache_crc32c"
+_MARK = b"maxent-crc32c="
 
 
 def unit_group_crc32(step: StepFile, unit: str) -> int | None:
@@ -41,17 +65,126 @@ def unit_group_crc32(step: StepFile, unit: str) -> int | None:
 def write_cache(
     backend: Backend, batch: RolloutBatch, unit: str, group_crc32: int | None = None
 ) -> None:
-    """Write the IPC cache copy of a committed unit (uncompressed: memory-mappable)."""
+    """Write the IPC cache copy of a committed unit (uncompressed: memory-mappable), with
+    the CRC32C of its frame and of each column."""
     meta = dict(batch.groups.schema.metadata or {})
     meta[STEP_META_KEY] = step_row_to_json(batch.step_row).encode()
     meta[CACHE_META_KEY] = json.dumps({"unit": unit, "group_crc32": group_crc32}).encode()
-    meta[SEAL_KEY] = SEAL_PLACEHOLDER
+    meta.pop(SEAL_KEY, None)
+    width = 8 * (1 + batch.groups.num_columns)
+    meta[CHECKSUMS_KEY] = _MARK + b"0" * width
     groups = batch.groups.replace_schema_metadata(meta)
     sink = pa.BufferOutputStream()
     with ipc.new_file(sink, groups.schema) as writer:
         writer.write_batch(groups)
+    data = bytearray(sink.getvalue().to_pybytes())
+    view = memoryview(data)
+    written = ipc.open_file(pa.py_buffer(data)).get_batch(0)
+    layout = _layout(written, pa.py_buffer(data).address)
+    hole = _hole(view, width)
+    crcs = [_frame_crc(view, layout, hole)]
+    crcs += [_column_crc(written.column(i)) for i in range(written.num_columns)]
+    data[hole[0] : hole[0] + width] = "".join(f"{c:08x}" for c in crcs).encode()
     backend.makedirs(CACHE)
-    backend.write_file(f"{CACHE}/{cache_name(unit)}", seal(sink.getvalue().to_pybytes()))
+    backend.write_file(f"{CACHE}/{cache_name(unit)}", bytes(data))
+
+
+def _buffers(array: Any) -> list[Any]:
+    return [b for b in array.buffers() if b is not None]
+
+
+def _column_crc(array: Any) -> int:
+    """CRC32C of a column's buffers (its children's too), in order."""
+    crc = 0
+    for buffer in _buffers(array):
+        crc = crc32c_of(buffer, crc)
+    return crc
+
+
+def _layout(batch: pa.RecordBatch, base: int) -> list[tuple[int, int]]:
+    """The file ranges (offset, length) of every buffer of ``batch`` (zero-copy from the file
+    at address ``base``), sorted."""
+    ranges = []
+    for column in batch.columns:
+        for buffer in _buffers(column):
+            if buffer.size:
+                ranges.append((buffer.address - base, buffer.size))
+    return sorted(ranges)
+
+
+def _hole(view: memoryview, width: int) -> tuple[int, int]:
+    """Where the checksums' hex digits lie (the footer's copy, the last in the file)."""
+    at = bytes(view[max(0, len(view) - (1 << 16)) :]).rfind(_MARK)
+    if at < 0:
+        at = bytes(view).rfind(_MARK)
+        if at < 0:
+            raise StoreError("IPC cache file: its checksums are missing from the footer")
+    else:
+        at += max(0, len(view) - (1 << 16))
+    return at + len(_MARK), width
+
+
+def _frame_crc(view: memoryview, layout: list[tuple[int, int]], hole: tuple[int, int]) -> int:
+    """CRC32C of every byte outside the buffers of ``layout``, the checksums' digits read as
+    ``0``."""
+    crc, at = 0, 0
+    pieces = []
+    for offset, length in layout:
+        if offset < at or offset + length > len(view):
+            raise StoreError("IPC cache file: overlapping or out-of-file buffers (corrupt)")
+        pieces.append((at, offset))
+        at = offset + length
+    pieces.append((at, len(view)))
+    h0, h1 = hole[0], hole[0] + hole[1]
+    for lo, hi in pieces:
+        if lo < h1 and h0 < hi:
+            a, b = max(lo, h0), min(hi, h1)
+            crc = crc32c_of(view[lo:a], crc)
+            crc = crc32c_of(b"0" * (b - a), crc)
+            crc = crc32c_of(view[b:hi], crc)
+        else:
+            crc = crc32c_of(view[lo:hi], crc)
+    return crc
+
+
+def check_cache_columns(
+    path: Any, data: Any, batch: pa.RecordBatch, columns: Iterable[str] | None
+) -> bool | None:
+    """Check the frame and ``columns`` (``None``: all) of the cache file ``data`` (its
+    bytes, mapped or read; ``batch`` read zero-copy from them) against the CRC32Cs in its
+    footer. ``None``: the file carries none (an older copy: sealed whole). Damage is a
+    :class:`StoreError` naming the file and the column."""
+    recorded = (batch.schema.metadata or {}).get(CHECKSUMS_KEY)
+    if recorded is None:
+        return None
+    view = memoryview(data).cast("B")
+    width = 8 * (1 + batch.num_columns)
+    digits = recorded[len(_MARK) :] if recorded.startswith(_MARK) else b""
+    try:
+        expected = [int(digits[i : i + 8], 16) for i in range(0, width, 8)]
+    except ValueError:
+        expected = []
+    if len(digits) != width or len(expected) != 1 + batch.num_columns:
+        raise StoreError(f"{path}: IPC cache checksums damaged (corrupt)")
+    base = pa.py_buffer(data).address if not isinstance(data, pa.Buffer) else data.address
+    frame = _frame_crc(view, _layout(batch, base), _hole(view, width))
+    if frame != expected[0]:
+        raise StoreError(
+            f"{path}: IPC cache frame (schema, layout, footer): CRC32C {frame:08x}, expected "
+            f"{expected[0]:08x} (corrupt)"
+        )
+    names = batch.schema.names
+    for name in names if columns is None else columns:
+        if name not in names:
+            continue
+        index = names.index(name)
+        got = _column_crc(batch.column(index))
+        if got != expected[1 + index]:
+            raise StoreError(
+                f"{path}: IPC cache column {name!r}: CRC32C {got:08x}, expected "
+                f"{expected[1 + index]:08x} (corrupt)"
+            )
+    return True
 
 
 def _read_whole(path: str) -> bytearray:
@@ -70,25 +203,35 @@ def _read_whole(path: str) -> bytearray:
 
 
 def read_cache(
-    backend: Backend, step: StepFile, unit: str, *, check: bool
+    backend: Backend,
+    step: StepFile,
+    unit: str,
+    *,
+    check: bool,
+    columns: Iterable[str] | None = None,
 ) -> pa.RecordBatch | None:
-    """The cached group rows of ``unit``, or ``None`` when there is no cache copy of the
-    committed rows: no file, or a file without the record (unit, CRC-32 of the committed
-    group file) and seal that this library writes into every copy.
+    """The cached group rows of ``unit`` (``columns`` of them, or all), or ``None`` when
+    there is no cache copy of the committed rows: no file, or a file without the record
+    (unit, CRC-32 of the committed group file) and checksums that this library writes into
+    every copy.
 
-    ``check``: the file is read into memory once, and the bytes that are served are the ones
-    whose sealed CRC-32 was checked (a damaged copy is a :class:`StoreError`); another
-    program truncating the file afterwards cannot touch them. Without ``check`` the copy is
-    memory-mapped (zero-copy, only the pages used are read), unchecked; a file truncated by
-    another program while mapped then ends the process with SIGBUS.
+    The copy is memory-mapped (zero-copy: only the pages used are read). ``check``: the
+    frame and the columns served are checked against their CRC32Cs (module docstring); a
+    copy written before per-column checksums is read into memory once and its sealed CRC-32
+    checked, and the bytes served are the ones checked.
     """
     rel = f"{CACHE}/{cache_name(unit)}"
     if not backend.can_mmap or backend.stat(rel) is None:
         return None
     path = backend.path(rel)
+    wanted = None if columns is None else list(dict.fromkeys(columns))
     try:
-        if check:
-            data = _read_whole(str(path))
+        source: Any = pa.memory_map(str(path), "r")
+        mapped = source.read_buffer()
+        batch = ipc.open_file(mapped).get_batch(0)
+        if check and check_cache_columns(path, mapped, batch, wanted) is None:
+            del batch, mapped
+            data = _read_whole(str(path))  # an older copy: one CRC-32 sealed over it
             sealed = check_seal(data, tail=1 << 16)
             if sealed is None:
                 return None  # not a copy this library wrote: never served
@@ -96,11 +239,7 @@ def read_cache(
                 raise StoreError(
                     f"{path}: IPC cache CRC-32 differs from the one sealed in it (corrupt)"
                 )
-            source: Any = pa.py_buffer(data)
-        else:
-            source = pa.memory_map(str(path), "r")
-        reader = ipc.open_file(source)
-        batch = reader.get_batch(0)
+            batch = ipc.open_file(pa.py_buffer(data)).get_batch(0)
     except StoreError:
         raise
     except (pa.ArrowException, OSError, ValueError) as exc:  # damaged bytes
@@ -121,4 +260,6 @@ def read_cache(
     if needs_upgrade(version):
         table = upgrade_groups(pa.Table.from_batches([batch]), kind=unit.split(".")[2])
         batch = table.combine_chunks().to_batches()[0]
+    if wanted is not None:
+        batch = batch.select([c for c in wanted if c in batch.schema.names])
     return batch
