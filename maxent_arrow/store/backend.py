@@ -624,9 +624,7 @@ class LocalBackend(Backend):
                 raise os_error("cannot write", self.root / final, exc) from exc
             raise
         os.close(fd)
-        return Pending(
-            final, size, crc, boundaries, temp=temp, boundaries_c=chunk_boundaries
-        )
+        return Pending(final, size, crc, boundaries, temp=temp, boundaries_c=chunk_boundaries)
 
     def publish(self, pending: Pending, *, exclusive: bool) -> None:
         temp, final = self.root / pending.temp, self.path(pending.final)

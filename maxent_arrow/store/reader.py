@@ -146,6 +146,8 @@ def _read_group_file(
         by_chunks = chunks is not None and chunks.get("algorithm") == "crc32c"
         if crc and (partial or by_chunks) and chunks is not None and not upgrade:
             read_chunks: Callable[[list[tuple[int, int]]], list[Any]]
+            if partial and 2 * _chunk_bytes(chunks, want, groups) >= (info.size if info else 0):
+                partial = False  # most of the file: read it once, check and decode that copy
             if partial:
                 # Only the chunks decoded, and the footer: no pass over the rest of the
                 # file; the pass runs beside the decode, and nothing is returned before it
@@ -201,6 +203,18 @@ def _read_group_file(
         if start or count != table.num_rows:
             table = table.slice(start, count)
     return table
+
+
+def _chunk_bytes(chunks: dict[str, Any], want: set[str] | None, groups: list[int] | None) -> int:
+    """How many bytes the chunks of columns ``want`` in row groups ``groups`` hold."""
+    row_groups = chunks["row_groups"]
+    chosen = range(len(row_groups)) if groups is None else groups
+    return sum(
+        length
+        for index in chosen
+        for path, (_, length, _) in row_groups[index].items()
+        if covered(path, want)
+    )
 
 
 def _slices(buffer: pa.Buffer, ranges: list[tuple[int, int]]) -> list[pa.Buffer]:

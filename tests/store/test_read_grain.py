@@ -178,7 +178,7 @@ def test_the_ipc_cache_checks_the_columns_it_serves(tmp_path):
     (other,) = reopened.replay(source="cache", columns=["completion_ids", "advantages"])
     assert other.groups.column("completion_ids").equals(batch.groups.column("completion_ids"))
     # The read that touches it finds it, naming the column.
-    with pytest.raises(StoreError, match="IPC cache column 'ref_token_logp': CRC32C"):
+    with pytest.raises(StoreError, match="IPC cache column 'ref_token_logp': XXH3-64"):
         list(reopened.replay(source="cache", columns=["ref_token_logp"]))
     with pytest.raises(StoreError, match="ref_token_logp"):
         list(reopened.replay(source="cache"))
