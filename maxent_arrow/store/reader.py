@@ -146,18 +146,20 @@ def _read_group_file(
         by_chunks = chunks is not None and chunks.get("algorithm") == "crc32c"
         if crc and (partial or by_chunks) and chunks is not None and not upgrade:
             read_chunks: Callable[[list[tuple[int, int]]], list[Any]]
-            if partial and 2 * _chunk_bytes(chunks, want, groups) >= (info.size if info else 0):
-                partial = False  # most of the file: read it once, check and decode that copy
-            if partial:
-                # Only the chunks decoded, and the footer: no pass over the rest of the
-                # file; the pass runs beside the decode, and nothing is returned before it
-                # has matched.
-                read_chunks = functools.partial(backend.read_ranges, rel)
-                source = backend.open(rel)
-            else:  # everything: read once, the bytes checked are the bytes decoded
-                whole = backend.read(rel)
+            if backend.can_mmap or not partial or (
+                2 * _chunk_bytes(chunks, want, groups) >= (info.size if info else 0)
+            ):
+                # The bytes checked are the bytes decoded: mapped (local: no copy, only the
+                # pages of the chunks read are touched; group files are never rewritten), or
+                # read once when most of the file is read.
+                whole = _map(backend, rel)
                 read_chunks = functools.partial(_slices, whole)
                 source = pa.BufferReader(whole)
+            else:
+                # Only the chunks decoded, and the footer: no read of the rest of the file.
+                read_chunks = functools.partial(backend.read_ranges, rel)
+                source = backend.open(rel)
+            # The pass runs beside the decode; nothing is returned before it has matched.
             pending = in_background(
                 lambda: check_chunks(
                     str(path), chunks, read_chunks, wanted, row_groups=groups, labels=labels
@@ -215,6 +217,17 @@ def _chunk_bytes(chunks: dict[str, Any], want: set[str] | None, groups: list[int
         for path, (_, length, _) in row_groups[index].items()
         if covered(path, want)
     )
+
+
+def _map(backend: Backend, rel: str) -> pa.Buffer:
+    """All bytes of ``rel``: a memory map where the backend has one, else read."""
+    if not backend.can_mmap:
+        return backend.read(rel)
+    try:
+        with pa.memory_map(str(backend.fs_path(rel)), "r") as mapped:
+            return mapped.read_buffer()
+    except (pa.ArrowException, OSError):
+        return backend.read(rel)  # errors as the backend words them
 
 
 def _slices(buffer: pa.Buffer, ranges: list[tuple[int, int]]) -> list[pa.Buffer]:

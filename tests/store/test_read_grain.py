@@ -236,3 +236,20 @@ def test_a_cache_copy_sealed_whole_with_crc32_still_reads_checked(tmp_path):
     _flip(path, len(path.read_bytes()) // 2)
     with pytest.raises(StoreError, match="CRC-32 differs"):
         list(reopened.replay(source="cache", columns=["completion_ids"]))
+
+
+def test_repair_restores_a_lost_segment_at_step_grain(tmp_path):
+    """A segment whose group file is lost is rebuilt from the units' IPC cache copies with
+    one row group per step again, and reads one step at a time as before."""
+    store, batches, group_file = _compacted(tmp_path, cache=True)
+    group_file.unlink()
+    report = store.repair()
+    assert len(report.restored) == 1, str(report)
+    (restored,) = RolloutStore(store.root).committed_files()
+    meta = pq.ParquetFile(restored).metadata
+    assert meta.num_row_groups == STEPS
+    assert [meta.row_group(i).num_rows for i in range(STEPS)] == [b.num_groups for b in batches]
+    reopened = RolloutStore(store.root)
+    assert reopened.verify().ok
+    (batch,) = reopened.replay(steps=[2], source="parquet")
+    assert _same_rows(pa.Table.from_batches([batch.groups]), [batches[2]])
