@@ -146,8 +146,10 @@ def _read_group_file(
         by_chunks = chunks is not None and chunks.get("algorithm") == "crc32c"
         if crc and (partial or by_chunks) and chunks is not None and not upgrade:
             read_chunks: Callable[[list[tuple[int, int]]], list[Any]]
-            if backend.can_mmap or not partial or (
-                2 * _chunk_bytes(chunks, want, groups) >= (info.size if info else 0)
+            if (
+                backend.can_mmap
+                or not partial
+                or (2 * _chunk_bytes(chunks, want, groups) >= (info.size if info else 0))
             ):
                 # The bytes checked are the bytes decoded: mapped (local: no copy, only the
                 # pages of the chunks read are touched; group files are never rewritten), or
