@@ -9,26 +9,29 @@ never served. ``verify`` checks every cache file in full.
 
 **Checked per column, as read.** A copy written by this version carries, in its footer, the
 XXH3-64 of each column's buffers and of its *frame* (every byte that is not a column buffer:
-the schema, the batch's buffer layout, the footer). A read memory-maps the file and checks
-the frame and the columns it serves (``columns``), nothing else: a replay of three token
-columns pays for those three, at memory speed (~30 GB/s), as ``torch.load(mmap=True)`` pays
-for the pages it touches. Damage in a column served, or in the frame, is a
-:class:`StoreError` naming the column; damage in a column not read is found by the read
-that touches it and by ``verify``.
-The bytes checked are the mapped file's at the read: like ``torch.load(mmap=True)``, a copy
-rewritten in place by another program afterwards is outside the check (this library only
-ever replaces a cache file whole), and one truncated while mapped ends the process with
-SIGBUS. Copies written before (one CRC-32 sealed over the whole file) are read into memory
-and checked whole, as before.
+the schema, the batch's buffer layout, the footer). A checked read reads the frame and the
+columns it serves (``columns``) into memory, at their offsets, and checks those, nothing
+else: a replay of three token columns pays for those three (a copy and a hash at memory
+speed, ~30 GB/s for XXH3), the other columns' bytes are never read. Damage in a column
+served, or in the frame, is a :class:`StoreError` naming the column; damage in a column not
+read is found by the read that reads it and by ``verify``. The bytes served are the bytes
+checked, in memory of their own, so a program that truncates or rewrites the file while a
+batch is in use cannot touch them, nor end the process with SIGBUS (the memory of a copy is
+reused by the next read once every view of it is gone). Unchecked, the copy is
+memory-mapped (zero-copy, pages read as used; a file truncated under the mapping then ends
+the reader with SIGBUS). Copies written before (one CRC-32 sealed over the whole file) are
+read whole and checked whole, as before.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import threading
 from collections.abc import Iterable
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
@@ -186,6 +189,110 @@ def check_cache_columns(
     return True
 
 
+def _read_served(path: str, wanted: list[str] | None) -> tuple[pa.Buffer, pa.RecordBatch] | None:
+    """A private copy of what a read of ``wanted`` (``None``: every column) serves: the
+    frame and those columns' buffers, read into memory at their offsets (the other columns'
+    bytes are never read: their pages stay unallocated), and the batch over it. ``None``: a
+    copy without per-column checksums (sealed whole). The layout is taken from a memory map
+    of the file (its metadata pages only); the bytes served are read, so a program that
+    truncates the file afterwards cannot touch them (a file cut short while read is a
+    :class:`StoreError`)."""
+    mapped = pa.memory_map(path, "r").read_buffer()
+    full = ipc.open_file(mapped).get_batch(0)
+    if CHECKSUMS_KEY not in (full.schema.metadata or {}):
+        return None
+    names = full.schema.names
+    keep = set(names if wanted is None else wanted)
+    skip = sorted(
+        (buffer.address - mapped.address, buffer.size)
+        for name, column in zip(names, full.columns)
+        if name not in keep
+        for buffer in _buffers(column)
+        if buffer.size
+    )
+    size = mapped.size
+    del full, mapped
+    array = _take(size)
+    data = array[:size]
+    pieces, at = [], 0
+    for offset, length in skip:
+        if offset > at:
+            pieces.append((at, offset))
+        at = max(at, offset + length)
+    pieces.append((at, size))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for lo, hi in pieces:
+            view = memoryview(data.data)[lo:hi]
+            while len(view):
+                n = os.preadv(fd, [view], lo + (hi - lo - len(view)))
+                if not n:
+                    raise StoreError(f"{path}: IPC cache file cut short while read (truncated)")
+                view = view[n:]
+    finally:
+        os.close(fd)
+    # The memory goes back to the pool when Arrow frees the last view of it.
+    buffer = pa.foreign_buffer(data.ctypes.data, size, base=_Lease(array))
+    return buffer, ipc.open_file(buffer).get_batch(0)
+
+
+# Memory for the copies served: the last one freed is kept and reused by the next read, so a
+# replay that drops each step before the next (as replay does) writes into memory that is
+# already mapped (no page faults: a read costs a copy at memory speed). At most one idle
+# buffer, the largest.
+_SPARE: list[np.ndarray] = []
+_SPARE_LOCK = threading.Lock()
+
+
+def _take(size: int) -> np.ndarray:
+    with _SPARE_LOCK:
+        if _SPARE and _SPARE[0].size >= size:
+            return _SPARE.pop()
+    return np.empty(size, np.uint8)  # pages never written are never allocated
+
+
+class _Lease:
+    """The owner of a served copy's memory: Arrow holds it while any view is alive."""
+
+    __slots__ = ("array",)
+
+    def __init__(self, array: np.ndarray):
+        self.array = array
+
+    def __del__(self) -> None:
+        try:
+            with _SPARE_LOCK:
+                if not _SPARE or _SPARE[0].size < self.array.size:
+                    _SPARE[:] = [self.array]
+        except Exception:  # interpreter shutdown
+            pass
+
+
+def _open(
+    path: str, wanted: list[str] | None, *, check: bool, private: bool
+) -> pa.RecordBatch | None:
+    """The batch of the cache file ``path`` (:func:`read_cache`), checked when asked;
+    ``None``: a checked read of a file that carries no checksums of this library."""
+    if check and private:
+        served = _read_served(path, wanted)
+    else:
+        mapped = pa.memory_map(path, "r").read_buffer()
+        batch = ipc.open_file(mapped).get_batch(0)
+        if not check:
+            return batch
+        served = (mapped, batch) if CHECKSUMS_KEY in (batch.schema.metadata or {}) else None
+    if served is not None:
+        check_cache_columns(path, served[0], served[1], wanted)
+        return served[1]
+    data = _read_whole(path)  # an older copy: one CRC-32 sealed over it
+    sealed = check_seal(data, tail=1 << 16)
+    if sealed is None:
+        return None
+    if not sealed:
+        raise StoreError(f"{path}: IPC cache CRC-32 differs from the one sealed in it (corrupt)")
+    return ipc.open_file(pa.py_buffer(data)).get_batch(0)
+
+
 def _read_whole(path: str) -> bytearray:
     """All bytes of ``path``, read once into memory (a :class:`StoreError` if the file
     changes size meanwhile)."""
@@ -208,16 +315,21 @@ def read_cache(
     *,
     check: bool,
     columns: Iterable[str] | None = None,
+    private: bool = True,
 ) -> pa.RecordBatch | None:
     """The cached group rows of ``unit`` (``columns`` of them, or all), or ``None`` when
     there is no cache copy of the committed rows: no file, or a file without the record
     (unit, CRC-32 of the committed group file) and checksums that this library writes into
     every copy.
 
-    The copy is memory-mapped (zero-copy: only the pages used are read). ``check``: the
-    frame and the columns served are checked against their XXH3-64s (module docstring); a
-    copy written before per-column checksums is read into memory once and its sealed CRC-32
-    checked, and the bytes served are the ones checked.
+    ``check``: the frame and the columns served are read into memory (only those bytes) and
+    checked against their XXH3-64s, and the bytes served are the ones checked (module
+    docstring); a copy written before per-column checksums is read whole and its sealed
+    CRC-32 checked. Unchecked, the copy is memory-mapped (zero-copy, pages read as used).
+    ``private=False`` checks the columns served in the mapping itself and serves the mapping
+    (no copy: ~1.3x ``torch.load(mmap=True)`` where the copy costs ~2x, but a file truncated
+    by another program while a batch is in use then ends the process with SIGBUS, as it does
+    ``torch.load(mmap=True)``'s); not used by the readers of this version.
     """
     rel = f"{CACHE}/{cache_name(unit)}"
     if not backend.can_mmap or backend.stat(rel) is None:
@@ -225,20 +337,9 @@ def read_cache(
     path = backend.path(rel)
     wanted = None if columns is None else list(dict.fromkeys(columns))
     try:
-        source: Any = pa.memory_map(str(path), "r")
-        mapped = source.read_buffer()
-        batch = ipc.open_file(mapped).get_batch(0)
-        if check and check_cache_columns(path, mapped, batch, wanted) is None:
-            del batch, mapped
-            data = _read_whole(str(path))  # an older copy: one CRC-32 sealed over it
-            sealed = check_seal(data, tail=1 << 16)
-            if sealed is None:
-                return None  # not a copy this library wrote: never served
-            if not sealed:
-                raise StoreError(
-                    f"{path}: IPC cache CRC-32 differs from the one sealed in it (corrupt)"
-                )
-            batch = ipc.open_file(pa.py_buffer(data)).get_batch(0)
+        batch = _open(str(path), wanted, check=check, private=private)
+        if batch is None:
+            return None  # not a copy this library wrote: never served
     except StoreError:
         raise
     except (pa.ArrowException, OSError, ValueError) as exc:  # damaged bytes
