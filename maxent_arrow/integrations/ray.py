@@ -89,9 +89,7 @@ def _read_blocks(
 ) -> Iterator[pa.Table]:
     """Runs in a Ray worker: one Arrow block per unit, in the store's unified schema."""
     for read in reads:
-        table = read.read(schema.names, crc=crc)
-        for name, start, count in read.units:
-            part = table if (start, count) == (0, table.num_rows) else table.slice(start, count)
+        for name, part in read.read_units(schema.names, crc=crc):  # their row groups only
             part = S.conform(part, schema)
             if row_filter is not None:
                 part = part.filter(row_filter).select(keep)

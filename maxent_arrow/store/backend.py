@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     import pyarrow.fs as pafs
 
 from maxent_arrow.errors import MissingExtraError, StoreError
+from maxent_arrow.store.checksums import crc32c_of
 
 __all__ = [
     "ArrowFsBackend",
@@ -149,7 +150,8 @@ class Pending:
     """A written, durable file not yet visible under its final name (see
     :meth:`Backend.write_temp`): its size, CRC-32, and the running CRC-32 at every write
     boundary (``(offset, crc of bytes[0:offset])``), from which :mod:`.checksums` derives the
-    CRC of any byte range between two boundaries without reading the bytes again."""
+    CRC of any byte range between two boundaries without reading the bytes again;
+    ``boundaries_c``: the same for CRC32C (streamed writes only)."""
 
     final: str
     size: int
@@ -157,6 +159,7 @@ class Pending:
     boundaries: list[tuple[int, int]] = field(default_factory=list)
     temp: str | None = None  # local: the temp file's relative path
     data: Any = None  # object stores: the bytes to PUT
+    boundaries_c: list[tuple[int, int]] = field(default_factory=list)
 
 
 class _ThreadedSink:
@@ -171,6 +174,8 @@ class _ThreadedSink:
         self.size = 0
         self.crc = 0
         self.boundaries: list[tuple[int, int]] = [(0, 0)]
+        self.crc_c = 0
+        self.boundaries_c: list[tuple[int, int]] = [(0, 0)]
         self.error: OSError | None = None
         self.closed = False
         self._thread = threading.Thread(target=self._run, name="maxent-arrow-writer", daemon=True)
@@ -190,8 +195,10 @@ class _ThreadedSink:
                     while written < len(view):
                         written += os.write(self._fd, view[written:])
                 self.crc = zlib.crc32(chunk, self.crc)
+                self.crc_c = crc32c_of(chunk, self.crc_c)
                 offset += len(chunk)
                 self.boundaries.append((offset, self.crc & 0xFFFFFFFF))
+                self.boundaries_c.append((offset, self.crc_c))
             except OSError as exc:
                 self.error = exc
 
@@ -603,10 +610,11 @@ class LocalBackend(Backend):
                 while written < len(view):
                     written += os.write(fd, view[written : written + (64 << 20)])
                 size, crc = len(view), zlib.crc32(view) & 0xFFFFFFFF
-                boundaries = [(0, 0), (size, crc)]
+                boundaries, chunk_boundaries = [(0, 0), (size, crc)], []
             else:
                 sink = _stream(produce, fd)
                 size, crc, boundaries = sink.size, sink.crc & 0xFFFFFFFF, sink.boundaries
+                chunk_boundaries = sink.boundaries_c
             os.fsync(fd)
         except BaseException as exc:
             os.close(fd)
@@ -616,7 +624,7 @@ class LocalBackend(Backend):
                 raise os_error("cannot write", self.root / final, exc) from exc
             raise
         os.close(fd)
-        return Pending(final, size, crc, boundaries, temp=temp)
+        return Pending(final, size, crc, boundaries, temp=temp, boundaries_c=chunk_boundaries)
 
     def publish(self, pending: Pending, *, exclusive: bool) -> None:
         temp, final = self.root / pending.temp, self.path(pending.final)
@@ -940,7 +948,12 @@ class ArrowFsBackend(Backend):
             return Pending(final, buffer.size, crc, [(0, 0), (buffer.size, crc)], data=buffer)
         sink = _stream(produce, None)
         return Pending(
-            final, sink.size, sink.crc & 0xFFFFFFFF, sink.boundaries, data=b"".join(sink.kept)
+            final,
+            sink.size,
+            sink.crc & 0xFFFFFFFF,
+            sink.boundaries,
+            data=b"".join(sink.kept),
+            boundaries_c=sink.boundaries_c,
         )
 
     def publish(self, pending: Pending, *, exclusive: bool) -> None:

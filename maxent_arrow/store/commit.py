@@ -46,7 +46,7 @@ from maxent_arrow.arrow import schema as S
 from maxent_arrow.errors import StoreError
 from maxent_arrow.store.backend import Backend, Pending, crash_point
 from maxent_arrow.store.catalog import step_rows_json
-from maxent_arrow.store.checksums import chunk_crcs
+from maxent_arrow.store.checksums import CHUNK_ALGORITHM, chunk_crcs
 from maxent_arrow.store.log import CommitLog, LogState
 from maxent_arrow.store.names import GROUPS, STEPS, STORE_META_KEY, UNIT_META_KEY, with_token
 from maxent_arrow.store.parquet import group_file_settings, parquet_bytes, write_parquet
@@ -63,9 +63,11 @@ def write_group_file(
     *,
     compression: str,
     compression_level: int | None,
+    row_groups: Sequence[int] | None = None,
 ) -> Pending:
     """Encode ``table`` as the group file ``final`` (relative path) into a durable temp file,
-    with the group files' Parquet settings (:func:`.parquet.group_file_settings`)."""
+    with the group files' Parquet settings (:func:`.parquet.group_file_settings`) and
+    ``row_groups`` (row counts; default one row group)."""
     return backend.write_temp(
         final,
         produce=lambda sink: write_parquet(
@@ -75,6 +77,7 @@ def write_group_file(
             **group_file_settings(table.schema),
             compression=compression,
             compression_level=compression_level,
+            row_groups=row_groups,
         ),
     )
 
@@ -88,7 +91,14 @@ def group_file_meta(backend: Backend, pending: Pending, **extra: Any) -> dict[st
         def read_range(offset: int, length: int) -> bytes:
             return source.read_at(length, offset)
 
-        chunks = chunk_crcs(metadata, pending.size, pending.boundaries, read_range)
+        # CRC32C from the writer's running CRC32C at each write boundary (a write whose
+        # boundaries were not kept: CRC-32, as before).
+        if pending.boundaries_c:
+            chunks = chunk_crcs(
+                metadata, pending.size, pending.boundaries_c, read_range, CHUNK_ALGORITHM
+            )
+        else:
+            chunks = chunk_crcs(metadata, pending.size, pending.boundaries, read_range)
     name = pending.final.rsplit("/", 1)[-1]
     return {
         "group_file": name,
@@ -141,6 +151,7 @@ def commit_unit(
     attempt: str = "",
     replaces: Sequence[str] = (),
     locked: bool = False,
+    row_groups: Sequence[int] | None = None,
 ) -> Committed:
     """Write and commit the unit ``name``: its group file (``groups``, with
     ``group_metadata`` in the Parquet footer) and its step file (``step_rows``, with
@@ -153,7 +164,8 @@ def commit_unit(
     (``None`` without a log). With a ``log`` the files get a name of their own
     (:func:`~.names.with_token`), the commit is the log's next entry (written by ``attempt``;
     a compaction's ``replaces`` its inputs' step files) and a refused commit removes its own
-    files. ``locked``: the caller holds the store lock (``repair``). Raises
+    files. ``locked``: the caller holds the store lock (``repair``). ``row_groups``: the
+    group file's row groups (row counts; a segment keeps one per unit). Raises
     (:class:`StoreError`, ``OSError`` as ``StoreError``) with the store as it was."""
     if log is not None:
         name = with_token(name)
@@ -171,6 +183,7 @@ def commit_unit(
         group_metadata,
         compression=compression,
         compression_level=compression_level,
+        row_groups=row_groups,
     )
     crash_point(f"{operation}:group-written")
     try:

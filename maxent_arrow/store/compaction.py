@@ -293,6 +293,7 @@ def _compact_files(
         log=log,
         attempt=catalog.attempt_of(inputs[0]),
         replaces=inputs,
+        row_groups=_row_groups([u.num_groups for u in units]),
     )
     name = committed.name
     # Committed: the inputs are hidden by `replaces`. They leave groups/ and steps/ (plain
@@ -307,6 +308,22 @@ def _compact_files(
         backend.sync(STEPS)
     _expire(catalog)
     return backend.path(f"{STEPS}/{name}")
+
+
+# A segment keeps one row group per unit (a reader of one step decodes and checks only its
+# rows), a unit of more groups than this split into row groups of at most this many.
+ROW_GROUP_GROUPS = 4096
+
+
+def _row_groups(counts: list[int]) -> list[int]:
+    """The row counts of a segment's row groups: one per unit of ``counts`` groups."""
+    out = []
+    for count in counts:
+        while count > ROW_GROUP_GROUPS:
+            out.append(ROW_GROUP_GROUPS)
+            count -= ROW_GROUP_GROUPS
+        out.append(count)
+    return out
 
 
 # How long a compaction's inputs stay in retired/ for the readers that listed the store

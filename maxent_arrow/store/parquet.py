@@ -1,5 +1,5 @@
-"""How the store writes Parquet: one row group per file, the settings of each column, and
-sealed step files.
+"""How the store writes Parquet: one row group per append (a compacted segment: one per unit),
+the settings of each column, and sealed step files.
 
 Group files: zstd level 1 by default (token ids and log-probs compress little more at higher
 levels, which cost several times the time); the column settings come from the column registry
@@ -12,6 +12,7 @@ filter on; page checksums; the schema version in the file metadata (``docs/arrow
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -84,8 +85,10 @@ def write_parquet(
     sealed: bool = False,
     compression: str = "zstd",
     compression_level: int | None = 1,
+    row_groups: Sequence[int] | None = None,
 ) -> None:
-    """Write ``table`` as one Parquet file (one row group) to ``sink``."""
+    """Write ``table`` as one Parquet file to ``sink``: one row group, or one of each row
+    count of ``row_groups`` (they add up to the table's rows; a compacted segment's units)."""
     table = table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
     if compression in ("none", "uncompressed", None):
         compression, compression_level = "none", None
@@ -102,9 +105,21 @@ def write_parquet(
         store_schema=True,
         use_byte_stream_split=byte_stream_split or False,  # pyright: ignore[reportArgumentType]
     ) as writer:
-        # One row group per file: a step is read whole, and one chunk per column means readers
-        # get contiguous arrays without a concatenating copy.
-        writer.write_table(table, row_group_size=max(table.num_rows, 1))
+        # One row group per step: a step is read whole, and one chunk per column means readers
+        # get contiguous arrays without a concatenating copy; a reader of one step of a
+        # segment decodes (and checks) its row group only.
+        sizes = [n for n in row_groups or () if n > 0]
+        if len(sizes) < 2:
+            writer.write_table(table, row_group_size=max(table.num_rows, 1))
+        else:
+            if sum(sizes) != table.num_rows:
+                raise StoreError(
+                    f"row groups of {sum(sizes)} rows for a table of {table.num_rows} rows"
+                )
+            at = 0
+            for n in sizes:
+                writer.write_table(table.slice(at, n), row_group_size=n)
+                at += n
         if sealed:
             writer.add_key_value_metadata({SEAL_KEY: SEAL_PLACEHOLDER})
 

@@ -1,15 +1,18 @@
 """Reading group files, checked against what their step file recorded, and the unified table.
 
 One checked reader for every path that decodes group rows (``read``, ``replay``, ``verify``,
-the Ray reader, ``compact``): the file's size first; then either the CRC-32 of the whole file
-(reading everything) or, when only some columns are read and the step file recorded chunk
-CRCs, the CRCs of those columns' chunks and of the footer. Damage is a :class:`StoreError`
-naming the file (and the column). Schema-1.x files come back in the current layout.
+the Ray reader, ``compact``): the file's size first; then the checksums of what is decoded:
+the footer and the column chunks read (of the columns read, in the row groups read: a
+compacted segment keeps one row group per unit, so one step of it is decoded and checked
+alone), or, for files whose step file recorded no CRC32C chunk checksums and that are read
+whole, the CRC-32 of the whole file. Damage is a :class:`StoreError` naming the file, the
+row group's step and the column. Schema-1.x files come back in the current layout.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import functools
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import pyarrow as pa
@@ -26,7 +29,13 @@ from maxent_arrow.arrow.upgrade import (
 from maxent_arrow.errors import ArgumentError, SchemaError, StoreError
 from maxent_arrow.store.backend import Backend, FileInfo, missing_error
 from maxent_arrow.store.catalog import Catalog, OnError, StepFile, fail, is_missing, locate
-from maxent_arrow.store.checksums import check_chunks, covered, crc32_of, in_background
+from maxent_arrow.store.checksums import (
+    check_chunks,
+    covered,
+    crc32_of,
+    in_background,
+    row_groups_of,
+)
 from maxent_arrow.store.names import GROUPS, parse_name
 
 __all__ = [
@@ -35,6 +44,7 @@ __all__ = [
     "check_known_columns",
     "read_group_file",
     "read_table",
+    "row_group_labels",
 ]
 
 
@@ -63,21 +73,39 @@ def read_group_file(
     columns: Iterable[str] | None,
     *,
     crc: bool = True,
+    rows: tuple[int, int] | None = None,
 ) -> pa.Table:
     """The group rows of ``step``'s group file (``columns`` of them, or all), checked; read
     from ``retired/`` when a compaction moved the file there after the caller listed the
-    store."""
+    store. ``rows=(start, count)``: only those rows (of the file), decoding and checking
+    only the row groups that hold them where the step file recorded row groups."""
     rel = f"{GROUPS}/{step.group_file}"
     found = locate(backend, rel)
     try:
-        return _read_group_file(backend, step, columns, crc, rel, found)
+        return _read_group_file(backend, step, columns, crc, rel, found, rows)
     except StoreError as exc:
         if not is_missing(exc):
             raise
         again = locate(backend, rel)  # moved between the stat and the read?
         if again is None or (found is not None and again[0] == found[0]):
             raise
-        return _read_group_file(backend, step, columns, crc, rel, again)
+        return _read_group_file(backend, step, columns, crc, rel, again, rows)
+
+
+def row_group_labels(step: StepFile) -> list[str]:
+    """What each row group of ``step``'s group file holds (``"step 12 rank 0 train"``,
+    several units joined), for the errors that name a damaged row group."""
+    counts = (step.meta.get("chunks") or {}).get("row_group_rows") or []
+    starts = step.starts
+    units = list(zip(starts, step.column("step"), step.column("rank"), step.column("kind")))
+    labels, at = [], 0
+    for n in counts:
+        inside = [u for u in units if at <= u[0] < at + max(n, 1)]
+        if not inside:  # a unit split into several row groups: the one it started in
+            inside = [max((u for u in units if u[0] <= at), default=units[0])] if units else []
+        labels.append("; ".join(f"step {s} rank {r} {k}" for _, s, r, k in inside))
+        at += n
+    return labels
 
 
 def _read_group_file(
@@ -87,6 +115,7 @@ def _read_group_file(
     crc: bool,
     committed: str,
     found: tuple[str, FileInfo] | None,
+    rows: tuple[int, int] | None,
 ) -> pa.Table:
     path = backend.path(committed)  # errors name the committed path
     rel, info = found if found is not None else (committed, None)
@@ -96,22 +125,49 @@ def _read_group_file(
     # Parquet page CRCs are checked only where no CRC recorded at commit covers the bytes.
     pages = crc
     pending = None
+    chunks = step.meta.get("chunks")
+    # The row groups to decode (None: all) and the file row the first of them starts at.
+    groups, first = None, 0
+    if rows is not None and chunks is not None and not upgrade:
+        picked = row_groups_of(chunks, *rows)
+        if picked and len(picked) < len(chunks["row_groups"]):
+            groups = picked
+            first = sum(chunks["row_group_rows"][: picked[0]])
+    labels = row_group_labels(step) if chunks and len(chunks["row_groups"]) > 1 else None
     try:
         source: Any
-        chunks = step.meta.get("chunks")
         paths = {path for rg in (chunks or {}).get("row_groups", []) for path in rg}
         # Partial: some chunk belongs to no wanted column (names may hold dots: chunk_of).
         want = None if wanted is None else set(wanted)
-        partial = want is not None and not all(covered(p, want) for p in paths)
-        if crc and partial and chunks is not None and not upgrade:
-            # Only the columns read, and the footer: no pass over the rest of the file; the
-            # pass runs beside the decode, and nothing is returned before it has matched.
+        partial = groups is not None or (
+            want is not None and not all(covered(p, want) for p in paths)
+        )
+        # CRC32C chunk records check a whole read too (~5x faster than the file's CRC-32).
+        by_chunks = chunks is not None and chunks.get("algorithm") == "crc32c"
+        if crc and (partial or by_chunks) and chunks is not None and not upgrade:
+            read_chunks: Callable[[list[tuple[int, int]]], list[Any]]
+            if (
+                backend.can_mmap
+                or not partial
+                or (2 * _chunk_bytes(chunks, want, groups) >= (info.size if info else 0))
+            ):
+                # The bytes checked are the bytes decoded: mapped (local: no copy, only the
+                # pages of the chunks read are touched; group files are never rewritten), or
+                # read once when most of the file is read.
+                whole = _map(backend, rel)
+                read_chunks = functools.partial(_slices, whole)
+                source = pa.BufferReader(whole)
+            else:
+                # Only the chunks decoded, and the footer: no read of the rest of the file.
+                read_chunks = functools.partial(backend.read_ranges, rel)
+                source = backend.open(rel)
+            # The pass runs beside the decode; nothing is returned before it has matched.
             pending = in_background(
                 lambda: check_chunks(
-                    str(path), chunks, lambda r: backend.read_ranges(rel, r), wanted
+                    str(path), chunks, read_chunks, wanted, row_groups=groups, labels=labels
                 )
             )
-            source, pages = backend.open(rel), False
+            pages = False
         elif crc and step.meta.get("group_crc32") is not None:
             data = backend.read(rel)
             # The CRC pass runs beside the decode (both release the GIL); nothing decoded is
@@ -129,7 +185,10 @@ def _read_group_file(
             if upgrade:
                 wanted = [*wanted, *GROUP_ID_INPUTS, *OFFSET_BASIS]
             wanted = [c for c in dict.fromkeys(wanted) if c in present]
-        table = reader.read(columns=wanted)
+        if groups is None:
+            table = reader.read(columns=wanted)
+        else:
+            table = reader.read_row_groups(groups, columns=wanted)
     except StoreError:
         raise
     except (pa.ArrowException, OSError, ValueError) as exc:
@@ -143,7 +202,39 @@ def _read_group_file(
         table = upgrade_groups(table, kind=_kind_of(step))
         if columns is not None:
             table = table.select([c for c in dict.fromkeys(columns) if c in table.column_names])
+    if rows is not None:
+        start, count = rows[0] - first, rows[1]
+        if start or count != table.num_rows:
+            table = table.slice(start, count)
     return table
+
+
+def _chunk_bytes(chunks: dict[str, Any], want: set[str] | None, groups: list[int] | None) -> int:
+    """How many bytes the chunks of columns ``want`` in row groups ``groups`` hold."""
+    row_groups = chunks["row_groups"]
+    chosen = range(len(row_groups)) if groups is None else groups
+    return sum(
+        length
+        for index in chosen
+        for path, (_, length, _) in row_groups[index].items()
+        if covered(path, want)
+    )
+
+
+def _map(backend: Backend, rel: str) -> pa.Buffer:
+    """All bytes of ``rel``: a memory map where the backend has one, else read."""
+    if not backend.can_mmap:
+        return backend.read(rel)
+    try:
+        with pa.memory_map(str(backend.fs_path(rel)), "r") as mapped:
+            return mapped.read_buffer()
+    except (pa.ArrowException, OSError):
+        return backend.read(rel)  # errors as the backend words them
+
+
+def _slices(buffer: pa.Buffer, ranges: list[tuple[int, int]]) -> list[pa.Buffer]:
+    """Zero-copy slices of ``buffer`` (cut short at its end, as a read of a file would be)."""
+    return [buffer.slice(o, max(0, min(n, buffer.size - o))) for o, n in ranges]
 
 
 def _whole_crc(data: Any, step: StepFile, path: Any) -> None:
@@ -176,7 +267,20 @@ class GroupFileRead:
         return sum(count for _, _, count in self.units)
 
     def read(self, columns: Iterable[str] | None, *, crc: bool = True) -> pa.Table:
+        """Every row of the file."""
         return read_group_file(self.backend, self.step, columns, crc=crc)
+
+    def read_units(
+        self, columns: Iterable[str] | None, *, crc: bool = True
+    ) -> list[tuple[str, pa.Table]]:
+        """Each unit's rows (``(unit name, rows)``), decoding and checking only the row
+        groups that hold them."""
+        if not self.units:
+            return []
+        lo = min(start for _, start, _ in self.units)
+        hi = max(start + count for _, start, count in self.units)
+        table = read_group_file(self.backend, self.step, columns, crc=crc, rows=(lo, hi - lo))
+        return [(name, table.slice(start - lo, count)) for name, start, count in self.units]
 
 
 def flat_columns(schema: pa.Schema) -> list[str]:
@@ -231,8 +335,10 @@ def read_table(
             if table == "steps":
                 data = step.table.take(pa.array([u.row for u in members]))
             else:
-                data = read_group_file(catalog.backend, step, needed, crc=crc)
-                keep = [i for u in members for i in range(u.start, u.start + u.num_groups)]
+                lo = min(u.start for u in members)
+                hi = max(u.start + u.num_groups for u in members)
+                data = read_group_file(catalog.backend, step, needed, crc=crc, rows=(lo, hi - lo))
+                keep = [i - lo for u in members for i in range(u.start, u.start + u.num_groups)]
                 if len(keep) != data.num_rows:
                     data = data.take(pa.array(keep))
         except StoreError as exc:

@@ -291,5 +291,6 @@ def restore_from_cache(
         attempt=entry.attempt,
         replaces=[step.name],
         locked=True,
+        row_groups=[part.num_rows for part in parts],  # a segment: one row group per unit
     )
     return committed.name

@@ -368,7 +368,10 @@ def _load(
     groups = None
     if options.source in ("auto", "cache"):
         try:
-            groups = read_cache(catalog.backend, step, unit.name, check=crc)
+            # Only the columns served are checked (and mapped in).
+            groups = read_cache(
+                catalog.backend, step, unit.name, check=crc, columns=options.columns
+            )
         except StoreError:
             if options.source == "cache":
                 raise
@@ -378,9 +381,8 @@ def _load(
         if groups is not None and options.columns is not None:
             groups = groups.select([c for c in options.columns if c in groups.schema.names])
     if groups is None:
-        table = read_group_file(catalog.backend, step, options.columns, crc=crc)
-        if unit.start or unit.num_groups != table.num_rows:
-            table = table.slice(unit.start, unit.num_groups)
+        rows = (unit.start, unit.num_groups)  # only the row groups of this unit
+        table = read_group_file(catalog.backend, step, options.columns, crc=crc, rows=rows)
         groups = _as_batch(table)
     # Padding of the run-wide layout reads as absent (also in caches built from the archive).
     return strip_padding(groups, S.group_schema()), step_row

@@ -222,7 +222,8 @@ def test_read_store_detects_a_corrupt_file(ray_cluster, store_root: Path, tmp_pa
     data = bytearray(path.read_bytes())
     data[64] ^= 0xFF  # inside the first data page, not the footer the planner reads
     path.write_bytes(bytes(data))
-    with pytest.raises(Exception, match=r"rank-00001\.train\.\w+\.parquet: CRC-32 \w+, expected"):
+    damaged = r"rank-00001\.train\.\w+\.parquet: column chunk .* CRC32C \w+, expected"
+    with pytest.raises(Exception, match=damaged):
         read_store(root).materialize()
     with pytest.raises(SchemaError, match="unknown column"):
         read_store(store_root, columns=["step", "nope"])

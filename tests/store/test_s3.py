@@ -174,7 +174,7 @@ def test_commit_rule_refusals_and_damage(s3) -> None:
     data[64] ^= 0xFF
     with fs.open_output_stream(path) as f:
         f.write(bytes(data))
-    with pytest.raises(StoreError, match=rf"{name}: CRC-32"):
+    with pytest.raises(StoreError, match=rf"{name}: column chunk .*: CRC32C"):
         store.read()
     assert RolloutStore("runs/run-2", filesystem=fs, check_crc=False).steps() == [0]
     # Step objects: copies of the log's records (readers read the log); verify checks them.

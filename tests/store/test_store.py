@@ -179,9 +179,9 @@ def test_replay_rank_and_world_size_are_a_deprecated_spelling_of_shard(store):
 
 
 def test_ipc_cache_replay_is_zero_copy(tmp_path):
-    """Unchecked (``check_crc=False``) a cache copy is memory-mapped: nothing is decoded or
-    copied. Checked (the default) it is read into memory once and the bytes checked are the
-    bytes served (views into that one buffer: still no decode and no Arrow allocation)."""
+    """A cache copy is memory-mapped: nothing is decoded or copied, checked (the default: the
+    CRC32C of the frame and of each column served, read from the mapping) or not
+    (``check_crc=False``)."""
     store = RolloutStore.create(tmp_path / "s", cache=True)
     big = make_batch(0, groups=64, k=(8, 8), max_tokens=256)
     store.append(big)
