@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from maxent_arrow.arrow import lists as L
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.arrow.upgrade import (
     GROUP_ID_INPUTS,
@@ -333,14 +334,14 @@ def read_table(
         try:
             step = catalog.step_file(step_name)
             if table == "steps":
-                data = step.table.take(pa.array([u.row for u in members]))
+                data = step.table.take(L.int64_array([u.row for u in members]))
             else:
                 lo = min(u.start for u in members)
                 hi = max(u.start + u.num_groups for u in members)
                 data = read_group_file(catalog.backend, step, needed, crc=crc, rows=(lo, hi - lo))
                 keep = [i - lo for u in members for i in range(u.start, u.start + u.num_groups)]
                 if len(keep) != data.num_rows:
-                    data = data.take(pa.array(keep))
+                    data = data.take(L.int64_array(keep))
         except StoreError as exc:
             fail(on_error, exc)
             continue
