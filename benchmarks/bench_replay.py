@@ -8,8 +8,8 @@ unit between batches (``cache_units=0``), so every batch is read and checked afr
 
 Rows (medians of interleaved repeats, every ratio from the same run):
 
-- **from the IPC cache, checks on** (the copy's sealed CRC-32 checked, the bytes checked the
-  bytes served): ``ReplaySampler.sample()`` and ``SampledBatch.tensors()`` (ragged torch
+- **from the IPC cache, checks on** (the frame and the columns served read into memory of the
+  reader's own and checked against their XXH3-64s: the bytes checked are the bytes served): ``ReplaySampler.sample()`` and ``SampledBatch.tensors()`` (ragged torch
   tensors: values + offsets). Floor: a memcpy of the step's ragged token bytes; target <= 2x.
   Best peer: torchrl's ``ReplayBuffer`` over a ``LazyMemmapStorage`` of the same tensors
   (padded per completion, as its storage requires; sampling the same 8192 completions without
@@ -149,10 +149,12 @@ def run(bench: harness.Bench, args, work: Path) -> None:
             t["memcpy"], f"memcpy of the step's ragged token bytes ({nbytes / 1e6:.0f} MB)"
         ),
         targets=[within("floor", 2), *([] if peer is None else [faster_than("peer", 1)])],
-        reason="the sampler's own work is ~3 ms a step (the unchecked row); the checked read of "
-        "the cache copy (store/cache.py read_cache: the file read into a fresh bytearray, "
-        "then zlib CRC-32 over it) is the rest: a read pass, a first-touch of fresh pages and "
-        "a CRC pass (~2.4 GB/s) against the floor's one memcpy",
+        reason="the sampler's own work is ~2 ms a step (the unchecked row); the checked read "
+        "of the cache copy (store/cache.py read_cache) is the rest: the columns served are "
+        "read into memory of the reader's own (one copy, the floor's cost: a reader then "
+        "survives another program truncating the file) and an XXH3-64 pass over them; serving "
+        "the checked mapping instead (read_cache(private=False)) costs no copy but ends the "
+        "process with SIGBUS on such a truncation, as torch.load(mmap=True) does",
     )
     bench.row(
         f"sampler: one {p}x{k} step from the IPC cache, unchecked (memory-mapped; context)",
