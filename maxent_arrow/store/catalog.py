@@ -549,7 +549,7 @@ class LogCatalog(Catalog):
         """One version of the log (and one listing of each directory) for everything done
         inside: a reader building one view of the store pins the version it read."""
         outer = self._pinned
-        self._pinned = self.log.state().copy() if outer is None else outer
+        self._pinned = self.log.pin() if outer is None else outer
         try:
             with super().snapshot():
                 yield
@@ -586,6 +586,11 @@ class LogCatalog(Catalog):
     def hidden(self, names: Iterable[str], on_error: OnError) -> set[str]:
         return set()  # what a compaction replaced is not in the log's state
 
+    def units(self, **kwargs: Any) -> list[Unit]:
+        """:meth:`Catalog.units` of one pinned version of the log."""
+        with self.snapshot():
+            return super().units(**kwargs)
+
     def committed(self, on_error: OnError = "raise", history: History | None = None) -> list[str]:
         """The step files of ``history`` (default this catalog's)."""
         state = self.state()
@@ -596,6 +601,8 @@ class LogCatalog(Catalog):
             effective = set(state.effective())
             if which == "effective":
                 keep = effective
+            elif not state.resumed:
+                keep = set()  # nothing superseded
             else:  # superseded: files with at least one superseded unit
                 keep = {
                     rel
@@ -610,9 +617,17 @@ class LogCatalog(Catalog):
         entry = self._entry(name)
         return "" if entry is None else entry.attempt
 
-    def row_filter(self, name: str) -> str | None:
+    def step_seal(self, name: str) -> tuple[int | None, int | None]:
+        """The size and CRC-32 of step file ``name`` as its commit recorded them (``None``:
+        not recorded), what a reader of the file itself checks it against."""
         entry = self._entry(name)
-        if entry is None or self.history == "all":
+        return (None, None) if entry is None else (entry.step_size, entry.step_crc32)
+
+    def row_filter(self, name: str) -> str | None:
+        if self.history == "all" or not self.state().resumed:
+            return None  # every unit of the file is in the history
+        entry = self._entry(name)
+        if entry is None:
             return None
         cut = self.state().cutoff(entry.attempt, unit_kind(entry))
         steps = entry.record["rows"]["step"]

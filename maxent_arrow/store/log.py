@@ -169,8 +169,11 @@ class LogState:
     # checkpoint holds a compaction's every input, which readers rarely ask for):
     # relative path -> (item JSON, attempt, version)
     replaced_raw: dict[str, tuple[str, str, int]] = dataclasses.field(default_factory=dict)
-    # (step, rank, kind) -> the step files that hold a write of it (an index of `units`)
-    writes: dict[tuple[int, int, str], list[str]] = dataclasses.field(default_factory=dict)
+    # (step, rank, kind) -> the step files that hold a write of it (an index of `units`,
+    # built when first asked for: a reader never asks, a writer once per process)
+    indexed: dict[tuple[int, int, str], list[str]] | None = dataclasses.field(
+        default=None, repr=False, compare=False
+    )
     # (attempt, kind) -> its cutoff, until the next attempt begins (readers ask per unit)
     cutoffs: dict[tuple[str, str | None], int | None] = dataclasses.field(
         default_factory=dict, repr=False, compare=False
@@ -180,25 +183,45 @@ class LogState:
         default_factory=dict, repr=False, compare=False
     )
 
+    @property
+    def writes(self) -> dict[tuple[int, int, str], list[str]]:
+        """(step, rank, kind) -> the step files that hold a write of it."""
+        if self.indexed is None:
+            self.indexed = {}
+            for rel, entry in self.units.items():
+                self._index(rel, entry)
+        return self.indexed
+
+    def _index(self, rel: str, entry: UnitEntry) -> None:
+        assert self.indexed is not None
+        rows = entry.record.get("rows", {})
+        for key in zip(rows.get("step", ()), rows.get("rank", ()), rows.get("kind", ())):
+            self.indexed.setdefault(key, []).append(rel)
+
     def writes_of(self, step: int, rank: int, kind: str) -> list[UnitEntry]:
         """The committed writes of one unit (several when attempts rewrote it)."""
         return [self.units[rel] for rel in self.writes.get((step, rank, kind), ())]
 
     def _add(self, rel: str, entry: UnitEntry) -> None:
         self.units[rel] = entry
-        rows = entry.record.get("rows", {})
-        for key in zip(rows.get("step", ()), rows.get("rank", ()), rows.get("kind", ())):
-            self.writes.setdefault(key, []).append(rel)
+        if self.indexed is not None:
+            self._index(rel, entry)
 
     def _drop(self, rel: str) -> UnitEntry | None:
         entry = self.units.pop(rel, None)
-        if entry is not None:
+        if entry is not None and self.indexed is not None:
             rows = entry.record.get("rows", {})
             for key in zip(rows.get("step", ()), rows.get("rank", ()), rows.get("kind", ())):
-                held = self.writes.get(key)
+                held = self.indexed.get(key)
                 if held and rel in held:
                     held.remove(rel)
         return entry
+
+    @property
+    def resumed(self) -> bool:
+        """Whether any attempt after the first resumed (else nothing is superseded: every
+        cutoff is ``None``, and no unit's rows need reading to know it is effective)."""
+        return any(a.resume_from is not None for a in self.attempts[1:])
 
     def copy(self) -> LogState:
         """A copy that later entries do not change (a reader's pinned version)."""
@@ -211,7 +234,9 @@ class LogState:
             retiring=dict(self.retiring),
             replaced=dict(self.replaced),
             replaced_raw=dict(self.replaced_raw),
-            writes={k: list(v) for k, v in self.writes.items()},
+            indexed=None
+            if self.indexed is None
+            else {k: list(v) for k, v in self.indexed.items()},
         )
 
     def apply(self, entry: Mapping[str, Any]) -> None:
@@ -292,6 +317,8 @@ class LogState:
         key = (attempt_id, kind)
         if key in self.cutoffs:
             return self.cutoffs[key]
+        if not self.resumed:
+            return None
         mine = self.attempt(attempt_id)
         points = [
             point
@@ -321,7 +348,10 @@ class LogState:
         may be superseded in part: readers filter its rows by :meth:`cutoff`)."""
         hit = self.effective_at.get(self.version)
         if hit is None:
-            hit = {rel: e for rel, e in self.units.items() if any(self.effective_units(e))}
+            if not self.resumed:
+                hit = dict(self.units)  # nothing superseded
+            else:
+                hit = {rel: e for rel, e in self.units.items() if any(self.effective_units(e))}
             self.effective_at.clear()
             self.effective_at[self.version] = hit
         return hit
@@ -524,6 +554,25 @@ class CommitLog:
         self.backend = backend
         self.run = run
         self._state: LogState | None = None
+        # Whether a reader holds :attr:`_state` pinned (:meth:`pin`): the next entry is then
+        # applied to a copy (copy on write: pinning costs nothing while nothing commits).
+        self._pinned = False
+
+    def pin(self) -> LogState:
+        """The state at the newest version, which later entries never change (a reader's
+        pinned version). Costs no copy unless this object applies an entry while it is
+        held."""
+        state = self.state()
+        self._pinned = True
+        return state
+
+    def _own(self, state: LogState) -> LogState:
+        """``state`` made this object's own to change (a copy when a reader pinned it)."""
+        if self._pinned:
+            state = state.copy()
+            self._state = state
+            self._pinned = False
+        return state
 
     # ------------------------------------------------------------------ reading
     def state(self, *, fresh: bool = True) -> LogState:
@@ -538,6 +587,8 @@ class CommitLog:
             data = self._read_entry(version)
             if data is None:
                 break
+            if state is self._state:
+                state = self._own(state)
             state.apply(parse_entry(data, version, str(self.backend.path(entry_name(version)))))
         self._state = state
         return state
@@ -652,6 +703,7 @@ class CommitLog:
                 data = encode_entry(entry)
                 crash_point("log:entry-written")
                 if self.backend.put_if_absent(entry_name(version), data):
+                    state = self._own(state)
                     state.apply(parse_entry(data, version, entry_name(version)))
                     if version % CHECKPOINT_EVERY == 0:
                         with contextlib.suppress(OSError, StoreError):

@@ -178,6 +178,7 @@ class SqlViews:
         # (relative path, step file), the step files, and schema-1.x group rows decoded here.
         self.files: list[tuple[str, StepFile]] = []
         self.steps: list[StepFile] = []
+        self.steps_by_path: list[str] = []  # the step files DuckDB reads (relative paths)
         self.legacy: list[pa.Table] = []
         # A store with a commit log: the files of the history the views leave out (the
         # ``superseded`` view), its catalog, and its record tables.
@@ -328,19 +329,25 @@ class SqlViews:
             )
         # Step files: DuckDB reads the current ones itself where it can open them (they were
         # read and their seals checked already); the others are handed over as Arrow rows.
+        # With a commit log, a step file is read by DuckDB where it is there and sound (its
+        # size and CRC-32 as the log recorded them, checked once per process), with the same
+        # row filter as its group file; else its rows come from the log (:meth:`_by_path`).
         step_sets: list[FileSet] = []
         handed: list[StepFile] = []
-        by_names: dict[tuple[str, ...], list[StepFile]] = {}
+        by_names: dict[tuple[tuple[str, ...], str | None], list[StepFile]] = {}
         for step in self.steps:
-            if needs_upgrade(step.version) or not self.catalog.reads_step_files:
+            if needs_upgrade(step.version) or not self._by_path(step):
                 handed.append(step)
             else:
-                by_names.setdefault(tuple(step.schema.names), []).append(step)
-        for members in by_names.values():
+                where = self.catalog.row_filter(step.name)
+                by_names.setdefault((tuple(step.schema.names), where), []).append(step)
+        self.steps_by_path = []
+        for (_, where), members in by_names.items():
             rels = [self.ledger.where(f"{STEPS}/{s.name}") for s in members]
             source = backend.duckdb_source(rels, members[0].schema)
             if source.paths:
-                step_sets.append(FileSet(members[0].schema, source))
+                step_sets.append(FileSet(members[0].schema, source, where))
+                self.steps_by_path += [f"{STEPS}/{s.name}" for s in members]
             else:
                 handed.extend(members)
         step_rows = None
@@ -378,6 +385,16 @@ class SqlViews:
             else:
                 session.execute(item)
 
+    def _by_path(self, step: StepFile) -> bool:
+        """Whether DuckDB reads step file ``step`` by path (else its rows are handed over)."""
+        catalog = self.catalog
+        if catalog.reads_step_files:
+            return True
+        if not isinstance(catalog, LogCatalog) or not catalog.backend.can_mmap:
+            return False  # (object stores: a GET per file; the log's rows cost none)
+        size, crc = catalog.step_seal(step.name)
+        return self.ledger.admit_step(f"{STEPS}/{step.name}", size, crc)
+
     def _group_sets(
         self, files: list[tuple[str, StepFile]], catalog: Catalog
     ) -> tuple[list[FileSet], list[tuple[str, StepFile]]]:
@@ -408,7 +425,7 @@ class SqlViews:
         (retired longer ago than the grace period) is a :class:`StoreError` asking for a
         :meth:`refresh`."""
         moved = False
-        rels = [rel for rel, _ in self.files] + [f"{STEPS}/{s.name}" for s in self.steps]
+        rels = [rel for rel, _ in self.files] + self.steps_by_path
         for rel in rels:
             if self.catalog.backend.stat(self.ledger.where(rel)) is not None:
                 continue
