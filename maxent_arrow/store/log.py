@@ -135,6 +135,70 @@ class Attempt:
         return cls(**{k: v for k, v in data.items() if k in known})
 
 
+class LazyRows(dict):
+    """A unit's step rows (column name -> values) as a checkpoint holds them: JSON text,
+    parsed when a value is first asked for. The column names are known without parsing, so
+    a reader that needs only a file's schema or record (SQL views over a long run's
+    checkpoint) never parses its rows. Behaves as the parsed ``dict`` in every other way
+    (``json.dumps`` and ``dict()`` go through :meth:`items` and :meth:`keys`)."""
+
+    __slots__ = ("_names", "_text")
+
+    def __init__(self, text: str, names: list[str]):
+        super().__init__()
+        self._text: str | None = text
+        self._names = list(names)
+
+    def _load(self) -> None:
+        if self._text is not None:
+            text, self._text = self._text, None
+            super().update(json.loads(text))
+
+    def text(self) -> str:
+        """The rows as JSON text (as read, when not parsed yet)."""
+        return self._text if self._text is not None else json.dumps(dict(super().items()))
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names) if self._text is not None else super().__iter__()
+
+    def keys(self) -> Any:
+        return dict.fromkeys(self._names).keys() if self._text is not None else super().keys()
+
+    def __len__(self) -> int:
+        return len(self._names) if self._text is not None else super().__len__()
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._names if self._text is not None else super().__contains__(key)
+
+    def __getitem__(self, key: str) -> Any:
+        self._load()
+        return super().__getitem__(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self._load()
+        return super().get(key, default)
+
+    def values(self) -> Any:
+        self._load()
+        return super().values()
+
+    def items(self) -> Any:
+        self._load()
+        return super().items()
+
+    def __eq__(self, other: object) -> bool:
+        self._load()
+        return super().__eq__(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __reduce__(self) -> Any:
+        return (dict, (dict(self.items()),))
+
+    def __repr__(self) -> str:
+        return f"LazyRows({self._names})" if self._text is not None else super().__repr__()
+
+
 @dataclasses.dataclass(frozen=True)
 class UnitEntry:
     """A committed step file: its relative path, its commit record (the step file's store
@@ -364,7 +428,7 @@ class LogState:
         effective = self.effective()
         for rel, e in self.units.items():
             group = f"{GROUPS}/{e.record['group_file']}"
-            item = json.dumps(_unit_item(e))
+            item, rows_text = _unit_item_text(e)
             for kind, path in (("step_file", rel), ("group_file", group)):
                 rows.append(
                     {
@@ -374,8 +438,10 @@ class LogState:
                         "cutoff": self.cutoff(e.attempt, unit_kind(e)),
                         "attempt": e.attempt,
                         "version": e.version,
-                        # The unit's record once, on its step file's row.
+                        # The unit's record once, on its step file's row; its step rows
+                        # beside it (parsed by a reader only when it needs them).
                         "item": item if kind == "step_file" else "{}",
+                        "rows": rows_text if kind == "step_file" else None,
                     }
                 )
         for name, files in self.records.items():
@@ -434,6 +500,9 @@ class LogState:
                 ("attempt", pa.string()),
                 ("version", pa.int64()),
                 ("item", pa.string()),
+                # A unit's step rows (JSON, column name -> values); its item records their
+                # names (``row_names``). Older checkpoints hold them inside the item.
+                ("rows", pa.string()),
             ],
             metadata={
                 b"maxent_arrow.log": json.dumps(
@@ -458,6 +527,9 @@ class LogState:
                 continue
             item = json.loads(row["item"])
             if kind == "step_file":
+                if row.get("rows") is not None:
+                    record = item["record"]
+                    record["rows"] = LazyRows(row["rows"], item.pop("row_names"))
                 state._add(item["step_file"], _unit_from_item(item, row))
             elif kind == "attempt":
                 state.attempts.append(Attempt.from_json(item))
@@ -482,6 +554,18 @@ def _unit_item(e: UnitEntry) -> dict[str, Any]:
         "step_crc32": e.step_crc32,
         "unit_version": e.version,
     }
+
+
+def _unit_item_text(e: UnitEntry) -> tuple[str, str | None]:
+    """A unit entry as a checkpoint row's ``item`` JSON without its step rows, and the rows
+    as JSON text of their own (passed through unparsed when read from a checkpoint)."""
+    rows = e.record.get("rows") if isinstance(e.record, Mapping) else None
+    if not isinstance(rows, dict):
+        return json.dumps(_unit_item(e)), None
+    record = {k: v for k, v in e.record.items() if k != "rows"}
+    item = {**_unit_item(e), "record": record, "row_names": list(rows)}
+    text = rows.text() if isinstance(rows, LazyRows) else json.dumps(rows)
+    return json.dumps(item), text
 
 
 def _unit_from_item(item: Mapping[str, Any], row: Mapping[str, Any]) -> UnitEntry:

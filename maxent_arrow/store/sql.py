@@ -480,7 +480,7 @@ class SqlViews:
         """
         timeout = check_timeout(timeout)
         if not trusted:
-            check_query(query)
+            check_query(query, self._session().con)  # one connection per session
         for attempt in range(3):
             try:
                 if self.crc:
@@ -509,7 +509,7 @@ class SqlViews:
 
     def explain(self, query: str) -> str:
         """DuckDB's physical plan of ``query`` (shows which columns each scan reads)."""
-        check_query(query)
+        check_query(query, self._session().con)
         return self._session().explain(query)
 
     def render(self, table: pa.Table, *, max_rows: int) -> str:
