@@ -144,19 +144,24 @@ class LazyRows(dict):
 
     __slots__ = ("_names", "_text")
 
-    def __init__(self, text: str, names: list[str]):
+    def __init__(self, text: str | Callable[[], str], names: list[str]):
         super().__init__()
-        self._text: str | None = text
+        # The JSON text, or how to get it (the checkpoint's ``rows`` column is read only
+        # when some unit's rows are first asked for); ``None`` once parsed.
+        self._text: str | Callable[[], str] | None = text
         self._names = list(names)
 
     def _load(self) -> None:
         if self._text is not None:
             text, self._text = self._text, None
-            super().update(json.loads(text))
+            super().update(json.loads(text if isinstance(text, str) else text()))
 
     def text(self) -> str:
         """The rows as JSON text (as read, when not parsed yet)."""
-        return self._text if self._text is not None else json.dumps(dict(super().items()))
+        text = self._text
+        if text is None:
+            return json.dumps(dict(super().items()))
+        return text if isinstance(text, str) else text()
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._names) if self._text is not None else super().__iter__()
@@ -197,6 +202,85 @@ class LazyRows(dict):
 
     def __repr__(self) -> str:
         return f"LazyRows({self._names})" if self._text is not None else super().__repr__()
+
+
+class LazyRecord(dict):
+    """A unit's commit record as a checkpoint holds it: the row's ``item`` JSON, parsed when
+    the record is first used (opening a long run's log parses no record; a reader parses
+    those of the files it reads). Behaves as the parsed ``dict`` in every other way."""
+
+    __slots__ = ("_item", "_rows", "stamp")
+
+    def __init__(self, item: str, rows: Callable[[], str] | str | None, stamp: tuple):
+        super().__init__()
+        self._item: str | None = item
+        self._rows = rows
+        # (step_size, step_crc32, version) of the entry it was read with: a checkpoint of
+        # an unchanged entry writes the item text again without parsing it.
+        self.stamp = stamp
+
+    def text_of_rows(self) -> str | None:
+        """The step rows' JSON text (read from the checkpoint; ``None``: none)."""
+        rows = self._rows
+        return rows if rows is None or isinstance(rows, str) else rows()
+
+    @property
+    def item_text(self) -> str | None:
+        """The item JSON as read (``None`` once parsed)."""
+        return self._item
+
+    def _load(self) -> None:
+        if self._item is not None:
+            item, self._item = json.loads(self._item), None
+            record = item["record"]
+            if "row_names" in item and self._rows is not None:
+                record["rows"] = LazyRows(self._rows, item["row_names"])
+            super().update(record)
+
+    def __iter__(self) -> Iterator[str]:
+        self._load()
+        return super().__iter__()
+
+    def keys(self) -> Any:
+        self._load()
+        return super().keys()
+
+    def __len__(self) -> int:
+        self._load()
+        return super().__len__()
+
+    def __contains__(self, key: object) -> bool:
+        self._load()
+        return super().__contains__(key)
+
+    def __getitem__(self, key: str) -> Any:
+        self._load()
+        return super().__getitem__(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self._load()
+        return super().get(key, default)
+
+    def values(self) -> Any:
+        self._load()
+        return super().values()
+
+    def items(self) -> Any:
+        self._load()
+        return super().items()
+
+    def __eq__(self, other: object) -> bool:
+        self._load()
+        return super().__eq__(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __reduce__(self) -> Any:
+        return (dict, (dict(self.items()),))
+
+    def __repr__(self) -> str:
+        self._load()
+        return super().__repr__()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -426,8 +510,10 @@ class LogState:
         readers (``kind``, ``path``, ``effective``) and the item itself as JSON."""
         rows: list[dict[str, Any]] = []
         effective = self.effective()
+        resumed = self.resumed
         for rel, e in self.units.items():
-            group = f"{GROUPS}/{e.record['group_file']}"
+            # (a unit's group file has its step file's name: the commit rule)
+            group = f"{GROUPS}/{rel.rpartition('/')[2]}"
             item, rows_text = _unit_item_text(e)
             for kind, path in (("step_file", rel), ("group_file", group)):
                 rows.append(
@@ -435,9 +521,11 @@ class LogState:
                         "kind": kind,
                         "path": path,
                         "effective": rel in effective,
-                        "cutoff": self.cutoff(e.attempt, unit_kind(e)),
+                        "cutoff": self.cutoff(e.attempt, unit_kind(e)) if resumed else None,
                         "attempt": e.attempt,
                         "version": e.version,
+                        "step_size": e.step_size,
+                        "step_crc32": e.step_crc32,
                         # The unit's record once, on its step file's row; its step rows
                         # beside it (parsed by a reader only when it needs them).
                         "item": item if kind == "step_file" else "{}",
@@ -503,6 +591,9 @@ class LogState:
                 # A unit's step rows (JSON, column name -> values); its item records their
                 # names (``row_names``). Older checkpoints hold them inside the item.
                 ("rows", pa.string()),
+                # A step file's size and CRC-32 (also in its item): read without the item.
+                ("step_size", pa.int64()),
+                ("step_crc32", pa.int64()),
             ],
             metadata={
                 b"maxent_arrow.log": json.dumps(
@@ -513,10 +604,38 @@ class LogState:
         return pa.Table.from_pylist(rows, schema=schema)
 
     @classmethod
-    def from_table(cls, table: pa.Table) -> LogState:
+    def from_bytes(cls, data: bytes) -> LogState:
+        """The state of a checkpoint file's bytes. The units' step rows (the ``rows``
+        column: most of a long run's checkpoint) are read when first asked for."""
+        source = pq.ParquetFile(pa.BufferReader(data))
+        names = source.schema_arrow.names
+        if "rows" not in names:
+            return cls.from_table(source.read(use_threads=False))
+        table = source.read([n for n in names if n != "rows"], use_threads=False)
+        column: list[str | None] = []
+
+        def rows_of(index: int) -> Callable[[], str]:
+            def fetch() -> str:
+                if not column:
+                    whole = pq.ParquetFile(pa.BufferReader(data)).read(["rows"], use_threads=False)
+                    column.extend(whole.column(0).to_pylist())
+                text = column[index]
+                assert text is not None
+                return text
+
+            return fetch
+
+        return cls.from_table(table, rows_of)
+
+    @classmethod
+    def from_table(
+        cls, table: pa.Table, rows_of: Callable[[int], Callable[[], str]] | None = None
+    ) -> LogState:
+        """The state of a checkpoint table (``rows_of(i)``: how to get row ``i``'s step
+        rows when the table was read without its ``rows`` column)."""
         meta = json.loads((table.schema.metadata or {})[b"maxent_arrow.log"])
         state = cls(version=int(meta["version"]), run=meta.get("run"))
-        for row in table.to_pylist():
+        for index, row in enumerate(table.to_pylist()):
             kind = row["kind"]
             if kind == "group_file":
                 continue  # its unit is the step file's row
@@ -525,11 +644,18 @@ class LogState:
                 if row["item"] != "{}":
                     state.replaced_raw[row["path"]] = (row["item"], row["attempt"], row["version"])
                 continue
+            if kind == "step_file" and rows_of is not None and "step_size" in row:
+                # This format: the record parsed when first used.
+                stamp = (row["step_size"], row["step_crc32"], row["version"])
+                record = LazyRecord(row["item"], rows_of(index), stamp)
+                entry = UnitEntry(row["path"], record, row["attempt"], *stamp[2:], *stamp[:2])
+                state._add(row["path"], entry)
+                continue
             item = json.loads(row["item"])
             if kind == "step_file":
-                if row.get("rows") is not None:
-                    record = item["record"]
-                    record["rows"] = LazyRows(row["rows"], item.pop("row_names"))
+                if "row_names" in item:
+                    text = row.get("rows") if rows_of is None else rows_of(index)
+                    item["record"]["rows"] = LazyRows(text, item.pop("row_names"))
                 state._add(item["step_file"], _unit_from_item(item, row))
             elif kind == "attempt":
                 state.attempts.append(Attempt.from_json(item))
@@ -559,6 +685,10 @@ def _unit_item(e: UnitEntry) -> dict[str, Any]:
 def _unit_item_text(e: UnitEntry) -> tuple[str, str | None]:
     """A unit entry as a checkpoint row's ``item`` JSON without its step rows, and the rows
     as JSON text of their own (passed through unparsed when read from a checkpoint)."""
+    record = e.record
+    if isinstance(record, LazyRecord) and record.item_text is not None:
+        if record.stamp == (e.step_size, e.step_crc32, e.version):
+            return record.item_text, record.text_of_rows()
     rows = e.record.get("rows") if isinstance(e.record, Mapping) else None
     if not isinstance(rows, dict):
         return json.dumps(_unit_item(e)), None
@@ -724,7 +854,7 @@ class CommitLog:
                 data = self.backend.read(name).to_pybytes()
                 if crc is not None and crc32(data) != crc:
                     raise StoreError("checkpoint CRC-32 differs from the one recorded")
-                state = LogState.from_table(pq.ParquetFile(pa.BufferReader(data)).read())
+                state = LogState.from_bytes(data)
             except (StoreError, ValueError, KeyError, TypeError, pa.ArrowException) as exc:
                 where = self.backend.path(name)
                 warnings.warn(f"{where}: checkpoint not used ({exc})", stacklevel=3)
@@ -753,7 +883,7 @@ class CommitLog:
             data = self.backend.read(checkpoint_name(int(hint["version"]))).to_pybytes()
             if crc32(data) != hint["crc32"]:
                 raise StoreError("checkpoint CRC-32 differs from the one recorded")
-            return LogState.from_table(pq.ParquetFile(pa.BufferReader(data)).read())
+            return LogState.from_bytes(data)
         except (StoreError, ValueError, KeyError, TypeError, pa.ArrowException) as exc:
             # A damaged checkpoint costs time, not correctness: replay the entries instead.
             where = self.backend.path(pointer)
