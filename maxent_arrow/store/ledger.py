@@ -95,8 +95,9 @@ class ChecksumLedger:
         check_group_size(path, step, info)
         recorded = step.meta.get("group_crc32")
         assert info is not None  # check_group_size raised otherwise
-        self.keys[rel] = (str(self.backend.fs_path(self.where(rel))), info.size, info.mtime_ns,
-                          recorded)  # fmt: skip
+        where = self.where(rel)
+        key_path = path if where == rel else self.backend.fs_path(where)
+        self.keys[rel] = (key_path, info.size, info.mtime_ns, recorded)
         if self.crc and step.meta.get("chunks") is None and recorded is not None:
             if WHOLE not in self._done(rel):
                 if crc32_of(self.backend.read(self.where(rel))) != recorded:

@@ -795,6 +795,7 @@ class CommitLog:
         state = self._state
         if state is None:
             state = self._from_checkpoint() or LogState(run=self.run)
+            self._state = state  # (a state shared with other readers is copied on write)
         elif not fresh:
             return state
         for version in versions_after(state.version):
@@ -880,10 +881,21 @@ class CommitLog:
             return None
         try:
             hint = json.loads(self.backend.read(pointer).to_pybytes())
-            data = self.backend.read(checkpoint_name(int(hint["version"]))).to_pybytes()
-            if crc32(data) != hint["crc32"]:
-                raise StoreError("checkpoint CRC-32 differs from the one recorded")
-            return LogState.from_bytes(data)
+            key = (self.backend.uri, int(hint["version"]), int(hint["crc32"]))
+            state = _CHECKPOINTS.get(key)
+            if state is None:
+                data = self.backend.read(checkpoint_name(int(hint["version"]))).to_pybytes()
+                if crc32(data) != hint["crc32"]:
+                    raise StoreError("checkpoint CRC-32 differs from the one recorded")
+                state = LogState.from_bytes(data)
+                _CHECKPOINTS[key] = state
+                while len(_CHECKPOINTS) > _CHECKPOINTS_KEPT:
+                    _CHECKPOINTS.pop(next(iter(_CHECKPOINTS)))
+            # Shared with every reader of this checkpoint in the process: pinned, so this
+            # log applies its next entry to a copy (and the records parsed by one reader
+            # are parsed for all).
+            self._pinned = True
+            return state
         except (StoreError, ValueError, KeyError, TypeError, pa.ArrowException) as exc:
             # A damaged checkpoint costs time, not correctness: replay the entries instead.
             where = self.backend.path(pointer)
@@ -941,3 +953,9 @@ class CommitLog:
 
 
 _RACES = 1000
+
+# The states of the checkpoints this process has read, by (store, version, CRC-32): a store
+# opened again in the process (a new store object, a new SQL session) reads no checkpoint.
+# A state at one version never changes (entries after it are applied to a copy).
+_CHECKPOINTS: dict[tuple[str, int, int], LogState] = {}
+_CHECKPOINTS_KEPT = 8

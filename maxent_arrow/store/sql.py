@@ -133,6 +133,10 @@ def scanned_columns(plan_json: str | None, known: set[str]) -> set[str] | None:
     return plan_scans(plan_json, known)[1]
 
 
+# Queries tried again after files moved under the views (each retry follows a real move).
+_RETRIES = 8
+
+
 class SqlViews:
     """A DuckDB session with the store's views, checked and sandboxed; a context manager.
 
@@ -481,7 +485,9 @@ class SqlViews:
         timeout = check_timeout(timeout)
         if not trusted:
             check_query(query, self._session().con)  # one connection per session
-        for attempt in range(3):
+        # A compaction may move files under the views between any two steps: each retry
+        # follows the files that moved (a bounded number: every move is a commit).
+        for attempt in range(_RETRIES):
             try:
                 if self.crc:
                     # Every file's footer whenever the query scans files at all: DuckDB
@@ -493,7 +499,7 @@ class SqlViews:
                 return self._session().run(query, params, timeout=timeout)
             except StoreError:
                 # A compaction may have moved the files under the views: read them there.
-                if attempt == 2 or not self._relocate():
+                if attempt == _RETRIES - 1 or not self._relocate():
                     raise
         raise AssertionError("unreachable")
 
