@@ -183,6 +183,7 @@ class SqlViews:
         self.files: list[tuple[str, StepFile]] = []
         self.steps: list[StepFile] = []
         self.steps_by_path: list[str] = []  # the step files DuckDB reads (relative paths)
+        self.built: dict[str, str] = {}  # where the views read each file from
         self.legacy: list[pa.Table] = []
         # A store with a commit log: the files of the history the views leave out (the
         # ``superseded`` view), its catalog, and its record tables.
@@ -383,6 +384,8 @@ class SqlViews:
             history=history,
         )
         session.install(self.plan)
+        self.built = {rel: self.ledger.where(rel) for rel in [r for r, _ in self.files]}
+        self.built.update((rel, self.ledger.where(rel)) for rel in self.steps_by_path)
         for kind, item in self.own:
             if kind == "register":
                 session.register(*item)
@@ -432,6 +435,9 @@ class SqlViews:
         rels = [rel for rel, _ in self.files] + self.steps_by_path
         for rel in rels:
             if self.catalog.backend.stat(self.ledger.where(rel)) is not None:
+                # Found where the ledger reads it: moved if the views read it elsewhere (a
+                # check that found it moved followed it, the views did not).
+                moved = moved or self.ledger.where(rel) != self.built.get(rel, rel)
                 continue
             if not self.ledger.relocate(rel):
                 raise StoreError(
