@@ -11,7 +11,8 @@ Rows:
   ``open``: a new ``ReadOnlyStore`` and its commit log's state (the checkpoint and the
   entries after it). ``append``: one 16-group unit to a hard-linked copy of the store (fsync
   on, as a run appends). ``inspect``: ``maxent-arrow inspect RUN --json`` in a new process.
-  ``open`` is also measured in a new process (the import not counted).
+  ``open`` is also measured in a new process (after importing the store; the lazy imports
+  of its first use, pyarrow.parquet among them, counted: most of that figure).
   ``sql``: a new store object's ``sql()`` of per-step means over ten steps, in a process that
   has read the store before (its files' checks are remembered: ``store/verified.py``). Context
   rows: 10^3 steps x 64 ranks, and 100 steps x 8 ranks as loose one-unit files (880).
@@ -152,7 +153,7 @@ def scale_rows(bench: harness.Bench, sizes: list[int], repeats: int) -> None:
     small, large = sizes[0], sizes[-1]
     labels = {
         "open": "ReadOnlyStore(root) + the log's state, in a process that opened it before",
-        "open_cold": "the same in a new process (the import not counted)",
+        "open_cold": "the same in a new process, after importing the store (its first use's lazy imports counted)",
         "append": "RolloutStore.append of one 16-group unit (fsync'd)",
         "inspect": "maxent-arrow inspect RUN --json, a new process",
         "sql": "sql() of per-step means over 10 steps, a new store object",
