@@ -94,9 +94,7 @@ OPEN_COLD = textwrap.dedent(
 
 def _unit(step: int, steps: int, seed: int) -> RolloutBatch:
     rng = np.random.default_rng(seed)
-    groups, rows, _ = SS._tables(
-        [(step, 0)], "train", steps, groups=16, k=4, tokens=64, rng=rng
-    )
+    groups, rows, _ = SS._tables([(step, 0)], "train", steps, groups=16, k=4, tokens=64, rng=rng)
     return RolloutBatch(groups.combine_chunks().to_batches()[0], rows)
 
 
@@ -153,7 +151,8 @@ def scale_rows(bench: harness.Bench, sizes: list[int], repeats: int) -> None:
     small, large = sizes[0], sizes[-1]
     labels = {
         "open": "ReadOnlyStore(root) + the log's state, in a process that opened it before",
-        "open_cold": "the same in a new process, after importing the store (its first use's lazy imports counted)",
+        "open_cold": "the same in a new process, after importing the store (its first "
+        "use's lazy imports counted)",
         "append": "RolloutStore.append of one 16-group unit (fsync'd)",
         "inspect": "maxent-arrow inspect RUN --json, a new process",
         "sql": "sql() of per-step means over 10 steps, a new store object",
@@ -330,8 +329,14 @@ def main(argv: list[str] | None = None) -> int:
     small, large = (40, 100) if bench.quick else (200, 1000)
     cache = BA._cache_dir()
     stores = [
-        (f"{small} files", BA.generate(cache / f"an3-{small}-off", steps=small, compact_every=None)),
-        (f"{large} files", BA.generate(cache / f"an3-{large}-off", steps=large, compact_every=None)),
+        (
+            f"{small} files",
+            BA.generate(cache / f"an3-{small}-off", steps=small, compact_every=None),
+        ),
+        (
+            f"{large} files",
+            BA.generate(cache / f"an3-{large}-off", steps=large, compact_every=None),
+        ),
         (
             f"{large} steps, writer policy (compact_every=100)",
             BA.generate(cache / f"an3-{large}-policy", steps=large, compact_every=100),

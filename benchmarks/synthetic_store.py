@@ -254,7 +254,9 @@ def build(
             else:
                 chunks = [[s] for s in kind_steps]
             for chunk in chunks:
-                rank_sets = [list(range(ranks))] if layout == "compacted" else [[r] for r in range(ranks)]
+                rank_sets = (
+                    [list(range(ranks))] if layout == "compacted" else [[r] for r in range(ranks)]
+                )
                 for rank_set in rank_sets:
                     units = [(s, r) for s in chunk for r in rank_set]
                     group_table, step_table, starts = _tables(
@@ -317,8 +319,10 @@ def cache_dir() -> Path:
 def cached(**params: object) -> Built:
     """:func:`build` with ``params`` under :func:`cache_dir`, reused when a store of the same
     parameters was built before (its counts are kept beside it)."""
-    key = f"syn{FORMAT}-" + "-".join(f"{k}{'+'.join(map(str, v)) if isinstance(v, (list, tuple)) else v}"
-                            for k, v in sorted(params.items()))
+    key = f"syn{FORMAT}-" + "-".join(
+        f"{k}{'+'.join(map(str, v)) if isinstance(v, (list, tuple)) else v}"
+        for k, v in sorted(params.items())
+    )
     root = cache_dir() / key
     done = root.with_name(root.name + ".json")
     if done.exists() and root.exists():

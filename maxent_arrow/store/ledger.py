@@ -22,9 +22,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from maxent_arrow.errors import StoreError
+from maxent_arrow.store import verified
 from maxent_arrow.store.backend import Backend, FileInfo
 from maxent_arrow.store.catalog import OnError, StepFile, fail, is_missing, locate
-from maxent_arrow.store import verified
 from maxent_arrow.store.checksums import check_chunks, crc32_of
 from maxent_arrow.store.reader import check_group_size
 

@@ -382,9 +382,7 @@ class LogState:
             retiring=dict(self.retiring),
             replaced=dict(self.replaced),
             replaced_raw=dict(self.replaced_raw),
-            indexed=None
-            if self.indexed is None
-            else {k: list(v) for k, v in self.indexed.items()},
+            indexed=None if self.indexed is None else {k: list(v) for k, v in self.indexed.items()},
         )
 
     def apply(self, entry: Mapping[str, Any]) -> None:

@@ -52,7 +52,7 @@ def _same(a: LogState, b: LogState) -> None:
     assert a.records == b.records
     assert a.retiring == b.retiring
     assert a.effective().keys() == b.effective().keys()
-    for rel, e in a.units.items():
+    for e in a.units.values():
         assert a.effective_units(e) == b.effective_units(e)
     assert a.writes == b.writes
 
@@ -65,9 +65,7 @@ def test_a_lazily_read_checkpoint_is_the_replayed_state(tmp_path):
     assert lazy.version > 0
     _same(lazy, _replayed(CommitLog(log.backend, log.run), lazy.version))
     # What readers serve is the same, whichever way the state was built.
-    assert reader.sql("SELECT count(*) AS n FROM steps").to_pylist() == [
-        {"n": len(store.units())}
-    ]
+    assert reader.sql("SELECT count(*) AS n FROM steps").to_pylist() == [{"n": len(store.units())}]
 
 
 def test_a_checkpoint_written_from_a_lazy_state_equals_one_from_a_parsed_state(tmp_path):
