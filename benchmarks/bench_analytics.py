@@ -22,9 +22,8 @@ process with a warm page cache; median of interleaved repeats):
   ``quantile_cont``). Target <= 1.1x; pandas as the baseline; the results are compared.
 - **cost of verifying on read**: ours against ours with ``check_crc=False``, in this process
   (target <= 1.1x) and in a fresh process per query (target <= 1.3x).
-- **``maxent-arrow query`` end to end** (a new process: import, open, checks, query, print)
-  against a ``python -c`` DuckDB script running the same query on the same files (target
-  <= 1.3x), on the 200-file store and the policy store.
+- ``maxent-arrow query`` end to end: in ``bench_scale.py`` (with ``inspect``; it uses
+  :data:`CLI_QUERY` and :data:`PEER_SCRIPT` from here).
 
 Run ``python benchmarks/bench_analytics.py [--quick] [--json PATH]``; exit status 1 on a miss
 (not with ``--quick``). ``MAXENT_ARROW_BENCH_CACHE`` sets where the stores are kept.
@@ -442,46 +441,6 @@ CLI_QUERY = (
 PEER_SCRIPT = "import duckdb, sys; print(duckdb.sql(sys.argv[1]).fetchall())"
 
 
-def _wall(argv: list[str]) -> float:
-    t0 = time.perf_counter()
-    subprocess.run(argv, capture_output=True, check=True)
-    return time.perf_counter() - t0
-
-
-def cli_row(bench: harness.Bench, label: str, root: Path, repeats: int) -> None:
-    """``maxent-arrow query`` end to end against a ``python -c`` DuckDB script running the
-    same query over the committed files (which checks nothing)."""
-    exe = Path(sys.executable).with_name("maxent-arrow")
-    ours_argv = [str(exe)] if exe.exists() else [sys.executable, "-m", "maxent_arrow.cli"]
-    ours_argv += ["query", str(root), CLI_QUERY.format(source="groups")]
-    listing = _listing(_files(root))
-    peer_argv = [
-        sys.executable,
-        "-c",
-        PEER_SCRIPT,
-        CLI_QUERY.format(source=f"read_parquet({listing})"),
-    ]
-    bare_argv = [sys.executable, "-c", "pass"]
-    t = harness.measure(
-        {
-            "ours": lambda: _wall(ours_argv),
-            "peer": lambda: _wall(peer_argv),
-            "python": lambda: _wall(bare_argv),
-        },
-        repeats=max(3, repeats // 2),
-    )
-    bench.row(
-        f"maxent-arrow query, end to end, {label}",
-        ours=Figure(t["ours"], "the CLI: import, open, checks, sandboxed query, print"),
-        peer=Figure(t["peer"], "python -c: import duckdb, the same query on read_parquet"),
-        floor=Figure(t["python"], "python -c pass"),
-        targets=[within("peer", 1.3)],
-        reason="importing pyarrow (~0.3 s, which the DuckDB script never loads) is most of the "
-        "gap; the checks' share is the fresh-process verification row",
-        note="no torch, pandas or pyarrow.dataset is imported (tests/test_architecture.py)",
-    )
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     harness.add_arguments(parser)
@@ -500,8 +459,6 @@ def main(argv: list[str] | None = None) -> int:
     ]
     for label, root in stores:
         bench_store(bench, label, root, repeats)
-    cli_row(bench, stores[0][0], stores[0][1], repeats)
-    cli_row(bench, stores[2][0], stores[2][1], repeats)
     return bench.finish()
 
 

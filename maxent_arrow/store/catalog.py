@@ -469,20 +469,29 @@ class Catalog:
         """The attempt that wrote step file ``name`` (``""``: a store without attempts)."""
         return ""
 
-    def committed_files(self, table: str, on_error: OnError = "raise") -> list[str]:
-        """Relative paths of the committed files of ``table`` (``"groups"``/``"steps"``)."""
+    def is_committed_step(self, name: str) -> bool:
+        """Whether ``name`` is a step file this catalog knows as committed (listed)."""
+        return name in self.listing(STEPS, fresh=False)
+
+    def committed_files(
+        self, table: str, on_error: OnError = "raise", *, present: bool = True
+    ) -> list[str]:
+        """Relative paths of the committed files of ``table`` (``"groups"``/``"steps"``);
+        ``present``: check that each group file is there (a listing of ``groups/``)."""
         if table not in (GROUPS, STEPS):
             raise StoreError(f"committed_files: table must be 'groups' or 'steps', got {table!r}")
         names = self.committed(on_error)
         if table == STEPS:
             return [f"{STEPS}/{n}" for n in names]
-        present = self.listing(GROUPS)
+        if not present:
+            return [f"{GROUPS}/{n}" for n in names]
+        listed = self.listing(GROUPS)
         out = []
         for name in names:
             rel = f"{GROUPS}/{name}"
             try:
                 # Not listed: moved to retired/ by a compaction since steps/ was listed?
-                if name in present or locate(self.backend, rel) is not None:
+                if name in listed or locate(self.backend, rel) is not None:
                     out.append(rel)
                     continue
                 path = self.backend.root / rel
@@ -539,6 +548,8 @@ class LogCatalog(Catalog):
         self._pinned: LogState | None = None
         # step file name -> (the log's record it was built from, the StepFile)
         self._files: dict[str, tuple[Mapping[str, Any], StepFile]] = {}
+        # (the state, its version, its step files in order): :meth:`step_names`' last answer
+        self._names: tuple[LogState, int, list[str]] | None = None
 
     def state(self) -> LogState:
         """The log's state: the pinned version within :meth:`snapshot`, else the newest."""
@@ -549,7 +560,7 @@ class LogCatalog(Catalog):
         """One version of the log (and one listing of each directory) for everything done
         inside: a reader building one view of the store pins the version it read."""
         outer = self._pinned
-        self._pinned = self.log.state().copy() if outer is None else outer
+        self._pinned = self.log.pin() if outer is None else outer
         try:
             with super().snapshot():
                 yield
@@ -557,10 +568,20 @@ class LogCatalog(Catalog):
             self._pinned = outer
 
     def step_names(self) -> list[str]:
-        """The step files the log commits (every attempt's), in (step, kind, rank) order."""
-        names = [rel.rpartition("/")[2] for rel in self.state().units]
+        """The step files the log commits (every attempt's), in (step, kind, rank) order
+        (sorted once per version of the log)."""
+        state = self.state()
+        cached = self._names
+        if cached is not None and cached[0] is state and cached[1] == state.version:
+            return list(cached[2])
+        names = [rel.rpartition("/")[2] for rel in state.units]
         parsed = [(n, p) for n in names if (p := parse_name(n)) is not None]
-        return [n for n, p in sorted(parsed, key=lambda x: _sort_key(*x))]
+        out = [n for n, p in sorted(parsed, key=lambda x: _sort_key(*x))]
+        self._names = (state, state.version, out)
+        return list(out)
+
+    def is_committed_step(self, name: str) -> bool:
+        return self._entry(name) is not None
 
     def step_file(self, name: str) -> StepFile:
         """A committed step file's record, from the log (the step file is not read)."""
@@ -586,6 +607,11 @@ class LogCatalog(Catalog):
     def hidden(self, names: Iterable[str], on_error: OnError) -> set[str]:
         return set()  # what a compaction replaced is not in the log's state
 
+    def units(self, **kwargs: Any) -> list[Unit]:
+        """:meth:`Catalog.units` of one pinned version of the log."""
+        with self.snapshot():
+            return super().units(**kwargs)
+
     def committed(self, on_error: OnError = "raise", history: History | None = None) -> list[str]:
         """The step files of ``history`` (default this catalog's)."""
         state = self.state()
@@ -596,6 +622,8 @@ class LogCatalog(Catalog):
             effective = set(state.effective())
             if which == "effective":
                 keep = effective
+            elif not state.resumed:
+                keep = set()  # nothing superseded
             else:  # superseded: files with at least one superseded unit
                 keep = {
                     rel
@@ -610,9 +638,17 @@ class LogCatalog(Catalog):
         entry = self._entry(name)
         return "" if entry is None else entry.attempt
 
-    def row_filter(self, name: str) -> str | None:
+    def step_seal(self, name: str) -> tuple[int | None, int | None]:
+        """The size and CRC-32 of step file ``name`` as its commit recorded them (``None``:
+        not recorded), what a reader of the file itself checks it against."""
         entry = self._entry(name)
-        if entry is None or self.history == "all":
+        return (None, None) if entry is None else (entry.step_size, entry.step_crc32)
+
+    def row_filter(self, name: str) -> str | None:
+        if self.history == "all" or not self.state().resumed:
+            return None  # every unit of the file is in the history
+        entry = self._entry(name)
+        if entry is None:
             return None
         cut = self.state().cutoff(entry.attempt, unit_kind(entry))
         steps = entry.record["rows"]["step"]

@@ -9,6 +9,10 @@ checks it against what its step file recorded at commit (``docs/commit-protocol.
   file (each (file, column) once per ledger);
 - a file written before chunk CRCs were recorded, whole, once.
 
+What a ledger checked is also remembered for the process (:mod:`.verified`, keyed by the
+file's path, size, modification time and recorded CRC-32), so a new session over the same
+files checks nothing again: each file's footer and chunks are checked once per process.
+
 A damaged file raises a :class:`StoreError` naming it, or is reported back to the caller
 (``on_error="skip"``) so the views can be rebuilt without it.
 """
@@ -18,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from maxent_arrow.errors import StoreError
+from maxent_arrow.store import verified
 from maxent_arrow.store.backend import Backend, FileInfo
 from maxent_arrow.store.catalog import OnError, StepFile, fail, is_missing, locate
 from maxent_arrow.store.checksums import check_chunks, crc32_of
@@ -48,6 +53,8 @@ class ChecksumLedger:
         self.on_error: OnError = on_error
         self.crc = crc
         self.checked: set[tuple[str, str]] = set()
+        # Each admitted file's key in the process-wide cache of verified bytes.
+        self.keys: dict[str, verified.FileKey] = {}
         # Committed files a compaction moved to retired/ since they were listed: where they
         # are now (the same bytes, so what was checked stays checked).
         self.moved: dict[str, str] = {}
@@ -55,6 +62,11 @@ class ChecksumLedger:
     def clear(self) -> None:
         self.checked.clear()
         self.moved.clear()
+        self.keys.clear()
+
+    def _done(self, rel: str) -> frozenset[str]:
+        """What this process has checked of ``rel`` as it is now (any ledger)."""
+        return verified.checked(self.keys.get(rel))
 
     def where(self, rel: str) -> str:
         """Where the committed file ``rel`` is read from now."""
@@ -82,10 +94,41 @@ class ChecksumLedger:
             info = self.backend.stat(self.where(rel))
         check_group_size(path, step, info)
         recorded = step.meta.get("group_crc32")
+        assert info is not None  # check_group_size raised otherwise
+        where = self.where(rel)
+        key_path = path if where == rel else self.backend.fs_path(where)
+        self.keys[rel] = (key_path, info.size, info.mtime_ns, recorded)
         if self.crc and step.meta.get("chunks") is None and recorded is not None:
-            if crc32_of(self.backend.read(self.where(rel))) != recorded:
-                raise StoreError(f"{path}: CRC-32 differs from the recorded one (corrupt)")
+            if WHOLE not in self._done(rel):
+                if crc32_of(self.backend.read(self.where(rel))) != recorded:
+                    raise StoreError(f"{path}: CRC-32 differs from the recorded one (corrupt)")
+                verified.add(self.keys[rel], (WHOLE,))
             self.checked.add((rel, WHOLE))
+
+    def admit_step(self, rel: str, size: int | None, crc: int | None) -> bool:
+        """Whether DuckDB may read the step file ``rel`` of a store with a commit log by
+        itself: it is there (in place or retired), of the size and CRC-32 the log recorded
+        (its whole bytes, once per process: :mod:`.verified`). ``False`` (missing, damaged,
+        or nothing recorded to check it against): the reader uses the log's copy of its rows,
+        as every reader of such a store may (a lost step file costs readers nothing)."""
+        if size is None or crc is None:
+            return False
+        found = locate(self.backend, rel)
+        if found is None or found[1].size != size:
+            return False
+        where, info = found
+        if where != rel:
+            self.moved[rel] = where
+        key = (str(self.backend.fs_path(where)), info.size, info.mtime_ns, crc)
+        if WHOLE in verified.checked(key) or not self.crc:
+            return True
+        try:
+            sound = crc32_of(self.backend.read(where)) == crc
+        except StoreError:
+            return False
+        if sound:
+            verified.add(key, (WHOLE,))
+        return sound
 
     def first_sound(self, members: list[tuple[str, StepFile]]) -> list[tuple[str, StepFile]]:
         """``members`` from the first whose footer is sound (DuckDB binds a view over a set
@@ -94,11 +137,13 @@ class ChecksumLedger:
         for at, (rel, step) in enumerate(members):
             if not self.crc or step.meta.get("chunks") is None or (rel, FOOTER) in self.checked:
                 return members[at:]
-            try:
-                self._check(rel, step, ())
-            except StoreError as exc:
-                fail(self.on_error, exc)
-                continue
+            if FOOTER not in self._done(rel):
+                try:
+                    self._check(rel, step, ())
+                except StoreError as exc:
+                    fail(self.on_error, exc)
+                    continue
+                verified.add(self.keys.get(rel), (FOOTER,))
             self.checked.add((rel, FOOTER))
             return members[at:]
         return []
@@ -124,12 +169,19 @@ class ChecksumLedger:
             todo = {c for c in wanted if (rel, c) not in self.checked}
             if not todo and not (footers and (rel, FOOTER) not in self.checked):
                 continue
+            done = self._done(rel)
+            if FOOTER in done and todo <= done:
+                # Checked by an earlier session of this process, and unchanged since.
+                self.checked.update((rel, c) for c in todo | {FOOTER})
+                continue
+            todo -= done
             try:
                 self._check(rel, step, todo)
             except StoreError as exc:
                 fail(self.on_error, exc)
                 damaged.add(rel)
                 continue
+            verified.add(self.keys.get(rel), todo | {FOOTER})
             self.checked.update((rel, c) for c in todo | {FOOTER})
         return damaged
 

@@ -135,6 +135,154 @@ class Attempt:
         return cls(**{k: v for k, v in data.items() if k in known})
 
 
+class LazyRows(dict):
+    """A unit's step rows (column name -> values) as a checkpoint holds them: JSON text,
+    parsed when a value is first asked for. The column names are known without parsing, so
+    a reader that needs only a file's schema or record (SQL views over a long run's
+    checkpoint) never parses its rows. Behaves as the parsed ``dict`` in every other way
+    (``json.dumps`` and ``dict()`` go through :meth:`items` and :meth:`keys`)."""
+
+    __slots__ = ("_names", "_text")
+
+    def __init__(self, text: str | Callable[[], str], names: list[str]):
+        super().__init__()
+        # The JSON text, or how to get it (the checkpoint's ``rows`` column is read only
+        # when some unit's rows are first asked for); ``None`` once parsed.
+        self._text: str | Callable[[], str] | None = text
+        self._names = list(names)
+
+    def _load(self) -> None:
+        if self._text is not None:
+            text, self._text = self._text, None
+            super().update(json.loads(text if isinstance(text, str) else text()))
+
+    def text(self) -> str:
+        """The rows as JSON text (as read, when not parsed yet)."""
+        text = self._text
+        if text is None:
+            return json.dumps(dict(super().items()))
+        return text if isinstance(text, str) else text()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names) if self._text is not None else super().__iter__()
+
+    def keys(self) -> Any:
+        return dict.fromkeys(self._names).keys() if self._text is not None else super().keys()
+
+    def __len__(self) -> int:
+        return len(self._names) if self._text is not None else super().__len__()
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._names if self._text is not None else super().__contains__(key)
+
+    def __getitem__(self, key: str) -> Any:
+        self._load()
+        return super().__getitem__(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self._load()
+        return super().get(key, default)
+
+    def values(self) -> Any:
+        self._load()
+        return super().values()
+
+    def items(self) -> Any:
+        self._load()
+        return super().items()
+
+    def __eq__(self, other: object) -> bool:
+        self._load()
+        return super().__eq__(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __reduce__(self) -> Any:
+        return (dict, (dict(self.items()),))
+
+    def __repr__(self) -> str:
+        return f"LazyRows({self._names})" if self._text is not None else super().__repr__()
+
+
+class LazyRecord(dict):
+    """A unit's commit record as a checkpoint holds it: the row's ``item`` JSON, parsed when
+    the record is first used (opening a long run's log parses no record; a reader parses
+    those of the files it reads). Behaves as the parsed ``dict`` in every other way."""
+
+    __slots__ = ("_item", "_rows", "stamp")
+
+    def __init__(self, item: str, rows: Callable[[], str] | str | None, stamp: tuple):
+        super().__init__()
+        self._item: str | None = item
+        self._rows = rows
+        # (step_size, step_crc32, version) of the entry it was read with: a checkpoint of
+        # an unchanged entry writes the item text again without parsing it.
+        self.stamp = stamp
+
+    def text_of_rows(self) -> str | None:
+        """The step rows' JSON text (read from the checkpoint; ``None``: none)."""
+        rows = self._rows
+        return rows if rows is None or isinstance(rows, str) else rows()
+
+    @property
+    def item_text(self) -> str | None:
+        """The item JSON as read (``None`` once parsed)."""
+        return self._item
+
+    def _load(self) -> None:
+        if self._item is not None:
+            item, self._item = json.loads(self._item), None
+            record = item["record"]
+            if "row_names" in item and self._rows is not None:
+                record["rows"] = LazyRows(self._rows, item["row_names"])
+            super().update(record)
+
+    def __iter__(self) -> Iterator[str]:
+        self._load()
+        return super().__iter__()
+
+    def keys(self) -> Any:
+        self._load()
+        return super().keys()
+
+    def __len__(self) -> int:
+        self._load()
+        return super().__len__()
+
+    def __contains__(self, key: object) -> bool:
+        self._load()
+        return super().__contains__(key)
+
+    def __getitem__(self, key: str) -> Any:
+        self._load()
+        return super().__getitem__(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self._load()
+        return super().get(key, default)
+
+    def values(self) -> Any:
+        self._load()
+        return super().values()
+
+    def items(self) -> Any:
+        self._load()
+        return super().items()
+
+    def __eq__(self, other: object) -> bool:
+        self._load()
+        return super().__eq__(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __reduce__(self) -> Any:
+        return (dict, (dict(self.items()),))
+
+    def __repr__(self) -> str:
+        self._load()
+        return super().__repr__()
+
+
 @dataclasses.dataclass(frozen=True)
 class UnitEntry:
     """A committed step file: its relative path, its commit record (the step file's store
@@ -169,8 +317,11 @@ class LogState:
     # checkpoint holds a compaction's every input, which readers rarely ask for):
     # relative path -> (item JSON, attempt, version)
     replaced_raw: dict[str, tuple[str, str, int]] = dataclasses.field(default_factory=dict)
-    # (step, rank, kind) -> the step files that hold a write of it (an index of `units`)
-    writes: dict[tuple[int, int, str], list[str]] = dataclasses.field(default_factory=dict)
+    # (step, rank, kind) -> the step files that hold a write of it (an index of `units`,
+    # built when first asked for: a reader never asks, a writer once per process)
+    indexed: dict[tuple[int, int, str], list[str]] | None = dataclasses.field(
+        default=None, repr=False, compare=False
+    )
     # (attempt, kind) -> its cutoff, until the next attempt begins (readers ask per unit)
     cutoffs: dict[tuple[str, str | None], int | None] = dataclasses.field(
         default_factory=dict, repr=False, compare=False
@@ -180,25 +331,45 @@ class LogState:
         default_factory=dict, repr=False, compare=False
     )
 
+    @property
+    def writes(self) -> dict[tuple[int, int, str], list[str]]:
+        """(step, rank, kind) -> the step files that hold a write of it."""
+        if self.indexed is None:
+            self.indexed = {}
+            for rel, entry in self.units.items():
+                self._index(rel, entry)
+        return self.indexed
+
+    def _index(self, rel: str, entry: UnitEntry) -> None:
+        assert self.indexed is not None
+        rows = entry.record.get("rows", {})
+        for key in zip(rows.get("step", ()), rows.get("rank", ()), rows.get("kind", ())):
+            self.indexed.setdefault(key, []).append(rel)
+
     def writes_of(self, step: int, rank: int, kind: str) -> list[UnitEntry]:
         """The committed writes of one unit (several when attempts rewrote it)."""
         return [self.units[rel] for rel in self.writes.get((step, rank, kind), ())]
 
     def _add(self, rel: str, entry: UnitEntry) -> None:
         self.units[rel] = entry
-        rows = entry.record.get("rows", {})
-        for key in zip(rows.get("step", ()), rows.get("rank", ()), rows.get("kind", ())):
-            self.writes.setdefault(key, []).append(rel)
+        if self.indexed is not None:
+            self._index(rel, entry)
 
     def _drop(self, rel: str) -> UnitEntry | None:
         entry = self.units.pop(rel, None)
-        if entry is not None:
+        if entry is not None and self.indexed is not None:
             rows = entry.record.get("rows", {})
             for key in zip(rows.get("step", ()), rows.get("rank", ()), rows.get("kind", ())):
-                held = self.writes.get(key)
+                held = self.indexed.get(key)
                 if held and rel in held:
                     held.remove(rel)
         return entry
+
+    @property
+    def resumed(self) -> bool:
+        """Whether any attempt after the first resumed (else nothing is superseded: every
+        cutoff is ``None``, and no unit's rows need reading to know it is effective)."""
+        return any(a.resume_from is not None for a in self.attempts[1:])
 
     def copy(self) -> LogState:
         """A copy that later entries do not change (a reader's pinned version)."""
@@ -211,7 +382,7 @@ class LogState:
             retiring=dict(self.retiring),
             replaced=dict(self.replaced),
             replaced_raw=dict(self.replaced_raw),
-            writes={k: list(v) for k, v in self.writes.items()},
+            indexed=None if self.indexed is None else {k: list(v) for k, v in self.indexed.items()},
         )
 
     def apply(self, entry: Mapping[str, Any]) -> None:
@@ -292,6 +463,8 @@ class LogState:
         key = (attempt_id, kind)
         if key in self.cutoffs:
             return self.cutoffs[key]
+        if not self.resumed:
+            return None
         mine = self.attempt(attempt_id)
         points = [
             point
@@ -321,7 +494,10 @@ class LogState:
         may be superseded in part: readers filter its rows by :meth:`cutoff`)."""
         hit = self.effective_at.get(self.version)
         if hit is None:
-            hit = {rel: e for rel, e in self.units.items() if any(self.effective_units(e))}
+            if not self.resumed:
+                hit = dict(self.units)  # nothing superseded
+            else:
+                hit = {rel: e for rel, e in self.units.items() if any(self.effective_units(e))}
             self.effective_at.clear()
             self.effective_at[self.version] = hit
         return hit
@@ -332,20 +508,26 @@ class LogState:
         readers (``kind``, ``path``, ``effective``) and the item itself as JSON."""
         rows: list[dict[str, Any]] = []
         effective = self.effective()
+        resumed = self.resumed
         for rel, e in self.units.items():
-            group = f"{GROUPS}/{e.record['group_file']}"
-            item = json.dumps(_unit_item(e))
+            # (a unit's group file has its step file's name: the commit rule)
+            group = f"{GROUPS}/{rel.rpartition('/')[2]}"
+            item, rows_text = _unit_item_text(e)
             for kind, path in (("step_file", rel), ("group_file", group)):
                 rows.append(
                     {
                         "kind": kind,
                         "path": path,
                         "effective": rel in effective,
-                        "cutoff": self.cutoff(e.attempt, unit_kind(e)),
+                        "cutoff": self.cutoff(e.attempt, unit_kind(e)) if resumed else None,
                         "attempt": e.attempt,
                         "version": e.version,
-                        # The unit's record once, on its step file's row.
+                        "step_size": e.step_size,
+                        "step_crc32": e.step_crc32,
+                        # The unit's record once, on its step file's row; its step rows
+                        # beside it (parsed by a reader only when it needs them).
                         "item": item if kind == "step_file" else "{}",
+                        "rows": rows_text if kind == "step_file" else None,
                     }
                 )
         for name, files in self.records.items():
@@ -404,6 +586,12 @@ class LogState:
                 ("attempt", pa.string()),
                 ("version", pa.int64()),
                 ("item", pa.string()),
+                # A unit's step rows (JSON, column name -> values); its item records their
+                # names (``row_names``). Older checkpoints hold them inside the item.
+                ("rows", pa.string()),
+                # A step file's size and CRC-32 (also in its item): read without the item.
+                ("step_size", pa.int64()),
+                ("step_crc32", pa.int64()),
             ],
             metadata={
                 b"maxent_arrow.log": json.dumps(
@@ -414,10 +602,38 @@ class LogState:
         return pa.Table.from_pylist(rows, schema=schema)
 
     @classmethod
-    def from_table(cls, table: pa.Table) -> LogState:
+    def from_bytes(cls, data: bytes) -> LogState:
+        """The state of a checkpoint file's bytes. The units' step rows (the ``rows``
+        column: most of a long run's checkpoint) are read when first asked for."""
+        source = pq.ParquetFile(pa.BufferReader(data))
+        names = source.schema_arrow.names
+        if "rows" not in names:
+            return cls.from_table(source.read(use_threads=False))
+        table = source.read([n for n in names if n != "rows"], use_threads=False)
+        column: list[str | None] = []
+
+        def rows_of(index: int) -> Callable[[], str]:
+            def fetch() -> str:
+                if not column:
+                    whole = pq.ParquetFile(pa.BufferReader(data)).read(["rows"], use_threads=False)
+                    column.extend(whole.column(0).to_pylist())
+                text = column[index]
+                assert text is not None
+                return text
+
+            return fetch
+
+        return cls.from_table(table, rows_of)
+
+    @classmethod
+    def from_table(
+        cls, table: pa.Table, rows_of: Callable[[int], Callable[[], str]] | None = None
+    ) -> LogState:
+        """The state of a checkpoint table (``rows_of(i)``: how to get row ``i``'s step
+        rows when the table was read without its ``rows`` column)."""
         meta = json.loads((table.schema.metadata or {})[b"maxent_arrow.log"])
         state = cls(version=int(meta["version"]), run=meta.get("run"))
-        for row in table.to_pylist():
+        for index, row in enumerate(table.to_pylist()):
             kind = row["kind"]
             if kind == "group_file":
                 continue  # its unit is the step file's row
@@ -426,8 +642,18 @@ class LogState:
                 if row["item"] != "{}":
                     state.replaced_raw[row["path"]] = (row["item"], row["attempt"], row["version"])
                 continue
+            if kind == "step_file" and rows_of is not None and "step_size" in row:
+                # This format: the record parsed when first used.
+                stamp = (row["step_size"], row["step_crc32"], row["version"])
+                record = LazyRecord(row["item"], rows_of(index), stamp)
+                entry = UnitEntry(row["path"], record, row["attempt"], *stamp[2:], *stamp[:2])
+                state._add(row["path"], entry)
+                continue
             item = json.loads(row["item"])
             if kind == "step_file":
+                if "row_names" in item:
+                    text = row.get("rows") if rows_of is None else rows_of(index)
+                    item["record"]["rows"] = LazyRows(text, item.pop("row_names"))
                 state._add(item["step_file"], _unit_from_item(item, row))
             elif kind == "attempt":
                 state.attempts.append(Attempt.from_json(item))
@@ -452,6 +678,22 @@ def _unit_item(e: UnitEntry) -> dict[str, Any]:
         "step_crc32": e.step_crc32,
         "unit_version": e.version,
     }
+
+
+def _unit_item_text(e: UnitEntry) -> tuple[str, str | None]:
+    """A unit entry as a checkpoint row's ``item`` JSON without its step rows, and the rows
+    as JSON text of their own (passed through unparsed when read from a checkpoint)."""
+    record = e.record
+    if isinstance(record, LazyRecord) and record.item_text is not None:
+        if record.stamp == (e.step_size, e.step_crc32, e.version):
+            return record.item_text, record.text_of_rows()
+    rows = e.record.get("rows") if isinstance(e.record, Mapping) else None
+    if not isinstance(rows, dict):
+        return json.dumps(_unit_item(e)), None
+    record = {k: v for k, v in e.record.items() if k != "rows"}
+    item = {**_unit_item(e), "record": record, "row_names": list(rows)}
+    text = rows.text() if isinstance(rows, LazyRows) else json.dumps(rows)
+    return json.dumps(item), text
 
 
 def _unit_from_item(item: Mapping[str, Any], row: Mapping[str, Any]) -> UnitEntry:
@@ -524,6 +766,25 @@ class CommitLog:
         self.backend = backend
         self.run = run
         self._state: LogState | None = None
+        # Whether a reader holds :attr:`_state` pinned (:meth:`pin`): the next entry is then
+        # applied to a copy (copy on write: pinning costs nothing while nothing commits).
+        self._pinned = False
+
+    def pin(self) -> LogState:
+        """The state at the newest version, which later entries never change (a reader's
+        pinned version). Costs no copy unless this object applies an entry while it is
+        held."""
+        state = self.state()
+        self._pinned = True
+        return state
+
+    def _own(self, state: LogState) -> LogState:
+        """``state`` made this object's own to change (a copy when a reader pinned it)."""
+        if self._pinned:
+            state = state.copy()
+            self._state = state
+            self._pinned = False
+        return state
 
     # ------------------------------------------------------------------ reading
     def state(self, *, fresh: bool = True) -> LogState:
@@ -532,12 +793,15 @@ class CommitLog:
         state = self._state
         if state is None:
             state = self._from_checkpoint() or LogState(run=self.run)
+            self._state = state  # (a state shared with other readers is copied on write)
         elif not fresh:
             return state
         for version in versions_after(state.version):
             data = self._read_entry(version)
             if data is None:
                 break
+            if state is self._state:
+                state = self._own(state)
             state.apply(parse_entry(data, version, str(self.backend.path(entry_name(version)))))
         self._state = state
         return state
@@ -589,7 +853,7 @@ class CommitLog:
                 data = self.backend.read(name).to_pybytes()
                 if crc is not None and crc32(data) != crc:
                     raise StoreError("checkpoint CRC-32 differs from the one recorded")
-                state = LogState.from_table(pq.ParquetFile(pa.BufferReader(data)).read())
+                state = LogState.from_bytes(data)
             except (StoreError, ValueError, KeyError, TypeError, pa.ArrowException) as exc:
                 where = self.backend.path(name)
                 warnings.warn(f"{where}: checkpoint not used ({exc})", stacklevel=3)
@@ -615,10 +879,21 @@ class CommitLog:
             return None
         try:
             hint = json.loads(self.backend.read(pointer).to_pybytes())
-            data = self.backend.read(checkpoint_name(int(hint["version"]))).to_pybytes()
-            if crc32(data) != hint["crc32"]:
-                raise StoreError("checkpoint CRC-32 differs from the one recorded")
-            return LogState.from_table(pq.ParquetFile(pa.BufferReader(data)).read())
+            key = (self.backend.uri, int(hint["version"]), int(hint["crc32"]))
+            state = _CHECKPOINTS.get(key)
+            if state is None:
+                data = self.backend.read(checkpoint_name(int(hint["version"]))).to_pybytes()
+                if crc32(data) != hint["crc32"]:
+                    raise StoreError("checkpoint CRC-32 differs from the one recorded")
+                state = LogState.from_bytes(data)
+                _CHECKPOINTS[key] = state
+                while len(_CHECKPOINTS) > _CHECKPOINTS_KEPT:
+                    _CHECKPOINTS.pop(next(iter(_CHECKPOINTS)))
+            # Shared with every reader of this checkpoint in the process: pinned, so this
+            # log applies its next entry to a copy (and the records parsed by one reader
+            # are parsed for all).
+            self._pinned = True
+            return state
         except (StoreError, ValueError, KeyError, TypeError, pa.ArrowException) as exc:
             # A damaged checkpoint costs time, not correctness: replay the entries instead.
             where = self.backend.path(pointer)
@@ -652,6 +927,7 @@ class CommitLog:
                 data = encode_entry(entry)
                 crash_point("log:entry-written")
                 if self.backend.put_if_absent(entry_name(version), data):
+                    state = self._own(state)
                     state.apply(parse_entry(data, version, entry_name(version)))
                     if version % CHECKPOINT_EVERY == 0:
                         with contextlib.suppress(OSError, StoreError):
@@ -675,3 +951,9 @@ class CommitLog:
 
 
 _RACES = 1000
+
+# The states of the checkpoints this process has read, by (store, version, CRC-32): a store
+# opened again in the process (a new store object, a new SQL session) reads no checkpoint.
+# A state at one version never changes (entries after it are applied to a copy).
+_CHECKPOINTS: dict[tuple[str, int, int], LogState] = {}
+_CHECKPOINTS_KEPT = 8

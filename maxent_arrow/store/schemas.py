@@ -107,7 +107,7 @@ class UnifiedSchemas:
         """The schema of the committed file ``rel`` as this library reads it."""
         table, _, name = rel.partition("/")
         key = None
-        if name in self.catalog.listing(STEPS, fresh=False):
+        if self.catalog.is_committed_step(name):
             step = self.catalog.step_file(name)
             if table == STEPS:
                 return step.schema
@@ -131,7 +131,9 @@ class UnifiedSchemas:
     def get(self, table: str, on_error: OnError) -> pa.Schema:
         """The unified schema of ``table`` (``"groups"`` or ``"steps"``); with no files yet,
         the current layout's."""
-        files = self.catalog.committed_files(table, on_error)
+        # A missing group file is raised where it is read (self.file), not by a listing of
+        # every file on every call (an append asks for the schema).
+        files = self.catalog.committed_files(table, on_error, present=False)
         names = set(files)
         cached = self._unified.get(table)
         done: set[str] = set()

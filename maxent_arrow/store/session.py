@@ -55,13 +55,15 @@ _EXPLAIN = re.compile(
 )
 
 
-def check_query(query: str) -> str:
-    """``query`` if it is one read-only statement, else a :class:`QueryError` saying why."""
+def check_query(query: str, con: Any = None) -> str:
+    """``query`` if it is one read-only statement, else a :class:`QueryError` saying why.
+    Parsed on connection ``con`` (a session's own; default DuckDB's module-wide one)."""
     duckdb = duckdb_module()
+    parser = duckdb if con is None else con
     if not isinstance(query, str) or not query.strip().rstrip(";").strip():
         raise QueryError("query: expected one SQL statement, got an empty query")
     try:
-        statements = duckdb.extract_statements(query)
+        statements = parser.extract_statements(query)
     except duckdb.Error as exc:
         raise QueryError(f"query: {str(exc).splitlines()[0]}") from None
     if len(statements) != 1:
@@ -71,7 +73,7 @@ def check_query(query: str) -> str:
     if kind == duckdb.StatementType.EXPLAIN:
         inner = _EXPLAIN.sub("", statement.query, count=1)
         try:
-            inner_statements = duckdb.extract_statements(inner) if inner.strip() else []
+            inner_statements = parser.extract_statements(inner) if inner.strip() else []
         except duckdb.Error:
             inner_statements = []
         if len(inner_statements) != 1 or inner_statements[0].type != duckdb.StatementType.SELECT:

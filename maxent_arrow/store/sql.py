@@ -133,6 +133,10 @@ def scanned_columns(plan_json: str | None, known: set[str]) -> set[str] | None:
     return plan_scans(plan_json, known)[1]
 
 
+# Queries tried again after files moved under the views (each retry follows a real move).
+_RETRIES = 8
+
+
 class SqlViews:
     """A DuckDB session with the store's views, checked and sandboxed; a context manager.
 
@@ -178,6 +182,8 @@ class SqlViews:
         # (relative path, step file), the step files, and schema-1.x group rows decoded here.
         self.files: list[tuple[str, StepFile]] = []
         self.steps: list[StepFile] = []
+        self.steps_by_path: list[str] = []  # the step files DuckDB reads (relative paths)
+        self.built: dict[str, str] = {}  # where the views read each file from
         self.legacy: list[pa.Table] = []
         # A store with a commit log: the files of the history the views leave out (the
         # ``superseded`` view), its catalog, and its record tables.
@@ -328,19 +334,25 @@ class SqlViews:
             )
         # Step files: DuckDB reads the current ones itself where it can open them (they were
         # read and their seals checked already); the others are handed over as Arrow rows.
+        # With a commit log, a step file is read by DuckDB where it is there and sound (its
+        # size and CRC-32 as the log recorded them, checked once per process), with the same
+        # row filter as its group file; else its rows come from the log (:meth:`_by_path`).
         step_sets: list[FileSet] = []
         handed: list[StepFile] = []
-        by_names: dict[tuple[str, ...], list[StepFile]] = {}
+        by_names: dict[tuple[tuple[str, ...], str | None], list[StepFile]] = {}
         for step in self.steps:
-            if needs_upgrade(step.version) or not self.catalog.reads_step_files:
+            if needs_upgrade(step.version) or not self._by_path(step):
                 handed.append(step)
             else:
-                by_names.setdefault(tuple(step.schema.names), []).append(step)
-        for members in by_names.values():
+                where = self.catalog.row_filter(step.name)
+                by_names.setdefault((tuple(step.schema.names), where), []).append(step)
+        self.steps_by_path = []
+        for (_, where), members in by_names.items():
             rels = [self.ledger.where(f"{STEPS}/{s.name}") for s in members]
             source = backend.duckdb_source(rels, members[0].schema)
             if source.paths:
-                step_sets.append(FileSet(members[0].schema, source))
+                step_sets.append(FileSet(members[0].schema, source, where))
+                self.steps_by_path += [f"{STEPS}/{s.name}" for s in members]
             else:
                 handed.extend(members)
         step_rows = None
@@ -372,11 +384,23 @@ class SqlViews:
             history=history,
         )
         session.install(self.plan)
+        self.built = {rel: self.ledger.where(rel) for rel in [r for r, _ in self.files]}
+        self.built.update((rel, self.ledger.where(rel)) for rel in self.steps_by_path)
         for kind, item in self.own:
             if kind == "register":
                 session.register(*item)
             else:
                 session.execute(item)
+
+    def _by_path(self, step: StepFile) -> bool:
+        """Whether DuckDB reads step file ``step`` by path (else its rows are handed over)."""
+        catalog = self.catalog
+        if catalog.reads_step_files:
+            return True
+        if not isinstance(catalog, LogCatalog) or not catalog.backend.can_mmap:
+            return False  # (object stores: a GET per file; the log's rows cost none)
+        size, crc = catalog.step_seal(step.name)
+        return self.ledger.admit_step(f"{STEPS}/{step.name}", size, crc)
 
     def _group_sets(
         self, files: list[tuple[str, StepFile]], catalog: Catalog
@@ -408,9 +432,12 @@ class SqlViews:
         (retired longer ago than the grace period) is a :class:`StoreError` asking for a
         :meth:`refresh`."""
         moved = False
-        rels = [rel for rel, _ in self.files] + [f"{STEPS}/{s.name}" for s in self.steps]
+        rels = [rel for rel, _ in self.files] + self.steps_by_path
         for rel in rels:
             if self.catalog.backend.stat(self.ledger.where(rel)) is not None:
+                # Found where the ledger reads it: moved if the views read it elsewhere (a
+                # check that found it moved followed it, the views did not).
+                moved = moved or self.ledger.where(rel) != self.built.get(rel, rel)
                 continue
             if not self.ledger.relocate(rel):
                 raise StoreError(
@@ -463,8 +490,10 @@ class SqlViews:
         """
         timeout = check_timeout(timeout)
         if not trusted:
-            check_query(query)
-        for attempt in range(3):
+            check_query(query, self._session().con)  # one connection per session
+        # A compaction may move files under the views between any two steps: each retry
+        # follows the files that moved (a bounded number: every move is a commit).
+        for attempt in range(_RETRIES):
             try:
                 if self.crc:
                     # Every file's footer whenever the query scans files at all: DuckDB
@@ -476,7 +505,7 @@ class SqlViews:
                 return self._session().run(query, params, timeout=timeout)
             except StoreError:
                 # A compaction may have moved the files under the views: read them there.
-                if attempt == 2 or not self._relocate():
+                if attempt == _RETRIES - 1 or not self._relocate():
                     raise
         raise AssertionError("unreachable")
 
@@ -492,7 +521,7 @@ class SqlViews:
 
     def explain(self, query: str) -> str:
         """DuckDB's physical plan of ``query`` (shows which columns each scan reads)."""
-        check_query(query)
+        check_query(query, self._session().con)
         return self._session().explain(query)
 
     def render(self, table: pa.Table, *, max_rows: int) -> str:
