@@ -39,9 +39,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from maxent_arrow.arrow import list_offsets, single_array
+from maxent_arrow.arrow import list_offsets, single_array, token_sets
 from maxent_arrow.arrow import registry as R
-from maxent_arrow.arrow.keptsets import token_sets
 from maxent_arrow.store import ReadOnlyStore
 
 __all__ = [

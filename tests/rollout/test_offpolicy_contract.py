@@ -13,7 +13,13 @@ import pytest
 import torch
 
 from maxent_arrow import GenerationBatch, Ragged, RolloutBatch, RolloutStore
-from maxent_arrow.arrow.keptsets import KEPT_IDS_TYPE, decode_gaps, encode_gaps, token_sets
+from maxent_arrow.arrow import (
+    KEPT_IDS_TYPE,
+    decode_gaps,
+    encode_gaps,
+    first_bad_gap,
+    token_sets,
+)
 from maxent_arrow.errors import LayoutError, SchemaError
 
 
@@ -120,6 +126,21 @@ def test_gap_codes_decode_to_the_sorted_sets_and_refuse_duplicates():
     twice[offsets[j] + 1] = twice[offsets[j]]
     with pytest.raises(LayoutError, match=f"twice in set {j}"):
         encode_gaps(twice, offsets)
+    negative = flat.copy()
+    k = int(np.flatnonzero(sizes >= 2)[1])
+    negative[offsets[k] + 1] = -3
+    with pytest.raises(LayoutError, match=f"a negative id in set {k}$"):
+        encode_gaps(negative, offsets)
+    # The stored rule, on gap codes: a first id >= 0, every later gap >= 1.
+    assert first_bad_gap(gaps, offsets) is None
+    broken = gaps.copy()
+    broken[offsets[j] + 1] = 0  # an id twice
+    assert first_bad_gap(broken, offsets) == offsets[j] + 1
+    below = gaps.copy()
+    below[offsets[k]] = -1  # a negative first id
+    assert first_bad_gap(below, offsets) == offsets[k]
+    below[offsets[k] + 1] = 0  # a later break in the same set: the first one is named
+    assert first_bad_gap(below, offsets) == offsets[k]
 
 
 def _one_group(**kw):
