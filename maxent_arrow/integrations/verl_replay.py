@@ -66,7 +66,7 @@ class VerlFeeder:
         self.last = sampled
         data = to_dataproto(sampled.rollout_batch())
         data.meta_info[REPLAY_KEY] = {
-            "step": int(sampled.groups.column("step")[0].as_py()),
+            "step": sampled.stored_steps[0],
             "policy_version": int(sampled.versions.min()),
             "trainer_step": sampled.step,
         }

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import numbers
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
@@ -187,6 +188,18 @@ class SampledBatch:
     @property
     def num_samples(self) -> int:
         return len(self.completion_versions)
+
+    @property
+    def stored_steps(self) -> tuple[int, ...]:
+        """The stored steps its groups come from, ascending."""
+        return tuple(int(s) for s in np.unique(self.groups.column("step").to_numpy()))
+
+    def staleness(self, current_version: int) -> float:
+        """The mean over its groups of ``current_version`` minus the group's policy version
+        (NaN for a batch whose groups were all dropped)."""
+        if not len(self.versions):
+            return math.nan
+        return float((current_version - self.versions).mean())
 
     def rollout_batch(self) -> RolloutBatch:
         """The batch as a :class:`RolloutBatch` (not validated: the rows were checked when they

@@ -4,6 +4,7 @@ real SIGKILL), disjoint across ranks, and every consumption and drop in the life
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -142,6 +143,9 @@ def test_whole_steps_when_batch_groups_is_none(store):
     batches = list(ReplaySampler(store, sampling="sequential", record=False))
     assert [sorted({k[0] for k in _keys(b)}) for b in batches] == [[s] for s in range(6)]
     assert [b.num_groups for b in batches] == [5, 5, 8, 5, 5, 5]  # step 2 has both ranks
+    assert [b.stored_steps for b in batches] == [(s,) for s in range(6)]
+    groups_of_4 = ReplaySampler(store, batch_groups=4, sampling="sequential", record=False)
+    assert [b.stored_steps for b in groups_of_4][:2] == [(0,), (0, 1)]  # 5 groups a step
     step0 = next(store.replay(steps=[0]))
     assert batches[0].groups.equals(step0.groups)  # the whole unit: the stored rows as they are
     assert batches[0].rollout_batch().run_config.tau == step0.run_config.tau
@@ -161,9 +165,14 @@ def test_versions_staleness_and_zero_std_drops_go_to_the_lifecycle(tmp_path):
     assert set(batch.versions.tolist()) == {12}
     assert batch.completion_versions.tolist() == [12] * batch.num_samples
     assert batch.tensors()["completion_policy_version"].tolist() == [12] * batch.num_samples
+    assert (batch.stored_steps, batch.staleness(13)) == ((2,), 1.0)
     batch = _next(sampler, current_version=13, step=101)
     assert batch.versions.tolist() == [13] * 4
-    assert _next(sampler, current_version=14, step=102).dropped == {"zero_std": 3}
+    assert (batch.stored_steps, batch.staleness(15)) == ((3,), 2.0)
+    dropped = _next(sampler, current_version=14, step=102)
+    assert dropped.dropped == {"zero_std": 3}
+    assert (dropped.num_groups, dropped.stored_steps) == (0, ())
+    assert math.isnan(dropped.staleness(14))  # no group: no staleness
     assert sampler.sample(current_version=14, step=103) is None
     events = store.lifecycle().to_pylist()
     summary = sorted(
