@@ -39,7 +39,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from maxent_arrow.arrow import list_offsets, single_array, token_sets
+from maxent_arrow.arrow import find_in_sets, list_offsets, single_array, token_sets
 from maxent_arrow.arrow import registry as R
 from maxent_arrow.store import ReadOnlyStore
 
@@ -317,17 +317,11 @@ def _kept_mass(table: pa.Table, report: dict[str, Any]) -> None:
     )
     per_token = list_offsets(kept.take(take).flatten())
     n_tokens = len(kept_off) - 1
-    # Match each kept id to the top-k entry of its token with the same id: one sort of
-    # (token, id) keys, no loop over tokens.
-    top_owner = np.repeat(np.arange(n_tokens, dtype=np.int64), np.diff(top_off))
+    # Each kept id's top-k entry of its token (no loop over tokens).
     kept_owner = np.repeat(np.arange(n_tokens, dtype=np.int64), np.diff(kept_off))
-    top_keys = top_owner << 32 | top_ids
-    order = np.argsort(top_keys, kind="stable")
-    sorted_keys = top_keys[order]
-    kept_keys = kept_owner << 32 | kept_ids
-    hit = np.searchsorted(sorted_keys, kept_keys)
-    found = (hit < len(sorted_keys)) & (sorted_keys[np.minimum(hit, len(sorted_keys) - 1)] == kept_keys)
-    values = np.where(found, top_logp[order][np.minimum(hit, len(sorted_keys) - 1)], -math.inf)
+    at = find_in_sets(top_ids, top_off, kept_ids, kept_owner)
+    found = at >= 0
+    values = np.where(found, top_logp[np.maximum(at, 0)] if len(top_logp) else 0.0, -math.inf)
     import torch
 
     from maxent_arrow.compute import kept_mass_audit, kept_set_log_mass

@@ -10,6 +10,7 @@ from .keptsets import (
     KEPT_IDS_TYPE as KEPT_IDS_TYPE,
     decode_gaps as decode_gaps,
     encode_gaps as encode_gaps,
+    find_in_sets as find_in_sets,
     first_bad_gap as first_bad_gap,
     kept_ids_array as kept_ids_array,
     token_sets as token_sets,

@@ -28,6 +28,7 @@ __all__ = [
     "KEPT_IDS_TYPE",
     "decode_gaps",
     "encode_gaps",
+    "find_in_sets",
     "first_bad_gap",
     "kept_ids_array",
     "token_sets",
@@ -90,6 +91,34 @@ def decode_gaps(gaps: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     before = starts - 1
     base[nonempty] = np.where(before >= 0, total[np.maximum(before, 0)], 0)
     return total - np.repeat(base, lengths)
+
+
+def find_in_sets(
+    set_ids: np.ndarray,
+    set_offsets: np.ndarray,
+    ids: np.ndarray,
+    owner: np.ndarray,
+    *,
+    ascending: bool = False,
+) -> np.ndarray:
+    """Where each ``ids[j]`` stands in set ``owner[j]`` (the sets ``set_ids[set_offsets[t]:
+    set_offsets[t+1]]``): its flat position in ``set_ids``, -1 where the set lacks it. One
+    search over ``(set, id)`` keys, no loop over sets; ``ascending=True`` when every set is
+    sorted already (a decoded kept set), which spares the sort. Ids must be below 2**32."""
+    set_ids = np.asarray(set_ids, dtype=np.int64)
+    set_offsets = np.asarray(set_offsets, dtype=np.int64)
+    sets = np.repeat(np.arange(len(set_offsets) - 1, dtype=np.int64), np.diff(set_offsets))
+    keys = sets << 32 | set_ids
+    order = None if ascending else np.argsort(keys, kind="stable")
+    if order is not None:
+        keys = keys[order]
+    wanted = np.asarray(owner, dtype=np.int64) << 32 | np.asarray(ids, dtype=np.int64)
+    if not len(keys):
+        return np.full(len(wanted), -1, dtype=np.int64)
+    hit = np.minimum(np.searchsorted(keys, wanted), len(keys) - 1)
+    found = keys[hit] == wanted
+    position = hit if order is None else order[hit]
+    return np.where(found, position, -1).astype(np.int64)
 
 
 def kept_ids_array(

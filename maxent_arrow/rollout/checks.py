@@ -18,7 +18,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from maxent_arrow.arrow import decode_gaps, first_bad_gap, list_offsets, single_array
+from maxent_arrow.arrow import (
+    decode_gaps,
+    find_in_sets,
+    first_bad_gap,
+    list_offsets,
+    single_array,
+)
 from maxent_arrow.arrow import registry as R
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.errors import LayoutError, SchemaError
@@ -561,12 +567,9 @@ def _check_token_sets(groups: pa.RecordBatch) -> None:
         )
     decoded = decode_gaps(gaps, set_offsets)
     sampled = _numbers(ids.flatten()).astype(np.int64)
-    # Each token's sampled id must be in its set: one searchsorted over (token, id) keys, which
-    # are ascending since each set is.
-    keys = owner.astype(np.int64) << 32 | decoded
-    wanted = np.arange(len(sizes), dtype=np.int64) << 32 | sampled
-    hit = np.searchsorted(keys, wanted)
-    found = (hit < len(keys)) & (keys[np.minimum(hit, len(keys) - 1)] == wanted)
+    # Each token's sampled id must be in its set (ascending: checked above).
+    tokens = np.arange(len(sizes), dtype=np.int64)
+    found = find_in_sets(decoded, set_offsets, sampled, tokens, ascending=True) >= 0
     missing = np.flatnonzero(~found)
     if missing.size:
         t = int(missing[0])

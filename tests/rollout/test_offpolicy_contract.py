@@ -17,6 +17,7 @@ from maxent_arrow.arrow import (
     KEPT_IDS_TYPE,
     decode_gaps,
     encode_gaps,
+    find_in_sets,
     first_bad_gap,
     token_sets,
 )
@@ -141,6 +142,30 @@ def test_gap_codes_decode_to_the_sorted_sets_and_refuse_duplicates():
     assert first_bad_gap(below, offsets) == offsets[k]
     below[offsets[k] + 1] = 0  # a later break in the same set: the first one is named
     assert first_bad_gap(below, offsets) == offsets[k]
+
+
+@pytest.mark.parametrize("ascending", [False, True])
+def test_find_in_sets_gives_each_ids_position_in_its_own_set(ascending):
+    """Against a plain Python lookup: each query id's flat position in its own set (not in
+    another set that holds it), -1 where its set lacks it; empty sets and no sets at all."""
+    rng = np.random.default_rng(5)
+    sizes = rng.integers(0, 6, size=300)
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    sets = [rng.choice(40, size=n, replace=False) for n in sizes]
+    if ascending:
+        sets = [np.sort(x) for x in sets]
+    flat = np.concatenate(sets)
+    owner = rng.integers(0, len(sizes), size=2000)
+    ids = rng.integers(0, 40, size=2000)
+    expected = [
+        int(offsets[t]) + list(sets[t]).index(i) if i in sets[t] else -1
+        for t, i in zip(owner.tolist(), ids.tolist())
+    ]
+    got = find_in_sets(flat, offsets, ids, owner, ascending=ascending)
+    assert got.tolist() == expected
+    assert 0 < (got >= 0).sum() < len(got)  # both kinds of answer were asked for
+    nothing = find_in_sets(np.zeros(0), np.zeros(3, np.int64), np.array([1, 2]), np.array([0, 1]))
+    assert nothing.tolist() == [-1, -1]
 
 
 def _one_group(**kw):
