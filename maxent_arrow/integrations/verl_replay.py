@@ -37,10 +37,7 @@ class VerlFeeder:
     """
 
     def __init__(self, store: ReadOnlyStore, options: SamplerOptions | None = None, **kwargs: Any):
-        if options is None:
-            options = SamplerOptions(**kwargs)
-        elif kwargs:
-            raise ArgumentError("VerlFeeder: pass a SamplerOptions or keywords, not both")
+        options = SamplerOptions.given(options, kwargs, where="VerlFeeder")
         if options.batch_groups is not None:
             raise ArgumentError(
                 "VerlFeeder: a verl batch is one whole stored step (batch_groups=None), got "

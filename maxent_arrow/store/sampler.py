@@ -127,6 +127,21 @@ class SamplerOptions:
     record: bool = True
     cache_units: int = 4
 
+    @classmethod
+    def given(
+        cls, options: SamplerOptions | None, kwargs: dict[str, Any], *, where: str = "sampler"
+    ) -> SamplerOptions:
+        """The options of a call that takes a ``SamplerOptions`` or its fields as keywords
+        (not both); an unknown keyword is an :class:`ArgumentError` naming ``where``."""
+        if options is None:
+            try:
+                return cls(**kwargs)
+            except TypeError as exc:
+                raise ArgumentError(f"{where}: {exc}") from None
+        if kwargs:
+            raise ArgumentError(f"{where}: pass a SamplerOptions or keywords, not both")
+        return options
+
     def __post_init__(self) -> None:
         b = self.batch_groups
         if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < 1):
@@ -358,13 +373,7 @@ class ReplaySampler:
     """
 
     def __init__(self, store: ReadOnlyStore, options: SamplerOptions | None = None, **kwargs: Any):
-        if options is None:
-            try:
-                options = SamplerOptions(**kwargs)
-            except TypeError as exc:
-                raise ArgumentError(f"sampler: {exc}") from None
-        elif kwargs:
-            raise ArgumentError("sampler: pass a SamplerOptions or keywords, not both")
+        options = SamplerOptions.given(options, kwargs)
         self.store = store
         self.options = options
         if options.record and not hasattr(store, "record_lifecycle"):

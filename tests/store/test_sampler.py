@@ -209,6 +209,15 @@ def test_prioritized_sampling_prefers_spread_and_advantage(tmp_path):
     assert [s for s, _, _ in no_replacement] == [0] * 6 + [1] * 6  # zero priority last
 
 
+def test_options_are_a_samplers_options_or_its_keywords(store):
+    with pytest.raises(ArgumentError, match=r"sampler: .*unexpected keyword .*'batch'"):
+        ReplaySampler(store, batch=2)
+    with pytest.raises(ArgumentError, match="sampler: pass a SamplerOptions or keywords"):
+        ReplaySampler(store, SamplerOptions(), seed=1)
+    options = SamplerOptions(batch_groups=3, record=False)
+    assert ReplaySampler(store, options).options is options
+
+
 def test_mix_counts():
     assert mix_counts(48, 0.5) == (24, 24)
     assert mix_counts(5, 0.5) == (2, 3)
