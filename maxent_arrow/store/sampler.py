@@ -316,14 +316,9 @@ def _build_index(store: ReadOnlyStore, options: SamplerOptions) -> _Index:
     )
     table = table.sort_by([(c, "ascending") for c in R.ROW_KEY])
     position = {(u.step, u.rank, u.kind): i for i, u in enumerate(units)}
-    steps = table.column("step").to_numpy()
-    ranks = table.column("rank").to_numpy()
-    kinds = table.column("kind").to_pylist()
-    unit = np.fromiter(
-        (position[(int(s), int(r), k)] for s, r, k in zip(steps, ranks, kinds, strict=True)),
-        np.int64,
-        len(steps),
-    )
+    steps = table.column("step").to_numpy().astype(np.int64)
+    ranks = table.column("rank").to_numpy().astype(np.int64)
+    unit = _unit_of_rows(units, steps, ranks, where=store.uri)
     row = table.column("group_index").to_numpy().astype(np.int64)
     # The step-level policy version of each unit (the step where none was stored).
     step_table = store.read_steps(
@@ -358,6 +353,27 @@ def _build_index(store: ReadOnlyStore, options: SamplerOptions) -> _Index:
     zero, priority = _group_stats(table)
     keys = table.select([c for c in (*R.ROW_KEY, "stream_index") if c in table.column_names])
     return _Index(units, unit, row, steps.astype(np.int64), version, zero, priority, keys)
+
+
+def _unit_of_rows(
+    units: list[Unit], steps: np.ndarray, ranks: np.ndarray, *, where: Any
+) -> np.ndarray:
+    """The index in ``units`` (one kind, sorted by step and rank) of each group row: one
+    search over ``(step, rank)`` keys, no loop over groups."""
+    unit_steps = np.array([u.step for u in units], dtype=np.int64)
+    unit_ranks = np.array([u.rank for u in units], dtype=np.int64)
+    width = int(max(unit_ranks.max(initial=0), ranks.max(initial=0))) + 1
+    keys = unit_steps * width + unit_ranks  # ascending: units are sorted by (step, rank)
+    wanted = steps * width + ranks
+    unit = np.minimum(np.searchsorted(keys, wanted), len(keys) - 1)
+    missing = np.flatnonzero(keys[unit] != wanted)
+    if missing.size:
+        i = int(missing[0])
+        raise StoreError(
+            f"{where}: group row {i} (step {int(steps[i])}, rank {int(ranks[i])}) is in no "
+            "committed unit the sampler listed"
+        )
+    return unit.astype(np.int64)
 
 
 class ReplaySampler:
