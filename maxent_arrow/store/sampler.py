@@ -684,8 +684,15 @@ def _completion_versions(groups: pa.RecordBatch, versions: np.ndarray) -> np.nda
         column = groups.column(COMPLETION_VERSION)
         valid = column.is_valid().to_numpy(zero_copy_only=False)
         if valid.any():
+            counts = np.diff(offsets)
+            stored = np.diff(list_offsets(column))
+            bad = np.flatnonzero(valid & (stored != counts))
+            if bad.size:  # the batch checks refuse this on write: a damaged file
+                g = int(bad[0])
+                raise StoreError(
+                    f"sampler: {COMPLETION_VERSION}: expected {int(counts[g])} versions (one "
+                    f"per completion) at group row {g} of the batch, got {int(stored[g])}"
+                )
             values = column.flatten().to_numpy(zero_copy_only=False)
-            mask = np.repeat(valid, np.diff(offsets))
-            if int(mask.sum()) == len(values):  # one version per completion of each row
-                out[mask] = values
+            out[np.repeat(valid, counts)] = values
     return out

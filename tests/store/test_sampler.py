@@ -218,6 +218,28 @@ def test_options_are_a_samplers_options_or_its_keywords(store):
     assert ReplaySampler(store, options).options is options
 
 
+def test_a_damaged_version_column_is_refused_not_passed_over(store):
+    """Stored per-completion versions whose count is not the group's completions (the batch
+    checks refuse this on write: a damaged file) are a StoreError naming the row, not
+    silently replaced by the step's version."""
+    import pyarrow as pa
+
+    from maxent_arrow.store.sampler import _completion_versions
+
+    batch = _next(ReplaySampler(store, sampling="sequential", record=False))
+    groups = batch.groups
+    assert _completion_versions(groups, batch.versions).tolist() == [0] * batch.num_samples
+    rows = groups.column("completion_policy_version").to_pylist()
+    rows[2] = rows[2][:-1]
+    i = groups.schema.get_field_index("completion_policy_version")
+    damaged = groups.set_column(
+        i, "completion_policy_version", pa.array(rows, groups.schema.field(i).type)
+    )
+    n = len(rows[2]) + 1
+    with pytest.raises(StoreError, match=rf"expected {n} versions .* at group row 2 .*got {n - 1}"):
+        _completion_versions(damaged, batch.versions)
+
+
 def test_mix_counts():
     assert mix_counts(48, 0.5) == (24, 24)
     assert mix_counts(5, 0.5) == (2, 3)
