@@ -196,14 +196,19 @@ def test_a_run_without_off_policy_data_is_reported_without_torch(tmp_path):
     assert report["diagnostics"] is None and report["staleness"] is None
 
 
-def test_staleness_counts_from_the_step_a_lifecycle_record_says_a_group_was_trained_at(tmp_path):
-    """Groups of step 0 (version 0) replayed and trained at step 4: age 4; one dropped as
-    stale, never trained: not counted."""
+def _three_groups() -> GenerationBatch:
+    """Three groups of two completions of one or two tokens."""
     ids = [[[5, 6], [7]], [[8], [9, 10]], [[11], [12]]]
     info = [[{"token_ids": c, "finish_reason": "stop", "token_count": len(c)} for c in g]
             for g in ids]  # fmt: skip
-    generation = GenerationBatch(["a", "b", "c"], ["1", "2", "3"], [["x", "y"]] * 3,
-                                 [[{}, {}]] * 3, info)  # fmt: skip
+    return GenerationBatch(["a", "b", "c"], ["1", "2", "3"], [["x", "y"]] * 3,
+                           [[{}, {}]] * 3, info)  # fmt: skip
+
+
+def test_staleness_counts_from_the_step_a_lifecycle_record_says_a_group_was_trained_at(tmp_path):
+    """Groups of step 0 (version 0) replayed and trained at step 4: age 4; one dropped as
+    stale, never trained: not counted."""
+    generation = _three_groups()
     store = RolloutStore.create(tmp_path / "run")
     store.append(RolloutBatch.from_parts(0, generation=generation, policy_version=0))
     groups = store.read(steps=0)
@@ -217,11 +222,7 @@ def test_staleness_falls_back_to_the_step_rows_version_and_counts_the_last_train
     """Without per-completion versions the step row's ``policy_version`` is each completion's
     (step 2, version 1); a group trained twice counts at its last training (steps 3 then 5),
     one never recorded at its own step; two ranks keep their own versions."""
-    ids = [[[5, 6], [7]], [[8], [9, 10]], [[11], [12]]]
-    info = [[{"token_ids": c, "finish_reason": "stop", "token_count": len(c)} for c in g]
-            for g in ids]  # fmt: skip
-    generation = GenerationBatch(["a", "b", "c"], ["1", "2", "3"], [["x", "y"]] * 3,
-                                 [[{}, {}]] * 3, info)  # fmt: skip
+    generation = _three_groups()
     store = RolloutStore.create(tmp_path / "run")
     for rank, version in ((0, 1), (1, 0)):
         batch = RolloutBatch.from_parts(2, rank=rank, generation=generation,
