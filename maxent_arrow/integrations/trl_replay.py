@@ -100,7 +100,9 @@ def _concat(fresh: dict[str, Any], stored: dict[str, Any], pad_token_id: int) ->
             stacklevel=3,
         )
     out: dict[str, Any] = {}
-    for key in fresh.keys() & stored.keys():
+    # In TRL's key order, not a set's (hash-seeded): TRL takes the batch size from the first
+    # value (``shuffle_sequence_dict``), which a 0-d ``num_items_in_batch`` first would break.
+    for key in (k for k in fresh if k in stored):
         a, b = fresh[key], stored[key]
         if key == "num_items_in_batch":
             out[key] = a + b
