@@ -39,9 +39,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from maxent_arrow.arrow import list_offsets, single_array
+from maxent_arrow.arrow import find_in_sets, list_offsets, single_array, token_sets
 from maxent_arrow.arrow import registry as R
-from maxent_arrow.arrow.keptsets import token_sets
 from maxent_arrow.store import ReadOnlyStore
 
 __all__ = [
@@ -95,14 +94,13 @@ def offpolicy_steps(
         chosen = {int(s) for s in steps}
         all_steps = [s for s in all_steps if s in chosen]
     trained = _trained_at(store, kind)
-    versions_by_rank = {
-        (s, r): v
-        for s, r, v in zip(
-            step_rows.column("step").to_pylist(),
-            step_rows.column("rank").to_pylist(),
-            step_rows.column("policy_version").to_pylist(),
-        )
-    }
+    # One version per (step, rank): the step row's (the larger, were a step row there twice).
+    versions_by_rank = (
+        _int64_keys(step_rows, ["step", "rank", "policy_version"])
+        .group_by(["step", "rank"])
+        .aggregate([("policy_version", "max")])
+        .rename_columns({"policy_version_max": "policy_version"})
+    )
     cap = _trl_cap(step_rows)
     out = []
     for step in all_steps:
@@ -111,22 +109,30 @@ def offpolicy_steps(
     return out
 
 
-def _trained_at(store: ReadOnlyStore, kind: str) -> dict[tuple[int, int, int], int]:
-    """(step, rank, group_index) -> the last trainer step a ``lifecycle`` record says the
-    group was trained at; -1 for a group only ever dropped (never trained: not counted)."""
+def _int64_keys(table: pa.Table, names: list[str]) -> pa.Table:
+    """``table``'s columns ``names`` as int64 (join keys of one type on both sides)."""
+    return pa.table({n: table.column(n).cast(pa.int64()) for n in names})
+
+
+def _trained_at(store: ReadOnlyStore, kind: str) -> pa.Table | None:
+    """Per group a ``lifecycle`` record names (``step, rank, group_index``): ``at``, the last
+    trainer step a record says it was trained at; -1 for a group only ever dropped (never
+    trained: not counted). One group-by, no loop over records."""
     if R.LIFECYCLE not in store.record_names():
-        return {}
+        return None
     records = store.lifecycle()
     if not records.num_rows:
-        return {}
-    rows = records.filter(pc.equal(records.column("rollout_kind"), kind)).to_pydict()
-    out: dict[tuple[int, int, int], int] = {}
-    for s, event, rs, rr, g in zip(rows["step"], rows["event"], rows["rollout_step"],
-                                   rows["rollout_rank"], rows["group_index"]):  # fmt: skip
-        key = (int(rs), int(rr), int(g))
-        at = int(s) if event == "trained" else -1
-        out[key] = max(out.get(key, at), at)
-    return out
+        return None
+    records = records.filter(pc.equal(records.column("rollout_kind"), kind))
+    trained = pc.equal(records.column("event"), "trained")
+    at = pc.if_else(trained, records.column("step").cast(pa.int64()), pa.scalar(-1, pa.int64()))
+    keys = _int64_keys(records, ["rollout_step", "rollout_rank", "group_index"])
+    table = keys.append_column("at", at).group_by(list(keys.column_names)).aggregate(
+        [("at", "max")]
+    )
+    return table.rename_columns(
+        {"rollout_step": "step", "rollout_rank": "rank", "at_max": "at"}
+    )
 
 
 def _trl_cap(step_rows: pa.Table) -> float:
@@ -177,17 +183,23 @@ def _finite(value: Any) -> Any:
     return value
 
 
+def _lookup(rows: pa.Table, table: pa.Table | None, keys: list[str], value: str) -> np.ndarray:
+    """``table``'s ``value`` at each row of ``rows`` matched on ``keys`` (a left join, in the
+    order of ``rows``): float64, NaN where ``table`` has no such row."""
+    if table is None or not table.num_rows:
+        return np.full(rows.num_rows, np.nan)
+    indexed = rows.append_column("row", pa.array(np.arange(rows.num_rows, dtype=np.int64)))
+    joined = indexed.join(table, keys=keys, join_type="left outer").sort_by("row")
+    return np.asarray(joined.column(value).cast(pa.float64()).to_numpy(zero_copy_only=False))
+
+
 def _staleness(table, counts, trained, versions_by_rank) -> dict[int, int] | None:
-    steps = table.column("step").to_numpy()
-    ranks = table.column("rank").to_numpy()
-    index = table.column("group_index").to_numpy()
-    at = np.array(
-        [trained.get((int(s), int(r), int(g)), int(s)) for s, r, g in zip(steps, ranks, index)],
-        dtype=np.int64,
-    )  # one lookup per group row (not per completion)
-    row_version = np.array(
-        [versions_by_rank.get((int(s), int(r))) for s, r in zip(steps, ranks)], dtype=object
-    )
+    rows = _int64_keys(table, ["step", "rank", "group_index"])
+    steps = rows.column("step").to_numpy()
+    at = _lookup(rows, trained, ["step", "rank", "group_index"], "at")
+    at = np.where(np.isnan(at), steps, at).astype(np.int64)  # no record: trained at its step
+    row_version = _lookup(rows.select(["step", "rank"]), versions_by_rank, ["step", "rank"],
+                          "policy_version")  # fmt: skip
     n = int(counts.sum())
     per = np.full(n, -1, dtype=np.int64)
     known = np.zeros(n, dtype=bool)
@@ -196,8 +208,8 @@ def _staleness(table, counts, trained, versions_by_rank) -> dict[int, int] | Non
         known = np.repeat(np.asarray(versions.is_valid().to_numpy(zero_copy_only=False)), counts)
         per[known] = np.asarray(versions.flatten().to_numpy(), dtype=np.int64)
     fallback = np.repeat(row_version, counts)
-    use = ~known & np.array([v is not None for v in fallback], dtype=bool)
-    per[use] = np.asarray([int(v) for v in fallback[use]], dtype=np.int64)
+    use = ~known & ~np.isnan(fallback)
+    per[use] = fallback[use].astype(np.int64)
     known |= use
     known &= np.repeat(at >= 0, counts)  # a group only dropped was never trained
     if not known.any():
@@ -318,17 +330,11 @@ def _kept_mass(table: pa.Table, report: dict[str, Any]) -> None:
     )
     per_token = list_offsets(kept.take(take).flatten())
     n_tokens = len(kept_off) - 1
-    # Match each kept id to the top-k entry of its token with the same id: one sort of
-    # (token, id) keys, no loop over tokens.
-    top_owner = np.repeat(np.arange(n_tokens, dtype=np.int64), np.diff(top_off))
+    # Each kept id's top-k entry of its token (no loop over tokens).
     kept_owner = np.repeat(np.arange(n_tokens, dtype=np.int64), np.diff(kept_off))
-    top_keys = top_owner << 32 | top_ids
-    order = np.argsort(top_keys, kind="stable")
-    sorted_keys = top_keys[order]
-    kept_keys = kept_owner << 32 | kept_ids
-    hit = np.searchsorted(sorted_keys, kept_keys)
-    found = (hit < len(sorted_keys)) & (sorted_keys[np.minimum(hit, len(sorted_keys) - 1)] == kept_keys)
-    values = np.where(found, top_logp[order][np.minimum(hit, len(sorted_keys) - 1)], -math.inf)
+    at = find_in_sets(top_ids, top_off, kept_ids, kept_owner)
+    found = at >= 0
+    values = np.where(found, top_logp[np.maximum(at, 0)] if len(top_logp) else 0.0, -math.inf)
     import torch
 
     from maxent_arrow.compute import kept_mass_audit, kept_set_log_mass

@@ -4,6 +4,8 @@
   :mod:`~maxent_arrow.arrow.schema`: the group and step tables derived from it, the kind rule,
   version checks and schema unification (no torch).
 - :mod:`~maxent_arrow.arrow.lists`: offsets and regrouping of Arrow list arrays (no torch).
+- :mod:`~maxent_arrow.arrow.keptsets`: the gap-coded kept-token sets of the off-policy
+  contract (``kept_token_ids``): encoding, decoding, the column's type (no torch).
 - :mod:`~maxent_arrow.arrow.ragged`: :class:`Ragged`, values + int64 offsets in torch, viewed
   from Arrow without copying, padded or packed in one vectorised pass, and un-padded by
   ``Ragged.from_padded``.

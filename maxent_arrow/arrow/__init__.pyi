@@ -6,6 +6,15 @@ from .identity import (
     completion_index_of as completion_index_of,
     default_group_ids as default_group_ids,
 )
+from .keptsets import (
+    KEPT_IDS_TYPE as KEPT_IDS_TYPE,
+    decode_gaps as decode_gaps,
+    encode_gaps as encode_gaps,
+    find_in_sets as find_in_sets,
+    first_bad_gap as first_bad_gap,
+    kept_ids_array as kept_ids_array,
+    token_sets as token_sets,
+)
 from .lists import (
     first_null as first_null,
     int64_array as int64_array,

@@ -24,7 +24,15 @@ import pyarrow as pa
 from maxent_arrow.arrow.lists import list_offsets, regroup, single_array
 from maxent_arrow.errors import LayoutError
 
-__all__ = ["KEPT_IDS_TYPE", "decode_gaps", "encode_gaps", "kept_ids_array", "token_sets"]
+__all__ = [
+    "KEPT_IDS_TYPE",
+    "decode_gaps",
+    "encode_gaps",
+    "find_in_sets",
+    "first_bad_gap",
+    "kept_ids_array",
+    "token_sets",
+]
 
 _ITEM = pa.field("item", pa.int32(), nullable=False)
 KEPT_IDS_TYPE = pa.list_(
@@ -38,6 +46,17 @@ def _starts(offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return offsets[:-1][nonempty], lengths
 
 
+def first_bad_gap(gaps: np.ndarray, offsets: np.ndarray) -> int | None:
+    """The flat position of the first gap code that breaks the rule of a stored set (its first
+    id >= 0, every later gap >= 1: ascending, no id twice), or ``None`` when all keep it."""
+    gaps = np.asarray(gaps)
+    starts, _ = _starts(np.asarray(offsets, dtype=np.int64))
+    first = np.zeros(len(gaps), dtype=bool)
+    first[starts] = True
+    bad = np.flatnonzero(np.where(first, gaps < 0, gaps <= 0))
+    return int(bad[0]) if bad.size else None
+
+
 def encode_gaps(ids: np.ndarray, offsets: np.ndarray, *, where: str = "kept_token_ids") -> np.ndarray:
     """Gap codes (int32) of the sets ``ids[offsets[t]:offsets[t+1]]`` (each sorted ascending
     first; an id twice in one set, or a negative id, is a :class:`LayoutError` naming the set)."""
@@ -45,9 +64,6 @@ def encode_gaps(ids: np.ndarray, offsets: np.ndarray, *, where: str = "kept_toke
     offsets = np.asarray(offsets, dtype=np.int64)
     if len(ids) != (int(offsets[-1]) if len(offsets) else 0):
         raise LayoutError(f"{where}: offsets end at {int(offsets[-1])}, values are {len(ids)}")
-    if ids.size and int(ids.min()) < 0:
-        t = int(np.searchsorted(offsets, int(np.flatnonzero(ids < 0)[0]), side="right") - 1)
-        raise LayoutError(f"{where}: a negative id in set {t}")
     lengths = np.diff(offsets)
     owner = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
     order = np.lexsort((ids, owner))  # ascending within each set, sets in place
@@ -55,12 +71,12 @@ def encode_gaps(ids: np.ndarray, offsets: np.ndarray, *, where: str = "kept_toke
     gaps = np.diff(ids, prepend=np.int64(0))
     starts, _ = _starts(offsets)
     gaps[starts] = ids[starts]
-    inner = np.ones(len(ids), dtype=bool)
-    inner[starts] = False
-    bad = np.flatnonzero(inner & (gaps <= 0))
-    if bad.size:
-        t = int(owner[bad[0]])
-        raise LayoutError(f"{where}: id {int(ids[bad[0]])} twice in set {t}")
+    bad = first_bad_gap(gaps, offsets)
+    if bad is not None:
+        t = int(owner[bad])
+        if ids[bad] < 0:  # sorted: a negative id comes first in its set
+            raise LayoutError(f"{where}: a negative id in set {t}")
+        raise LayoutError(f"{where}: id {int(ids[bad])} twice in set {t}")
     if ids.size and int(ids.max()) > np.iinfo(np.int32).max:
         raise LayoutError(f"{where}: an id does not fit int32")
     return gaps.astype(np.int32)
@@ -75,6 +91,34 @@ def decode_gaps(gaps: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     before = starts - 1
     base[nonempty] = np.where(before >= 0, total[np.maximum(before, 0)], 0)
     return total - np.repeat(base, lengths)
+
+
+def find_in_sets(
+    set_ids: np.ndarray,
+    set_offsets: np.ndarray,
+    ids: np.ndarray,
+    owner: np.ndarray,
+    *,
+    ascending: bool = False,
+) -> np.ndarray:
+    """Where each ``ids[j]`` stands in set ``owner[j]`` (the sets ``set_ids[set_offsets[t]:
+    set_offsets[t+1]]``): its flat position in ``set_ids``, -1 where the set lacks it. One
+    search over ``(set, id)`` keys, no loop over sets; ``ascending=True`` when every set is
+    sorted already (a decoded kept set), which spares the sort. Ids must be below 2**32."""
+    set_ids = np.asarray(set_ids, dtype=np.int64)
+    set_offsets = np.asarray(set_offsets, dtype=np.int64)
+    sets = np.repeat(np.arange(len(set_offsets) - 1, dtype=np.int64), np.diff(set_offsets))
+    keys = sets << 32 | set_ids
+    order = None if ascending else np.argsort(keys, kind="stable")
+    if order is not None:
+        keys = keys[order]
+    wanted = np.asarray(owner, dtype=np.int64) << 32 | np.asarray(ids, dtype=np.int64)
+    if not len(keys):
+        return np.full(len(wanted), -1, dtype=np.int64)
+    hit = np.minimum(np.searchsorted(keys, wanted), len(keys) - 1)
+    found = keys[hit] == wanted
+    position = hit if order is None else order[hit]
+    return np.where(found, position, -1).astype(np.int64)
 
 
 def kept_ids_array(

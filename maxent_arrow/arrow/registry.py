@@ -229,12 +229,17 @@ class Column:
         return self.alias or self.name
 
     @property
-    def byte_stream_split(self) -> bool:
-        """Per-token floats compress better byte-stream split, at no extra cost."""
+    def leaf(self) -> pa.DataType:
+        """The type of its values inside every list level (``float32`` of a per-token float)."""
         kind = self.type
         while pa.types.is_list(kind) or pa.types.is_large_list(kind):
             kind = kind.value_type
-        return self.level == "token" and pa.types.is_floating(kind)
+        return kind
+
+    @property
+    def byte_stream_split(self) -> bool:
+        """Per-token floats compress better byte-stream split, at no extra cost."""
+        return self.level == "token" and pa.types.is_floating(self.leaf)
 
     def in_layout(self, families: Iterable[str]) -> bool:
         """Whether a run of ``families`` carries this column."""

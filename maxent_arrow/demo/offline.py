@@ -232,14 +232,10 @@ def _train(run_dir, out, steps, replay_ratio, seed, eval_prompts, eval_every, ex
                     step=step,
                     loss=float(trainer.metrics_records[-1]["loss"]),
                     logged_loss=float("nan"),
-                    stored_steps=tuple(
-                        sorted(set(sampled.groups.column("step").to_pylist()))
-                        if sampled is not None
-                        else ()
-                    ),
+                    stored_steps=sampled.stored_steps if sampled is not None else (),
                     num_groups=batch.num_groups + (sampled.num_groups if sampled else 0),
                     num_samples=batch.num_samples + (sampled.num_samples if sampled else 0),
-                    staleness=float((step - sampled.versions).mean()) if sampled else 0.0,
+                    staleness=sampled.staleness(step) if sampled is not None else 0.0,
                     dropped=dict(sampled.dropped) if sampled else {},
                 )
             )

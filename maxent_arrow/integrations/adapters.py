@@ -187,15 +187,13 @@ def offpolicy_columns(
     data") for ``n`` completions sharing ``values``: ``policy_version``, ``logp_semantics``
     and the sampling parameters ``temperature``, ``top_p``, ``top_k``, ``min_p`` (each left
     out when None), grouped by ``grouped``."""
-    out: dict[str, pa.Array] = {}
-    if values.get("policy_version") is not None:
-        out["completion_policy_version"] = grouped(
-            pa.array(np.full(n, int(values["policy_version"]), dtype=np.int64))
-        )
-    if values.get("logp_semantics") is not None:
-        out["behavior_logp_semantics"] = grouped(pa.array([values["logp_semantics"]] * n))
-    for param, name in R.SAMPLING_COLUMNS.items():
-        if values.get(param) is not None:
-            kind = np.int32 if param == "top_k" else np.float64
-            out[name] = grouped(pa.array(np.full(n, values[param], dtype=kind)))
-    return out
+    names = {
+        "policy_version": "completion_policy_version",
+        "logp_semantics": "behavior_logp_semantics",
+        **R.SAMPLING_COLUMNS,
+    }
+    return {
+        name: grouped(pa.array(np.full(n, values[key])).cast(R.column(name).leaf))
+        for key, name in names.items()
+        if values.get(key) is not None
+    }

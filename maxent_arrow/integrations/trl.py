@@ -164,6 +164,7 @@ __all__ = [
     "trl_metrics_row",
     "trl_trainer_metrics",
     "trl_group_table",
+    "trl_offpolicy",
     "trl_run_config",
 ]
 

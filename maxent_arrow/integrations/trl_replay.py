@@ -19,6 +19,7 @@ the trainer restored from that step's checkpoint, gives back the loss TRL logged
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -88,9 +89,20 @@ def trl_inputs(
 
 def _concat(fresh: dict[str, Any], stored: dict[str, Any], pad_token_id: int) -> dict[str, Any]:
     """TRL's generation output of fresh groups and of stored ones, as one batch (prompts
-    re-padded on the left, completions on the right, to the wider of the two)."""
+    re-padded on the left, completions on the right, to the wider of the two). A key only one
+    part has is left out, with a warning that names it: TRL then computes without it (no
+    ``old_per_token_logps``: the whole batch on-policy, the stored log-probs unused)."""
+    only = sorted(fresh.keys() ^ stored.keys())
+    if only:
+        warnings.warn(
+            f"StoreFedGRPOTrainer: {only} only in the fresh or only in the stored groups of a "
+            "mixed batch: left out (TRL computes without them)",
+            stacklevel=3,
+        )
     out: dict[str, Any] = {}
-    for key in fresh.keys() & stored.keys():
+    # In TRL's key order, not a set's (hash-seeded): TRL takes the batch size from the first
+    # value (``shuffle_sequence_dict``), which a 0-d ``num_items_in_batch`` first would break.
+    for key in (k for k in fresh if k in stored):
         a, b = fresh[key], stored[key]
         if key == "num_items_in_batch":
             out[key] = a + b
@@ -124,7 +136,9 @@ class StoreFedGRPOTrainer(GRPOTrainer):
         The replayed share of each generation batch (1: all replayed).
     use_behavior_logps:
         Give TRL the stored behaviour log-probs as ``old_per_token_logps`` (its ratio's
-        denominator); without them TRL's ratio is 1 (on-policy).
+        denominator); without them TRL's ratio is 1 (on-policy). In a mixed batch
+        (``replay_ratio < 1``) they reach TRL only where TRL computes its own for the fresh
+        groups (e.g. ``num_iterations > 1``); otherwise they are left out, with a warning.
     **kwargs:
         ``GRPOTrainer``'s.
     """

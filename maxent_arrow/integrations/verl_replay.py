@@ -37,10 +37,7 @@ class VerlFeeder:
     """
 
     def __init__(self, store: ReadOnlyStore, options: SamplerOptions | None = None, **kwargs: Any):
-        if options is None:
-            options = SamplerOptions(**kwargs)
-        elif kwargs:
-            raise ArgumentError("VerlFeeder: pass a SamplerOptions or keywords, not both")
+        options = SamplerOptions.given(options, kwargs, where="VerlFeeder")
         if options.batch_groups is not None:
             raise ArgumentError(
                 "VerlFeeder: a verl batch is one whole stored step (batch_groups=None), got "
@@ -66,7 +63,7 @@ class VerlFeeder:
         self.last = sampled
         data = to_dataproto(sampled.rollout_batch())
         data.meta_info[REPLAY_KEY] = {
-            "step": int(sampled.groups.column("step")[0].as_py()),
+            "step": sampled.stored_steps[0],
             "policy_version": int(sampled.versions.min()),
             "trainer_step": sampled.step,
         }

@@ -22,9 +22,8 @@ import pyarrow as pa
 
 from maxent_arrow import arrow as A
 from maxent_arrow import types as T
-from maxent_arrow.arrow import GroupIdentity, list_offsets, regroup
+from maxent_arrow.arrow import GroupIdentity, kept_ids_array, list_offsets, regroup
 from maxent_arrow.arrow import registry as R
-from maxent_arrow.arrow.keptsets import kept_ids_array
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.arrow.registry import CORE, MAXENT
 from maxent_arrow.arrow.upgrade import reward_lists
@@ -273,24 +272,24 @@ class GroupColumns:
         (:func:`~maxent_arrow.rollout.checks.check_offpolicy`)."""
         offsets, n = self.offsets, self.num_samples
         if policy_versions is not None:
-            self.columns["completion_policy_version"] = regroup(
-                _per_sample("policy_versions", policy_versions, n, pa.int64()), offsets
+            versions = _per_sample(
+                "policy_versions", policy_versions, n, _leaf("completion_policy_version")
             )
+            self.columns["completion_policy_version"] = regroup(versions, offsets)
         if version_runs is not None:
             if not isinstance(version_runs, tuple) or len(version_runs) != 2:
                 raise SchemaError(
                     "RolloutBatch.from_parts: version_runs expected (starts, versions): per "
                     "completion, the token index and policy version of each run"
                 )
-            for name, value, kind in zip(
-                ("version_run_starts", "version_run_versions"), version_runs, (pa.int32(), pa.int64())
-            ):
-                rows = _nested(f"version_runs ({name})", value, pa.list_(kind))
+            for name, value in zip(("version_run_starts", "version_run_versions"), version_runs):
+                rows = _nested(f"version_runs ({name})", value, pa.list_(_leaf(name)))
                 _check_rows(f"version_runs ({name})", rows, n)
                 self.columns[name] = regroup(rows, offsets)
         if logp_semantics is not None:
             self.columns["behavior_logp_semantics"] = regroup(
-                _per_sample("logp_semantics", logp_semantics, n, pa.string()), offsets
+                _per_sample("logp_semantics", logp_semantics, n, _leaf("behavior_logp_semantics")),
+                offsets,
             )
         for param, value in (sampling or {}).items():
             name = R.SAMPLING_COLUMNS.get(param)
@@ -301,8 +300,9 @@ class GroupColumns:
                 )
             if value is None:
                 continue
-            kind = pa.int32() if param == "top_k" else pa.float64()
-            self.columns[name] = regroup(_per_sample(f"sampling[{param!r}]", value, n, kind), offsets)
+            self.columns[name] = regroup(
+                _per_sample(f"sampling[{param!r}]", value, n, _leaf(name)), offsets
+            )
         if kept_token_ids is not None:
             values, set_offsets, token_offsets = self._token_sets("kept_token_ids", kept_token_ids)
             self.columns["kept_token_ids"] = kept_ids_array(
@@ -315,12 +315,10 @@ class GroupColumns:
                     "RolloutBatch.from_parts: topk expected (ids, logps): per token, the top-k "
                     "ids and their log-probs"
                 )
-            for name, value, kind in zip(
-                ("topk_token_ids", "topk_token_logp"), topk, (pa.int32(), pa.float32())
-            ):
+            for name, value in zip(("topk_token_ids", "topk_token_logp"), topk):
                 values, set_offsets, token_offsets = self._token_sets(name, value)
                 sets = pa.ListArray.from_arrays(
-                    pa.array(set_offsets.astype(np.int32)), pa.array(values).cast(kind)
+                    pa.array(set_offsets.astype(np.int32)), pa.array(values).cast(_leaf(name))
                 )
                 self.columns[name] = regroup(regroup(sets, token_offsets), offsets)
 
@@ -443,6 +441,11 @@ def step_values(
 def offsets_of_counts(counts: np.ndarray) -> np.ndarray:
     """int64 offsets from 0 of rows of ``counts`` items."""
     return np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int64)
+
+
+def _leaf(name: str) -> pa.DataType:
+    """The value type of stored group column ``name`` (the registry's, its one home)."""
+    return R.column(name).leaf
 
 
 def _per_sample(name: str, value: Any, n: int, kind: pa.DataType) -> pa.Array:

@@ -18,8 +18,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from maxent_arrow.arrow import list_offsets, single_array
-from maxent_arrow.arrow.keptsets import decode_gaps
+from maxent_arrow.arrow import (
+    decode_gaps,
+    find_in_sets,
+    first_bad_gap,
+    list_offsets,
+    single_array,
+)
 from maxent_arrow.arrow import registry as R
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.errors import LayoutError, SchemaError
@@ -552,24 +557,19 @@ def _check_token_sets(groups: pa.RecordBatch) -> None:
     set_offsets = list_offsets(sets)
     gaps = _numbers(sets.flatten()).astype(np.int64)
     sizes = np.diff(set_offsets)
-    first = np.zeros(len(gaps), dtype=bool)
-    first[set_offsets[:-1][sizes > 0]] = True
     owner = np.repeat(np.arange(len(sizes)), sizes)
-    bad = np.flatnonzero((first & (gaps < 0)) | (~first & (gaps <= 0)))
-    if bad.size:
-        i, tok = _token_of(kept, int(owner[bad[0]]))
+    bad = first_bad_gap(gaps, set_offsets)
+    if bad is not None:
+        i, tok = _token_of(kept, int(owner[bad]))
         raise LayoutError(
             f"RolloutBatch column 'kept_token_ids': a set is not ascending and gap-coded at "
             f"{_where(groups, i, tok)}"
         )
     decoded = decode_gaps(gaps, set_offsets)
     sampled = _numbers(ids.flatten()).astype(np.int64)
-    # Each token's sampled id must be in its set: one searchsorted over (token, id) keys, which
-    # are ascending since each set is.
-    keys = owner.astype(np.int64) << 32 | decoded
-    wanted = np.arange(len(sizes), dtype=np.int64) << 32 | sampled
-    hit = np.searchsorted(keys, wanted)
-    found = (hit < len(keys)) & (keys[np.minimum(hit, len(keys) - 1)] == wanted)
+    # Each token's sampled id must be in its set (ascending: checked above).
+    tokens = np.arange(len(sizes), dtype=np.int64)
+    found = find_in_sets(decoded, set_offsets, sampled, tokens, ascending=True) >= 0
     missing = np.flatnonzero(~found)
     if missing.size:
         t = int(missing[0])

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import numbers
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
@@ -126,6 +127,21 @@ class SamplerOptions:
     record: bool = True
     cache_units: int = 4
 
+    @classmethod
+    def given(
+        cls, options: SamplerOptions | None, kwargs: dict[str, Any], *, where: str = "sampler"
+    ) -> SamplerOptions:
+        """The options of a call that takes a ``SamplerOptions`` or its fields as keywords
+        (not both); an unknown keyword is an :class:`ArgumentError` naming ``where``."""
+        if options is None:
+            try:
+                return cls(**kwargs)
+            except TypeError as exc:
+                raise ArgumentError(f"{where}: {exc}") from None
+        if kwargs:
+            raise ArgumentError(f"{where}: pass a SamplerOptions or keywords, not both")
+        return options
+
     def __post_init__(self) -> None:
         b = self.batch_groups
         if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < 1):
@@ -187,6 +203,18 @@ class SampledBatch:
     @property
     def num_samples(self) -> int:
         return len(self.completion_versions)
+
+    @property
+    def stored_steps(self) -> tuple[int, ...]:
+        """The stored steps its groups come from, ascending."""
+        return tuple(int(s) for s in np.unique(self.groups.column("step").to_numpy()))
+
+    def staleness(self, current_version: int) -> float:
+        """The mean over its groups of ``current_version`` minus the group's policy version
+        (NaN for a batch whose groups were all dropped)."""
+        if not len(self.versions):
+            return math.nan
+        return float((current_version - self.versions).mean())
 
     def rollout_batch(self) -> RolloutBatch:
         """The batch as a :class:`RolloutBatch` (not validated: the rows were checked when they
@@ -288,14 +316,9 @@ def _build_index(store: ReadOnlyStore, options: SamplerOptions) -> _Index:
     )
     table = table.sort_by([(c, "ascending") for c in R.ROW_KEY])
     position = {(u.step, u.rank, u.kind): i for i, u in enumerate(units)}
-    steps = table.column("step").to_numpy()
-    ranks = table.column("rank").to_numpy()
-    kinds = table.column("kind").to_pylist()
-    unit = np.fromiter(
-        (position[(int(s), int(r), k)] for s, r, k in zip(steps, ranks, kinds, strict=True)),
-        np.int64,
-        len(steps),
-    )
+    steps = table.column("step").to_numpy().astype(np.int64)
+    ranks = table.column("rank").to_numpy().astype(np.int64)
+    unit = _unit_of_rows(units, steps, ranks, where=store.uri)
     row = table.column("group_index").to_numpy().astype(np.int64)
     # The step-level policy version of each unit (the step where none was stored).
     step_table = store.read_steps(
@@ -332,6 +355,27 @@ def _build_index(store: ReadOnlyStore, options: SamplerOptions) -> _Index:
     return _Index(units, unit, row, steps.astype(np.int64), version, zero, priority, keys)
 
 
+def _unit_of_rows(
+    units: list[Unit], steps: np.ndarray, ranks: np.ndarray, *, where: Any
+) -> np.ndarray:
+    """The index in ``units`` (one kind, sorted by step and rank) of each group row: one
+    search over ``(step, rank)`` keys, no loop over groups."""
+    unit_steps = np.array([u.step for u in units], dtype=np.int64)
+    unit_ranks = np.array([u.rank for u in units], dtype=np.int64)
+    width = int(max(unit_ranks.max(initial=0), ranks.max(initial=0))) + 1
+    keys = unit_steps * width + unit_ranks  # ascending: units are sorted by (step, rank)
+    wanted = steps * width + ranks
+    unit = np.minimum(np.searchsorted(keys, wanted), len(keys) - 1)
+    missing = np.flatnonzero(keys[unit] != wanted)
+    if missing.size:
+        i = int(missing[0])
+        raise StoreError(
+            f"{where}: group row {i} (step {int(steps[i])}, rank {int(ranks[i])}) is in no "
+            "committed unit the sampler listed"
+        )
+    return unit.astype(np.int64)
+
+
 class ReplaySampler:
     """Committed groups of ``store`` as a stream of :class:`SampledBatch` (module docstring).
 
@@ -345,13 +389,7 @@ class ReplaySampler:
     """
 
     def __init__(self, store: ReadOnlyStore, options: SamplerOptions | None = None, **kwargs: Any):
-        if options is None:
-            try:
-                options = SamplerOptions(**kwargs)
-            except TypeError as exc:
-                raise ArgumentError(f"sampler: {exc}") from None
-        elif kwargs:
-            raise ArgumentError("sampler: pass a SamplerOptions or keywords, not both")
+        options = SamplerOptions.given(options, kwargs)
         self.store = store
         self.options = options
         if options.record and not hasattr(store, "record_lifecycle"):
@@ -646,8 +684,15 @@ def _completion_versions(groups: pa.RecordBatch, versions: np.ndarray) -> np.nda
         column = groups.column(COMPLETION_VERSION)
         valid = column.is_valid().to_numpy(zero_copy_only=False)
         if valid.any():
+            counts = np.diff(offsets)
+            stored = np.diff(list_offsets(column))
+            bad = np.flatnonzero(valid & (stored != counts))
+            if bad.size:  # the batch checks refuse this on write: a damaged file
+                g = int(bad[0])
+                raise StoreError(
+                    f"sampler: {COMPLETION_VERSION}: expected {int(counts[g])} versions (one "
+                    f"per completion) at group row {g} of the batch, got {int(stored[g])}"
+                )
             values = column.flatten().to_numpy(zero_copy_only=False)
-            mask = np.repeat(valid, np.diff(offsets))
-            if int(mask.sum()) == len(values):  # one version per completion of each row
-                out[mask] = values
+            out[np.repeat(valid, counts)] = values
     return out

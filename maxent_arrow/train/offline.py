@@ -178,7 +178,7 @@ def train_from_store(
             break
         if sampled.num_groups == 0:  # every group of this draw was dropped
             continue
-        stored = tuple(sorted(set(sampled.groups.column("step").to_pylist())))
+        stored = sampled.stored_steps
         if load_policy is not None:
             if len(stored) != 1:
                 raise StoreError(
@@ -198,7 +198,7 @@ def train_from_store(
             stored_steps=stored,
             num_groups=sampled.num_groups,
             num_samples=sampled.num_samples,
-            staleness=float((step - sampled.versions).mean()),
+            staleness=sampled.staleness(step),
             dropped=dict(sampled.dropped),
         )
         done.append(record)

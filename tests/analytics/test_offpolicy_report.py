@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pyarrow.compute as pc
 import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
@@ -195,14 +196,19 @@ def test_a_run_without_off_policy_data_is_reported_without_torch(tmp_path):
     assert report["diagnostics"] is None and report["staleness"] is None
 
 
-def test_staleness_counts_from_the_step_a_lifecycle_record_says_a_group_was_trained_at(tmp_path):
-    """Groups of step 0 (version 0) replayed and trained at step 4: age 4; one dropped as
-    stale, never trained: not counted."""
+def _three_groups() -> GenerationBatch:
+    """Three groups of two completions of one or two tokens."""
     ids = [[[5, 6], [7]], [[8], [9, 10]], [[11], [12]]]
     info = [[{"token_ids": c, "finish_reason": "stop", "token_count": len(c)} for c in g]
             for g in ids]  # fmt: skip
-    generation = GenerationBatch(["a", "b", "c"], ["1", "2", "3"], [["x", "y"]] * 3,
-                                 [[{}, {}]] * 3, info)  # fmt: skip
+    return GenerationBatch(["a", "b", "c"], ["1", "2", "3"], [["x", "y"]] * 3,
+                           [[{}, {}]] * 3, info)  # fmt: skip
+
+
+def test_staleness_counts_from_the_step_a_lifecycle_record_says_a_group_was_trained_at(tmp_path):
+    """Groups of step 0 (version 0) replayed and trained at step 4: age 4; one dropped as
+    stale, never trained: not counted."""
+    generation = _three_groups()
     store = RolloutStore.create(tmp_path / "run")
     store.append(RolloutBatch.from_parts(0, generation=generation, policy_version=0))
     groups = store.read(steps=0)
@@ -210,3 +216,25 @@ def test_staleness_counts_from_the_step_a_lifecycle_record_says_a_group_was_trai
     store.record_lifecycle(groups.slice(2, 1), step=1, event="dropped", reason="stale")
     (report,) = offpolicy_steps(store.root)
     assert report["staleness"] == {4: 4}
+
+
+def test_staleness_falls_back_to_the_step_rows_version_and_counts_the_last_training(tmp_path):
+    """Without per-completion versions the step row's ``policy_version`` is each completion's
+    (step 2, version 1); a group trained twice counts at its last training (steps 3 then 5),
+    one never recorded at its own step; two ranks keep their own versions."""
+    generation = _three_groups()
+    store = RolloutStore.create(tmp_path / "run")
+    for rank, version in ((0, 1), (1, 0)):
+        batch = RolloutBatch.from_parts(2, rank=rank, generation=generation,
+                                        policy_version=version)  # fmt: skip
+        groups = batch.groups.drop_columns(["completion_policy_version"])
+        store.append(RolloutBatch(groups, batch.step_row))
+    groups = store.read(steps=2)
+    assert groups.column("completion_policy_version").null_count == groups.num_rows
+    rank0 = groups.filter(pc.equal(groups.column("rank"), 0))
+    store.record_lifecycle(rank0.slice(0, 1), step=3, event="trained")
+    store.record_lifecycle(rank0.slice(0, 1), step=5, event="trained")
+    store.record_lifecycle(rank0.slice(1, 1), step=3, event="trained")
+    (report,) = offpolicy_steps(store.root)
+    # rank 0: group 0 at 5 - 1, group 1 at 3 - 1, group 2 (no record) at 2 - 1; rank 1: 2 - 0.
+    assert report["staleness"] == {4: 2, 2: 2 + 6, 1: 2}

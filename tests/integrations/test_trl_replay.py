@@ -113,3 +113,34 @@ def test_half_replayed_half_generated(recorded, tmp_path):
     assert sorted(set(stored)) == sorted(set(fed.seen) & set(stored))
     assert sum(s in stored for s in fed.seen) >= 4
     assert [e for e in fed.state.log_history if "loss" in e]
+
+
+def test_a_mixed_batch_is_padded_together_and_a_key_one_part_lacks_is_named():
+    """Fresh prompts of width 2 and stored ones of width 3 re-padded on the left, completions
+    on the right; a stored ``old_per_token_logps`` the fresh groups lack is left out, and the
+    warning names it (TRL would otherwise train the replayed groups on-policy unnoticed)."""
+    import torch
+
+    from maxent_arrow.integrations.trl_replay import _concat
+
+    fresh = {
+        "prompt_ids": torch.tensor([[5, 6]]),
+        "completion_ids": torch.tensor([[7, 8, 9]]),
+        "advantages": torch.tensor([0.5]),
+        "num_items_in_batch": torch.tensor(3),
+    }
+    stored = {
+        "prompt_ids": torch.tensor([[1, 2, 3]]),
+        "completion_ids": torch.tensor([[4]]),
+        "advantages": torch.tensor([-0.5]),
+        "num_items_in_batch": torch.tensor(1),
+        "old_per_token_logps": torch.tensor([[-1.0]]),
+    }
+    with pytest.warns(UserWarning, match=r"\['old_per_token_logps'\] only in the fresh or"):
+        out = _concat(fresh, stored, pad_token_id=0)
+    # TRL's order (it takes the batch size from the first value), whatever the hash seed.
+    assert list(out) == ["prompt_ids", "completion_ids", "advantages", "num_items_in_batch"]
+    assert out["prompt_ids"].tolist() == [[0, 5, 6], [1, 2, 3]]
+    assert out["completion_ids"].tolist() == [[7, 8, 9], [4, 0, 0]]
+    assert out["advantages"].tolist() == [0.5, -0.5]
+    assert int(out["num_items_in_batch"]) == 4

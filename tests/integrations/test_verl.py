@@ -32,7 +32,12 @@ from verl.utils.torch_functional import logprobs_from_logits  # noqa: E402
 
 from maxent_arrow import RolloutBatch, RolloutStore  # noqa: E402
 from maxent_arrow.errors import LayoutError, SchemaError  # noqa: E402
-from maxent_arrow.integrations.verl import LAYOUT_KEY, from_dataproto, to_dataproto  # noqa: E402
+from maxent_arrow.integrations.verl import (  # noqa: E402
+    LAYOUT_KEY,
+    from_dataproto,
+    to_dataproto,
+    verl_sampling,
+)
 
 P, R, N = 12, 8, 4  # rollout.prompt_length, rollout.response_length, rollout.n
 QUESTIONS = [("1+2=", "3"), ("12+30=", "42"), ("7+8=", "15")]
@@ -481,3 +486,25 @@ def test_the_recorder_stores_each_step_at_verls_hook_and_it_round_trips(tmp_path
     assert len(RolloutStore(tmp_path / "store").units()) == 1
     with pytest.raises(SchemaError, match="trainer.rollout_data_dir is not set"):
         recording_trainer(tmp_path / "none", **{"trainer.rollout_data_dir": "null"})
+
+
+def test_verl_sampling_reads_verls_own_rollout_config():
+    """verl's shipped trainer config (``_generated_ppo_trainer.yaml``, loaded by OmegaConf as
+    verl loads it): temperature 1, top-k -1 (verl's "off": 0), top-p 1, ``processed_logprobs``;
+    then each ``logprobs_mode`` verl names and a top-k cut."""
+    from omegaconf import OmegaConf
+    from verl.trainer import config as verl_config
+
+    path = Path(verl_config.__file__).parent / "_generated_ppo_trainer.yaml"
+    config = OmegaConf.load(path)
+    assert verl_sampling(config) == {
+        "temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "logp_semantics": "processed",
+    }  # fmt: skip
+    rollout = config.actor_rollout_ref.rollout
+    rollout.top_k, rollout.top_p, rollout.temperature = 20, 0.9, 0.7
+    for mode, semantics in (("raw_logprobs", "raw"), ("processed_logprobs", "processed"),
+                            ("raw_logits", None), ("processed_logits", None)):  # fmt: skip
+        rollout.logprobs_mode = mode
+        got = verl_sampling(config)
+        assert got == {"temperature": 0.7, "top_p": 0.9, "top_k": 20, "min_p": 0.0,
+                       "logp_semantics": semantics}, mode  # fmt: skip

@@ -22,6 +22,7 @@ from verl.utils.torch_functional import logprobs_from_logits  # noqa: E402
 from maxent_arrow import ArgumentError, RolloutStore  # noqa: E402
 from maxent_arrow.integrations.verl import LAYOUT_KEY, from_dataproto  # noqa: E402
 from maxent_arrow.integrations.verl_replay import REPLAY_KEY, VerlFeeder  # noqa: E402
+from maxent_arrow.store import SamplerOptions  # noqa: E402
 
 STEPS = 3
 
@@ -104,3 +105,7 @@ def test_the_feeder_resumes_and_records_what_it_fed(recorded, tmp_path):
     )
     with pytest.raises(ArgumentError, match="whole stored step"):
         VerlFeeder(store, batch_groups=2)
+    with pytest.raises(ArgumentError, match=r"VerlFeeder: .*unexpected keyword .*'batch'"):
+        VerlFeeder(store, batch=2)
+    with pytest.raises(ArgumentError, match="VerlFeeder: pass a SamplerOptions or keywords"):
+        VerlFeeder(store, SamplerOptions(), seed=1)

@@ -13,7 +13,14 @@ import pytest
 import torch
 
 from maxent_arrow import GenerationBatch, Ragged, RolloutBatch, RolloutStore
-from maxent_arrow.arrow.keptsets import KEPT_IDS_TYPE, decode_gaps, encode_gaps, token_sets
+from maxent_arrow.arrow import (
+    KEPT_IDS_TYPE,
+    decode_gaps,
+    encode_gaps,
+    find_in_sets,
+    first_bad_gap,
+    token_sets,
+)
 from maxent_arrow.errors import LayoutError, SchemaError
 
 
@@ -120,6 +127,45 @@ def test_gap_codes_decode_to_the_sorted_sets_and_refuse_duplicates():
     twice[offsets[j] + 1] = twice[offsets[j]]
     with pytest.raises(LayoutError, match=f"twice in set {j}"):
         encode_gaps(twice, offsets)
+    negative = flat.copy()
+    k = int(np.flatnonzero(sizes >= 2)[1])
+    negative[offsets[k] + 1] = -3
+    with pytest.raises(LayoutError, match=f"a negative id in set {k}$"):
+        encode_gaps(negative, offsets)
+    # The stored rule, on gap codes: a first id >= 0, every later gap >= 1.
+    assert first_bad_gap(gaps, offsets) is None
+    broken = gaps.copy()
+    broken[offsets[j] + 1] = 0  # an id twice
+    assert first_bad_gap(broken, offsets) == offsets[j] + 1
+    below = gaps.copy()
+    below[offsets[k]] = -1  # a negative first id
+    assert first_bad_gap(below, offsets) == offsets[k]
+    below[offsets[k] + 1] = 0  # a later break in the same set: the first one is named
+    assert first_bad_gap(below, offsets) == offsets[k]
+
+
+@pytest.mark.parametrize("ascending", [False, True])
+def test_find_in_sets_gives_each_ids_position_in_its_own_set(ascending):
+    """Against a plain Python lookup: each query id's flat position in its own set (not in
+    another set that holds it), -1 where its set lacks it; empty sets and no sets at all."""
+    rng = np.random.default_rng(5)
+    sizes = rng.integers(0, 6, size=300)
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    sets = [rng.choice(40, size=n, replace=False) for n in sizes]
+    if ascending:
+        sets = [np.sort(x) for x in sets]
+    flat = np.concatenate(sets)
+    owner = rng.integers(0, len(sizes), size=2000)
+    ids = rng.integers(0, 40, size=2000)
+    expected = [
+        int(offsets[t]) + list(sets[t]).index(i) if i in sets[t] else -1
+        for t, i in zip(owner.tolist(), ids.tolist())
+    ]
+    got = find_in_sets(flat, offsets, ids, owner, ascending=ascending)
+    assert got.tolist() == expected
+    assert 0 < (got >= 0).sum() < len(got)  # both kinds of answer were asked for
+    nothing = find_in_sets(np.zeros(0), np.zeros(3, np.int64), np.array([1, 2]), np.array([0, 1]))
+    assert nothing.tolist() == [-1, -1]
 
 
 def _one_group(**kw):

@@ -4,6 +4,7 @@ real SIGKILL), disjoint across ranks, and every consumption and drop in the life
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -142,6 +143,9 @@ def test_whole_steps_when_batch_groups_is_none(store):
     batches = list(ReplaySampler(store, sampling="sequential", record=False))
     assert [sorted({k[0] for k in _keys(b)}) for b in batches] == [[s] for s in range(6)]
     assert [b.num_groups for b in batches] == [5, 5, 8, 5, 5, 5]  # step 2 has both ranks
+    assert [b.stored_steps for b in batches] == [(s,) for s in range(6)]
+    groups_of_4 = ReplaySampler(store, batch_groups=4, sampling="sequential", record=False)
+    assert [b.stored_steps for b in groups_of_4][:2] == [(0,), (0, 1)]  # 5 groups a step
     step0 = next(store.replay(steps=[0]))
     assert batches[0].groups.equals(step0.groups)  # the whole unit: the stored rows as they are
     assert batches[0].rollout_batch().run_config.tau == step0.run_config.tau
@@ -161,9 +165,14 @@ def test_versions_staleness_and_zero_std_drops_go_to_the_lifecycle(tmp_path):
     assert set(batch.versions.tolist()) == {12}
     assert batch.completion_versions.tolist() == [12] * batch.num_samples
     assert batch.tensors()["completion_policy_version"].tolist() == [12] * batch.num_samples
+    assert (batch.stored_steps, batch.staleness(13)) == ((2,), 1.0)
     batch = _next(sampler, current_version=13, step=101)
     assert batch.versions.tolist() == [13] * 4
-    assert _next(sampler, current_version=14, step=102).dropped == {"zero_std": 3}
+    assert (batch.stored_steps, batch.staleness(15)) == ((3,), 2.0)
+    dropped = _next(sampler, current_version=14, step=102)
+    assert dropped.dropped == {"zero_std": 3}
+    assert (dropped.num_groups, dropped.stored_steps) == (0, ())
+    assert math.isnan(dropped.staleness(14))  # no group: no staleness
     assert sampler.sample(current_version=14, step=103) is None
     events = store.lifecycle().to_pylist()
     summary = sorted(
@@ -198,6 +207,37 @@ def test_prioritized_sampling_prefers_spread_and_advantage(tmp_path):
         ReplaySampler(store, batch_groups=4, sampling="prioritized", record=False)
     )
     assert [s for s, _, _ in no_replacement] == [0] * 6 + [1] * 6  # zero priority last
+
+
+def test_options_are_a_samplers_options_or_its_keywords(store):
+    with pytest.raises(ArgumentError, match=r"sampler: .*unexpected keyword .*'batch'"):
+        ReplaySampler(store, batch=2)
+    with pytest.raises(ArgumentError, match="sampler: pass a SamplerOptions or keywords"):
+        ReplaySampler(store, SamplerOptions(), seed=1)
+    options = SamplerOptions(batch_groups=3, record=False)
+    assert ReplaySampler(store, options).options is options
+
+
+def test_a_damaged_version_column_is_refused_not_passed_over(store):
+    """Stored per-completion versions whose count is not the group's completions (the batch
+    checks refuse this on write: a damaged file) are a StoreError naming the row, not
+    silently replaced by the step's version."""
+    import pyarrow as pa
+
+    from maxent_arrow.store.sampler import _completion_versions
+
+    batch = _next(ReplaySampler(store, sampling="sequential", record=False))
+    groups = batch.groups
+    assert _completion_versions(groups, batch.versions).tolist() == [0] * batch.num_samples
+    rows = groups.column("completion_policy_version").to_pylist()
+    rows[2] = rows[2][:-1]
+    i = groups.schema.get_field_index("completion_policy_version")
+    damaged = groups.set_column(
+        i, "completion_policy_version", pa.array(rows, groups.schema.field(i).type)
+    )
+    n = len(rows[2]) + 1
+    with pytest.raises(StoreError, match=rf"expected {n} versions .* at group row 2 .*got {n - 1}"):
+        _completion_versions(damaged, batch.versions)
 
 
 def test_mix_counts():
