@@ -332,6 +332,13 @@ def _cmd_train(args: argparse.Namespace) -> int:
             lines.append(f"losses vs the logged ones: max relative error {max(errors):.2e}")
         sys.stdout.write("".join(line + "\n" for line in lines))
     if args.exact and (not errors or max(errors) > EXACT_TOLERANCE):
+        _error(
+            "train",
+            f"--exact: the replayed losses differ from the logged ones by up to "
+            f"{max(errors):.2e} (tolerance {EXACT_TOLERANCE:g})"
+            if errors
+            else "--exact: the run logged no loss to compare with",
+        )
         return EXIT_DATA
     return EXIT_OK
 
