@@ -58,6 +58,7 @@ from maxent_arrow.arrow import schema as S  # noqa: E402
 from maxent_arrow.store import RolloutStore  # noqa: E402
 from maxent_arrow.store.catalog import LogCatalog  # noqa: E402
 from maxent_arrow.store.commit import commit_unit  # noqa: E402
+from maxent_arrow.store.compaction import ROW_GROUP_GROUPS  # noqa: E402
 from maxent_arrow.store.names import compact_name, unit_name  # noqa: E402
 from maxent_arrow.store.padding import pad_to_layout  # noqa: E402
 
@@ -223,6 +224,7 @@ def build(
     seed: int = 0,
     segment_steps: int = 100,
     eval_every: int = 10,
+    step_row_groups: bool = False,
 ) -> Built:
     """Build a store at ``path`` (which must not exist) and return its counts.
 
@@ -232,7 +234,9 @@ def build(
     every rank, each one commit, as ``compact`` writes) or ``"loose"`` (one commit per unit,
     as ``append`` writes). Everything is written and committed by the store's own functions
     (the commit log, the registry's layout, sealed step files, chunk CRCs); only fsync is
-    skipped. A checkpoint is written at the end."""
+    skipped. A checkpoint is written at the end. ``step_row_groups``: a compacted segment
+    keeps one row group per unit, as ``compact`` writes it (a reader of one step decodes
+    only its rows); default one row group per file, as the scale stores were built."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     root = Path(path)
@@ -271,6 +275,12 @@ def build(
                     else:
                         name = unit_name(chunk[0], rank_set[0], kind)
                         record, operation = {}, "append"
+                    row_groups = None
+                    if step_row_groups and layout == "compacted":
+                        # As compact splits a unit: row groups of at most ROW_GROUP_GROUPS.
+                        whole, rest = divmod(groups, ROW_GROUP_GROUPS)
+                        per_unit = [ROW_GROUP_GROUPS] * whole + ([rest] if rest else [])
+                        row_groups = per_unit * len(units)
                     commit_unit(
                         backend,
                         name,
@@ -290,6 +300,7 @@ def build(
                         run=catalog.run_id,
                         log=catalog.log,
                         attempt=attempt,
+                        row_groups=row_groups,
                     )
                     files += 1
                     rows += group_table.num_rows
@@ -346,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--groups", type=int, default=16)
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--step-row-groups", action="store_true")
     args = parser.parse_args(argv)
     built = build(
         args.path,
@@ -356,6 +368,7 @@ def main(argv: list[str] | None = None) -> int:
         groups=args.groups,
         k=args.k,
         tokens=args.tokens,
+        step_row_groups=args.step_row_groups,
     )
     print(built.describe())
     return 0

@@ -243,6 +243,9 @@ class RunData:
         self._stores: dict[str, ReadOnlyStore] = {}
         self._lifecycle: dict[tuple, tuple[str, str | None]] | None = None
         self._lifecycle_files: tuple = ()
+        # (step file, columns) -> the overview's step rows of it (step files are immutable)
+        self._step_cache: dict[tuple[str, tuple[str, ...]], dict[str, list]] = {}
+        self._kinds: tuple[int | None, list[str]] | None = None  # (log version, kinds)
         self._lock = threading.Lock()
         self.store("effective")  # a store that cannot be opened fails at start, not on a page
 
@@ -265,7 +268,17 @@ class RunData:
         return self.store().uri
 
     def kinds(self) -> list[str]:
-        return sorted({u.kind for u in self.store("all").units()})
+        """The kinds of the run's steps (every page checks its kind), listed again only
+        when the commit log has a new version."""
+        store = self.store("all")
+        catalog = store.catalog
+        version = catalog.state().version if isinstance(catalog, LogCatalog) else None
+        hit = self._kinds
+        if hit is not None and version is not None and hit[0] == version:
+            return list(hit[1])
+        kinds = sorted({u.kind for u in store.units()})
+        self._kinds = (version, kinds)
+        return list(kinds)
 
     def check_kind(self, kind: str) -> str:
         if kind not in self.kinds():
@@ -280,14 +293,16 @@ class RunData:
         wanted = [c for c, _ in _CURVES if c in schema.names]
         # The step rows as the catalog holds them (from the commit log, checked when it was
         # read; no group file, no SQL session, no pandas): one row per committed unit.
-        rows = []
+        # Read once per step file (a segment holds many units), kept by its name: a
+        # committed step file is never rewritten (a compaction writes a new name).
+        by_file: dict[str, list[Any]] = {}
         for unit in store.units():
-            table = store.catalog.step_file(unit.step_file).table
-            row = {c: None for c in wanted}
-            for name in (*R.UNIT_KEY, "num_groups", *wanted):
-                if name in table.column_names:
-                    row[name] = table.column(name)[unit.row].as_py()
-            rows.append(row)
+            by_file.setdefault(unit.step_file, []).append(unit)
+        rows = []
+        for name, units in by_file.items():
+            columns = self._step_rows(store, name, wanted)
+            for unit in units:
+                rows.append({c: values[unit.row] for c, values in columns.items()})
         curves: dict[str, dict[str, list[tuple[int, float]]]] = {}
         for name, label in _CURVES:
             if name not in wanted:
@@ -333,6 +348,22 @@ class RunData:
             "superseded_steps": superseded,
             "groups": sum(r["num_groups"] or 0 for r in rows),
         }
+
+    def _step_rows(self, store: ReadOnlyStore, name: str, wanted: list[str]) -> dict[str, list]:
+        """The overview's columns of committed step file ``name`` as Python lists (absent
+        ones as ``None``s), cached per process by the file's name and the columns."""
+        key = (name, tuple(wanted))
+        hit = self._step_cache.get(key)
+        if hit is None:
+            table = store.catalog.step_file(name).table
+            n = table.num_rows
+            hit = {
+                c: table.column(c).to_pylist() if c in table.column_names else [None] * n
+                for c in (*R.UNIT_KEY, "num_groups", *wanted)
+            }
+            with self._lock:
+                self._step_cache[key] = hit
+        return hit
 
     def verify(self) -> dict[str, Any]:
         report = self.store().verify()
@@ -438,36 +469,41 @@ class RunData:
 
         text = {c: table.column(c).to_pylist() for c in (*_TEXT, "group_id") if c in present}
         keys = [table.column(c).to_pylist() for c in R.ROW_KEY]
+        # The figures as Python lists once (not a numpy scalar per row and figure).
+        figures = {
+            "k": k.astype(np.int64).tolist(),
+            "mean_reward": mean.tolist(),
+            "reward_std": std.tolist(),
+            "advantage_spread": spread.tolist(),
+            "mean_length": mean_length.tolist(),
+            "truncated": truncated.tolist(),
+            "unscored": unscored.tolist(),
+        }
+        none = [None] * n
+        columns = {c: text.get(c, none) for c in (*_TEXT, "group_id")}
+        messages_of = columns["prompt_messages"]
+        attempts = attempts + [("", False)] * (n - len(attempts))
         rows = []
-        for i in range(n):
-            key = tuple(col[i] for col in keys)
+        for i, key in enumerate(zip(*keys)):
             event = status.get(key)
-            attempt, superseded = attempts[i] if i < len(attempts) else ("", False)
-            messages = text["prompt_messages"][i] if "prompt_messages" in text else None
-            prompt = text["prompt"][i] if "prompt" in text else None
+            attempt, superseded = attempts[i]
+            messages = messages_of[i]
+            prompt = columns["prompt"][i]
             if prompt is None and messages:
                 prompt = " / ".join(f"{m['role']}: {m['content']}" for m in messages)
-            row = {c: text[c][i] if c in text else None for c in (*_TEXT, "group_id")}
+            row: dict[str, Any] = dict(zip(R.ROW_KEY, key))
+            for c, values in columns.items():
+                row[c] = values[i]
             row["prompt"] = prompt
-            rows.append(
-                {
-                    **dict(zip(R.ROW_KEY, key)),
-                    **row,
-                    "k": int(k[i]),
-                    "mean_reward": float(mean[i]),
-                    "reward_std": float(std[i]),
-                    "advantage_spread": float(spread[i]),
-                    "mean_length": float(mean_length[i]),
-                    "truncated": int(truncated[i]),
-                    "status": None if event is None else event[0],
-                    "reason": None if event is None else event[1],
-                    "attempt": attempt,
-                    "superseded": superseded,
-                    "rewards": {f: v[i] for f, v in per_function.items() if i in v},
-                    "unscored": int(unscored[i]),
-                    "chat": bool(messages),
-                }
-            )
+            for c, values in figures.items():
+                row[c] = values[i]
+            row["status"] = None if event is None else event[0]
+            row["reason"] = None if event is None else event[1]
+            row["attempt"] = attempt
+            row["superseded"] = superseded
+            row["rewards"] = {f: v[i] for f, v in per_function.items() if i in v}
+            row["chat"] = bool(messages)
+            rows.append(row)
         return StepGroups(step, kind, rows, functions, bool(status), history)
 
     # ------------------------------------------------------------------ group
