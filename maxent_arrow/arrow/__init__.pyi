@@ -24,6 +24,7 @@ from .lists import (
     single_array as single_array,
     text_array as text_array,
     text_scalar as text_scalar,
+    text_values as text_values,
 )
 from .ragged import (
     Ragged as Ragged,

@@ -22,6 +22,7 @@ __all__ = [
     "single_array",
     "text_array",
     "text_scalar",
+    "text_values",
 ]
 
 
@@ -72,6 +73,18 @@ def text_array(value: str, n: int) -> pa.Array:
     offsets = np.arange(n + 1, dtype=np.int32) * len(data)
     return pa.Array.from_buffers(
         pa.string(), n, [None, pa.py_buffer(offsets.tobytes()), pa.py_buffer(data * n)]
+    )
+
+
+def text_values(values: list[str]) -> pa.Array:
+    """``values`` as a string array, from its buffers: no pandas."""
+    data = [v.encode() for v in values]
+    offsets = np.zeros(len(data) + 1, dtype=np.int32)
+    np.cumsum([len(d) for d in data], out=offsets[1:])
+    return pa.Array.from_buffers(
+        pa.string(),
+        len(data),
+        [None, pa.py_buffer(offsets.tobytes()), pa.py_buffer(b"".join(data))],
     )
 
 

@@ -94,6 +94,9 @@ def checkpoint_name(version: int) -> str:
     return f"{LOG}/checkpoint-{version:020d}.parquet"
 
 
+TRAINER = "trainer"  # the role of a writer that trains (TRL, verl, ours): its drops shape `groups`
+
+
 @dataclasses.dataclass(frozen=True)
 class Attempt:
     """One writer session of a run (every rank of one launch shares it).
@@ -105,7 +108,7 @@ class Attempt:
     generator and trainer are two roles). ``version``: the log version that began it."""
 
     id: str
-    role: str = "trainer"
+    role: str = TRAINER
     resume_from: int | None = None
     started_at: str = ""
     mode: str = "new"

@@ -37,7 +37,7 @@ from maxent_arrow.arrow import schema as S
 from maxent_arrow.errors import SchemaError, StoreError
 from maxent_arrow.store.backend import Backend
 from maxent_arrow.store.catalog import History
-from maxent_arrow.store.log import CommitLog, LogState, crc32
+from maxent_arrow.store.log import TRAINER, CommitLog, LogState, crc32
 from maxent_arrow.store.names import RECORDS
 
 __all__ = [
@@ -359,12 +359,24 @@ def record_names(state: LogState) -> list[str]:
     return sorted(state.records)
 
 
-def lifecycle_keys(table: pa.Table, event: str) -> pa.Table:
+def lifecycle_keys(table: pa.Table, event: str, *, attempts: list[str] | None = None) -> pa.Table:
     """The stored groups (:data:`~maxent_arrow.arrow.registry.ROW_KEY`) of ``lifecycle``
-    rows of ``event``: a set to test membership in (a group recorded twice is listed twice;
-    deduplicating here would take ``Table.group_by``, whose Acero import loads pandas)."""
-    rows = table.filter(pc.equal(table.column("event"), L.text_scalar(event)))
+    rows of ``event`` (recorded by one of ``attempts``, when given): a set to test membership
+    in (a group recorded twice is listed twice; deduplicating here would take
+    ``Table.group_by``, whose Acero import loads pandas)."""
+    keep = pc.equal(table.column("event"), L.text_scalar(event))
+    if attempts is not None:
+        keep = pc.and_(keep, pc.is_in(table.column("attempt"), value_set=L.text_values(attempts)))
+    rows = table.filter(keep)
     return pa.table({k: rows.column(c) for c, k in zip(R.LIFECYCLE_KEY, R.ROW_KEY)})
+
+
+def trainer_attempts(state: LogState) -> list[str]:
+    """The attempts of the role that trains (:data:`~.log.TRAINER`): the drops the ``groups``
+    view leaves out are theirs. A replay consumer of another role (the sampler of training
+    from the store) records its own drops in ``lifecycle``; they do not rewrite what the
+    run's trainer trained on."""
+    return [a.id for a in state.attempts if a.role == TRAINER]
 
 
 def lifecycle_rows(

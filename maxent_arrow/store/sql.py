@@ -49,7 +49,7 @@ from maxent_arrow.store.catalog import Catalog, LogCatalog, OnError, StepFile, f
 from maxent_arrow.store.ledger import ChecksumLedger
 from maxent_arrow.store.names import GROUPS, STEPS
 from maxent_arrow.store.reader import read_group_file
-from maxent_arrow.store.records import lifecycle_keys, read_records
+from maxent_arrow.store.records import lifecycle_keys, read_records, trainer_attempts
 from maxent_arrow.store.schemas import UnifiedSchemas
 from maxent_arrow.store.session import (
     QueryLimits,
@@ -329,7 +329,11 @@ class SqlViews:
             history = HistoryViews(
                 reads=self.reads,
                 other_sets=other_sets,
-                dropped=None if records is None else lifecycle_keys(records, "dropped"),
+                dropped=None
+                if records is None
+                else lifecycle_keys(
+                    records, "dropped", attempts=trainer_attempts(self.other_catalog.state())
+                ),
                 records=self.records,
             )
         # Step files: DuckDB reads the current ones itself where it can open them (they were

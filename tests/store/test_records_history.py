@@ -65,3 +65,26 @@ def test_superseded_records_are_only_those_a_later_attempt_superseded(tmp_path):
     assert store.sql("SELECT count(*) AS n FROM lifecycle").column("n")[0].as_py() == 6
     frontier = store.frontier()
     assert (frontier.position, frontier.gaps, frontier.double) == (6, [], [])
+
+
+def test_the_groups_view_leaves_out_only_what_a_trainer_dropped(tmp_path):
+    """A drop recorded by the run's trainer leaves the group out of ``groups``; a drop by a
+    replay consumer of another role (the sampler training a second policy from the store) is
+    in ``lifecycle`` and leaves the run's ``groups`` as its trainer trained them."""
+    RolloutStore.create(tmp_path / "run")
+    trainer = RolloutStore(tmp_path / "run", attempt="run")
+    trainer.append(_batch(0, 0, 3))
+    sampler = RolloutStore(tmp_path / "run", role="sampler", attempt="replay")
+    sampler.record_lifecycle(sampler.read(steps=[0]).slice(0, 2), step=7, event="dropped",
+                             reason="zero_std")  # fmt: skip
+    query = "SELECT group_index FROM groups ORDER BY 1"
+    assert [r["group_index"] for r in trainer.sql(query).to_pylist()] == [0, 1, 2]
+    lifecycle = trainer.sql("SELECT attempt, group_index, event FROM lifecycle ORDER BY 2")
+    assert lifecycle.to_pylist() == [
+        {"attempt": "replay", "group_index": g, "event": "dropped"} for g in (0, 1)
+    ]
+    trainer.record_lifecycle(trainer.read(steps=[0]).slice(1, 1), step=0, event="dropped",
+                             reason="stale")  # fmt: skip
+    assert [r["group_index"] for r in trainer.sql(query).to_pylist()] == [0, 2]
+    every = "SELECT group_index FROM groups_all ORDER BY 1"
+    assert [r["group_index"] for r in trainer.sql(every).to_pylist()] == [0, 1, 2]
