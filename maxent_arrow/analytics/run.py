@@ -150,9 +150,10 @@ class RunAnalytics(ReadyMadeQueries):
         steps = self.rel.sql(
             "SELECT kind, count(DISTINCT step) AS steps, min(step) AS first, max(step) AS last, "
             "count(*) AS step_rows, sum(num_groups)::BIGINT AS groups, "
-            "sum(num_samples)::BIGINT AS samples FROM steps GROUP BY kind ORDER BY kind"
-        ).to_pylist()
-        ranks = self.rel.sql("SELECT DISTINCT rank FROM steps ORDER BY rank").column("rank")
+            "sum(num_samples)::BIGINT AS samples, list(DISTINCT rank) AS ranks FROM steps "
+            "GROUP BY kind ORDER BY kind"
+        ).to_pylist()  # (one scan of the step rows: the ranks of every kind beside)
+        ranks = sorted({r for row in steps for r in row.pop("ranks") or ()})
         catalog = self.store.catalog
         step_files = list(catalog.committed_steps(self.views.on_error))
         versions = sorted({step.version for step in step_files})
@@ -173,7 +174,7 @@ class RunAnalytics(ReadyMadeQueries):
             "file_schema_versions": versions,
             "created_at": manifest.get("created_at"),
             "kinds": {row.pop("kind"): row for row in steps},
-            "ranks": ranks.to_pylist(),
+            "ranks": ranks,
             "group_rows": sum(r["groups"] or 0 for r in steps),
             "reward_functions": self.reward_names,
             "files": {"groups": len(step_files), "steps": len(step_files)},
@@ -192,14 +193,6 @@ class RunAnalytics(ReadyMadeQueries):
         if not isinstance(catalog, LogCatalog):
             return None
         state = catalog.state()
-        superseded = sorted(
-            {
-                s
-                for e in state.units.values()
-                for s, effective in zip(e.record["rows"]["step"], state.effective_units(e))
-                if not effective
-            }
-        )
         return {
             "log_version": state.version,
             "attempts": [
@@ -212,7 +205,7 @@ class RunAnalytics(ReadyMadeQueries):
                 }
                 for a in state.attempts
             ],
-            "superseded_steps": superseded,
+            "superseded_steps": state.superseded_steps(),
             "records": {
                 n: sum(int(i["rows"]) for i in items) for n, items in state.records.items()
             },
