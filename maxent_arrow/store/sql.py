@@ -41,9 +41,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from maxent_arrow.arrow import int64_scalar
 from maxent_arrow.arrow import registry as R
 from maxent_arrow.arrow import schema as S
-from maxent_arrow.arrow.lists import int64_scalar
 from maxent_arrow.arrow.upgrade import needs_upgrade
 from maxent_arrow.errors import ArgumentError, StoreError
 from maxent_arrow.store.catalog import Catalog, LogCatalog, OnError, StepFile, fail, step_rows_of
