@@ -147,13 +147,23 @@ class RunAnalytics(ReadyMadeQueries):
         Reads the step files, file sizes and group file footers (all checked)."""
         manifest = self.store.manifest
         self.views.check_footers()
-        steps = self.rel.sql(
-            "SELECT kind, count(DISTINCT step) AS steps, min(step) AS first, max(step) AS last, "
-            "count(*) AS step_rows, sum(num_groups)::BIGINT AS groups, "
-            "sum(num_samples)::BIGINT AS samples, list(DISTINCT rank) AS ranks FROM steps "
-            "GROUP BY kind ORDER BY kind"
-        ).to_pylist()  # (one scan of the step rows: the ranks of every kind beside)
-        ranks = sorted({r for row in steps for r in row.pop("ranks") or ()})
+        # One scan of the step rows: the counts of each kind (its ranks beside), and each
+        # kind's distinct run configs with their last step (the run_config).
+        rows = self.rel.sql(
+            "SELECT kind, config, grouping(config) AS per_kind, count(DISTINCT step) AS steps, "
+            "min(step) AS first, max(step) AS last, count(*) AS step_rows, "
+            "sum(num_groups)::BIGINT AS groups, sum(num_samples)::BIGINT AS samples, "
+            "list(DISTINCT rank) AS ranks FROM steps "
+            "GROUP BY GROUPING SETS ((kind), (kind, config)) ORDER BY kind"
+        ).to_pylist()
+        configs = sorted(
+            (r for r in rows if not r["per_kind"] and r["config"] is not None),
+            key=lambda r: r["last"],
+        )
+        steps = [r for r in rows if r["per_kind"]]
+        ranks = sorted({r for row in steps for r in row["ranks"] or ()})
+        keep = ("steps", "first", "last", "step_rows", "groups", "samples")
+        steps = [{"kind": r["kind"], **{k: r[k] for k in keep}} for r in steps]
         catalog = self.store.catalog
         step_files = list(catalog.committed_steps(self.views.on_error))
         versions = sorted({step.version for step in step_files})
@@ -180,7 +190,7 @@ class RunAnalytics(ReadyMadeQueries):
             "files": {"groups": len(step_files), "steps": len(step_files)},
             "bytes": {"groups": size(GROUPS), "steps": size(STEPS)},
             "config": manifest.get("config"),
-            "run_config": self.run_config(),
+            "run_config": self._config_of(configs, "train"),
             "uri": backend.uri,
             "history": self._history(),
         }

@@ -41,6 +41,17 @@ def test_describe_agrees_with_duckdb_over_the_live_files(tmp_path):
     store = ReadOnlyStore(root)
     with RunAnalytics(store) as run:
         info = run.describe()
+        # (describe's one scan of the step rows gives the run config's own query's answer)
+        assert info["run_config"] == run.run_config()
+        for kind in ("train", "eval", None):
+            assert run._config_of(
+                sorted(
+                    run.sql("SELECT kind, config, max(step) AS last FROM steps "
+                            "WHERE config IS NOT NULL GROUP BY ALL").to_pylist(),
+                    key=lambda r: r["last"],
+                ),
+                kind,
+            ) == run.run_config(kind=kind)  # fmt: skip
     steps = store.live_files("steps")
     groups = store.live_files("groups")
     kinds = _select(
