@@ -205,11 +205,13 @@ def _scale_reason(op: str) -> str:
         "per version)",
         "append": "the writer's schema check and duplicate check visit the log's units "
         "(O(files), small constant); a checkpoint every 100 commits rewrites the whole state",
-        "inspect": "a new process checks every group file's footer (inspect names a "
-        "damaged file: O(files) reads), builds the views over every file and scans every "
-        "step file twice (counts and ranks, the run config); the history's superseded "
-        "steps no longer parse every unit's step rows (~35% of describe at 10^5 steps). "
-        "Answering the counts from the checkpoint's columns is not done yet",
+        "inspect": "a new process builds the views over every file (a stat and the "
+        "checks of each group file, the CRC-32 of each step file, DuckDB's views naming "
+        "them all: ~1.5 s of 1.9 s at 10^5 steps) and checks every footer (inspect names a "
+        "damaged file); describe itself is one scan of the step rows (was 0.38 s / 8.7 s "
+        "at 10^3 / 10^5 before the superseded steps stopped parsing every unit's rows, "
+        "now 0.38 s / 1.9 s). Counts from the checkpoint's columns without the views: "
+        "not done yet",
     }[op]
 
 
