@@ -208,7 +208,7 @@ def _scale_reason(op: str) -> str:
         "inspect": "a new process builds the views over every file (a stat and the "
         "checks of each group file, the CRC-32 of each step file, DuckDB's views naming "
         "them all: ~1.5 s of 1.9 s at 10^5 steps) and checks every footer (inspect names a "
-        "damaged file); describe itself is one scan of the step rows (was 0.38 s / 8.7 s "
+        "damaged file); describe itself is one scan of the step rows (was 0.82 s / 8.7 s "
         "at 10^3 / 10^5 before the superseded steps stopped parsing every unit's rows, "
         "now 0.38 s / 1.9 s). Counts from the checkpoint's columns without the views: "
         "not done yet",
