@@ -620,6 +620,12 @@ class ReadyMadeQueries:
             "SELECT kind, config, max(step) AS last FROM steps WHERE config IS NOT NULL "
             "GROUP BY kind, config ORDER BY last"
         ).to_pylist()
+        return self._config_of(rows, kind)
+
+    @staticmethod
+    def _config_of(rows: list[dict[str, Any]], kind: str | None) -> dict[str, Any]:
+        """:meth:`run_config` of the step rows' distinct configs (``kind``, ``config``,
+        ``last``: its last step), in the order of ``last``."""
         mine = [r for r in rows if kind is None or r["kind"] == kind] or rows
         if not mine:
             return {"step": None, "config": {}, "changed": []}

@@ -147,12 +147,23 @@ class RunAnalytics(ReadyMadeQueries):
         Reads the step files, file sizes and group file footers (all checked)."""
         manifest = self.store.manifest
         self.views.check_footers()
-        steps = self.rel.sql(
-            "SELECT kind, count(DISTINCT step) AS steps, min(step) AS first, max(step) AS last, "
-            "count(*) AS step_rows, sum(num_groups)::BIGINT AS groups, "
-            "sum(num_samples)::BIGINT AS samples FROM steps GROUP BY kind ORDER BY kind"
+        # One scan of the step rows: the counts of each kind (its ranks beside), and each
+        # kind's distinct run configs with their last step (the run_config).
+        rows = self.rel.sql(
+            "SELECT kind, config, grouping(config) AS per_kind, count(DISTINCT step) AS steps, "
+            "min(step) AS first, max(step) AS last, count(*) AS step_rows, "
+            "sum(num_groups)::BIGINT AS groups, sum(num_samples)::BIGINT AS samples, "
+            "list(DISTINCT rank) AS ranks FROM steps "
+            "GROUP BY GROUPING SETS ((kind), (kind, config)) ORDER BY kind"
         ).to_pylist()
-        ranks = self.rel.sql("SELECT DISTINCT rank FROM steps ORDER BY rank").column("rank")
+        configs = sorted(
+            (r for r in rows if not r["per_kind"] and r["config"] is not None),
+            key=lambda r: r["last"],
+        )
+        steps = [r for r in rows if r["per_kind"]]
+        ranks = sorted({r for row in steps for r in row["ranks"] or ()})
+        keep = ("steps", "first", "last", "step_rows", "groups", "samples")
+        steps = [{"kind": r["kind"], **{k: r[k] for k in keep}} for r in steps]
         catalog = self.store.catalog
         step_files = list(catalog.committed_steps(self.views.on_error))
         versions = sorted({step.version for step in step_files})
@@ -173,13 +184,13 @@ class RunAnalytics(ReadyMadeQueries):
             "file_schema_versions": versions,
             "created_at": manifest.get("created_at"),
             "kinds": {row.pop("kind"): row for row in steps},
-            "ranks": ranks.to_pylist(),
+            "ranks": ranks,
             "group_rows": sum(r["groups"] or 0 for r in steps),
             "reward_functions": self.reward_names,
             "files": {"groups": len(step_files), "steps": len(step_files)},
             "bytes": {"groups": size(GROUPS), "steps": size(STEPS)},
             "config": manifest.get("config"),
-            "run_config": self.run_config(),
+            "run_config": self._config_of(configs, "train"),
             "uri": backend.uri,
             "history": self._history(),
         }
@@ -192,14 +203,6 @@ class RunAnalytics(ReadyMadeQueries):
         if not isinstance(catalog, LogCatalog):
             return None
         state = catalog.state()
-        superseded = sorted(
-            {
-                s
-                for e in state.units.values()
-                for s, effective in zip(e.record["rows"]["step"], state.effective_units(e))
-                if not effective
-            }
-        )
         return {
             "log_version": state.version,
             "attempts": [
@@ -212,7 +215,7 @@ class RunAnalytics(ReadyMadeQueries):
                 }
                 for a in state.attempts
             ],
-            "superseded_steps": superseded,
+            "superseded_steps": state.superseded_steps(),
             "records": {
                 n: sum(int(i["rows"]) for i in items) for n, items in state.records.items()
             },

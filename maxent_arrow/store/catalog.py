@@ -9,6 +9,7 @@ checked against the CRC-32 sealed in it, and its schema-1.x rows are upgraded.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import errno
 import functools
@@ -406,9 +407,22 @@ class Catalog:
         replaced = self.hidden(names, on_error)
         return [n for n in names if n not in replaced]
 
-    def committed_steps(self, on_error: OnError = "raise") -> Iterator[StepFile]:
-        """The committed step files, read and checked; a damaged one is raised or skipped."""
+    def committed_between(self, first: int, last: int, on_error: OnError = "raise") -> list[str]:
+        """Names of the committed step files holding a step in ``first..last`` (inclusive),
+        in :meth:`committed`'s order (a step-bounded reader reads only these)."""
+        out = []
         for name in self.committed(on_error):
+            parsed = cast(UnitName, parse_name(name))
+            if parsed.first_step <= last and parsed.last_step >= first:
+                out.append(name)
+        return out
+
+    def committed_steps(
+        self, on_error: OnError = "raise", names: list[str] | None = None
+    ) -> Iterator[StepFile]:
+        """The committed step files (``names``: those of them, e.g. from
+        :meth:`committed_between`), read and checked; a damaged one is raised or skipped."""
+        for name in self.committed(on_error) if names is None else names:
             try:
                 yield self.step_file(name)
             except StoreError as exc:
@@ -550,6 +564,9 @@ class LogCatalog(Catalog):
         self._files: dict[str, tuple[Mapping[str, Any], StepFile]] = {}
         # (the state, its version, its step files in order): :meth:`step_names`' last answer
         self._names: tuple[LogState, int, list[str]] | None = None
+        # (the state, its version, each step file's first step in that order, the widest
+        # span of steps in one file): :meth:`committed_between`'s index
+        self._firsts: tuple[LogState, int, list[int], int] | None = None
 
     def state(self) -> LogState:
         """The log's state: the pinned version within :meth:`snapshot`, else the newest."""
@@ -582,6 +599,44 @@ class LogCatalog(Catalog):
 
     def is_committed_step(self, name: str) -> bool:
         return self._entry(name) is not None
+
+    def committed_between(self, first: int, last: int, on_error: OnError = "raise") -> list[str]:
+        """:meth:`Catalog.committed_between` from an index of the log's step files by first
+        step (built once per version): the work grows with the files of the bound, not with
+        the run."""
+        state = self.state()
+        names = self.step_names()
+        index = self._firsts
+        if index is None or index[0] is not state or index[1] != state.version:
+            parsed = [cast(UnitName, parse_name(n)) for n in names]
+            firsts = [p.first_step for p in parsed]
+            span = max((p.last_step - p.first_step for p in parsed), default=0)
+            index = self._firsts = (state, state.version, firsts, span)
+        firsts, span = index[2], index[3]
+        lo = bisect.bisect_left(firsts, first - span)
+        hi = bisect.bisect_right(firsts, last)
+        which = self.history
+        out = []
+        for name in names[lo:hi]:
+            parsed = cast(UnitName, parse_name(name))
+            if parsed.last_step < first or not self._in_history(name, state, which):
+                continue
+            out.append(name)
+        return out
+
+    def _in_history(self, name: str, state: LogState, which: History) -> bool:
+        """Whether step file ``name`` is in ``which`` history (:meth:`committed`'s rule, for
+        one file)."""
+        rel = f"{STEPS}/{name}"
+        entry = state.units.get(rel)
+        if entry is None:
+            return False
+        if which == "all":
+            return True
+        effective = rel in state.effective()
+        if which == "effective":
+            return effective
+        return state.resumed and (not effective or not all(state.effective_units(entry)))
 
     def step_file(self, name: str) -> StepFile:
         """A committed step file's record, from the log (the step file is not read)."""

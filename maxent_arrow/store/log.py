@@ -64,7 +64,7 @@ import pyarrow.parquet as pq
 
 from maxent_arrow.errors import StoreError
 from maxent_arrow.store.backend import crash_point
-from maxent_arrow.store.names import GROUPS, LOG
+from maxent_arrow.store.names import GROUPS, LOG, parse_name
 
 __all__ = [
     "CHECKPOINT_EVERY",
@@ -491,6 +491,22 @@ class LogState:
         steps = rows.get("step") or []
         kinds = rows.get("kind") or [None] * len(steps)
         return [self.is_effective(s, e.attempt, k) for s, k in zip(steps, kinds)]
+
+    def superseded_steps(self) -> list[int]:
+        """The steps of which some committed write was superseded by a later attempt, in
+        order. Only the step files that reach their attempt's cutoff have their step rows
+        read (a file name says its kind and its last step): none in a run never resumed."""
+        out: set[int] = set()
+        if not self.resumed:
+            return []
+        for rel, e in self.units.items():
+            parsed = parse_name(rel.rpartition("/")[2])
+            cut = self.cutoff(e.attempt, parsed.kind if parsed is not None else unit_kind(e))
+            if cut is None or (parsed is not None and parsed.last_step < cut):
+                continue  # every unit of the file is below its cutoff: effective
+            steps = e.record["rows"]["step"]
+            out.update(s for s, kept in zip(steps, self.effective_units(e)) if not kept)
+        return sorted(out)
 
     def effective(self) -> dict[str, UnitEntry]:
         """The committed step files with at least one effective unit (a compacted segment

@@ -252,11 +252,13 @@ class ReadOnlyStore:
         threads: int | None = None,
         timeout: float | None = None,
         limits: QueryLimits | None = None,
+        steps: tuple[int, int] | None = None,
     ) -> SqlViews:
         """A DuckDB connection with the views ``groups``, ``samples`` and ``steps`` over the
         committed files, checked and sandboxed (:class:`~maxent_arrow.store.sql.SqlViews`);
         close it when done. Each query may run ``timeout`` seconds (default the store's
-        ``query_timeout``) within ``limits`` (default sized from the machine)."""
+        ``query_timeout``) within ``limits`` (default sized from the machine). ``steps``:
+        ``(first, last)``, views of those steps only (only their files are read)."""
         limits = limits or QueryLimits()
         timeout = check_timeout(timeout) or limits.timeout or self.query_timeout
         return SqlViews(
@@ -266,16 +268,24 @@ class ReadOnlyStore:
             threads=threads,
             crc=self.check_crc,
             limits=QueryLimits(memory=limits.memory, threads=limits.threads, timeout=timeout),
+            steps=steps,
         )
 
     def sql(
-        self, query: str, *, on_error: OnError | None = None, timeout: float | None = None
+        self,
+        query: str,
+        *,
+        on_error: OnError | None = None,
+        timeout: float | None = None,
+        steps: tuple[int, int] | None = None,
     ) -> pa.Table:
         """Run one read-only DuckDB query over the views ``groups`` (one row per group),
         ``samples`` (one row per completion) and ``steps``; the result as Arrow. It may run
         ``timeout`` seconds (default the store's ``query_timeout``; a :class:`StoreError`
-        after it)."""
-        with self.sql_views(on_error=on_error, timeout=timeout) as views:
+        after it). ``steps``: ``(first, last)``, the views hold those steps only, and only
+        the files holding them are read and checked (a query of a few steps of a long run
+        costs what those steps cost)."""
+        with self.sql_views(on_error=on_error, timeout=timeout, steps=steps) as views:
             return views.query(query)
 
     def live_files(

@@ -93,11 +93,12 @@ class UnifiedSchemas:
             found |= R.family_of_columns(columns, R.GROUP)
         return tuple(f for f in R.FAMILIES if f in found) if found else None
 
-    def visible(self, table: str, on_error: OnError) -> pa.Schema:
+    def visible(self, table: str, on_error: OnError, files: list[str] | None = None) -> pa.Schema:
         """The unified schema of ``table`` as readers see it: without the registered columns
         outside the run's families (the null padding of stores written before families were
-        recorded); columns outside the registry stay."""
-        unified = self.get(table, on_error)
+        recorded); columns outside the registry stay. ``files``: of those committed files
+        only (relative paths; a step-bounded reader's), else of every committed one."""
+        unified = self.get(table, on_error, files)
         families = self.families(on_error)
         if families is None:
             return unified
@@ -128,12 +129,13 @@ class UnifiedSchemas:
             self._by_key[key] = schema
         return schema
 
-    def get(self, table: str, on_error: OnError) -> pa.Schema:
-        """The unified schema of ``table`` (``"groups"`` or ``"steps"``); with no files yet,
-        the current layout's."""
+    def get(self, table: str, on_error: OnError, files: list[str] | None = None) -> pa.Schema:
+        """The unified schema of ``table`` (``"groups"`` or ``"steps"``) over the committed
+        ``files`` (default all); with no files yet, the current layout's."""
         # A missing group file is raised where it is read (self.file), not by a listing of
         # every file on every call (an append asks for the schema).
-        files = self.catalog.committed_files(table, on_error, present=False)
+        if files is None:
+            files = self.catalog.committed_files(table, on_error, present=False)
         names = set(files)
         cached = self._unified.get(table)
         done: set[str] = set()

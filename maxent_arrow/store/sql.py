@@ -41,10 +41,11 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from maxent_arrow.arrow import int64_scalar
 from maxent_arrow.arrow import registry as R
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.arrow.upgrade import needs_upgrade
-from maxent_arrow.errors import StoreError
+from maxent_arrow.errors import ArgumentError, StoreError
 from maxent_arrow.store.catalog import Catalog, LogCatalog, OnError, StepFile, fail, step_rows_of
 from maxent_arrow.store.ledger import ChecksumLedger
 from maxent_arrow.store.names import GROUPS, STEPS
@@ -60,7 +61,21 @@ from maxent_arrow.store.session import (
 )
 from maxent_arrow.store.sqlplan import FileSet, HistoryViews, ViewPlan, plan_views
 
-__all__ = ["SqlViews", "plan_scans", "scanned_columns"]
+__all__ = ["SqlViews", "check_bound", "plan_scans", "scanned_columns"]
+
+
+def check_bound(steps: object) -> tuple[int, int]:
+    """A step bound ``(first, last)`` (inclusive) as two ints; anything else (a bare int, a
+    list of another length, floats, bools, first > last) is an :class:`ArgumentError`."""
+    if not isinstance(steps, tuple | list) or len(steps) != 2:
+        raise ArgumentError(f"steps: expected (first, last), got {steps!r}")
+    first, last = steps
+    for value in (first, last):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ArgumentError(f"steps: expected ints (first, last), got {steps!r}")
+    if first > last:
+        raise ArgumentError(f"steps: first {first} is after last {last} in {steps!r}")
+    return int(first), int(last)
 
 
 def _scan(node: dict) -> bool:
@@ -155,6 +170,11 @@ class SqlViews:
     crc:
         Check footers and column chunks against the CRC-32s recorded at append (``False``:
         sizes only; the store's ``check_crc``).
+    steps:
+        ``(first, last)``: views of those steps only (inclusive). Only the files holding one
+        of them are named to DuckDB, checked, or visited here (the commit log's index of its
+        files by step), so a bounded query costs what its steps cost, not what the run does;
+        the views' columns are those of these files. ``None``: every step.
 
     The file list is taken when the views are built; :meth:`refresh` takes it again.
     """
@@ -168,8 +188,10 @@ class SqlViews:
         threads: int | None = None,
         crc: bool = True,
         limits: QueryLimits | None = None,
+        steps: tuple[int, int] | None = None,
     ):
         self.catalog = catalog
+        self.bound = None if steps is None else check_bound(steps)
         self.limits = limits or QueryLimits()
         self.schemas = schemas
         self.on_error: OnError = on_error
@@ -227,27 +249,61 @@ class SqlViews:
             backend = self.catalog.backend
             self.ledger.clear()
             self.own.clear()
-            self.steps = list(self.catalog.committed_steps(self.on_error))
-            listing = self.catalog.listing(GROUPS)
+            names = self._bounded_names(self.catalog)
+            self.steps = list(self.catalog.committed_steps(self.on_error, names))
+            # (bounded: a stat per file read, not a listing of every group file)
+            listing = self.catalog.listing(GROUPS) if names is None else None
             self.files, self.legacy = [], []
             for step in self.steps:
                 rel = f"{GROUPS}/{step.group_file}"
                 try:
                     if needs_upgrade(step.version):
-                        self.legacy.append(read_group_file(backend, step, None, crc=True))
+                        table = read_group_file(backend, step, None, crc=True)
+                        self.legacy.append(self._in_bound(table))
                     else:
-                        self.ledger.admit(rel, step, listing.get(step.group_file))
+                        info = (
+                            backend.stat(rel) if listing is None else listing.get(step.group_file)
+                        )
+                        self.ledger.admit(rel, step, info)
                         self.files.append((rel, step))
                 except StoreError as exc:
                     fail(self.on_error, exc)
             self._refresh_history(listing)
-            self.group_schema = self.schemas.visible(GROUPS, self.on_error)
-            self.step_schema = self.schemas.visible(STEPS, self.on_error).remove_metadata()
+            groups = None if names is None else [f"{GROUPS}/{s.group_file}" for s in self.steps]
+            stepfiles = None if names is None else [f"{STEPS}/{s.name}" for s in self.steps]
+            self.group_schema = self.schemas.visible(GROUPS, self.on_error, groups)
+            self.step_schema = self.schemas.visible(STEPS, self.on_error, stepfiles)
+            self.step_schema = self.step_schema.remove_metadata()
             self.data_columns = self._data_columns()
             self.reward_names = self._reward_names()
             self._install()
 
-    def _refresh_history(self, listing: dict) -> None:
+    def _bounded_names(self, catalog: Catalog) -> list[str] | None:
+        """The committed step files of the bound (``None``: unbounded, every one)."""
+        if self.bound is None:
+            return None
+        return catalog.committed_between(*self.bound, self.on_error)
+
+    def _in_bound(self, table: pa.Table) -> pa.Table:
+        """``table``'s rows of the bound's steps (rows decoded here: schema-1.x files)."""
+        if self.bound is None:
+            return table
+        step = table.column("step")
+        first, last = self.bound
+        keep = pc.and_(
+            pc.greater_equal(step, int64_scalar(first)), pc.less_equal(step, int64_scalar(last))
+        )
+        return table.filter(keep)
+
+    def _where(self, catalog: Catalog, name: str) -> str | None:
+        """The row filter of step file ``name``'s rows: its history's, and the bound's."""
+        where = catalog.row_filter(name)
+        if self.bound is None:
+            return where
+        bound = f"step BETWEEN {int(self.bound[0])} AND {int(self.bound[1])}"
+        return bound if where is None else f"({where}) AND {bound}"
+
+    def _refresh_history(self, listing: dict | None) -> None:
         """The other history's files and the record tables (stores with a commit log)."""
         self.other, self.other_catalog, self.records = [], None, {}
         catalog = self.catalog
@@ -258,12 +314,15 @@ class SqlViews:
         )
         self.other_catalog = other
         self.reads = catalog.history
-        for step in other.committed_steps(self.on_error):
+        for step in other.committed_steps(self.on_error, self._bounded_names(other)):
             rel = f"{GROUPS}/{step.group_file}"
             if needs_upgrade(step.version):
                 continue  # schema-1.x stores have no commit log
             try:
-                self.ledger.admit(rel, step, listing.get(step.group_file))
+                info = (
+                    catalog.backend.stat(rel) if listing is None else listing.get(step.group_file)
+                )
+                self.ledger.admit(rel, step, info)
                 self.other.append((rel, step))
             except StoreError as exc:
                 fail(self.on_error, exc)
@@ -348,7 +407,7 @@ class SqlViews:
             if needs_upgrade(step.version) or not self._by_path(step):
                 handed.append(step)
             else:
-                where = self.catalog.row_filter(step.name)
+                where = self._where(self.catalog, step.name)
                 by_names.setdefault((tuple(step.schema.names), where), []).append(step)
         self.steps_by_path = []
         for (_, where), members in by_names.items():
@@ -361,7 +420,9 @@ class SqlViews:
                 handed.extend(members)
         step_rows = None
         if handed:
-            rows = step_rows_of(handed, lambda s, step: self.catalog.keeps(s.name, step))
+            rows = step_rows_of(
+                handed, lambda s, step: self.catalog.keeps(s.name, step) and self._has(step)
+            )
             step_rows = S.conform(rows, self.step_schema)
         legacy = (
             pa.concat_tables([S.conform(t, self.group_schema) for t in self.legacy])
@@ -396,6 +457,10 @@ class SqlViews:
             else:
                 session.execute(item)
 
+    def _has(self, step: int) -> bool:
+        """Whether ``step`` is in the bound (every step when unbounded)."""
+        return self.bound is None or self.bound[0] <= step <= self.bound[1]
+
     def _by_path(self, step: StepFile) -> bool:
         """Whether DuckDB reads step file ``step`` by path (else its rows are handed over)."""
         catalog = self.catalog
@@ -417,7 +482,7 @@ class SqlViews:
         by_schema: dict[tuple, tuple[pa.Schema, str | None, list[tuple[str, StepFile]]]] = {}
         for rel, step in files:
             schema = self.schemas.file(rel)  # files of one schema share the object
-            where = catalog.row_filter(step.name)
+            where = self._where(catalog, step.name)
             by_schema.setdefault((id(schema), where), (schema, where, []))[2].append((rel, step))
         for schema, where, members in by_schema.values():
             sound = self.ledger.first_sound(members)
