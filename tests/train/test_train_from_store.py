@@ -67,7 +67,7 @@ def online(tmp_path_factory):
 def test_train_from_store_reproduces_each_logged_loss(online, tmp_path):
     """Replayed through the sampler (whole steps, in order, staleness window 0) from the stored
     policy snapshots, each update's loss is the loss the online step logged, to 1e-6."""
-    source = RolloutStore(online / "store")
+    source = RolloutStore(online / "store", role="sampler")  # the consumer: a role of its own
     logged = {
         r["step"]: r["total_loss"]
         for r in source.read_steps(kind="train", columns=["step", "total_loss"]).to_pylist()
@@ -98,7 +98,7 @@ def test_train_from_store_reproduces_each_logged_loss(online, tmp_path):
 def test_a_stale_window_drops_what_it_must(online, tmp_path):
     """Offline from trainer step 2 on, with a window of 1 version: stored step 0 is 2 versions
     old and dropped (stale, in the lifecycle), steps 1 and 2 are trained on."""
-    source = RolloutStore(online / "store")
+    source = RolloutStore(online / "store", role="sampler")  # the consumer: a role of its own
     sampler = ReplaySampler(source, sampling="sequential", max_staleness=1)
     trainer = _trainer(RolloutStore.create(tmp_path / "o", config=_config().to_dict()), None)
     done = train_from_store(trainer, sampler, start=2)
@@ -111,7 +111,7 @@ def test_a_stale_window_drops_what_it_must(online, tmp_path):
 def test_offline_training_moves_the_policy_toward_the_weighted_completions(online, tmp_path):
     """Offline updates on stored groups raise the policy's log-likelihood of the completions
     the MaxEnt weights favour (a real optimizer on a real model; no generation)."""
-    source = RolloutStore(online / "store")
+    source = RolloutStore(online / "store", role="sampler")  # the consumer: a role of its own
     batch = next(iter(ReplaySampler(source, sampling="sequential", record=False)))
     trainer = _trainer(RolloutStore.create(tmp_path / "o", config=_config().to_dict()), None)
     before, _ = trainer.replay_loss(batch)
@@ -126,7 +126,7 @@ def test_offline_training_moves_the_policy_toward_the_weighted_completions(onlin
 def test_fresh_generation_mixed_with_replayed_groups(online, tmp_path):
     """A step with half its groups replayed: the fresh groups are appended as the step, the
     update's loss (trainer_metrics) is the group-weighted mean of both parts."""
-    source = RolloutStore(online / "store")
+    source = RolloutStore(online / "store", role="sampler")  # the consumer: a role of its own
     sampler = ReplaySampler(source, batch_groups=2, seed=0, record=False)
     replayed = sampler.sample()
     assert replayed is not None
