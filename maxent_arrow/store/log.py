@@ -138,7 +138,42 @@ class Attempt:
         return cls(**{k: v for k, v in data.items() if k in known})
 
 
-class LazyRows(dict):
+class ParsedOnUse(dict):
+    """A ``dict`` whose contents are parsed from text when first used (:meth:`_load`): the
+    lookups, views, equality and pickling of its subclasses go through here."""
+
+    __slots__ = ()
+
+    def _load(self) -> None:
+        raise NotImplementedError
+
+    def __getitem__(self, key: str) -> Any:
+        self._load()
+        return super().__getitem__(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self._load()
+        return super().get(key, default)
+
+    def values(self) -> Any:
+        self._load()
+        return super().values()
+
+    def items(self) -> Any:
+        self._load()
+        return super().items()
+
+    def __eq__(self, other: object) -> bool:
+        self._load()
+        return super().__eq__(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __reduce__(self) -> Any:
+        return (dict, (dict(self.items()),))
+
+
+class LazyRows(ParsedOnUse):
     """A unit's step rows (column name -> values) as a checkpoint holds them: JSON text,
     parsed when a value is first asked for. The column names are known without parsing, so
     a reader that needs only a file's schema or record (SQL views over a long run's
@@ -178,36 +213,11 @@ class LazyRows(dict):
     def __contains__(self, key: object) -> bool:
         return key in self._names if self._text is not None else super().__contains__(key)
 
-    def __getitem__(self, key: str) -> Any:
-        self._load()
-        return super().__getitem__(key)
-
-    def get(self, key: str, default: Any = None) -> Any:
-        self._load()
-        return super().get(key, default)
-
-    def values(self) -> Any:
-        self._load()
-        return super().values()
-
-    def items(self) -> Any:
-        self._load()
-        return super().items()
-
-    def __eq__(self, other: object) -> bool:
-        self._load()
-        return super().__eq__(other)
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __reduce__(self) -> Any:
-        return (dict, (dict(self.items()),))
-
     def __repr__(self) -> str:
         return f"LazyRows({self._names})" if self._text is not None else super().__repr__()
 
 
-class LazyRecord(dict):
+class LazyRecord(ParsedOnUse):
     """A unit's commit record as a checkpoint holds it: the row's ``item`` JSON, parsed when
     the record is first used (opening a long run's log parses no record; a reader parses
     those of the files it reads). Behaves as the parsed ``dict`` in every other way."""
@@ -255,31 +265,6 @@ class LazyRecord(dict):
     def __contains__(self, key: object) -> bool:
         self._load()
         return super().__contains__(key)
-
-    def __getitem__(self, key: str) -> Any:
-        self._load()
-        return super().__getitem__(key)
-
-    def get(self, key: str, default: Any = None) -> Any:
-        self._load()
-        return super().get(key, default)
-
-    def values(self) -> Any:
-        self._load()
-        return super().values()
-
-    def items(self) -> Any:
-        self._load()
-        return super().items()
-
-    def __eq__(self, other: object) -> bool:
-        self._load()
-        return super().__eq__(other)
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __reduce__(self) -> Any:
-        return (dict, (dict(self.items()),))
 
     def __repr__(self) -> str:
         self._load()
