@@ -327,9 +327,9 @@ def read_cache(
     docstring); a copy written before per-column checksums is read whole and its sealed
     CRC-32 checked. Unchecked, the copy is memory-mapped (zero-copy, pages read as used).
     ``private=False`` checks the columns served in the mapping itself and serves the mapping
-    (no copy: ~1.3x ``torch.load(mmap=True)`` where the copy costs ~2x, but a file truncated
+    (no copy: ~1.3x torch's memory-mapped load where the copy costs ~2x, but a file truncated
     by another program while a batch is in use then ends the process with SIGBUS, as it does
-    ``torch.load(mmap=True)``'s); not used by the readers of this version.
+    torch's mapped tensors); not used by the readers of this version.
     """
     rel = f"{CACHE}/{cache_name(unit)}"
     if not backend.can_mmap or backend.stat(rel) is None:

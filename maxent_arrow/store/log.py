@@ -143,9 +143,7 @@ class ParsedOnUse(dict):
     lookups, views, equality and pickling of its subclasses go through here."""
 
     __slots__ = ()
-
-    def _load(self) -> None:
-        raise NotImplementedError
+    _load: Callable[[], None]  # each subclass parses its own text
 
     def __getitem__(self, key: str) -> Any:
         self._load()
