@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from maxent_arrow.arrow import list_offsets
-from maxent_arrow.arrow import schema as S
+from maxent_arrow.arrow import registry as R
 from maxent_arrow.errors import ArgumentError, StoreError
 from maxent_arrow.rollout import RolloutBatch, reassemble
 from maxent_arrow.store.cache import read_cache
@@ -364,7 +364,7 @@ def _load(
 ) -> tuple[pa.RecordBatch, pa.RecordBatch]:
     step = catalog.step_file(unit.step_file)
     step_row = step.table.slice(unit.row, 1).combine_chunks().to_batches()[0]
-    step_row = strip_padding(step_row, S.step_schema())
+    step_row = strip_padding(step_row, R.STEP)
     groups = None
     if options.source in ("auto", "cache"):
         try:
@@ -385,7 +385,7 @@ def _load(
         table = read_group_file(catalog.backend, step, options.columns, crc=crc, rows=rows)
         groups = _as_batch(table)
     # Padding of the run-wide layout reads as absent (also in caches built from the archive).
-    return strip_padding(groups, S.group_schema()), step_row
+    return strip_padding(groups, R.GROUP), step_row
 
 
 def _partial_step_row(step_row: pa.RecordBatch, part: pa.RecordBatch) -> pa.RecordBatch:
