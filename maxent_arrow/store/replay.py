@@ -379,7 +379,8 @@ def _load(
         if groups is None and options.source == "cache":
             raise StoreError(f"{catalog.backend.uri}: no IPC cache copy of {unit.name}")
         if groups is not None and options.columns is not None:
-            groups = groups.select([c for c in options.columns if c in groups.schema.names])
+            present = set(groups.schema.names)
+            groups = groups.select([c for c in options.columns if c in present])
     if groups is None:
         rows = (unit.start, unit.num_groups)  # only the row groups of this unit
         table = read_group_file(catalog.backend, step, options.columns, crc=crc, rows=rows)
@@ -393,6 +394,7 @@ def _partial_step_row(step_row: pa.RecordBatch, part: pa.RecordBatch) -> pa.Reco
     samples = int(list_offsets(part.column("completions"))[-1]) if part.num_rows else 0
     names = step_row.schema.names
     arrays = list(step_row.columns)
-    arrays[names.index("num_groups")] = pa.array([part.num_rows], pa.int32())
-    arrays[names.index("num_samples")] = pa.array([samples], pa.int32())
+    # From numpy: a list of Python ints would make pyarrow import pandas.
+    arrays[names.index("num_groups")] = pa.array(np.array([part.num_rows], np.int32))
+    arrays[names.index("num_samples")] = pa.array(np.array([samples], np.int32))
     return pa.RecordBatch.from_arrays(arrays, schema=step_row.schema)
