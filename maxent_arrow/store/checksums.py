@@ -47,6 +47,7 @@ __all__ = [
     "checksum",
     "crc32c_of",
     "xxh3_of",
+    "xxh3_stream",
     "check_chunks",
     "check_seal",
     "chunk_crcs",
@@ -75,11 +76,18 @@ def crc32c_of(data: Any, value: int = 0) -> int:
     return google_crc32c.extend(value, data) & 0xFFFFFFFF
 
 
+def xxh3_stream() -> Any:
+    """A streaming XXH3-64 (``.update(buffer)``, ``.intdigest()``): fed the pieces of a
+    buffer in order, its digest is :func:`xxh3_of` of the whole (how a checked read hashes
+    each piece of an IPC cache file as it lands)."""
+    return xxhash.xxh3_64()
+
+
 def xxh3_of(pieces: Iterable[Any]) -> int:
     """XXH3-64 of the concatenation of ``pieces`` (buffers, not copied; the ``xxhash``
     package runs at ~30 GB/s, about twice CRC32C, and releases the GIL). Not combinable like
     a CRC: used where the pieces are at hand when the checksum is made (IPC cache columns)."""
-    hasher = xxhash.xxh3_64()
+    hasher = xxh3_stream()
     for piece in pieces:
         hasher.update(piece)
     return hasher.intdigest()

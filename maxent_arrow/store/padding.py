@@ -47,19 +47,27 @@ def pad_to_layout(table: pa.Table, layout: pa.Schema) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=pa.schema(fields, metadata=table.schema.metadata))
 
 
-def strip_padding(data: pa.RecordBatch | pa.Table, layout: pa.Schema) -> pa.RecordBatch | pa.Table:
-    """``data`` without the optional layout columns that are null in every row (the padding
-    :func:`pad_to_layout` wrote). Columns the layout requires, and columns outside it, stay."""
+# The optional columns of each table's layout (every registered column): what reads as
+# absent when it is null in every row.
+_OPTIONAL = {
+    table: frozenset(c.name for c in R.columns(table) if c.field.nullable)
+    for table in (R.GROUP, R.STEP)
+}
+
+
+def strip_padding(data: pa.RecordBatch | pa.Table, table: str) -> pa.RecordBatch | pa.Table:
+    """``data`` (rows of the ``table`` table: ``R.GROUP`` or ``R.STEP``) without the optional
+    columns of its layout that are null in every row (the padding :func:`pad_to_layout`
+    wrote). Columns the layout requires, and columns outside it, stay."""
     if data.num_rows == 0:
         return data
-    drop = [
+    optional = _OPTIONAL[table]
+    rows = data.num_rows
+    drop = {
         i
-        for i, field in enumerate(data.schema)
-        if field.name in layout.names
-        and layout.field(field.name).nullable
-        and data.column(i).null_count == data.num_rows
-    ]
+        for i, name in enumerate(data.schema.names)
+        if name in optional and data.column(i).null_count == rows
+    }
     if not drop:
         return data
-    keep = [i for i in range(data.num_columns) if i not in set(drop)]
-    return data.select(keep)
+    return data.select([i for i in range(data.num_columns) if i not in drop])

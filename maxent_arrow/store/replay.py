@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from maxent_arrow.arrow import list_offsets
-from maxent_arrow.arrow import schema as S
+from maxent_arrow.arrow import registry as R
 from maxent_arrow.errors import ArgumentError, StoreError
 from maxent_arrow.rollout import RolloutBatch, reassemble
 from maxent_arrow.store.cache import read_cache
@@ -364,7 +364,7 @@ def _load(
 ) -> tuple[pa.RecordBatch, pa.RecordBatch]:
     step = catalog.step_file(unit.step_file)
     step_row = step.table.slice(unit.row, 1).combine_chunks().to_batches()[0]
-    step_row = strip_padding(step_row, S.step_schema())
+    step_row = strip_padding(step_row, R.STEP)
     groups = None
     if options.source in ("auto", "cache"):
         try:
@@ -379,13 +379,14 @@ def _load(
         if groups is None and options.source == "cache":
             raise StoreError(f"{catalog.backend.uri}: no IPC cache copy of {unit.name}")
         if groups is not None and options.columns is not None:
-            groups = groups.select([c for c in options.columns if c in groups.schema.names])
+            present = set(groups.schema.names)
+            groups = groups.select([c for c in options.columns if c in present])
     if groups is None:
         rows = (unit.start, unit.num_groups)  # only the row groups of this unit
         table = read_group_file(catalog.backend, step, options.columns, crc=crc, rows=rows)
         groups = _as_batch(table)
     # Padding of the run-wide layout reads as absent (also in caches built from the archive).
-    return strip_padding(groups, S.group_schema()), step_row
+    return strip_padding(groups, R.GROUP), step_row
 
 
 def _partial_step_row(step_row: pa.RecordBatch, part: pa.RecordBatch) -> pa.RecordBatch:
@@ -393,6 +394,7 @@ def _partial_step_row(step_row: pa.RecordBatch, part: pa.RecordBatch) -> pa.Reco
     samples = int(list_offsets(part.column("completions"))[-1]) if part.num_rows else 0
     names = step_row.schema.names
     arrays = list(step_row.columns)
-    arrays[names.index("num_groups")] = pa.array([part.num_rows], pa.int32())
-    arrays[names.index("num_samples")] = pa.array([samples], pa.int32())
+    # From numpy: a list of Python ints would make pyarrow import pandas.
+    arrays[names.index("num_groups")] = pa.array(np.array([part.num_rows], np.int32))
+    arrays[names.index("num_samples")] = pa.array(np.array([samples], np.int32))
     return pa.RecordBatch.from_arrays(arrays, schema=step_row.schema)

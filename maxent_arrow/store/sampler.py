@@ -671,8 +671,9 @@ class ReplaySampler:
 def _counts(step_row: pa.RecordBatch, groups: int, samples: int) -> pa.RecordBatch:
     names = step_row.schema.names
     arrays = list(step_row.columns)
-    arrays[names.index("num_groups")] = pa.array([groups], pa.int32())
-    arrays[names.index("num_samples")] = pa.array([samples], pa.int32())
+    # From numpy: a list of Python ints would make pyarrow import pandas.
+    arrays[names.index("num_groups")] = pa.array(np.array([groups], np.int32))
+    arrays[names.index("num_samples")] = pa.array(np.array([samples], np.int32))
     return pa.RecordBatch.from_arrays(arrays, schema=step_row.schema)
 
 

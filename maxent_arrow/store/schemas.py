@@ -152,6 +152,8 @@ class UnifiedSchemas:
                 fail(on_error, exc)
         if not schemas:
             return S.group_schema() if table == GROUPS else S.step_schema()
+        if cached is not None and len(schemas) == 1 and schemas[0] is cached[1]:
+            return cached[1]  # no file since: unified already
         root = self.catalog.backend.path(table if table in (GROUPS, STEPS) else "")
         distinct = list({id(s): s for s in schemas}.values())  # files share schema objects
         unified = S.unify_schemas(distinct, where=str(root))

@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any, cast
 import pyarrow as pa
 
 from maxent_arrow.arrow import registry as R
-from maxent_arrow.arrow import schema as S
 from maxent_arrow.errors import ArgumentError, StoreError
 from maxent_arrow.rollout import RolloutBatch
 from maxent_arrow.store import manifest
@@ -353,8 +352,8 @@ class RolloutStore(ReadOnlyStore):
                 continue
             step = self.catalog.step_file(unit.step_file)
             table = read_group_file(self.backend, step, None, crc=self.check_crc)
-            groups = strip_padding(table.slice(unit.start, unit.num_groups), S.group_schema())
-            step_row = strip_padding(step.table.slice(unit.row, 1), S.step_schema())
+            groups = strip_padding(table.slice(unit.start, unit.num_groups), R.GROUP)
+            step_row = strip_padding(step.table.slice(unit.row, 1), R.STEP)
             batch = RolloutBatch(groups, step_row, validate=False)
             write_cache(self.backend, batch, unit.name, unit_group_crc32(step, unit.name))
             made += 1
