@@ -243,7 +243,8 @@ class RunData:
         self._stores: dict[str, ReadOnlyStore] = {}
         self._lifecycle: dict[tuple, tuple[str, str | None]] | None = None
         self._lifecycle_files: tuple = ()
-        # (step file, columns) -> the overview's step rows of it (step files are immutable)
+        # (step file, columns) -> the overview's step rows of it (step files are immutable);
+        # holds the committed step files only (the overview drops the others)
         self._step_cache: dict[tuple[str, tuple[str, ...]], dict[str, list]] = {}
         self._kinds: tuple[int | None, list[str]] | None = None  # (log version, kinds)
         self._lock = threading.Lock()
@@ -303,6 +304,10 @@ class RunData:
             columns = self._step_rows(store, name, wanted)
             for unit in units:
                 rows.append({c: values[unit.row] for c, values in columns.items()})
+        with self._lock:  # files a compaction replaced (or other columns) leave the cache
+            key = tuple(wanted)
+            for gone in [k for k in self._step_cache if k[0] not in by_file or k[1] != key]:
+                del self._step_cache[gone]
         curves: dict[str, dict[str, list[tuple[int, float]]]] = {}
         for name, label in _CURVES:
             if name not in wanted:

@@ -35,6 +35,7 @@ from maxent_arrow.store import (
 
 try:
     from trl import GRPOTrainer  # pyright: ignore[reportPrivateImportUsage] - trl's lazy module
+    from trl.models.utils import disable_gradient_checkpointing
 except ImportError:  # pragma: no cover - the extra is installed where this module is used
     raise MissingExtraError("trl", "trl") from None
 
@@ -137,8 +138,8 @@ class StoreFedGRPOTrainer(GRPOTrainer):
     use_behavior_logps:
         Give TRL the stored behaviour log-probs as ``old_per_token_logps`` (its ratio's
         denominator); without them TRL's ratio is 1 (on-policy). In a mixed batch
-        (``replay_ratio < 1``) they reach TRL only where TRL computes its own for the fresh
-        groups (e.g. ``num_iterations > 1``); otherwise they are left out, with a warning.
+        (``replay_ratio < 1``) the fresh groups' own are computed as TRL computes them when it
+        needs them (``num_iterations > 1``), so that every row has its denominator.
     **kwargs:
         ``GRPOTrainer``'s.
     """
@@ -198,4 +199,30 @@ class StoreFedGRPOTrainer(GRPOTrainer):
         fresh = super()._generate_and_score_completions(
             inputs[: self.fresh_groups * self.group_size]
         )
+        if "old_per_token_logps" in stored and "old_per_token_logps" not in fresh:
+            fresh["old_per_token_logps"] = self._old_logps(fresh)
         return _concat(fresh, stored, pad)
+
+    def _old_logps(self, fresh: dict[str, Any]) -> torch.Tensor:
+        """The fresh groups' ``old_per_token_logps``, which TRL leaves out when generation and
+        optimisation steps line up (its ratio is then 1): computed as TRL computes them when it
+        needs them (``num_iterations > 1``), with the model that generated them, so that the
+        stored groups of a mixed batch keep their behaviour log-probs (their ratio's
+        denominator) and the fresh ones stay on-policy."""
+        prompt_ids, completion_ids = fresh["prompt_ids"], fresh["completion_ids"]
+        ids = torch.cat([prompt_ids, completion_ids], dim=1)
+        mask = torch.cat([fresh["prompt_mask"], fresh["completion_mask"]], dim=1)
+        trl_args: Any = self.args
+        model: Any = self.model
+        with (
+            torch.no_grad(),
+            disable_gradient_checkpointing(model, trl_args.gradient_checkpointing_kwargs),
+        ):
+            logps, _, _ = self._get_per_token_logps_and_entropies(
+                model,
+                ids,
+                mask,
+                completion_ids.size(1),
+                batch_size=trl_args.per_device_train_batch_size,
+            )
+        return logps

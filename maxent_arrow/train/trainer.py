@@ -221,6 +221,7 @@ class MaxEntTrainer:
             config=self.run_config().to_dict(),
             policy_version=step,
             behavior_token_logp=rollouts.behavior_token_logp,
+            sampling=self.sampling(),
         )
         self.store.append(batch)
         self.record_metrics(step, loss, diagnostics, total=total)
@@ -312,6 +313,16 @@ class MaxEntTrainer:
         self.metrics_records.append(row)
         if self.attempt is not None:
             self.store.append_records(R.TRAINER_METRICS, trainer_metrics_table([row]))
+
+    def sampling(self) -> dict[str, float | int]:
+        """The sampling parameters :meth:`generate` draws with, stored per completion: the
+        temperature and top-p of the config, no top-k or min-p cut. The behaviour log-probs
+        stored beside them are the policy's tempered log-softmax over the whole vocabulary
+        (what the loss's ratio compares with), so their semantics are not recorded: they are
+        neither the raw (temperature 1) nor the sampler's processed distribution (which a
+        top-p cut, and at the first token the ban on an immediate EOS, renormalise)."""
+        cfg = self.config
+        return {"temperature": cfg.gen_temperature, "top_p": cfg.top_p, "top_k": 0, "min_p": 0.0}
 
     def generate(self, step: int, rows: Sequence[dict[str, str]]) -> Rollouts:
         """K sampled completions per prompt from the policy (in eval mode: no dropout), seeded

@@ -27,3 +27,23 @@ def test_new_steps_and_lifecycle_records_show_on_the_next_read(tmp_path):
     assert data.overview()["steps"]["train"] == [0, 1, 2]
     assert {r["status"] for r in data.step_groups(1, "train").rows} == {"trained"}
     assert len(data.step_groups(2, "train").rows) == stores.GROUPS
+
+
+def test_a_compaction_under_the_explorer_keeps_the_overview_and_frees_the_old_files_rows(
+    tmp_path,
+):
+    """The overview's per-file cache holds committed step files only: after a compaction
+    merges them, the curves are the same and the merged-away files' rows are gone."""
+    root = tmp_path / "store"
+    stores.demo_like_store(root, steps=4, resume=False, lifecycle=False)
+    data = RunData(root)
+    before = data.overview()
+    old = {name for name, _ in data._step_cache}
+    assert len(old) >= 4  # a step file per unit (the eval step has its own)
+    writer = RolloutStore(root, if_exists="resume")
+    writer.compact()
+    after = data.overview()
+    assert after["curves"] == before["curves"] and after["steps"] == before["steps"]
+    now = {name for name, _ in data._step_cache}
+    assert now == {unit.step_file for unit in data.store().units()}
+    assert len(old - now) == 4 and len(now - old) == 1  # the 4 train steps' files, merged

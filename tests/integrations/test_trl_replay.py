@@ -115,6 +115,85 @@ def test_half_replayed_half_generated(recorded, tmp_path):
     assert [e for e in fed.state.log_history if "loss" in e]
 
 
+class _SeenInputs(StoreFedGRPOTrainer):
+    """Keeps each training forward's inputs, and the fresh rows' log-probs under the model
+    that is about to train on them (TRL's ratio numerator, before the update)."""
+
+    def _compute_loss(self, model, inputs):
+        import torch
+
+        ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+        mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+        with torch.no_grad():
+            now, _, _ = self._get_per_token_logps_and_entropies(
+                model, ids, mask, inputs["completion_ids"].size(1)
+            )
+        self.inputs = (dict(inputs), now)
+        return super()._compute_loss(model, inputs)
+
+
+@pytest.mark.slow
+def test_a_mixed_batch_gives_every_row_its_ratio_denominator(tmp_path):
+    """A store recorded with ``num_iterations=2`` (TRL computes and the recorder stores the
+    behaviour log-probs), replayed half and half into a ``num_iterations=1`` run, where TRL
+    computes no ``old_per_token_logps`` for its fresh groups: the replayed rows get their
+    stored behaviour log-probs and the fresh rows their own log-probs under the generating
+    model (ratio 1, as TRL's on-policy), instead of the whole batch losing its denominator."""
+    import warnings
+
+    import torch
+
+    source = tmp_path / "source"
+    trl_runs.trainer(source, background=False, num_iterations=2, max_steps=2).train()
+    fed = _SeenInputs(
+        model=str(trl_runs.model_dir(source)),
+        reward_funcs=[trl_runs.correct, trl_runs.length],
+        args=trl_runs.grpo_config(
+            tmp_path / "mixed",
+            num_iterations=1,
+            max_steps=1,
+            per_device_train_batch_size=8,
+            log_completions=False,
+            disable_dropout=True,
+        ),  # fmt: skip
+        train_dataset=trl_runs.dataset(8),
+        processing_class=ByT5Tokenizer(),
+        replay_store=RolloutStore(source / "store"),
+        replay_ratio=0.5,
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fed.train()
+    assert not [w for w in caught if "only in the fresh or" in str(w.message)]
+    inputs, now = fed.inputs
+    old, mask = inputs["old_per_token_logps"], inputs["completion_mask"].bool()
+    assert old.shape == inputs["completion_ids"].shape == now.shape
+    replayed = fed.last_replayed
+    assert replayed is not None and replayed.num_groups == 1
+    behaviour = replayed.groups.column("behavior_token_logp")[0].as_py()
+    completions = replayed.groups.column("completion_ids")[0].as_py()
+    # TRL shuffles the batch: a row is the replayed sample whose tokens and log-probs it has.
+    rows = [
+        (tuple(inputs["completion_ids"][r][mask[r]].tolist()), old[r][mask[r]], now[r][mask[r]])
+        for r in range(len(old))
+    ]
+    fresh = list(range(len(rows)))
+    for ids, logps in zip(completions, behaviour, strict=True):
+        match = [
+            r
+            for r in fresh
+            if rows[r][0] == tuple(ids)
+            and torch.allclose(rows[r][1], torch.tensor(logps, dtype=old.dtype), atol=1e-6)
+        ]
+        assert match, ids
+        fresh.remove(match[0])
+        # The denominator is the stored behaviour policy's, not the model's now.
+        assert not torch.allclose(rows[match[0]][1], rows[match[0]][2], atol=1e-4)
+    assert len(fresh) == 4
+    for r in fresh:
+        torch.testing.assert_close(rows[r][1], rows[r][2], atol=1e-5, rtol=0)
+
+
 def test_a_mixed_batch_is_padded_together_and_a_key_one_part_lacks_is_named():
     """Fresh prompts of width 2 and stored ones of width 3 re-padded on the left, completions
     on the right; a stored ``old_per_token_logps`` the fresh groups lack is left out, and the

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import duckdb
 import torch
 from transformers import ByT5Tokenizer
 
@@ -44,6 +45,16 @@ def test_each_step_writes_its_policy_version_and_a_trainer_metrics_record(tmp_pa
         trainer.step(step, rows)
     steps = store.read_steps().to_pylist()
     assert [(r["step"], r["policy_version"]) for r in steps] == [(0, 0), (1, 1)]
+    # Each completion's version and sampling parameters, as a plain reader sees the files.
+    files = [str(p) for p in (tmp_path / "store").rglob("*.parquet") if "groups" in p.parts]
+    seen = duckdb.execute(
+        "SELECT step, v, t, p, k, m FROM read_parquet($files) , "
+        "unnest(completion_policy_version) AS a(v), unnest(sampling_temperature) AS b(t), "
+        "unnest(sampling_top_p) AS c(p), unnest(sampling_top_k) AS d(k), "
+        "unnest(sampling_min_p) AS e(m) GROUP BY ALL ORDER BY step",
+        {"files": files},
+    ).fetchall()
+    assert seen == [(s, s, config.gen_temperature, config.top_p, 0, 0.0) for s in (0, 1)]
     records = trainer_metrics_table(trainer.metrics_records).to_pylist()
     # The update of step s is optimizer step s + 1 and trained on rollout step s (TRL's rule).
     assert [(r["optimizer_step"], r["step"], r["first_step"]) for r in records] == [
