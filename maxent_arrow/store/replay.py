@@ -35,7 +35,26 @@ from maxent_arrow.store.catalog import (
 from maxent_arrow.store.padding import strip_padding
 from maxent_arrow.store.reader import read_group_file
 
-__all__ = ["ReplayOptions", "check_shard", "load_unit_groups", "replay"]
+__all__ = [
+    "SOURCES",
+    "ReplayOptions",
+    "Source",
+    "check_shard",
+    "check_source",
+    "load_unit_groups",
+    "replay",
+]
+
+Source = Literal["auto", "cache", "mapped", "parquet"]
+SOURCES: tuple[Source, ...] = ("auto", "cache", "mapped", "parquet")
+
+
+def check_source(source: object, *, where: str) -> None:
+    """``source`` is one of :data:`SOURCES`, else an :class:`ArgumentError` naming ``where``."""
+    if not isinstance(source, str) or source not in SOURCES:
+        raise ArgumentError(
+            f"{where}: source must be one of {', '.join(map(repr, SOURCES))}, got {source!r}"
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,8 +82,12 @@ class ReplayOptions:
     columns:
         Group columns to read (default all).
     source:
-        ``"cache"`` memory-maps the IPC copies (zero-copy); ``"parquet"`` decodes the
-        archive; ``"auto"`` uses the cache where a copy of the committed file exists.
+        ``"cache"`` reads the IPC copies (the columns served copied into memory of the
+        reader's own and hashed in the same pass: a program truncating the file under a
+        batch kills no reader); ``"mapped"`` serves the IPC copies' mapping itself, checked
+        in place (no copy, as ``torch.load(mmap=True)``: such a truncation then ends the
+        process with SIGBUS); ``"parquet"`` decodes the archive; ``"auto"`` uses the cache
+        (as ``"cache"``) where a copy of the committed file exists.
     on_error:
         ``"raise"`` on a damaged file (naming it) or ``"skip"`` it with a warning; default
         the store's.
@@ -86,7 +109,7 @@ class ReplayOptions:
     world_size: int | None = None
     kind: str | None = "train"
     columns: list[str] | None = None
-    source: Literal["auto", "cache", "parquet"] = "auto"
+    source: Source = "auto"
     on_error: OnError | None = None
     whole_groups: bool = False
 
@@ -124,10 +147,7 @@ class ReplayOptions:
             object.__setattr__(self, "shard", (self.rank, self.world_size))
         if self.shard is not None:
             object.__setattr__(self, "shard", check_shard(self.shard, where="replay"))
-        if not isinstance(self.source, str) or self.source not in ("auto", "cache", "parquet"):
-            raise ArgumentError(
-                f"replay: source must be 'auto', 'cache' or 'parquet', got {self.source!r}"
-            )
+        check_source(self.source, where="replay")
         if self.on_error is not None:
             check_on_error(self.on_error)
 
@@ -239,7 +259,7 @@ def load_unit_groups(
     unit: Unit,
     *,
     columns: list[str] | None = None,
-    source: Literal["auto", "cache", "parquet"] = "auto",
+    source: Source = "auto",
     crc: bool = True,
 ) -> tuple[pa.RecordBatch, pa.RecordBatch]:
     """The group rows and the step row of one committed ``unit``, read as :func:`replay`
@@ -366,17 +386,22 @@ def _load(
     step_row = step.table.slice(unit.row, 1).combine_chunks().to_batches()[0]
     step_row = strip_padding(step_row, R.STEP)
     groups = None
-    if options.source in ("auto", "cache"):
+    if options.source != "parquet":
         try:
-            # Only the columns served are checked (and mapped in).
+            # Only the columns served are checked (and copied in, unless "mapped").
             groups = read_cache(
-                catalog.backend, step, unit.name, check=crc, columns=options.columns
+                catalog.backend,
+                step,
+                unit.name,
+                check=crc,
+                columns=options.columns,
+                private=options.source != "mapped",
             )
         except StoreError:
-            if options.source == "cache":
+            if options.source != "auto":
                 raise
             groups = None
-        if groups is None and options.source == "cache":
+        if groups is None and options.source != "auto":
             raise StoreError(f"{catalog.backend.uri}: no IPC cache copy of {unit.name}")
         if groups is not None and options.columns is not None:
             present = set(groups.schema.names)

@@ -47,7 +47,7 @@ from maxent_arrow.rollout import RolloutBatch
 from maxent_arrow.store.catalog import Unit, int_set
 from maxent_arrow.store.readonly import ReadOnlyStore
 from maxent_arrow.store.records import lifecycle_rows
-from maxent_arrow.store.replay import check_shard, load_unit_groups
+from maxent_arrow.store.replay import Source, check_shard, check_source, load_unit_groups
 
 __all__ = ["ReplaySampler", "SampledBatch", "SamplerOptions", "mix_counts"]
 
@@ -103,7 +103,7 @@ class SamplerOptions:
         which a group may still come twice).
     columns, source:
         Group columns to load (default all) and where from (``"auto"``, ``"cache"``,
-        ``"parquet"``), as for :meth:`RolloutStore.replay`.
+        ``"mapped"``, ``"parquet"``), as for :meth:`RolloutStore.replay`.
     record:
         Write each consumption (``trained``) and drop to the store's ``lifecycle`` records
         (a writable store with a commit log).
@@ -123,7 +123,7 @@ class SamplerOptions:
     drop_zero_std: bool = False
     shard: tuple[int, int] | None = None
     columns: list[str] | None = None
-    source: Literal["auto", "cache", "parquet"] = "auto"
+    source: Source = "auto"
     record: bool = True
     cache_units: int = 4
 
@@ -168,10 +168,7 @@ class SamplerOptions:
         c = self.cache_units
         if isinstance(c, bool) or not isinstance(c, int) or c < 0:
             raise ArgumentError(f"sampler: cache_units must be an int >= 0, got {c!r}")
-        if self.source not in ("auto", "cache", "parquet"):
-            raise ArgumentError(
-                f"sampler: source must be 'auto', 'cache' or 'parquet', got {self.source!r}"
-            )
+        check_source(self.source, where="sampler")
 
 
 @dataclass

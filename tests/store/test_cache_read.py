@@ -97,6 +97,57 @@ def test_a_byte_flipped_in_any_piece_of_a_column_is_found_naming_file_and_column
         path.write_bytes(pristine)
 
 
+def test_the_mapped_source_serves_the_same_columns_checked_in_place(stored):
+    """``source="mapped"``: the cache's mapping itself, no copy (its buffers lie in the
+    file's mapping), the same values as the archive, and a flipped byte still found, by
+    replay and by the sampler."""
+    root, batch, path, pristine = stored
+    path.write_bytes(pristine)
+    reopened = RolloutStore(root)
+    (got,) = reopened.replay(source="mapped", columns=[COLUMN, "completion_ids"])
+    (archive,) = reopened.replay(source="parquet", columns=[COLUMN, "completion_ids"])
+    for name in (COLUMN, "completion_ids"):
+        assert got.groups.column(name).equals(archive.groups.column(name))
+    # Served from the mapping: the values buffer lies in a mapping of the cache file, as
+    # the kernel lists it (/proc/self/maps); the "cache" source's lies in none.
+    offset, length = max(_buffer_ranges(path, COLUMN), key=lambda r: r[1])
+
+    def in_file_mapping(address: int) -> bool:
+        for line in open("/proc/self/maps").read().splitlines():
+            span, *_, name = line.split(maxsplit=5)
+            lo, hi = (int(x, 16) for x in span.split("-"))
+            if name.strip() == str(path.resolve()) and lo <= address < hi:
+                return True
+        return False
+
+    values = got.groups.column(COLUMN).values.values.buffers()[1]
+    assert values.size == length and in_file_mapping(values.address)
+    (copied,) = reopened.replay(source="cache", columns=[COLUMN])
+    assert not in_file_mapping(copied.groups.column(COLUMN).values.values.buffers()[1].address)
+    del got, values, copied
+    _flipped(path, pristine, offset + length // 2)
+    try:
+        reopened = RolloutStore(root)
+        with pytest.raises(StoreError, match=rf"{path.name}: IPC cache column '{COLUMN}'"):
+            list(reopened.replay(source="mapped", columns=[COLUMN]))
+        sampler = ReplaySampler(reopened, record=False, source="mapped", columns=[COLUMN])
+        with pytest.raises(StoreError, match=rf"{path.name}: IPC cache column '{COLUMN}'"):
+            sampler.sample()
+    finally:
+        path.write_bytes(pristine)
+
+
+@pytest.mark.parametrize("bad", ["mmap", 1, None])
+def test_an_unknown_source_is_an_argument_error_naming_the_choices(stored, bad):
+    from maxent_arrow.errors import ArgumentError
+
+    root, *_ = stored
+    with pytest.raises(ArgumentError, match=r"replay: source must be one of 'auto', 'cache'"):
+        list(RolloutStore(root).replay(source=bad))
+    with pytest.raises(ArgumentError, match=r"sampler: source must be one of .*'mapped'"):
+        ReplaySampler(RolloutStore(root), record=False, source=bad)
+
+
 @pytest.mark.parametrize("where", ["schema message", "batch message", "footer"])
 def test_a_byte_flipped_in_the_frame_is_found_by_any_checked_read(stored, where):
     root, _, path, pristine = stored
