@@ -62,6 +62,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from maxent_arrow.arrow import registry as R
 from maxent_arrow.errors import StoreError
 from maxent_arrow.store.backend import crash_point
 from maxent_arrow.store.names import GROUPS, LOG, parse_name
@@ -73,7 +74,11 @@ __all__ = [
     "Attempt",
     "LogState",
     "UnitEntry",
+    "count_runs",
     "entry_name",
+    "entry_summaries",
+    "step_runs",
+    "unit_summary",
     "unit_kind",
     "parse_entry",
 ]
@@ -281,6 +286,12 @@ class UnitEntry:
     version: int
     step_size: int | None = None
     step_crc32: int | None = None
+    # The counts of its units (:func:`unit_summary`), as a checkpoint holds them: JSON text,
+    # or how to read it (the checkpoint's ``summary`` column is read when first asked for);
+    # ``None``: not recorded (an entry, an older checkpoint), computed from the record.
+    summary: str | Callable[[], str | None] | None = dataclasses.field(
+        default=None, repr=False, compare=False
+    )
 
 
 @dataclasses.dataclass
@@ -394,15 +405,18 @@ class LogState:
             if rel is None:  # a drop: files leave the history, none comes in
                 self.version = version
                 return
+            record = entry["record"]
             self._add(
                 rel,
                 UnitEntry(
                     rel,
-                    entry["record"],
+                    record,
                     attempt,
                     version,
                     entry.get("step_size"),
                     entry.get("step_crc32"),
+                    # Its counts, once (the next checkpoint keeps them): inspect's reading.
+                    json.dumps(unit_summary(record)),
                 ),
             )
         elif op == "step_file":
@@ -530,6 +544,8 @@ class LogState:
                         # beside it (parsed by a reader only when it needs them).
                         "item": item if kind == "step_file" else "{}",
                         "rows": rows_text if kind == "step_file" else None,
+                        # Its counts (inspect reads these, never the rows).
+                        "summary": _summary_text(e) if kind == "step_file" else None,
                     }
                 )
         for name, files in self.records.items():
@@ -594,6 +610,9 @@ class LogState:
                 # A step file's size and CRC-32 (also in its item): read without the item.
                 ("step_size", pa.int64()),
                 ("step_crc32", pa.int64()),
+                # A step file's counts (:func:`unit_summary`, JSON): what ``inspect`` reads.
+                # Older checkpoints lack it; they are computed from the rows.
+                ("summary", pa.string()),
             ],
             metadata={
                 b"maxent_arrow.log": json.dumps(
@@ -611,28 +630,38 @@ class LogState:
         names = source.schema_arrow.names
         if "rows" not in names:
             return cls.from_table(source.read(use_threads=False))
-        table = source.read([n for n in names if n != "rows"], use_threads=False)
-        column: list[str | None] = []
+        lazy = {"rows", "summary"}
+        table = source.read([n for n in names if n not in lazy], use_threads=False)
+        columns: dict[str, list[str | None]] = {}
+
+        def read(name: str, index: int) -> str | None:
+            if name not in columns:
+                whole = pq.ParquetFile(pa.BufferReader(data)).read([name], use_threads=False)
+                columns[name] = whole.column(0).to_pylist()
+            return columns[name][index]
 
         def rows_of(index: int) -> Callable[[], str]:
             def fetch() -> str:
-                if not column:
-                    whole = pq.ParquetFile(pa.BufferReader(data)).read(["rows"], use_threads=False)
-                    column.extend(whole.column(0).to_pylist())
-                text = column[index]
+                text = read("rows", index)
                 assert text is not None
                 return text
 
             return fetch
 
-        return cls.from_table(table, rows_of)
+        def summary_of(index: int) -> Callable[[], str | None] | None:
+            return (lambda: read("summary", index)) if "summary" in names else None
+
+        return cls.from_table(table, rows_of, summary_of)
 
     @classmethod
     def from_table(
-        cls, table: pa.Table, rows_of: Callable[[int], Callable[[], str]] | None = None
+        cls,
+        table: pa.Table,
+        rows_of: Callable[[int], Callable[[], str]] | None = None,
+        summary_of: Callable[[int], Callable[[], str | None] | None] | None = None,
     ) -> LogState:
-        """The state of a checkpoint table (``rows_of(i)``: how to get row ``i``'s step
-        rows when the table was read without its ``rows`` column)."""
+        """The state of a checkpoint table (``rows_of(i)``, ``summary_of(i)``: how to get
+        row ``i``'s step rows and summary when the table was read without those columns)."""
         meta = json.loads((table.schema.metadata or {})[b"maxent_arrow.log"])
         state = cls(version=int(meta["version"]), run=meta.get("run"))
         for index, row in enumerate(table.to_pylist()):
@@ -648,7 +677,10 @@ class LogState:
                 # This format: the record parsed when first used.
                 stamp = (row["step_size"], row["step_crc32"], row["version"])
                 record = LazyRecord(row["item"], rows_of(index), stamp)
-                entry = UnitEntry(row["path"], record, row["attempt"], *stamp[2:], *stamp[:2])
+                summary = row.get("summary") if summary_of is None else summary_of(index)
+                entry = UnitEntry(
+                    row["path"], record, row["attempt"], *stamp[2:], *stamp[:2], summary
+                )
                 state._add(row["path"], entry)
                 continue
             item = json.loads(row["item"])
@@ -669,6 +701,117 @@ def unit_kind(e: UnitEntry) -> str | None:
     """The kind of step file ``e``'s units (a file holds one kind)."""
     kinds = e.record.get("rows", {}).get("kind") or [None]
     return kinds[0]
+
+
+def step_runs(steps: list[int]) -> list[list[int]]:
+    """Sorted distinct ``steps`` as runs ``[first, stride, count]`` (arithmetic progressions:
+    a segment of 100 train steps is one run, its eval steps every 10th another)."""
+    runs: list[list[int]] = []
+    for step in steps:
+        if runs:
+            first, stride, count = runs[-1]
+            if count == 1:
+                runs[-1] = [first, step - first, 2]
+                continue
+            if step == first + stride * count:
+                runs[-1][2] = count + 1
+                continue
+        runs.append([step, 1, 1])
+    return runs
+
+
+def count_runs(runs: list[list[int]]) -> int:
+    """The number of distinct steps in ``runs`` (:func:`step_runs`' runs, of any number of
+    files, overlapping or not): merged as intervals where they share a stride and an offset
+    (files of one kind do), else counted as a set."""
+    classes: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for first, stride, count in {(r[0], r[1] if r[2] > 1 else 1, r[2]) for r in runs}:
+        classes.setdefault((stride, first % stride), []).append((first, first + stride * count))
+    if len(classes) > 1:
+        seen: set[int] = set()
+        for (stride, _), spans in classes.items():
+            for lo, hi in spans:
+                seen.update(range(lo, hi, stride))
+        return len(seen)
+    total = 0
+    for (stride, _), spans in classes.items():
+        end = None
+        for lo, hi in sorted(spans):
+            if end is not None and lo < end:
+                lo = end
+            if hi > lo:
+                total += (hi - lo) // stride
+                end = hi
+    return total
+
+
+def unit_summary(
+    record: Mapping[str, Any], keep: Callable[[int, str | None], bool] | None = None
+) -> dict[str, Any]:
+    """What a description of the run (``maxent-arrow inspect``) needs of one step file, from
+    its commit record, so that it is read without the file's step rows: per kind of its
+    step rows (those ``keep(step, kind)`` keeps; default every one) the steps
+    (:func:`step_runs`), the rows, the sums of ``num_groups`` and ``num_samples`` (``None``
+    where every value is null, as SQL sums), the ranks, and each distinct ``config`` with
+    its last step; and the file's reward names, schema version and group file size."""
+    rows = record.get("rows") or {}
+    size = len(rows.get("step") or ())
+
+    def column(name: str) -> list[Any]:
+        values = rows.get(name)
+        return list(values) if values is not None else [None] * size
+
+    per: dict[str | None, dict[str, Any]] = {}
+    for step, rank, kind, groups, samples, config in zip(*map(column, R.UNIT_COUNTS)):
+        if keep is not None and not keep(step, kind):
+            continue
+        k = per.get(kind)
+        if k is None:
+            k = per[kind] = {
+                "steps": set(), "rows": 0, "groups": None, "samples": None, "ranks": set(),
+                "configs": {},
+            }  # fmt: skip
+        k["steps"].add(step)
+        k["rows"] += 1
+        if groups is not None:
+            k["groups"] = (k["groups"] or 0) + groups
+        if samples is not None:
+            k["samples"] = (k["samples"] or 0) + samples
+        if rank is not None:
+            k["ranks"].add(rank)
+        if config is not None:
+            k["configs"][config] = max(step, k["configs"].get(config, step))
+    return {
+        "kinds": [
+            {
+                "kind": kind,
+                "steps": step_runs(sorted(k["steps"])),
+                "rows": k["rows"],
+                "groups": k["groups"],
+                "samples": k["samples"],
+                "ranks": sorted(k["ranks"]),
+                "configs": [[config, last] for config, last in k["configs"].items()],
+            }
+            for kind, k in per.items()
+        ],
+        "reward_names": list(record.get("reward_names") or []),
+        "schema_version": record.get("schema_version"),
+        "group_size": record.get("group_size"),
+    }
+
+
+def entry_summaries(entries: list[UnitEntry]) -> list[dict[str, Any]]:
+    """:func:`unit_summary` of each step file of ``entries``: the one the log keeps (parsed
+    in one pass for all), else computed from its record (a checkpoint written before
+    summaries)."""
+    texts = [e.summary() if callable(e.summary) else e.summary for e in entries]
+    parsed = iter(json.loads("[" + ",".join(t for t in texts if t is not None) + "]"))
+    return [unit_summary(e.record) if t is None else next(parsed) for e, t in zip(entries, texts)]
+
+
+def _summary_text(e: UnitEntry) -> str:
+    text = e.summary() if callable(e.summary) else e.summary
+    return json.dumps(unit_summary(e.record)) if text is None else text
 
 
 def _unit_item(e: UnitEntry) -> dict[str, Any]:
