@@ -525,10 +525,13 @@ class LogState:
         rows: list[dict[str, Any]] = []
         effective = self.effective()
         resumed = self.resumed
-        for rel, e in self.units.items():
+        for rel, e in list(self.units.items()):
             # (a unit's group file has its step file's name: the commit rule)
             group = f"{GROUPS}/{rel.rpartition('/')[2]}"
             item, rows_text = _unit_item_text(e)
+            summary = _summary_text(e)
+            if e.summary is None:  # (read from an older checkpoint: computed once, kept)
+                self.units[rel] = dataclasses.replace(e, summary=summary)
             for kind, path in (("step_file", rel), ("group_file", group)):
                 rows.append(
                     {
@@ -545,7 +548,7 @@ class LogState:
                         "item": item if kind == "step_file" else "{}",
                         "rows": rows_text if kind == "step_file" else None,
                         # Its counts (inspect reads these, never the rows).
-                        "summary": _summary_text(e) if kind == "step_file" else None,
+                        "summary": summary if kind == "step_file" else None,
                     }
                 )
         for name, files in self.records.items():

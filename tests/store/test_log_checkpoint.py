@@ -7,11 +7,20 @@ from __future__ import annotations
 import time
 
 import pyarrow as pa
+from hypothesis import given
+from hypothesis import strategies as st
 from store_fixtures import make_batch
 
 from maxent_arrow import RolloutStore
 from maxent_arrow.store import ReadOnlyStore
-from maxent_arrow.store.log import CommitLog, LogState
+from maxent_arrow.store.log import (
+    CommitLog,
+    LogState,
+    count_runs,
+    entry_summaries,
+    step_runs,
+    unit_summary,
+)
 
 
 def _run(tmp_path) -> RolloutStore:
@@ -79,3 +88,36 @@ def test_a_checkpoint_written_from_a_lazy_state_equals_one_from_a_parsed_state(t
     time.sleep(0.01)
     again = CommitLog(log.backend, log.run).state()
     _same(again, parsed)
+
+
+def test_summaries_of_a_checkpoint_are_those_of_the_entries(tmp_path):
+    """Each step file's summary (what ``inspect`` sums) read from a checkpoint is the one the
+    log computes from the entries' step rows, and its counts are the step rows'."""
+    store = _run(tmp_path)
+    log = ReadOnlyStore(store.root).catalog.log  # type: ignore[attr-defined]
+    lazy = log.state()
+    parsed = _replayed(CommitLog(log.backend, log.run), lazy.version)
+    for rel, entry in lazy.units.items():
+        assert callable(entry.summary)  # read from the checkpoint when asked for
+        [summary] = entry_summaries([entry])
+        assert summary == unit_summary(parsed.units[rel].record)
+        rows = parsed.units[rel].record["rows"]
+        [counts] = summary["kinds"]
+        assert counts["kind"] == rows["kind"][0] and counts["rows"] == len(rows["step"])
+        assert [a + b * i for a, b, c in counts["steps"] for i in range(c)] == sorted(rows["step"])
+        assert counts["groups"] == sum(rows["num_groups"])
+        assert counts["ranks"] == sorted(set(rows["rank"]))
+
+
+@given(st.lists(st.lists(st.integers(0, 60), max_size=25), min_size=1, max_size=6))
+def test_step_runs_and_their_count(files):
+    """Runs encode a file's distinct steps exactly, and any files' runs count the distinct
+    steps of all of them (overlapping files of one step range: ranks apart)."""
+    runs = []
+    for steps in files:
+        distinct = sorted(set(steps))
+        mine = step_runs(distinct)
+        assert [a + b * i for a, b, c in mine for i in range(c)] == distinct
+        runs += mine
+    assert count_runs(runs) == len({s for steps in files for s in steps})
+    assert count_runs(step_runs(list(range(0, 100_000, 10))) * 8) == 10_000  # one run
