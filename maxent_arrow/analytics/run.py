@@ -197,7 +197,8 @@ def describe_run(store: ReadOnlyStore, *, on_error: OnError | None = None) -> di
     (``store/log.py``, :func:`~maxent_arrow.store.log.unit_summary`), never the step rows
     themselves, the data or a SQL view. What it checks: that every committed group file is
     there, of the size its commit recorded (one listing of ``groups/``); a missing or
-    truncated one is a :class:`StoreError` naming it (``on_error="skip"``: a warning). The
+    truncated one is a :class:`StoreError` naming it (``on_error="skip"``: a warning);
+    ``bytes`` are the group files' as listed and the step files' as the log recorded them. The
     checksums of the footers and the column chunks are checked by ``verify`` (every byte)
     and by every query that reads the files, not here. A store without a commit log is
     described from its views (:class:`RunAnalytics`: every group file's footer checked).
@@ -260,6 +261,14 @@ def describe_run(store: ReadOnlyStore, *, on_error: OnError | None = None) -> di
             key=lambda r: r["last"],
         )
         names = [name for name, _ in files]
+        size = {GROUPS: sum(listing[n].size for n in names if n in listing)}
+        # The step files' bytes as the log recorded them (no listing of steps/: a step file
+        # is a copy of the log's record, read by plain readers only).
+        recorded_steps = [catalog.step_seal(n)[0] for n in names]
+        if None in recorded_steps:
+            size = _sizes(catalog, names)  # (entries that recorded no size)
+        else:
+            size[STEPS] = sum(s or 0 for s in recorded_steps)
         return _description(
             store,
             kinds=out,
@@ -267,7 +276,7 @@ def describe_run(store: ReadOnlyStore, *, on_error: OnError | None = None) -> di
             reward_names=list(rewards),
             versions=[str(s["schema_version"]) for _, s in files],
             files=len(files),
-            size=_sizes(catalog, names),
+            size=size,
             run_config=config_of(recorded, "train"),
         )
 

@@ -49,6 +49,7 @@ Entries are JSON objects ``{"format": 1, "version": v, "time": ..., "run": ..., 
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import dataclasses
 import datetime as dt
@@ -87,6 +88,7 @@ LOG_FORMAT = 1
 # A checkpoint every this many versions: a reader replays at most this many entries.
 CHECKPOINT_EVERY = 100
 CHECKPOINT = "_checkpoint.parquet"
+_UNIT_ROWS = ("step_file", "group_file")  # a checkpoint's rows of a unit
 LAST_CHECKPOINT = "_last_checkpoint.json"
 
 
@@ -227,9 +229,13 @@ class LazyRecord(ParsedOnUse):
 
     __slots__ = ("_item", "_rows", "stamp")
 
-    def __init__(self, item: str, rows: Callable[[], str] | str | None, stamp: tuple):
+    def __init__(
+        self, item: str | Callable[[], str], rows: Callable[[], str] | str | None, stamp: tuple
+    ):
         super().__init__()
-        self._item: str | None = item
+        # The item JSON, or how to read it (its row group of the checkpoint, when first
+        # used); ``None`` once parsed.
+        self._item: str | Callable[[], str] | None = item
         self._rows = rows
         # (step_size, step_crc32, version) of the entry it was read with: a checkpoint of
         # an unchanged entry writes the item text again without parsing it.
@@ -243,11 +249,18 @@ class LazyRecord(ParsedOnUse):
     @property
     def item_text(self) -> str | None:
         """The item JSON as read (``None`` once parsed)."""
-        return self._item
+        item = self._item
+        return item() if callable(item) else item
+
+    @property
+    def parsed(self) -> bool:
+        """Whether the item was parsed (a reader used the record)."""
+        return self._item is None
 
     def _load(self) -> None:
         if self._item is not None:
-            item, self._item = json.loads(self._item), None
+            text = self._item
+            item, self._item = json.loads(text() if callable(text) else text), None
             record = item["record"]
             if "row_names" in item and self._rows is not None:
                 record["rows"] = LazyRows(self._rows, item["row_names"])
@@ -623,25 +636,45 @@ class LogState:
                 ).encode()
             },
         )
+        # The units last (:func:`checkpoint_bytes` gives the other rows a row group of their
+        # own: a reader reads their items at once and a unit's item when first used).
+        rows = [r for r in rows if r["kind"] not in _UNIT_ROWS] + [
+            r for r in rows if r["kind"] in _UNIT_ROWS
+        ]
         return pa.Table.from_pylist(rows, schema=schema)
 
     @classmethod
     def from_bytes(cls, data: bytes) -> LogState:
-        """The state of a checkpoint file's bytes. The units' step rows (the ``rows``
-        column: most of a long run's checkpoint) are read when first asked for."""
+        """The state of a checkpoint file's bytes. The units' records (``item``), step rows
+        (``rows``: most of a long run's checkpoint) and summaries are read when first asked
+        for, one row group at a time (a checkpoint written as one row group: the column)."""
         source = pq.ParquetFile(pa.BufferReader(data))
         names = source.schema_arrow.names
         if "rows" not in names:
             return cls.from_table(source.read(use_threads=False))
-        lazy = {"rows", "summary"}
+        lazy = {"rows", "summary", "item"}
         table = source.read([n for n in names if n not in lazy], use_threads=False)
-        columns: dict[str, list[str | None]] = {}
+        groups = [source.metadata.row_group(i).num_rows for i in range(source.num_row_groups)]
+        starts = [sum(groups[:i]) for i in range(len(groups))]
+        columns: dict[tuple[str, int], list[str | None]] = {}
 
         def read(name: str, index: int) -> str | None:
-            if name not in columns:
-                whole = pq.ParquetFile(pa.BufferReader(data)).read([name], use_threads=False)
-                columns[name] = whole.column(0).to_pylist()
-            return columns[name][index]
+            group = bisect.bisect_right(starts, index) - 1
+            key = (name, group)
+            if key not in columns:
+                part = pq.ParquetFile(pa.BufferReader(data)).read_row_group(
+                    group, [name], use_threads=False
+                )
+                columns[key] = part.column(0).to_pylist()
+            return columns[key][index - starts[group]]
+
+        def item_of(index: int) -> Callable[[], str]:
+            def fetch() -> str:
+                text = read("item", index)
+                assert text is not None
+                return text
+
+            return fetch
 
         def rows_of(index: int) -> Callable[[], str]:
             def fetch() -> str:
@@ -654,7 +687,7 @@ class LogState:
         def summary_of(index: int) -> Callable[[], str | None] | None:
             return (lambda: read("summary", index)) if "summary" in names else None
 
-        return cls.from_table(table, rows_of, summary_of)
+        return cls.from_table(table, rows_of, summary_of, item_of)
 
     @classmethod
     def from_table(
@@ -662,24 +695,30 @@ class LogState:
         table: pa.Table,
         rows_of: Callable[[int], Callable[[], str]] | None = None,
         summary_of: Callable[[int], Callable[[], str | None] | None] | None = None,
+        item_of: Callable[[int], Callable[[], str]] | None = None,
     ) -> LogState:
-        """The state of a checkpoint table (``rows_of(i)``, ``summary_of(i)``: how to get
-        row ``i``'s step rows and summary when the table was read without those columns)."""
+        """The state of a checkpoint table (``rows_of(i)``, ``summary_of(i)``,
+        ``item_of(i)``: how to get row ``i``'s step rows, summary and item when the table
+        was read without those columns)."""
         meta = json.loads((table.schema.metadata or {})[b"maxent_arrow.log"])
         state = cls(version=int(meta["version"]), run=meta.get("run"))
         for index, row in enumerate(table.to_pylist()):
             kind = row["kind"]
             if kind == "group_file":
                 continue  # its unit is the step file's row
+            lazy = kind == "step_file" and rows_of is not None and "step_size" in row
+            if item_of is not None and not lazy:
+                row["item"] = item_of(index)()
             if kind == "retiring":
                 state.retiring[row["path"]] = row["version"]
                 if row["item"] != "{}":
                     state.replaced_raw[row["path"]] = (row["item"], row["attempt"], row["version"])
                 continue
-            if kind == "step_file" and rows_of is not None and "step_size" in row:
+            if lazy and rows_of is not None:
                 # This format: the record parsed when first used.
                 stamp = (row["step_size"], row["step_crc32"], row["version"])
-                record = LazyRecord(row["item"], rows_of(index), stamp)
+                item = row["item"] if item_of is None else item_of(index)
+                record = LazyRecord(item, rows_of(index), stamp)
                 summary = row.get("summary") if summary_of is None else summary_of(index)
                 entry = UnitEntry(
                     row["path"], record, row["attempt"], *stamp[2:], *stamp[:2], summary
@@ -887,10 +926,23 @@ def encode_entry(entry: Mapping[str, Any]) -> bytes:
     return json.dumps(full, sort_keys=True, allow_nan=True).encode()
 
 
+# A checkpoint's row groups of units (two rows each: the step file and the group file).
+CHECKPOINT_ROW_GROUP = 1024
+
+
 def checkpoint_bytes(state: LogState) -> bytes:
-    """A checkpoint file's bytes (Parquet, zstd)."""
+    """A checkpoint file's bytes (Parquet, zstd): the attempts, record files and retiring
+    files in a row group of their own (read whole when a reader opens it), then the units
+    in row groups of :data:`CHECKPOINT_ROW_GROUP` rows (their records read when used)."""
+    table = state.to_table()
+    kinds = table.column("kind").to_pylist()
+    head = next((i for i, k in enumerate(kinds) if k in _UNIT_ROWS), len(kinds))
     sink = pa.BufferOutputStream()
-    pq.write_table(state.to_table(), sink, compression="zstd")
+    with pq.ParquetWriter(sink, table.schema, compression="zstd") as writer:
+        if head or not len(kinds):
+            writer.write_table(table.slice(0, head))
+        if head < len(kinds):
+            writer.write_table(table.slice(head), row_group_size=CHECKPOINT_ROW_GROUP)
     return sink.getvalue().to_pybytes()
 
 

@@ -197,7 +197,7 @@ def test_describe_reads_no_step_rows_and_no_commit_record(tmp_path):
     reader = ReadOnlyStore(root)
     info = describe_run(reader)
     units = reader.catalog.state().units.values()  # type: ignore[attr-defined]
-    assert units and all(e.record.item_text is not None for e in units)  # never parsed
+    assert units and not any(e.record.parsed for e in units)  # never parsed
     assert info == _scan(root)
     assert info["kinds"]["train"] == {
         "steps": 12, "first": 0, "last": 11, "step_rows": 24,
