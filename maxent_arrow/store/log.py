@@ -70,6 +70,7 @@ from maxent_arrow.store.names import GROUPS, LOG, parse_name
 
 __all__ = [
     "CHECKPOINT_EVERY",
+    "CHECKPOINT_ROW_GROUP",
     "LOG_FORMAT",
     "CommitLog",
     "Attempt",
