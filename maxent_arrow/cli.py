@@ -595,9 +595,9 @@ def _parser() -> _Parser:
     p = command(
         "inspect",
         "Schema version, steps, ranks, rows, sizes and config of a run, from its commit log "
-        "(the counts each commit recorded: the cost does not grow with the run). Checks that "
-        "every committed group file is there with the size its commit recorded; the checksums "
-        "of the data are checked by `verify` and by every query that reads it.",
+        "(the counts it keeps of each committed file: the cost does not grow with the step "
+        "rows). Checks that every committed group file is there with the size its commit "
+        "recorded; the bytes are checked by `verify` and by every query that reads them.",
     )
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_cmd_inspect)
