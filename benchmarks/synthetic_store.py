@@ -68,8 +68,9 @@ FAMILIES = ("core", "maxent")
 REWARD = "accuracy"
 LAYOUTS = ("compacted", "loose")
 # Part of the cache key: a store built by an older builder (or an older store format) is
-# built again rather than reused.
-FORMAT = 2
+# built again rather than reused (3: checkpoints that hold each step file's summary, what
+# `inspect` reads).
+FORMAT = 3
 
 
 @dataclasses.dataclass(frozen=True)

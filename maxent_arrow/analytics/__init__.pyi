@@ -16,6 +16,7 @@ from .summary import tokenizer_text as tokenizer_text
 from .run import (
     DEFAULT_QUANTILES as DEFAULT_QUANTILES,
     RunAnalytics as RunAnalytics,
+    describe_run as describe_run,
     open_run as open_run,
 )
 from .sqlerrors import check_sql as check_sql

@@ -23,7 +23,7 @@ from maxent_arrow.arrow import schema as S
 from maxent_arrow.errors import LayoutError, SchemaError
 from maxent_arrow.store.sqlplan import quote, reward_aliases, sql_string
 
-__all__ = ["DEFAULT_QUANTILES", "LOSS_COLUMNS", "ReadyMadeQueries"]
+__all__ = ["DEFAULT_QUANTILES", "LOSS_COLUMNS", "ReadyMadeQueries", "config_of"]
 
 DEFAULT_QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
 # length_stats' columns: the step statistic's (the column registry's LengthStats fields), with
@@ -624,18 +624,7 @@ class ReadyMadeQueries:
 
     @staticmethod
     def _config_of(rows: list[dict[str, Any]], kind: str | None) -> dict[str, Any]:
-        """:meth:`run_config` of the step rows' distinct configs (``kind``, ``config``,
-        ``last``: its last step), in the order of ``last``."""
-        mine = [r for r in rows if kind is None or r["kind"] == kind] or rows
-        if not mine:
-            return {"step": None, "config": {}, "changed": []}
-        configs = [_json_object(r["config"]) for r in mine]
-        latest = configs[-1]
-        keys = sorted({k for c in configs for k in c})
-        changed = [
-            k for k in keys if len({json.dumps(c.get(k), sort_keys=True) for c in configs}) > 1
-        ]
-        return {"step": mine[-1]["last"], "config": latest, "changed": changed}
+        return config_of(rows, kind)
 
     def group_counts(self) -> pa.Table:
         """Prompt groups and completions per kind, counted from the group rows read: columns
@@ -653,6 +642,19 @@ class ReadyMadeQueries:
 
     def _list_expr(self, name: str, *, what: str) -> str:
         return self.rel.flat_exprs[self.rel.alias(name, what=what)]
+
+
+def config_of(rows: list[dict[str, Any]], kind: str | None) -> dict[str, Any]:
+    """:meth:`ReadyMadeQueries.run_config` of the step rows' distinct configs (``kind``,
+    ``config``, ``last``: its last step), in the order of ``last``."""
+    mine = [r for r in rows if kind is None or r["kind"] == kind] or rows
+    if not mine:
+        return {"step": None, "config": {}, "changed": []}
+    configs = [_json_object(r["config"]) for r in mine]
+    latest = configs[-1]
+    keys = sorted({k for c in configs for k in c})
+    changed = [k for k in keys if len({json.dumps(c.get(k), sort_keys=True) for c in configs}) > 1]
+    return {"step": mine[-1]["last"], "config": latest, "changed": changed}
 
 
 def _prompt_text(columns: set[str]) -> str:

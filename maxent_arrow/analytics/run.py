@@ -29,15 +29,17 @@ from typing import Any
 
 import pyarrow as pa
 
-from maxent_arrow.analytics.queries import DEFAULT_QUANTILES, ReadyMadeQueries
+from maxent_arrow.analytics.queries import DEFAULT_QUANTILES, ReadyMadeQueries, config_of
 from maxent_arrow.analytics.relations import RunRelations
 from maxent_arrow.analytics.sqlerrors import check_sql, explain_failure
 from maxent_arrow.errors import QueryError, StoreError
 from maxent_arrow.store import ReadOnlyStore
-from maxent_arrow.store.catalog import LogCatalog, OnError
+from maxent_arrow.store.catalog import Catalog, LogCatalog, OnError, check_on_error, fail, locate
+from maxent_arrow.store.log import count_runs
 from maxent_arrow.store.names import GROUPS, STEPS
+from maxent_arrow.store.reader import check_group_bytes
 
-__all__ = ["DEFAULT_QUANTILES", "RunAnalytics", "open_run"]
+__all__ = ["DEFAULT_QUANTILES", "RunAnalytics", "describe_run", "open_run"]
 
 
 class RunAnalytics(ReadyMadeQueries):
@@ -141,11 +143,17 @@ class RunAnalytics(ReadyMadeQueries):
         return dict(self.store.manifest)
 
     def describe(self) -> dict[str, Any]:
-        """What ``maxent-arrow inspect`` prints: schema version, steps, ranks (``ranks``: the
-        rank ids), rows, sizes, the manifest's ``config`` (as the store was created) and the
-        ``run_config`` the steps recorded (:meth:`run_config`: the tokenizer, the model...).
-        Reads the step files, file sizes and group file footers (all checked)."""
-        manifest = self.store.manifest
+        """What ``maxent-arrow inspect`` prints (:func:`describe_run`): schema version,
+        steps, ranks (``ranks``: the rank ids), rows, sizes, the manifest's ``config`` (as
+        the store was created) and the ``run_config`` the steps recorded (:meth:`run_config`:
+        the tokenizer, the model...)."""
+        if isinstance(self.store.catalog, LogCatalog):
+            return describe_run(self.store, on_error=self.views.on_error)
+        return self._describe_scan()
+
+    def _describe_scan(self) -> dict[str, Any]:
+        """:meth:`describe` from the views (a store without a commit log): one scan of the
+        step rows, the file sizes of a listing, every group file's footer checked."""
         self.views.check_footers()
         # One scan of the step rows: the counts of each kind (its ranks beside), and each
         # kind's distinct run configs with their last step (the run_config).
@@ -166,60 +174,183 @@ class RunAnalytics(ReadyMadeQueries):
         steps = [{"kind": r["kind"], **{k: r[k] for k in keep}} for r in steps]
         catalog = self.store.catalog
         step_files = list(catalog.committed_steps(self.views.on_error))
-        versions = sorted({step.version for step in step_files})
-        backend = self.store.backend
+        names = [s.name for s in step_files]
+        return _description(
+            self.store,
+            kinds={row.pop("kind"): row for row in steps},
+            ranks=ranks,
+            reward_names=self.reward_names,
+            versions=[step.version for step in step_files],
+            files=len(step_files),
+            size=_sizes(catalog, names),
+            run_config=config_of(configs, "train"),
+        )
 
-        def size(table: str) -> int:
-            listing = catalog.listing(table)
-            names = {s.group_file if table == GROUPS else s.name for s in step_files}
-            return sum(info.size for name, info in listing.items() if name in names)
 
-        return {
-            "root": str(self.root),
-            "format": manifest.get("format"),
-            # The table layout's version (what readers of the columns care about); the
-            # store format's (its commit protocol) is `store_version`.
-            "schema_version": manifest.get("table_schema_version", manifest.get("schema_version")),
-            "store_version": manifest.get("schema_version"),
-            "file_schema_versions": versions,
-            "created_at": manifest.get("created_at"),
-            "kinds": {row.pop("kind"): row for row in steps},
-            "ranks": ranks,
-            "group_rows": sum(r["groups"] or 0 for r in steps),
-            "reward_functions": self.reward_names,
-            "files": {"groups": len(step_files), "steps": len(step_files)},
-            "bytes": {"groups": size(GROUPS), "steps": size(STEPS)},
-            "config": manifest.get("config"),
-            "run_config": self._config_of(configs, "train"),
-            "uri": backend.uri,
-            "history": self._history(),
-        }
+def describe_run(store: ReadOnlyStore, *, on_error: OnError | None = None) -> dict[str, Any]:
+    """What ``maxent-arrow inspect`` prints: schema version, steps, ranks (``ranks``: the rank
+    ids), rows, sizes, the manifest's ``config`` (as the store was created) and the
+    ``run_config`` the steps recorded, with the commit log's history.
 
-    def _history(self) -> dict[str, Any] | None:
-        """The commit log's account of the run: its version, the attempts (resumes,
-        re-runs), the steps later attempts superseded and the record tables (``None``: a
-        store without a log)."""
-        catalog = self.store.catalog
-        if not isinstance(catalog, LogCatalog):
-            return None
-        state = catalog.state()
-        return {
-            "log_version": state.version,
-            "attempts": [
-                {
-                    "id": a.id,
-                    "role": a.role,
-                    "mode": a.mode,
-                    "resume_from": a.resume_from,
-                    "started_at": a.started_at,
-                }
-                for a in state.attempts
-            ],
-            "superseded_steps": state.superseded_steps(),
-            "records": {
-                n: sum(int(i["rows"]) for i in items) for n, items in state.records.items()
-            },
-        }
+    A store with a commit log is described from its log alone, at a cost that does not grow
+    with the run's step rows: the counts each commit recorded of its step file
+    (``store/log.py``, :func:`~maxent_arrow.store.log.unit_summary`), never the step rows
+    themselves, the data or a SQL view. What it checks: that every committed group file is
+    there, of the size its commit recorded (one listing of ``groups/``); a missing or
+    truncated one is a :class:`StoreError` naming it (``on_error="skip"``: a warning);
+    ``bytes`` are the group files' as listed and the step files' as the log recorded them. The
+    checksums of the footers and the column chunks are checked by ``verify`` (every byte)
+    and by every query that reads the files, not here. A store without a commit log is
+    described from its views (:class:`RunAnalytics`: every group file's footer checked).
+    """
+    on_error = check_on_error(on_error or store.on_error)
+    catalog = store.catalog
+    if not isinstance(catalog, LogCatalog):
+        with RunAnalytics(store, on_error=on_error) as run:
+            return run.describe()
+    backend = store.backend
+    with catalog.snapshot():
+        files = catalog.summaries()
+        listing = catalog.listing(GROUPS)
+        for name, summary in files:
+            info = listing.get(name)  # (a unit's group file has its step file's name)
+            expected = summary.get("group_size")
+            if info is not None and (expected is None or info.size == expected):
+                continue  # as recorded (the rule's cheap case, without naming the file)
+            rel = f"{GROUPS}/{name}"
+            if info is None:  # moved to retired/ by a compaction since the pinned version?
+                found = locate(backend, rel)
+                info = None if found is None else found[1]
+            try:
+                check_group_bytes(backend.fs_path(rel), expected, info)
+            except StoreError as exc:
+                fail(on_error, exc)
+        kinds: dict[Any, dict[str, Any]] = {}
+        ranks: set[int] = set()
+        configs: dict[tuple[Any, str], int] = {}
+        rewards: dict[str, None] = {}
+        for _, summary in files:
+            for name in summary["reward_names"]:
+                rewards.setdefault(name)
+            for k in summary["kinds"]:
+                kind = k["kind"]
+                agg = kinds.setdefault(
+                    kind, {"runs": [], "step_rows": 0, "groups": None, "samples": None}
+                )
+                agg["runs"] += k["steps"]
+                agg["step_rows"] += k["rows"]
+                for key in ("groups", "samples"):
+                    if k[key] is not None:
+                        agg[key] = (agg[key] or 0) + k[key]
+                ranks.update(k["ranks"])
+                for config, last in k["configs"]:
+                    configs[kind, config] = max(last, configs.get((kind, config), last))
+        out = {}
+        for kind in sorted(kinds, key=lambda k: (k is None, k or "")):  # (SQL's ORDER BY kind)
+            agg = kinds[kind]
+            runs = agg.pop("runs")
+            out[kind] = {
+                "steps": count_runs(runs),
+                "first": min(r[0] for r in runs),
+                "last": max(r[0] + r[1] * (r[2] - 1) for r in runs),
+                **agg,
+            }
+            out[kind] = {key: out[kind][key] for key in _KIND_KEYS}
+        recorded = sorted(
+            ({"kind": k, "config": c, "last": last} for (k, c), last in configs.items()),
+            key=lambda r: r["last"],
+        )
+        names = [name for name, _ in files]
+        size = {GROUPS: sum(listing[n].size for n in names if n in listing)}
+        # The step files' bytes as the log recorded them (no listing of steps/: a step file
+        # is a copy of the log's record, read by plain readers only).
+        recorded_steps = [catalog.step_seal(n)[0] for n in names]
+        if None in recorded_steps:
+            size = _sizes(catalog, names)  # (entries that recorded no size)
+        else:
+            size[STEPS] = sum(s or 0 for s in recorded_steps)
+        return _description(
+            store,
+            kinds=out,
+            ranks=sorted(ranks),
+            reward_names=list(rewards),
+            versions=[str(s["schema_version"]) for _, s in files],
+            files=len(files),
+            size=size,
+            run_config=config_of(recorded, "train"),
+        )
+
+
+_KIND_KEYS = ("steps", "first", "last", "step_rows", "groups", "samples")
+
+
+def _sizes(catalog: Catalog, names: list[str]) -> dict[str, int]:
+    """The bytes of the committed step files ``names`` and of their group files (which have
+    their names), as listed (a file not in its directory counts nothing)."""
+    wanted = set(names)
+    return {
+        table: sum(info.size for name, info in catalog.listing(table).items() if name in wanted)
+        for table in (GROUPS, STEPS)
+    }
+
+
+def _description(
+    store: ReadOnlyStore,
+    *,
+    kinds: dict[Any, dict[str, Any]],
+    ranks: list[int],
+    reward_names: list[str],
+    versions: list[str],
+    files: int,
+    size: dict[str, int],
+    run_config: dict[str, Any],
+) -> dict[str, Any]:
+    """:func:`describe_run`'s answer from its counts."""
+    manifest = store.manifest
+    return {
+        "root": str(store.root),
+        "format": manifest.get("format"),
+        # The table layout's version (what readers of the columns care about); the
+        # store format's (its commit protocol) is `store_version`.
+        "schema_version": manifest.get("table_schema_version", manifest.get("schema_version")),
+        "store_version": manifest.get("schema_version"),
+        "file_schema_versions": sorted(set(versions)),
+        "created_at": manifest.get("created_at"),
+        "kinds": kinds,
+        "ranks": ranks,
+        "group_rows": sum(k["groups"] or 0 for k in kinds.values()),
+        "reward_functions": reward_names,
+        "files": {"groups": files, "steps": files},
+        "bytes": {"groups": size[GROUPS], "steps": size[STEPS]},
+        "config": manifest.get("config"),
+        "run_config": run_config,
+        "uri": store.backend.uri,
+        "history": _history(store.catalog),
+    }
+
+
+def _history(catalog: Catalog) -> dict[str, Any] | None:
+    """The commit log's account of the run: its version, the attempts (resumes,
+    re-runs), the steps later attempts superseded and the record tables (``None``: a
+    store without a log)."""
+    if not isinstance(catalog, LogCatalog):
+        return None
+    state = catalog.state()
+    return {
+        "log_version": state.version,
+        "attempts": [
+            {
+                "id": a.id,
+                "role": a.role,
+                "mode": a.mode,
+                "resume_from": a.resume_from,
+                "started_at": a.started_at,
+            }
+            for a in state.attempts
+        ],
+        "superseded_steps": state.superseded_steps(),
+        "records": {n: sum(int(i["rows"]) for i in items) for n, items in state.records.items()},
+    }
 
 
 def open_run(

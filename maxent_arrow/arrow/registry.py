@@ -67,6 +67,7 @@ __all__ = [
     "ROW_KEY",
     "STEP",
     "TRL",
+    "UNIT_COUNTS",
     "UNIT_KEY",
     "VERL",
     "column",
@@ -98,6 +99,9 @@ ROW_KEY = (*UNIT_KEY, "group_index")
 # The stored group a ``lifecycle`` record names: its columns, parallel to ROW_KEY.
 LIFECYCLE_KEY = ("rollout_step", "rollout_rank", "rollout_kind", "group_index")
 GROUP_KEY = ("step", "kind", "group_id")
+# What the commit log's summary of a step file counts of its step rows (what `inspect` prints):
+# the unit key, the groups and completions, and the run config (``store/log.py``).
+UNIT_COUNTS = (*UNIT_KEY, "num_groups", "num_samples", "config")
 
 
 # The off-policy contract (``docs/arrow-layout.md``, "Off-policy data"): what the behaviour

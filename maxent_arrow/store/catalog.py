@@ -30,7 +30,14 @@ from maxent_arrow.arrow.upgrade import needs_upgrade, upgrade_steps
 from maxent_arrow.errors import ArgumentError, StoreError
 from maxent_arrow.store.backend import Backend, FileInfo, missing_error
 from maxent_arrow.store.checksums import check_seal
-from maxent_arrow.store.log import CommitLog, LogState, UnitEntry, unit_kind
+from maxent_arrow.store.log import (
+    CommitLog,
+    LogState,
+    UnitEntry,
+    entry_summaries,
+    unit_kind,
+    unit_summary,
+)
 from maxent_arrow.store.manifest import has_log
 from maxent_arrow.store.names import (
     GROUPS,
@@ -688,6 +695,44 @@ class LogCatalog(Catalog):
         return [n for n in self.step_names() if f"{STEPS}/{n}" in keep]
 
     reads_step_files = False
+
+    def summaries(self) -> list[tuple[str, dict[str, Any]]]:
+        """Each committed step file of this catalog's history with the counts of its units
+        in that history (:func:`~.log.unit_summary`; what ``inspect`` prints, summed): the
+        log's summary of the file where every unit of it is in the history, so no step rows
+        are read, else counted from its step rows with the history's filter (a segment a
+        resume superseded in part)."""
+        files = [(n, e) for n in self.committed() if (e := self._entry(n)) is not None]
+        whole = [self._whole(name, entry) for name, entry in files]
+        kept = iter(entry_summaries([e for (_, e), w in zip(files, whole) if w]))
+        out = []
+        for (name, entry), w in zip(files, whole):
+            summary = (
+                next(kept)
+                if w
+                else unit_summary(entry.record, lambda step, _kind, n=name: self.keeps(n, step))
+            )
+            if summary.get("schema_version") is None:
+                summary["schema_version"] = S.SCHEMA_VERSION  # (as :meth:`step_file` reads it)
+            out.append((name, summary))
+        return out
+
+    def _whole(self, name: str, entry: UnitEntry) -> bool:
+        """Whether every unit of step file ``name`` is in this catalog's history: from its
+        name's step range where that decides it (no step rows read), else :meth:`row_filter`."""
+        state = self.state()
+        if self.history == "all" or not state.resumed:
+            return True
+        parsed = parse_name(name)
+        if parsed is not None:
+            cut = state.cutoff(entry.attempt, parsed.kind)
+            if cut is None:
+                return True
+            if self.history == "effective" and parsed.last_step < cut:
+                return True  # every unit below the cutoff
+            if self.history == "superseded" and parsed.first_step >= cut:
+                return True  # every unit at or past it
+        return self.row_filter(name) is None
 
     def attempt_of(self, name: str) -> str:
         entry = self._entry(name)

@@ -49,6 +49,7 @@ Entries are JSON objects ``{"format": 1, "version": v, "time": ..., "run": ..., 
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import dataclasses
 import datetime as dt
@@ -62,18 +63,24 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from maxent_arrow.arrow import registry as R
 from maxent_arrow.errors import StoreError
 from maxent_arrow.store.backend import crash_point
 from maxent_arrow.store.names import GROUPS, LOG, parse_name
 
 __all__ = [
     "CHECKPOINT_EVERY",
+    "CHECKPOINT_ROW_GROUP",
     "LOG_FORMAT",
     "CommitLog",
     "Attempt",
     "LogState",
     "UnitEntry",
+    "count_runs",
     "entry_name",
+    "entry_summaries",
+    "step_runs",
+    "unit_summary",
     "unit_kind",
     "parse_entry",
 ]
@@ -82,6 +89,7 @@ LOG_FORMAT = 1
 # A checkpoint every this many versions: a reader replays at most this many entries.
 CHECKPOINT_EVERY = 100
 CHECKPOINT = "_checkpoint.parquet"
+_UNIT_ROWS = ("step_file", "group_file")  # a checkpoint's rows of a unit
 LAST_CHECKPOINT = "_last_checkpoint.json"
 
 
@@ -222,9 +230,13 @@ class LazyRecord(ParsedOnUse):
 
     __slots__ = ("_item", "_rows", "stamp")
 
-    def __init__(self, item: str, rows: Callable[[], str] | str | None, stamp: tuple):
+    def __init__(
+        self, item: str | Callable[[], str], rows: Callable[[], str] | str | None, stamp: tuple
+    ):
         super().__init__()
-        self._item: str | None = item
+        # The item JSON, or how to read it (its row group of the checkpoint, when first
+        # used); ``None`` once parsed.
+        self._item: str | Callable[[], str] | None = item
         self._rows = rows
         # (step_size, step_crc32, version) of the entry it was read with: a checkpoint of
         # an unchanged entry writes the item text again without parsing it.
@@ -238,11 +250,18 @@ class LazyRecord(ParsedOnUse):
     @property
     def item_text(self) -> str | None:
         """The item JSON as read (``None`` once parsed)."""
-        return self._item
+        item = self._item
+        return item() if callable(item) else item
+
+    @property
+    def parsed(self) -> bool:
+        """Whether the item was parsed (a reader used the record)."""
+        return self._item is None
 
     def _load(self) -> None:
         if self._item is not None:
-            item, self._item = json.loads(self._item), None
+            text = self._item
+            item, self._item = json.loads(text() if callable(text) else text), None
             record = item["record"]
             if "row_names" in item and self._rows is not None:
                 record["rows"] = LazyRows(self._rows, item["row_names"])
@@ -281,6 +300,12 @@ class UnitEntry:
     version: int
     step_size: int | None = None
     step_crc32: int | None = None
+    # The counts of its units (:func:`unit_summary`), as a checkpoint holds them: JSON text,
+    # or how to read it (the checkpoint's ``summary`` column is read when first asked for);
+    # ``None``: not recorded (an entry, an older checkpoint), computed from the record.
+    summary: str | Callable[[], str | None] | None = dataclasses.field(
+        default=None, repr=False, compare=False
+    )
 
 
 @dataclasses.dataclass
@@ -394,15 +419,18 @@ class LogState:
             if rel is None:  # a drop: files leave the history, none comes in
                 self.version = version
                 return
+            record = entry["record"]
             self._add(
                 rel,
                 UnitEntry(
                     rel,
-                    entry["record"],
+                    record,
                     attempt,
                     version,
                     entry.get("step_size"),
                     entry.get("step_crc32"),
+                    # Its counts, once (the next checkpoint keeps them): inspect's reading.
+                    json.dumps(unit_summary(record)),
                 ),
             )
         elif op == "step_file":
@@ -511,10 +539,13 @@ class LogState:
         rows: list[dict[str, Any]] = []
         effective = self.effective()
         resumed = self.resumed
-        for rel, e in self.units.items():
+        for rel, e in list(self.units.items()):
             # (a unit's group file has its step file's name: the commit rule)
             group = f"{GROUPS}/{rel.rpartition('/')[2]}"
             item, rows_text = _unit_item_text(e)
+            summary = _summary_text(e)
+            if e.summary is None:  # (read from an older checkpoint: computed once, kept)
+                self.units[rel] = dataclasses.replace(e, summary=summary)
             for kind, path in (("step_file", rel), ("group_file", group)):
                 rows.append(
                     {
@@ -530,6 +561,8 @@ class LogState:
                         # beside it (parsed by a reader only when it needs them).
                         "item": item if kind == "step_file" else "{}",
                         "rows": rows_text if kind == "step_file" else None,
+                        # Its counts (inspect reads these, never the rows).
+                        "summary": summary if kind == "step_file" else None,
                     }
                 )
         for name, files in self.records.items():
@@ -594,6 +627,9 @@ class LogState:
                 # A step file's size and CRC-32 (also in its item): read without the item.
                 ("step_size", pa.int64()),
                 ("step_crc32", pa.int64()),
+                # A step file's counts (:func:`unit_summary`, JSON): what ``inspect`` reads.
+                # Older checkpoints lack it; they are computed from the rows.
+                ("summary", pa.string()),
             ],
             metadata={
                 b"maxent_arrow.log": json.dumps(
@@ -601,54 +637,93 @@ class LogState:
                 ).encode()
             },
         )
+        # The units last (:func:`checkpoint_bytes` gives the other rows a row group of their
+        # own: a reader reads their items at once and a unit's item when first used).
+        rows = [r for r in rows if r["kind"] not in _UNIT_ROWS] + [
+            r for r in rows if r["kind"] in _UNIT_ROWS
+        ]
         return pa.Table.from_pylist(rows, schema=schema)
 
     @classmethod
     def from_bytes(cls, data: bytes) -> LogState:
-        """The state of a checkpoint file's bytes. The units' step rows (the ``rows``
-        column: most of a long run's checkpoint) are read when first asked for."""
+        """The state of a checkpoint file's bytes. The units' records (``item``), step rows
+        (``rows``: most of a long run's checkpoint) and summaries are read when first asked
+        for, one row group at a time (a checkpoint written as one row group: the column)."""
         source = pq.ParquetFile(pa.BufferReader(data))
         names = source.schema_arrow.names
         if "rows" not in names:
             return cls.from_table(source.read(use_threads=False))
-        table = source.read([n for n in names if n != "rows"], use_threads=False)
-        column: list[str | None] = []
+        lazy = {"rows", "summary", "item"}
+        table = source.read([n for n in names if n not in lazy], use_threads=False)
+        groups = [source.metadata.row_group(i).num_rows for i in range(source.num_row_groups)]
+        starts = [sum(groups[:i]) for i in range(len(groups))]
+        columns: dict[tuple[str, int], list[str | None]] = {}
 
-        def rows_of(index: int) -> Callable[[], str]:
+        def read(name: str, index: int) -> str | None:
+            group = bisect.bisect_right(starts, index) - 1
+            key = (name, group)
+            if key not in columns:
+                part = pq.ParquetFile(pa.BufferReader(data)).read_row_group(
+                    group, [name], use_threads=False
+                )
+                columns[key] = part.column(0).to_pylist()
+            return columns[key][index - starts[group]]
+
+        def item_of(index: int) -> Callable[[], str]:
             def fetch() -> str:
-                if not column:
-                    whole = pq.ParquetFile(pa.BufferReader(data)).read(["rows"], use_threads=False)
-                    column.extend(whole.column(0).to_pylist())
-                text = column[index]
+                text = read("item", index)
                 assert text is not None
                 return text
 
             return fetch
 
-        return cls.from_table(table, rows_of)
+        def rows_of(index: int) -> Callable[[], str]:
+            def fetch() -> str:
+                text = read("rows", index)
+                assert text is not None
+                return text
+
+            return fetch
+
+        def summary_of(index: int) -> Callable[[], str | None] | None:
+            return (lambda: read("summary", index)) if "summary" in names else None
+
+        return cls.from_table(table, rows_of, summary_of, item_of)
 
     @classmethod
     def from_table(
-        cls, table: pa.Table, rows_of: Callable[[int], Callable[[], str]] | None = None
+        cls,
+        table: pa.Table,
+        rows_of: Callable[[int], Callable[[], str]] | None = None,
+        summary_of: Callable[[int], Callable[[], str | None] | None] | None = None,
+        item_of: Callable[[int], Callable[[], str]] | None = None,
     ) -> LogState:
-        """The state of a checkpoint table (``rows_of(i)``: how to get row ``i``'s step
-        rows when the table was read without its ``rows`` column)."""
+        """The state of a checkpoint table (``rows_of(i)``, ``summary_of(i)``,
+        ``item_of(i)``: how to get row ``i``'s step rows, summary and item when the table
+        was read without those columns)."""
         meta = json.loads((table.schema.metadata or {})[b"maxent_arrow.log"])
         state = cls(version=int(meta["version"]), run=meta.get("run"))
         for index, row in enumerate(table.to_pylist()):
             kind = row["kind"]
             if kind == "group_file":
                 continue  # its unit is the step file's row
+            lazy = kind == "step_file" and rows_of is not None and "step_size" in row
+            if item_of is not None and not lazy:
+                row["item"] = item_of(index)()
             if kind == "retiring":
                 state.retiring[row["path"]] = row["version"]
                 if row["item"] != "{}":
                     state.replaced_raw[row["path"]] = (row["item"], row["attempt"], row["version"])
                 continue
-            if kind == "step_file" and rows_of is not None and "step_size" in row:
+            if lazy and rows_of is not None:
                 # This format: the record parsed when first used.
                 stamp = (row["step_size"], row["step_crc32"], row["version"])
-                record = LazyRecord(row["item"], rows_of(index), stamp)
-                entry = UnitEntry(row["path"], record, row["attempt"], *stamp[2:], *stamp[:2])
+                item = row["item"] if item_of is None else item_of(index)
+                record = LazyRecord(item, rows_of(index), stamp)
+                summary = row.get("summary") if summary_of is None else summary_of(index)
+                entry = UnitEntry(
+                    row["path"], record, row["attempt"], *stamp[2:], *stamp[:2], summary
+                )
                 state._add(row["path"], entry)
                 continue
             item = json.loads(row["item"])
@@ -669,6 +744,117 @@ def unit_kind(e: UnitEntry) -> str | None:
     """The kind of step file ``e``'s units (a file holds one kind)."""
     kinds = e.record.get("rows", {}).get("kind") or [None]
     return kinds[0]
+
+
+def step_runs(steps: list[int]) -> list[list[int]]:
+    """Sorted distinct ``steps`` as runs ``[first, stride, count]`` (arithmetic progressions:
+    a segment of 100 train steps is one run, its eval steps every 10th another)."""
+    runs: list[list[int]] = []
+    for step in steps:
+        if runs:
+            first, stride, count = runs[-1]
+            if count == 1:
+                runs[-1] = [first, step - first, 2]
+                continue
+            if step == first + stride * count:
+                runs[-1][2] = count + 1
+                continue
+        runs.append([step, 1, 1])
+    return runs
+
+
+def count_runs(runs: list[list[int]]) -> int:
+    """The number of distinct steps in ``runs`` (:func:`step_runs`' runs, of any number of
+    files, overlapping or not): merged as intervals where they share a stride and an offset
+    (files of one kind do), else counted as a set."""
+    classes: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for first, stride, count in {(r[0], r[1] if r[2] > 1 else 1, r[2]) for r in runs}:
+        classes.setdefault((stride, first % stride), []).append((first, first + stride * count))
+    if len(classes) > 1:
+        seen: set[int] = set()
+        for (stride, _), spans in classes.items():
+            for lo, hi in spans:
+                seen.update(range(lo, hi, stride))
+        return len(seen)
+    total = 0
+    for (stride, _), spans in classes.items():
+        end = None
+        for lo, hi in sorted(spans):
+            if end is not None and lo < end:
+                lo = end
+            if hi > lo:
+                total += (hi - lo) // stride
+                end = hi
+    return total
+
+
+def unit_summary(
+    record: Mapping[str, Any], keep: Callable[[int, str | None], bool] | None = None
+) -> dict[str, Any]:
+    """What a description of the run (``maxent-arrow inspect``) needs of one step file, from
+    its commit record, so that it is read without the file's step rows: per kind of its
+    step rows (those ``keep(step, kind)`` keeps; default every one) the steps
+    (:func:`step_runs`), the rows, the sums of ``num_groups`` and ``num_samples`` (``None``
+    where every value is null, as SQL sums), the ranks, and each distinct ``config`` with
+    its last step; and the file's reward names, schema version and group file size."""
+    rows = record.get("rows") or {}
+    size = len(rows.get("step") or ())
+
+    def column(name: str) -> list[Any]:
+        values = rows.get(name)
+        return list(values) if values is not None else [None] * size
+
+    per: dict[str | None, dict[str, Any]] = {}
+    for step, rank, kind, groups, samples, config in zip(*map(column, R.UNIT_COUNTS)):
+        if keep is not None and not keep(step, kind):
+            continue
+        k = per.get(kind)
+        if k is None:
+            k = per[kind] = {
+                "steps": set(), "rows": 0, "groups": None, "samples": None, "ranks": set(),
+                "configs": {},
+            }  # fmt: skip
+        k["steps"].add(step)
+        k["rows"] += 1
+        if groups is not None:
+            k["groups"] = (k["groups"] or 0) + groups
+        if samples is not None:
+            k["samples"] = (k["samples"] or 0) + samples
+        if rank is not None:
+            k["ranks"].add(rank)
+        if config is not None:
+            k["configs"][config] = max(step, k["configs"].get(config, step))
+    return {
+        "kinds": [
+            {
+                "kind": kind,
+                "steps": step_runs(sorted(k["steps"])),
+                "rows": k["rows"],
+                "groups": k["groups"],
+                "samples": k["samples"],
+                "ranks": sorted(k["ranks"]),
+                "configs": [[config, last] for config, last in k["configs"].items()],
+            }
+            for kind, k in per.items()
+        ],
+        "reward_names": list(record.get("reward_names") or []),
+        "schema_version": record.get("schema_version"),
+        "group_size": record.get("group_size"),
+    }
+
+
+def entry_summaries(entries: list[UnitEntry]) -> list[dict[str, Any]]:
+    """:func:`unit_summary` of each step file of ``entries``: the one the log keeps (parsed
+    in one pass for all), else computed from its record (a checkpoint written before
+    summaries)."""
+    texts = [e.summary() if callable(e.summary) else e.summary for e in entries]
+    parsed = iter(json.loads("[" + ",".join(t for t in texts if t is not None) + "]"))
+    return [unit_summary(e.record) if t is None else next(parsed) for e, t in zip(entries, texts)]
+
+
+def _summary_text(e: UnitEntry) -> str:
+    text = e.summary() if callable(e.summary) else e.summary
+    return json.dumps(unit_summary(e.record)) if text is None else text
 
 
 def _unit_item(e: UnitEntry) -> dict[str, Any]:
@@ -741,10 +927,23 @@ def encode_entry(entry: Mapping[str, Any]) -> bytes:
     return json.dumps(full, sort_keys=True, allow_nan=True).encode()
 
 
+# A checkpoint's row groups of units (two rows each: the step file and the group file).
+CHECKPOINT_ROW_GROUP = 1024
+
+
 def checkpoint_bytes(state: LogState) -> bytes:
-    """A checkpoint file's bytes (Parquet, zstd)."""
+    """A checkpoint file's bytes (Parquet, zstd): the attempts, record files and retiring
+    files in a row group of their own (read whole when a reader opens it), then the units
+    in row groups of :data:`CHECKPOINT_ROW_GROUP` rows (their records read when used)."""
+    table = state.to_table()
+    kinds = table.column("kind").to_pylist()
+    head = next((i for i, k in enumerate(kinds) if k in _UNIT_ROWS), len(kinds))
     sink = pa.BufferOutputStream()
-    pq.write_table(state.to_table(), sink, compression="zstd")
+    with pq.ParquetWriter(sink, table.schema, compression="zstd") as writer:
+        if head or not len(kinds):
+            writer.write_table(table.slice(0, head))
+        if head < len(kinds):
+            writer.write_table(table.slice(head), row_group_size=CHECKPOINT_ROW_GROUP)
     return sink.getvalue().to_pybytes()
 
 

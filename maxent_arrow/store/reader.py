@@ -41,6 +41,7 @@ from maxent_arrow.store.names import GROUPS, parse_name
 
 __all__ = [
     "GroupFileRead",
+    "check_group_bytes",
     "check_group_size",
     "check_known_columns",
     "read_group_file",
@@ -70,9 +71,14 @@ def _kind_of(step: StepFile) -> str:
 
 def check_group_size(path: Any, step: StepFile, info: FileInfo | None) -> None:
     """The group file of ``step`` is there (``info``), of the size its step file recorded."""
+    check_group_bytes(path, step.meta.get("group_size"), info)
+
+
+def check_group_bytes(path: Any, expected: int | None, info: FileInfo | None) -> None:
+    """A committed group file is there (``info``), of the size its commit recorded
+    (``expected``; ``None``: not recorded)."""
     if info is None:
         raise missing_error(f"{path}: group file missing (its step file is committed)")
-    expected = step.meta.get("group_size")
     if expected is not None and info.size != expected:
         raise StoreError(
             f"{path}: size {info.size} bytes, expected {expected} (truncated or changed)"

@@ -7,11 +7,24 @@ from __future__ import annotations
 import time
 
 import pyarrow as pa
+import pyarrow.parquet as pq
+from hypothesis import given
+from hypothesis import strategies as st
 from store_fixtures import make_batch
 
 from maxent_arrow import RolloutStore
 from maxent_arrow.store import ReadOnlyStore
-from maxent_arrow.store.log import CommitLog, LogState
+from maxent_arrow.store.log import (
+    CHECKPOINT_ROW_GROUP,
+    CommitLog,
+    LazyRecord,
+    LogState,
+    checkpoint_bytes,
+    count_runs,
+    entry_summaries,
+    step_runs,
+    unit_summary,
+)
 
 
 def _run(tmp_path) -> RolloutStore:
@@ -79,3 +92,72 @@ def test_a_checkpoint_written_from_a_lazy_state_equals_one_from_a_parsed_state(t
     time.sleep(0.01)
     again = CommitLog(log.backend, log.run).state()
     _same(again, parsed)
+
+
+def test_summaries_of_a_checkpoint_are_those_of_the_entries(tmp_path):
+    """Each step file's summary (what ``inspect`` sums) read from a checkpoint is the one the
+    log computes from the entries' step rows, and its counts are the step rows'."""
+    store = _run(tmp_path)
+    log = ReadOnlyStore(store.root).catalog.log  # type: ignore[attr-defined]
+    lazy = log.state()
+    parsed = _replayed(CommitLog(log.backend, log.run), lazy.version)
+    for rel, entry in lazy.units.items():
+        assert callable(entry.summary)  # read from the checkpoint when asked for
+        [summary] = entry_summaries([entry])
+        assert summary == unit_summary(parsed.units[rel].record)
+        rows = parsed.units[rel].record["rows"]
+        [counts] = summary["kinds"]
+        assert counts["kind"] == rows["kind"][0] and counts["rows"] == len(rows["step"])
+        assert [a + b * i for a, b, c in counts["steps"] for i in range(c)] == sorted(rows["step"])
+        assert counts["groups"] == sum(rows["num_groups"])
+        assert counts["ranks"] == sorted(set(rows["rank"]))
+
+
+@given(st.lists(st.lists(st.integers(0, 60), max_size=25), min_size=1, max_size=6))
+def test_step_runs_and_their_count(files):
+    """Runs encode a file's distinct steps exactly, and any files' runs count the distinct
+    steps of all of them (overlapping files of one step range: ranks apart)."""
+    runs = []
+    for steps in files:
+        distinct = sorted(set(steps))
+        mine = step_runs(distinct)
+        assert [a + b * i for a, b, c in mine for i in range(c)] == distinct
+        runs += mine
+    assert count_runs(runs) == len({s for steps in files for s in steps})
+    assert count_runs(step_runs(list(range(0, 100_000, 10))) * 8) == 10_000  # one run
+
+
+def test_a_checkpoint_of_many_units_is_read_one_row_group_at_a_time(tmp_path):
+    """Attempts, record files and retiring files come first, in a row group of their own;
+    the units follow in row groups of CHECKPOINT_ROW_GROUP rows, and a unit's record is read
+    from its row group when first used: the state read back is the state written."""
+    state = LogState(run="r")
+    state.apply({"version": 1, "op": "attempt", "attempt": {"id": "a", "started_at": "t"}})
+    units = 700  # 1,400 unit rows: two row groups of units
+    for step in range(units):
+        name = f"steps/step-{step:010d}.rank-00000.train.t{step:012x}.parquet"
+        rows = {"step": [step], "rank": [0], "kind": ["train"], "num_groups": [3],
+                "num_samples": [9], "config": ['{"tau": 0.5}']}  # fmt: skip
+        record = {"group_file": name[6:], "group_size": 100 + step, "rows": rows}
+        state.apply({"version": step + 2, "op": "append", "attempt": "a", "step_file": name,
+                     "record": record, "step_size": 10, "step_crc32": step})  # fmt: skip
+    state.apply({"version": units + 2, "op": "records", "attempt": "a", "name": "notes",
+                 "file": {"path": "records/notes/x.parquet", "rows": 2}})  # fmt: skip
+    data = checkpoint_bytes(state)
+    source = pq.ParquetFile(pa.BufferReader(data))
+    sizes = [source.metadata.row_group(i).num_rows for i in range(source.num_row_groups)]
+    assert sizes == [2, CHECKPOINT_ROW_GROUP, 2 * units - CHECKPOINT_ROW_GROUP]
+    assert set(source.read_row_group(0, ["kind"]).column(0).to_pylist()) == {
+        "attempt", "records:notes"
+    }  # fmt: skip
+    back = LogState.from_bytes(data)
+    records = [e.record for e in back.units.values()]
+    assert all(isinstance(r, LazyRecord) and not r.parsed for r in records)  # none parsed
+    assert [a.id for a in back.attempts] == ["a"] and back.records == state.records
+    assert back.units.keys() == state.units.keys()
+    for rel, e in back.units.items():
+        assert dict(e.record) == dict(state.units[rel].record)
+    assert entry_summaries(list(back.units.values())) == [
+        unit_summary(e.record) for e in state.units.values()
+    ]
+    assert back.to_table().equals(state.to_table())

@@ -21,6 +21,7 @@ from fault_harness import env  # noqa: E402
 from store_fixtures import CONFIG, make_batch, unit_path  # noqa: E402
 
 from maxent_arrow import RolloutStore  # noqa: E402
+from maxent_arrow.analytics import RunAnalytics, describe_run  # noqa: E402
 from maxent_arrow.errors import StoreError  # noqa: E402
 from maxent_arrow.store.backend import ArrowFsBackend, LocalBackend  # noqa: E402
 from maxent_arrow.store.names import unit_of  # noqa: E402
@@ -285,3 +286,15 @@ def test_a_commit_to_s3_without_boto3_is_refused_naming_the_extra(s3) -> None:
     assert "REFUSED" in done.stdout and "pip install 'maxent-arrow[s3]'" in done.stdout
     # Nothing was committed: a reader with boto3 sees an empty store.
     assert RolloutStore(_uri(endpoint, "no-boto3")).steps() == []
+
+
+def test_inspect_from_the_log_equals_local(pair) -> None:
+    """``maxent-arrow inspect`` (``describe_run``) of a store on S3: the log's summaries and
+    one LIST of groups/; the counts are the local store's, and the scan of the step rows'."""
+    remote, local = pair
+    got, expected = describe_run(remote), describe_run(local)
+    keys = ("kinds", "ranks", "group_rows", "reward_functions", "files", "run_config")
+    assert {k: got[k] for k in keys} == {k: expected[k] for k in keys}
+    assert got["kinds"]["train"]["step_rows"] == 6 and got["ranks"] == [0, 1]
+    with RunAnalytics(remote) as run:
+        assert run._describe_scan() == got
