@@ -211,3 +211,29 @@ def test_a_query_planned_once_per_process_still_checks_its_chunks(tmp_path, monk
     monkeypatch.undo()
     with pytest.raises(StoreError, match="expected"):
         ReadOnlyStore(store.root).sql("SELECT sum(list_sum(advantages)) FROM groups")
+
+
+def test_the_connection_a_query_check_opened_becomes_the_next_sessions(tmp_path):
+    """check_query before any session (the command line checks a query before it opens the
+    store) parses on a new connection, which the next session takes as its own (one
+    in-memory database, not two); a later check opens another, never the sandboxed one."""
+    from maxent_arrow.store import session as S
+    from maxent_arrow.store.sqlplan import ViewPlan
+
+    S.check_query("SELECT 1")
+    (spare,) = S._spare
+    first = S.SqlSession()
+    assert first.con is spare and S._spare == []
+    first.install(ViewPlan())
+    with pytest.raises(QueryError):
+        S.check_query("SET threads = 1")
+    (other,) = S._spare
+    assert other is not first.con
+    second = S.SqlSession()  # its settings are its own (the first's are locked)
+    assert second.con is other
+    assert second.con.execute("SELECT current_setting('lock_configuration')").fetchone() == (False,)
+    second.install(ViewPlan())
+    with pytest.raises(duckdb.Error):
+        first.con.execute("SET threads = 1")
+    first.close()
+    second.close()
