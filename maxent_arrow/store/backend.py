@@ -37,7 +37,7 @@ import threading
 import time
 import uuid
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
@@ -352,6 +352,13 @@ class Backend(abc.ABC):
     def stat(self, rel: str) -> FileInfo | None:
         """``rel``'s size and mtime, or ``None`` if it is not a file."""
 
+    def unchanged(self, stamps: Iterable[tuple[str, int, int]]) -> bool:
+        """Whether every ``(fs_path, size, mtime_ns)`` still holds: each file is there, of
+        that size and modification time (a held SQL session asks before each query).
+        ``False`` where that cannot be told cheaply (object stores: a request per file
+        would cost what rebuilding the session costs)."""
+        return False
+
     @abc.abstractmethod
     def is_dir(self, rel: str) -> bool:
         """Whether ``rel`` is a directory."""
@@ -527,16 +534,35 @@ class LocalBackend(Backend):
         return out
 
     def stat(self, rel: str) -> FileInfo | None:
-        path = self.path(rel)
+        path = os.path.join(self._root, rel) if rel else self._root
         try:
-            st = path.stat()
+            # In a directory known to be inside the store, one lstat: a plain file is its
+            # own answer; a link (or a directory not checked yet) takes fs_path's checks.
+            st = None
+            if self._inside.get(rel.rpartition("/")[0]) is True:
+                st = os.lstat(path)
+            if st is None or stat.S_ISLNK(st.st_mode):
+                path = self.fs_path(rel)
+                st = os.stat(path)
         except (FileNotFoundError, NotADirectoryError):
             return None
         except OSError as exc:
-            raise os_error("cannot stat", path, exc) from exc
+            raise os_error("cannot stat", Path(path), exc) from exc
         if not stat.S_ISREG(st.st_mode):
             return None
-        return FileInfo(path.name, st.st_size, st.st_mtime_ns)
+        return FileInfo(os.path.basename(path), st.st_size, st.st_mtime_ns)
+
+    def unchanged(self, stamps: Iterable[tuple[str, int, int]]) -> bool:
+        # One lstat per file (a file replaced by a link is a change: its own size and time).
+        lstat = os.lstat
+        try:
+            for path, size, mtime_ns in stamps:
+                st = lstat(path)
+                if st.st_size != size or st.st_mtime_ns != mtime_ns:
+                    return False
+        except OSError:
+            return False
+        return True
 
     def is_dir(self, rel: str) -> bool:
         return (self.root / rel).is_dir()

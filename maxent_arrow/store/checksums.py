@@ -27,6 +27,7 @@ the CRC of the bytes between two boundaries follows from the two running CRCs
 
 from __future__ import annotations
 
+import functools
 import threading
 import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -165,11 +166,15 @@ def _zero_operators(poly: int, count: int = 48) -> list[list[int]]:
     return ops
 
 
-_ZERO_OPS = {name: _zero_operators(poly) for name, poly in _POLYS.items()}
+@functools.cache
+def _zero_ops(algorithm: str) -> list[list[int]]:
+    """:func:`_zero_operators` of ``algorithm``, built on first use (a reader that only
+    checks never needs them)."""
+    return _zero_operators(_POLYS[algorithm])
 
 
 def _feed_zeros(crc: int, length: int, algorithm: str) -> int:
-    ops = _ZERO_OPS[algorithm]
+    ops = _zero_ops(algorithm)
     k = 0
     while length:
         if length & 1:
@@ -319,12 +324,19 @@ def chunk_of(path: str, columns: Iterable[str]) -> bool:
     return any(path == c or path.startswith(c + ".") for c in columns)
 
 
-def covered(path: str, columns: set[str] | None) -> bool:
+def covered(path: str, columns: set[str] | frozenset[str] | None) -> bool:
     """:func:`chunk_of` with a fast path: the path's first part a wanted name (``None``: every
     chunk is wanted)."""
     if columns is None or path.split(".", 1)[0] in columns:
         return True
     return "." in path and chunk_of(path, columns)
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _covered_by(path: str, columns: frozenset[str] | None) -> bool:
+    """:func:`covered`, remembered: every file of a run holds the same chunk paths, and a
+    query checks them all against one set of columns."""
+    return covered(path, columns)
 
 
 def check_chunks(
@@ -340,7 +352,7 @@ def check_chunks(
     ``row_groups`` (indices; ``None``: all) against the checksums recorded at append, with
     the algorithm the record names; damage is a :class:`StoreError` naming the file, the
     row group (``labels[i]``: what it holds, e.g. its step) and the column."""
-    columns = None if columns is None else set(columns)
+    columns = None if columns is None else frozenset(columns)
     algorithm = recorded.get("algorithm", "crc32")
     label = _LABEL.get(algorithm, algorithm)
     wanted: list[tuple[str, int, int, int]] = []
@@ -353,7 +365,7 @@ def check_chunks(
         if where and labels is not None and index < len(labels) and labels[index]:
             where += f" ({labels[index]})"
         for path, (offset, length, crc) in groups[index].items():
-            if covered(path, columns):
+            if _covered_by(path, columns):
                 wanted.append((f"{where}, {path}" if where else path, offset, length, crc))
     chunks = read_ranges([(offset, length) for _, offset, length, _ in wanted])
     for (path, offset, length, crc), data in zip(wanted, chunks):

@@ -68,6 +68,12 @@ class ChecksumLedger:
         """What this process has checked of ``rel`` as it is now (any ledger)."""
         return verified.checked(self.keys.get(rel))
 
+    def stamps(self) -> list[tuple[str, int, int]]:
+        """``(fs_path, size, mtime_ns)`` of every file admitted (group files, and step files
+        read by path) as it was when admitted: what a held session compares before a query
+        (:meth:`~.backend.Backend.unchanged`)."""
+        return [(path, size, mtime) for path, size, mtime, _ in self.keys.values()]
+
     def where(self, rel: str) -> str:
         """Where the committed file ``rel`` is read from now."""
         return self.moved.get(rel, rel)
@@ -120,6 +126,7 @@ class ChecksumLedger:
         if where != rel:
             self.moved[rel] = where
         key = (str(self.backend.fs_path(where)), info.size, info.mtime_ns, crc)
+        self.keys[rel] = key
         if WHOLE in verified.checked(key) or not self.crc:
             return True
         try:

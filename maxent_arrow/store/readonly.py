@@ -13,6 +13,7 @@ Opening a store only reads ``manifest.json``: it creates nothing and removes not
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -21,7 +22,7 @@ import pyarrow.compute as pc
 
 from maxent_arrow.arrow import registry as R
 from maxent_arrow.arrow import schema as S
-from maxent_arrow.errors import StoreError
+from maxent_arrow.errors import MaxentArrowError, StoreError
 from maxent_arrow.store import manifest
 from maxent_arrow.store.backend import Backend, open_backend
 from maxent_arrow.store.catalog import (
@@ -46,14 +47,18 @@ from maxent_arrow.store.records import (
 )
 from maxent_arrow.store.schemas import UnifiedSchemas
 from maxent_arrow.store.session import QueryLimits, check_timeout
-from maxent_arrow.store.sql import SqlViews
+from maxent_arrow.store.sql import SqlViews, check_bound
 from maxent_arrow.store.tail import DEFAULT_POLL, TailEvent, tail
-from maxent_arrow.store.verify import VerifyReport, verify
 
 if TYPE_CHECKING:
     import pyarrow.fs as pafs
 
+    from maxent_arrow.store.verify import VerifyReport
+
 __all__ = ["ReadOnlyStore"]
+
+# Sessions sql() holds per store object (one per settings: on_error, timeout, step bound).
+_HELD_SESSIONS = 4
 
 
 class ReadOnlyStore:
@@ -102,6 +107,31 @@ class ReadOnlyStore:
         self.check_crc = bool(check_crc)
         self.catalog = open_catalog(self.backend, self.manifest, history=check_history(attempts))
         self.schemas = UnifiedSchemas(self.catalog)
+        # sql()'s session, held across calls while the store is unchanged (:meth:`sql`).
+        self._held: dict[tuple, SqlViews] = {}
+        self._sql_lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_held"], state["_sql_lock"] = {}, None  # a connection and a lock stay here
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._sql_lock = threading.Lock()
+
+    def __enter__(self) -> ReadOnlyStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the SQL session :meth:`sql` holds (a later :meth:`sql` opens a new one)."""
+        with self._sql_lock:
+            held, self._held = self._held, {}
+        for views in held.values():
+            views.close()
 
     # ------------------------------------------------------------------ identity
     @property
@@ -284,9 +314,59 @@ class ReadOnlyStore:
         ``timeout`` seconds (default the store's ``query_timeout``; a :class:`StoreError`
         after it). ``steps``: ``(first, last)``, the views hold those steps only, and only
         the files holding them are read and checked (a query of a few steps of a long run
-        costs what those steps cost)."""
-        with self.sql_views(on_error=on_error, timeout=timeout, steps=steps) as views:
-            return views.query(query)
+        costs what those steps cost).
+
+        The session (its connection, views and checks) is held for the next call while the
+        store is unchanged: the log at the same version and each file read of the same size
+        and modification time (:meth:`~maxent_arrow.store.sql.SqlViews.current`); a commit
+        or a changed file rebuilds it. :meth:`close` closes it."""
+        if not self._sql_lock.acquire(blocking=False):
+            # Another thread is querying on the held session: a session of this call's own.
+            with self.sql_views(on_error=on_error, timeout=timeout, steps=steps) as views:
+                return views.query(query)
+        try:
+            return self._held_query(query, on_error=on_error, timeout=timeout, steps=steps)
+        finally:
+            self._sql_lock.release()
+
+    def _held_query(
+        self,
+        query: str,
+        *,
+        on_error: OnError | None,
+        timeout: float | None,
+        steps: tuple[int, int] | None,
+    ) -> pa.Table:
+        """:meth:`sql` on the session held for its settings: one connection and one set of
+        views for a session of queries, used as they are while the log is at the version
+        they were built at and each file they read is unchanged
+        (:meth:`~maxent_arrow.store.sql.SqlViews.current`), rebuilt otherwise. An interrupt
+        closes it."""
+        bound = None if steps is None else check_bound(steps)
+        key = (self._on_error(on_error), check_timeout(timeout), bound)
+        views = self._held.pop(key, None)
+        if views is not None and not views.current():
+            views.close()
+            views = None
+        if views is None:
+            views = self.sql_views(on_error=on_error, timeout=timeout, steps=steps)
+        try:
+            result = views.query(query)
+        except MaxentArrowError:
+            # A mistake in the statement, a failure while it ran, a damaged file: the
+            # session is as it was (the next call checks the store again).
+            self._keep(key, views)
+            raise
+        except BaseException:
+            views.close()  # an interrupt: not reused
+            raise
+        self._keep(key, views)
+        return result
+
+    def _keep(self, key: tuple, views: SqlViews) -> None:
+        self._held[key] = views
+        while len(self._held) > _HELD_SESSIONS:
+            self._held.pop(next(iter(self._held))).close()
 
     def live_files(
         self, table: str = "groups", *, attempts: History | None = None
@@ -423,4 +503,8 @@ class ReadOnlyStore:
         """Check every file: readable, sizes and checksums as recorded, rows as the step rows
         say, caches equal to the archive. Names each damaged file in ``problems``.
         ``progress(done, total)``: told of the step files checked so far (a progress bar)."""
+        # Imported here: verify reads IPC caches and step rows (numpy, the rollout records),
+        # which opening and querying a store never need.
+        from maxent_arrow.store.verify import verify
+
         return verify(self.catalog, progress=progress)

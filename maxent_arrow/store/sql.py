@@ -34,7 +34,10 @@ query stops on Ctrl-C.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import threading
+from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
 
@@ -61,7 +64,7 @@ from maxent_arrow.store.session import (
 )
 from maxent_arrow.store.sqlplan import FileSet, HistoryViews, ViewPlan, plan_views
 
-__all__ = ["SqlViews", "check_bound", "plan_scans", "scanned_columns"]
+__all__ = ["SqlViews", "check_bound", "plan_scans", "scanned_columns", "views_signature"]
 
 
 def check_bound(steps: object) -> tuple[int, int]:
@@ -150,6 +153,21 @@ def scanned_columns(plan_json: str | None, known: set[str]) -> set[str] | None:
 
 # Queries tried again after files moved under the views (each retry follows a real move).
 _RETRIES = 8
+# Query plans' scans kept per session, and per process by the views' text (the oldest
+# forgotten first).
+_PLANS_KEPT = 256
+_plans: OrderedDict[tuple[bytes, str], tuple[bool, set[str] | None]] = OrderedDict()
+_plans_lock = threading.Lock()
+
+
+def views_signature(plan: ViewPlan) -> bytes:
+    """A digest of the views a plan creates (their statements and registered names)."""
+    digest = hashlib.blake2b(digest_size=16)
+    for name, sql in sorted(plan.views.items()):
+        digest.update(f"{len(name)}:{name}{len(sql)}:{sql}".encode())
+    for name in sorted(plan.tables):
+        digest.update(f"table {len(name)}:{name}".encode())
+    return digest.digest()
 
 
 class SqlViews:
@@ -220,6 +238,12 @@ class SqlViews:
         # This library's own tables and statements on the session (register, execute),
         # replayed on every new session built over the same files.
         self.own: list[tuple[str, Any]] = []
+        # The log version the views were built at (``None``: a store without a log).
+        self.version: int | None = None
+        # What the data scans of each query read (plan_scans of DuckDB's plan), per query
+        # text, for the session's views: a repeated query is not planned twice.
+        self.scans: dict[str, tuple[bool, set[str] | None]] = {}
+        self.signature = b""  # views_signature of the installed views
         self.refresh()
 
     def __enter__(self) -> SqlViews:
@@ -249,6 +273,8 @@ class SqlViews:
             backend = self.catalog.backend
             self.ledger.clear()
             self.own.clear()
+            catalog = self.catalog
+            self.version = catalog.state().version if isinstance(catalog, LogCatalog) else None
             names = self._bounded_names(self.catalog)
             self.steps = list(self.catalog.committed_steps(self.on_error, names))
             # (bounded: a stat per file read, not a listing of every group file)
@@ -277,6 +303,21 @@ class SqlViews:
             self.data_columns = self._data_columns()
             self.reward_names = self._reward_names()
             self._install()
+
+    def current(self) -> bool:
+        """Whether the views still show what the store holds, so that a query may run on
+        them as they are (one connection for a session of queries): the commit log is at
+        the version they were built at (one read of the next entry's name), and every file
+        they read is as it was then (its size and modification time: one ``lstat`` each
+        on a local disk), so what :mod:`.verified` promises holds as on a new session.
+        Never current: a store without a log, an object store, views that may have left a
+        damaged file out (``on_error="skip"``), closed views. Then :meth:`refresh`."""
+        catalog = self.catalog
+        if self.session is None or self.version is None or self.on_error != "raise":
+            return False
+        if not isinstance(catalog, LogCatalog) or catalog.state().version != self.version:
+            return False
+        return catalog.backend.unchanged(self.ledger.stamps())
 
     def _bounded_names(self, catalog: Catalog) -> list[str] | None:
         """The committed step files of the bound (``None``: unbounded, every one)."""
@@ -375,6 +416,7 @@ class SqlViews:
                     ) from None
 
     def _install_once(self) -> None:
+        self.scans.clear()  # new views: plan again
         if self.session is not None:
             self.session.close()
         self.session = session = SqlSession(threads=self.threads, limits=self.limits)
@@ -449,6 +491,7 @@ class SqlViews:
             history=history,
         )
         session.install(self.plan)
+        self.signature = views_signature(self.plan)
         self.built = {rel: self.ledger.where(rel) for rel in [r for r, _ in self.files]}
         self.built.update((rel, self.ledger.where(rel)) for rel in self.steps_by_path)
         for kind, item in self.own:
@@ -567,8 +610,7 @@ class SqlViews:
                 if self.crc:
                     # Every file's footer whenever the query scans files at all: DuckDB
                     # parses each footer it opens, also for a count(*) that reads no column.
-                    plan = self._session().plan_json(query)
-                    touched, columns = plan_scans(plan, self.group_schema.names)
+                    touched, columns = self._scans(query)
                     if touched:
                         self.check_columns(columns, footers=True)
                 return self._session().run(query, params, timeout=timeout)
@@ -578,15 +620,44 @@ class SqlViews:
                     raise
         raise AssertionError("unreachable")
 
+    def _scans(self, query: str) -> tuple[bool, set[str] | None]:
+        """What the data scans of ``query`` read on these views (:func:`plan_scans` of
+        DuckDB's plan), planned once per query text while the views stand, and once per
+        process for views of the same text (a new store object over an unchanged store):
+        which columns a query reads depends on its text and the views' only."""
+        found = self.scans.get(query)
+        if found is not None:
+            return found
+        key = None if self.own else (self.signature, query)
+        if key is not None:
+            with _plans_lock:
+                found = _plans.get(key)
+        if found is None:
+            plan = self._session().plan_json(query)
+            found = plan_scans(plan, self.group_schema.names)
+            if plan is None:
+                return found
+            if key is not None:
+                with _plans_lock:
+                    _plans[key] = found
+                    while len(_plans) > _PLANS_KEPT:
+                        _plans.popitem(last=False)
+        if len(self.scans) >= _PLANS_KEPT:
+            self.scans.pop(next(iter(self.scans)))
+        self.scans[query] = found
+        return found
+
     def register(self, name: str, table: Any) -> None:
         """Make an Arrow table of this library's own queryable as ``name`` (trusted)."""
         self._session().register(name, table)
         self.own.append(("register", (name, table)))
+        self.scans.clear()  # a name may now read something else
 
     def execute(self, sql: str) -> None:
         """Run a statement of this library's own (a view over registered tables; trusted)."""
         self._session().execute(sql)
         self.own.append(("execute", sql))
+        self.scans.clear()
 
     def explain(self, query: str) -> str:
         """DuckDB's physical plan of ``query`` (shows which columns each scan reads)."""

@@ -290,6 +290,7 @@ class RolloutStore(ReadOnlyStore):
     def __exit__(self, *exc: object) -> None:
         """A checkpoint of the log when this object committed anything (a failure to write
         it is a warning: nothing committed depends on it)."""
+        self.close()  # the SQL session sql() holds
         if "writer" in self.__dict__ and self.writer.committed:
             try:
                 self.checkpoint()

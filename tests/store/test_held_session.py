@@ -1,0 +1,239 @@
+"""One SQL session per store object: ``ReadOnlyStore.sql`` holds its connection, views and
+checks across calls while the store is unchanged (the log at the same version, every file the
+views read of the same size and modification time), and rebuilds them after a commit or a
+changed file. Checked with real appends, real byte flips and deletions on disk, against
+DuckDB reading the same files itself."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import threading
+from pathlib import Path
+
+import duckdb
+import pyarrow.parquet as pq
+import pytest
+from store_fixtures import make_batch
+
+from maxent_arrow import RolloutStore
+from maxent_arrow.errors import QueryError, StoreError
+from maxent_arrow.store import ReadOnlyStore, verified
+
+QUERY = "SELECT step, sum(list_sum(advantages)) AS s FROM groups GROUP BY step ORDER BY step"
+
+
+def _store(tmp_path: Path, steps: int = 3) -> RolloutStore:
+    store = RolloutStore.create(tmp_path / "run", compact_every=None)
+    for step in range(steps):
+        store.append(make_batch(step))
+    return store
+
+
+def _duckdb(store: ReadOnlyStore) -> list[tuple]:
+    """The same query by DuckDB alone over the committed group files."""
+    files = ", ".join(f"'{p}'" for p in store.committed_files("groups"))
+    relation = duckdb.sql(QUERY.replace("FROM groups", f"FROM read_parquet([{files}])"))
+    assert relation is not None
+    return relation.fetchall()
+
+
+def _flip_chunk(path: Path, column: str) -> None:
+    """Flip one byte in the middle of ``column``'s chunk, size and modification time kept."""
+    meta = pq.ParquetFile(path).metadata.row_group(0)
+    chunk = next(
+        meta.column(i)
+        for i in range(meta.num_columns)
+        if meta.column(i).path_in_schema.split(".")[0] == column
+    )
+    offset = chunk.data_page_offset + chunk.total_compressed_size // 2
+    stat = os.stat(path)
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0x40]))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
+def _held(store: ReadOnlyStore):
+    (views,) = store._held.values()
+    return views
+
+
+def test_repeated_queries_share_one_session_and_agree_with_duckdb(tmp_path):
+    store = ReadOnlyStore(_store(tmp_path).root)
+    first = store.sql(QUERY)
+    views = _held(store)
+    con = views.con
+    for _ in range(3):
+        assert store.sql(QUERY) == first
+        assert _held(store) is views and views.con is con
+    # Planned once for the session: the query's scans are kept.
+    assert QUERY in views.scans
+    assert [tuple(r.values()) for r in first.to_pylist()] == _duckdb(store)
+    store.close()
+    assert store._held == {}
+    assert store.sql(QUERY) == first  # a new session after close
+
+
+def test_a_commit_between_queries_rebuilds_the_session(tmp_path):
+    store = _store(tmp_path)
+    assert store.sql(QUERY).num_rows == 3
+    before = _held(store)
+    store.append(make_batch(3))
+    after = store.sql(QUERY)
+    assert after.num_rows == 4 and _held(store) is not before
+    assert [tuple(r.values()) for r in after.to_pylist()] == _duckdb(store)
+    # A reader object sees another object's commit too (its log moved on).
+    reader = ReadOnlyStore(store.root)
+    assert reader.sql(QUERY).num_rows == 4
+    store.append(make_batch(4))
+    assert reader.sql(QUERY).num_rows == 5
+
+
+def test_a_group_file_deleted_after_a_query_is_an_error_naming_it(tmp_path):
+    store = ReadOnlyStore(_store(tmp_path).root)
+    store.sql(QUERY)
+    victim = Path(store.committed_files("groups")[1])
+    victim.unlink()
+    with pytest.raises(StoreError, match="missing") as err:
+        store.sql(QUERY)
+    assert victim.name in str(err.value)
+    assert store._held == {}  # a failed session is not kept
+
+
+def test_a_rewritten_group_file_is_checked_again(tmp_path):
+    """Damage written after the first query changes the file's modification time: the held
+    session is rebuilt and the chunk's check finds it (the file named)."""
+    store = ReadOnlyStore(_store(tmp_path).root)
+    store.sql(QUERY)
+    victim = Path(store.committed_files("groups")[2])
+    _flip_chunk(victim, "advantages")
+    stat = os.stat(victim)
+    os.utime(victim, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    with pytest.raises(StoreError, match="expected") as err:
+        store.sql(QUERY)
+    assert victim.name in str(err.value)
+
+
+def test_a_failed_statement_keeps_the_session(tmp_path):
+    store = ReadOnlyStore(_store(tmp_path).root)
+    first = store.sql(QUERY)
+    views = _held(store)
+    with pytest.raises(StoreError, match="nope"):
+        store.sql("SELECT nope FROM groups")
+    with pytest.raises(QueryError):
+        store.sql("DELETE FROM groups")
+    assert _held(store) is views
+    assert store.sql(QUERY) == first
+
+
+def test_sessions_are_held_per_settings_and_bounded(tmp_path):
+    store = ReadOnlyStore(_store(tmp_path, steps=4).root)
+    whole = store.sql(QUERY)
+    for first in range(4):
+        part = store.sql(QUERY, steps=(first, first))
+        assert part.to_pylist() == whole.to_pylist()[first : first + 1]
+    assert len(store._held) == 4  # the oldest (the unbounded one) was closed
+    assert (("raise", None, None)) not in store._held
+    bound: object = [1, 2]  # a list bound, as JSON gives it: the same key as the tuple
+    assert store.sql(QUERY, steps=bound).num_rows == 2  # type: ignore[arg-type]
+    assert ("raise", None, (1, 2)) in store._held
+
+
+def test_concurrent_queries_on_one_store_object(tmp_path):
+    store = ReadOnlyStore(_store(tmp_path).root)
+    expected = store.sql(QUERY)
+    results: list[object] = []
+
+    def work() -> None:
+        for _ in range(4):
+            results.append(store.sql(QUERY))
+
+    threads = [threading.Thread(target=work) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 12 and all(r == expected for r in results)
+
+
+def test_a_store_with_a_held_session_pickles_without_it(tmp_path):
+    store = ReadOnlyStore(_store(tmp_path).root)
+    first = store.sql(QUERY)
+    copy = pickle.loads(pickle.dumps(store))
+    assert copy._held == {}
+    assert copy.sql(QUERY) == first
+
+
+def test_verified_checks_still_run_on_a_fresh_process_cache(tmp_path):
+    """A held session checks nothing again, but a new store object in a process that forgot
+    what it checked checks every chunk the query reads."""
+    store = ReadOnlyStore(_store(tmp_path).root)
+    store.sql(QUERY)
+    verified.forget()
+    other = ReadOnlyStore(store.root)
+    other.sql(QUERY)
+    views = _held(other)
+    for rel, _ in views.files:
+        assert {"(footer)", "advantages"} <= verified.checked(views.ledger.keys[rel])
+
+
+def test_a_query_planned_once_per_process_still_checks_its_chunks(tmp_path, monkeypatch):
+    """A new store object over unchanged views takes the query's scanned columns from the
+    process's plans (no EXPLAIN), and still checks those chunks: a flipped byte in one is
+    a CRC error naming the file."""
+    from maxent_arrow.store.session import SqlSession
+
+    store = ReadOnlyStore(_store(tmp_path).root)
+    first = store.sql(QUERY)
+    store.close()
+
+    def no_plan(self, query):
+        raise AssertionError("planned again")
+
+    monkeypatch.setattr(SqlSession, "plan_json", no_plan)
+    verified.forget()
+    again = ReadOnlyStore(store.root)
+    assert again.sql(QUERY) == first
+    views = _held(again)
+    for rel, _ in views.files:
+        assert {"(footer)", "advantages"} <= verified.checked(views.ledger.keys[rel])
+    again.close()
+    victim = Path(store.committed_files("groups")[0])
+    _flip_chunk(victim, "advantages")
+    verified.forget()
+    with pytest.raises(StoreError, match="expected") as err:
+        ReadOnlyStore(store.root).sql(QUERY)
+    assert victim.name in str(err.value)
+    # A query of another text is planned (and its columns checked) as before.
+    monkeypatch.undo()
+    with pytest.raises(StoreError, match="expected"):
+        ReadOnlyStore(store.root).sql("SELECT sum(list_sum(advantages)) FROM groups")
+
+
+def test_the_connection_a_query_check_opened_becomes_the_next_sessions(tmp_path):
+    """check_query before any session (the command line checks a query before it opens the
+    store) parses on a new connection, which the next session takes as its own (one
+    in-memory database, not two); a later check opens another, never the sandboxed one."""
+    from maxent_arrow.store import session as S
+    from maxent_arrow.store.sqlplan import ViewPlan
+
+    S.check_query("SELECT 1")
+    (spare,) = S._spare
+    first = S.SqlSession()
+    assert first.con is spare and S._spare == []
+    first.install(ViewPlan())
+    with pytest.raises(QueryError):
+        S.check_query("SET threads = 1")
+    (other,) = S._spare
+    assert other is not first.con
+    second = S.SqlSession()  # its settings are its own (the first's are locked)
+    assert second.con is other
+    assert second.con.execute("SELECT current_setting('lock_configuration')").fetchone() == (False,)
+    second.install(ViewPlan())
+    with pytest.raises(duckdb.Error):
+        first.con.execute("SET threads = 1")
+    first.close()
+    second.close()
