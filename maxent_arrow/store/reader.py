@@ -12,7 +12,7 @@ row group's step and the column. Schema-1.x files come back in the current layou
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import pyarrow as pa
@@ -165,20 +165,16 @@ def _read_group_file(
         # CRC32C chunk records check a whole read too (~5x faster than the file's CRC-32).
         by_chunks = chunks is not None and chunks.get("algorithm") == "crc32c"
         if crc and (partial or by_chunks) and chunks is not None and not upgrade:
-            read_chunks: Callable[[list[tuple[int, int]]], Iterable[Any]]
-            if backend.can_mmap:
-                # Local: pyarrow reads each column chunk it decodes into a buffer of its own
-                # and frees it once decoded, and the pass beside it reads the same chunks
-                # from the page cache one at a time (group files are never rewritten). A
-                # mapping of the file would keep every page read resident until the read
-                # ends: 0.8x a step's decoded size more at the peak of a streaming replay.
-                read_chunks = functools.partial(_each_range, backend, rel)
-                source = backend.open(rel)
-            elif not partial or (
-                2 * _chunk_bytes(chunks, want, groups) >= (info.size if info else 0)
+            read_chunks: Callable[[list[tuple[int, int]]], list[Any]]
+            if (
+                backend.can_mmap
+                or not partial
+                or (2 * _chunk_bytes(chunks, want, groups) >= (info.size if info else 0))
             ):
-                # Most of the file is read: read once, the bytes checked the bytes decoded.
-                whole = backend.read(rel)
+                # The bytes checked are the bytes decoded: mapped (local: no copy, only the
+                # pages of the chunks read are touched; group files are never rewritten), or
+                # read once when most of the file is read.
+                whole = _map(backend, rel)
                 read_chunks = functools.partial(_slices, whole)
                 source = pa.BufferReader(whole)
             else:
@@ -255,13 +251,15 @@ def _chunk_bytes(chunks: dict[str, Any], want: set[str] | None, groups: list[int
     )
 
 
-def _each_range(backend: Backend, rel: str, ranges: list[tuple[int, int]]) -> Iterator[Any]:
-    """The bytes of each range of ``rel``, read as they are asked for: a checksum pass holds
-    one column chunk at a time, not the file, in a buffer of pyarrow's pool (which a replay
-    hands back between steps), not of the C heap."""
-    with backend.open(rel) as f:
-        for offset, length in ranges:
-            yield f.read_at(length, offset)
+def _map(backend: Backend, rel: str) -> pa.Buffer:
+    """All bytes of ``rel``: a memory map where the backend has one, else read."""
+    if not backend.can_mmap:
+        return backend.read(rel)
+    try:
+        with pa.memory_map(str(backend.fs_path(rel)), "r") as mapped:
+            return mapped.read_buffer()
+    except (pa.ArrowException, OSError):
+        return backend.read(rel)  # errors as the backend words them
 
 
 def _slices(buffer: pa.Buffer, ranges: list[tuple[int, int]]) -> list[pa.Buffer]:
