@@ -101,19 +101,10 @@ def _files_bar(description: str, enabled: bool) -> Iterator[Callable[[int, int],
             bar.close()
 
 
-def _finite(value: Any) -> Any:
-    """``value`` with each non-finite float (NaN, infinities: not JSON) as ``None``."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    return value
-
-
 def _print_json(value: Any) -> None:
-    text = json.dumps(_finite(value), indent=2, default=str, allow_nan=False)
+    from maxent_arrow.analytics.jsonsafe import finite  # (importing the cli imports no module)
+
+    text = json.dumps(finite(value), indent=2, default=str, allow_nan=False)
     sys.stdout.write(text + "\n")
 
 
@@ -299,6 +290,8 @@ def _cmd_offpolicy(args: argparse.Namespace) -> int:
 def _cmd_train(args: argparse.Namespace) -> int:
     """``train --from-store RUN``: a policy trained from a demo run's stored rollouts
     (:func:`maxent_arrow.demo.train_offline`; torch loads here, when it runs)."""
+    from maxent_arrow.analytics.jsonsafe import finite
+
     result = demo.train_offline(
         demo.run_directory(args.from_store),
         demo.prepare_run_dir(args.out),
@@ -318,7 +311,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         "dropped": sum(sum(s.dropped.values()) for s in result.steps),
         "accuracy": [[step, accuracy] for step, accuracy in result.accuracy],
         "max_loss_error": max(errors) if errors else None,
-        "losses": [[s.step, s.loss, _finite(s.logged_loss)] for s in result.steps],
+        "losses": [[s.step, s.loss, finite(s.logged_loss)] for s in result.steps],
     }
     if args.json:
         _print_json(summary)
@@ -440,6 +433,8 @@ def _tail_line(event: Any) -> str:
 
 
 def _cmd_tail(args: argparse.Namespace) -> int:
+    from maxent_arrow.analytics.jsonsafe import finite
+
     run = _store(args)
     events = run.tail(kind=args.kind, since=args.since, poll=args.poll, timeout=args.timeout)
     how = store.watches(run.backend)
@@ -449,7 +444,7 @@ def _cmd_tail(args: argparse.Namespace) -> int:
     sys.stderr.flush()
     try:
         for event in events:
-            line = json.dumps(_finite(event.to_json()), default=str) if args.json else None
+            line = json.dumps(finite(event.to_json()), default=str) if args.json else None
             sys.stdout.write((line or _tail_line(event)) + "\n")
             sys.stdout.flush()  # a pipe's reader gets each event as it lands
     finally:

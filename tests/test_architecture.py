@@ -598,8 +598,9 @@ _HEAVY = {
     "compact": ("torch", "pyarrow.dataset"),  # pyarrow imports pandas building arrays
     "export": ("torch", "pyarrow.dataset", *_WRITE_SIDE),
     "report": ("torch", *_WRITE_SIDE),
-    # torch only for a run that stored sampler log-probs or kept sets (this one has neither)
-    "offpolicy": ("torch", *_WRITE_SIDE),
+    # torch only for a run that stored sampler log-probs or kept sets (this one has neither);
+    # its group-bys and joins are numpy's (pyarrow's Acero imports pandas)
+    "offpolicy": ("torch", "pandas", "pyarrow.dataset", *_WRITE_SIDE),
     "tail": ("torch", "pandas", "pyarrow.dataset", *_WRITE_SIDE),
 }
 

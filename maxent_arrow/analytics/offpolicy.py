@@ -39,7 +39,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from maxent_arrow.arrow import find_in_sets, list_offsets, single_array, token_sets
+from maxent_arrow.analytics.jsonsafe import finite
+from maxent_arrow.arrow import (
+    find_in_sets,
+    float_values,
+    int64_array,
+    int64_scalar,
+    list_offsets,
+    single_array,
+    text_scalar,
+    token_sets,
+)
 from maxent_arrow.arrow import registry as R
 from maxent_arrow.store import ReadOnlyStore
 
@@ -94,13 +104,9 @@ def offpolicy_steps(
         chosen = {int(s) for s in steps}
         all_steps = [s for s in all_steps if s in chosen]
     trained = _trained_at(store, kind)
-    # One version per (step, rank): the step row's (the larger, were a step row there twice).
-    versions_by_rank = (
-        _int64_keys(step_rows, ["step", "rank", "policy_version"])
-        .group_by(["step", "rank"])
-        .aggregate([("policy_version", "max")])
-        .rename_columns({"policy_version_max": "policy_version"})
-    )
+    # One version per (step, rank): the step row's (the larger, were a step row there twice:
+    # :func:`_lookup` takes the largest).
+    versions_by_rank = _int64_keys(step_rows, ["step", "rank", "policy_version"])
     cap = _trl_cap(step_rows)
     out = []
     for step in all_steps:
@@ -115,24 +121,20 @@ def _int64_keys(table: pa.Table, names: list[str]) -> pa.Table:
 
 
 def _trained_at(store: ReadOnlyStore, kind: str) -> pa.Table | None:
-    """Per group a ``lifecycle`` record names (``step, rank, group_index``): ``at``, the last
-    trainer step a record says it was trained at; -1 for a group only ever dropped (never
-    trained: not counted). One group-by, no loop over records."""
+    """Per ``lifecycle`` record of a group (``step, rank, group_index``): ``at``, the trainer
+    step it says the group was trained at; -1 for a drop (a group only ever dropped was
+    never trained: not counted). :func:`_lookup` takes each group's last (largest)."""
     if R.LIFECYCLE not in store.record_names():
         return None
     records = store.lifecycle()
     if not records.num_rows:
         return None
-    records = records.filter(pc.equal(records.column("rollout_kind"), kind))
-    trained = pc.equal(records.column("event"), "trained")
-    at = pc.if_else(trained, records.column("step").cast(pa.int64()), pa.scalar(-1, pa.int64()))
+    # Scalars built from buffers: a Python value given to a compute function imports pandas.
+    records = records.filter(pc.equal(records.column("rollout_kind"), text_scalar(kind)))
+    trained = pc.equal(records.column("event"), text_scalar("trained"))
+    at = pc.if_else(trained, records.column("step").cast(pa.int64()), int64_scalar(-1))
     keys = _int64_keys(records, ["rollout_step", "rollout_rank", "group_index"])
-    table = keys.append_column("at", at).group_by(list(keys.column_names)).aggregate(
-        [("at", "max")]
-    )
-    return table.rename_columns(
-        {"rollout_step": "step", "rollout_rank": "rank", "at_max": "at"}
-    )
+    return keys.append_column("at", at).rename_columns(["step", "rank", "group_index", "at"])
 
 
 def _trl_cap(step_rows: pa.Table) -> float:
@@ -156,7 +158,7 @@ def _column(table: pa.Table, name: str) -> pa.Array | None:
 
 
 def _step_report(step, table, trained, versions_by_rank, cap) -> dict[str, Any]:
-    counts = np.asarray(table.column("num_completions").to_numpy(), dtype=np.int64)
+    counts = float_values(table.column("num_completions")).astype(np.int64)
     report: dict[str, Any] = {
         "step": int(step),
         "groups": table.num_rows,
@@ -171,31 +173,30 @@ def _step_report(step, table, trained, versions_by_rank, cap) -> dict[str, Any]:
     }
     _log_prob_parts(table, report, cap)
     _kept_mass(table, report)
-    return _finite(report)
-
-
-def _finite(value: Any) -> Any:
-    """NaN and infinities as None (the report's JSON refuses them)."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    return value
+    return finite(report)
 
 
 def _lookup(rows: pa.Table, table: pa.Table | None, keys: list[str], value: str) -> np.ndarray:
-    """``table``'s ``value`` at each row of ``rows`` matched on ``keys`` (a left join, in the
-    order of ``rows``): float64, NaN where ``table`` has no such row."""
+    """At each row of ``rows``: the largest ``value`` (nulls aside) of the rows of ``table``
+    that match it on ``keys`` (int64 columns), as float64; NaN where none does. A group-by
+    and a left join done in numpy: pyarrow's (Acero) import pandas."""
     if table is None or not table.num_rows:
         return np.full(rows.num_rows, np.nan)
-    indexed = rows.append_column("row", pa.array(np.arange(rows.num_rows, dtype=np.int64)))
-    joined = indexed.join(table, keys=keys, join_type="left outer").sort_by("row")
-    return np.asarray(joined.column(value).cast(pa.float64()).to_numpy(zero_copy_only=False))
+    n = rows.num_rows
+    # One code per distinct key, shared by both sides (kept dense: no overflow).
+    code = np.zeros(n + table.num_rows, dtype=np.int64)
+    for key in keys:
+        both = np.concatenate([float_values(rows.column(key)), float_values(table.column(key))])
+        _, inverse = np.unique(both, return_inverse=True)
+        code = np.unique(code * (int(inverse.max()) + 1) + inverse, return_inverse=True)[1]
+    largest = np.full(int(code.max()) + 1, np.nan)
+    np.fmax.at(largest, code[n:], float_values(table.column(value)))
+    return largest[code[:n]]
 
 
 def _staleness(table, counts, trained, versions_by_rank) -> dict[int, int] | None:
     rows = _int64_keys(table, ["step", "rank", "group_index"])
-    steps = rows.column("step").to_numpy()
+    steps = float_values(rows.column("step"))
     at = _lookup(rows, trained, ["step", "rank", "group_index"], "at")
     at = np.where(np.isnan(at), steps, at).astype(np.int64)  # no record: trained at its step
     row_version = _lookup(rows.select(["step", "rank"]), versions_by_rank, ["step", "rank"],
@@ -205,8 +206,8 @@ def _staleness(table, counts, trained, versions_by_rank) -> dict[int, int] | Non
     known = np.zeros(n, dtype=bool)
     versions = _column(table, "completion_policy_version")
     if versions is not None:
-        known = np.repeat(np.asarray(versions.is_valid().to_numpy(zero_copy_only=False)), counts)
-        per[known] = np.asarray(versions.flatten().to_numpy(), dtype=np.int64)
+        known = np.repeat(float_values(versions.is_valid()).astype(bool), counts)
+        per[known] = float_values(versions.flatten()).astype(np.int64)
     fallback = np.repeat(row_version, counts)
     use = ~known & ~np.isnan(fallback)
     per[use] = fallback[use].astype(np.int64)
@@ -221,19 +222,16 @@ def _staleness(table, counts, trained, versions_by_rank) -> dict[int, int] | Non
 
 def _token_rows(column: pa.Array, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Flat per-token values and per-completion offsets of group ``rows`` of a token column."""
-    taken = column.take(pa.array(np.flatnonzero(rows)))
+    taken = column.take(int64_array(np.flatnonzero(rows)))
     per_completion = taken.flatten()
-    return (
-        np.asarray(per_completion.flatten().to_numpy(zero_copy_only=False)),
-        list_offsets(per_completion),
-    )
+    return float_values(per_completion.flatten()), list_offsets(per_completion)
 
 
 def _log_prob_parts(table: pa.Table, report: dict[str, Any], cap: float) -> None:
     pi_col, mu_col = _column(table, "behavior_token_logp"), _column(table, "sampling_token_logp")
     if pi_col is None or mu_col is None:
         return
-    rows = np.asarray(pc.and_(pi_col.is_valid(), mu_col.is_valid()).to_numpy(zero_copy_only=False))
+    rows = float_values(pc.and_(pi_col.is_valid(), mu_col.is_valid())).astype(bool)
     if not rows.any():
         return
     pi, pi_off = _token_rows(pi_col, rows)
@@ -243,7 +241,7 @@ def _log_prob_parts(table: pa.Table, report: dict[str, Any], cap: float) -> None
         return
     mask = None
     tools = _column(table, "tool_mask")
-    if tools is not None and bool(np.asarray(tools.is_valid().to_numpy(zero_copy_only=False))[rows].all()):
+    if tools is not None and bool(float_values(tools.is_valid()).astype(bool)[rows].all()):
         flags, _ = _token_rows(tools, rows)
         mask = flags != 0
     import torch
@@ -318,16 +316,13 @@ def _kept_mass(table: pa.Table, report: dict[str, Any]) -> None:
     if semantics is not None and "raw" not in set(semantics.flatten().to_pylist()):
         report["notes"].append("top-k log-probs are processed (renormalised): no kept mass")
         return
-    rows = np.asarray(pc.and_(kept.is_valid(), ids_col.is_valid()).to_numpy(zero_copy_only=False))
-    take = pa.array(np.flatnonzero(rows))
+    rows = float_values(pc.and_(kept.is_valid(), ids_col.is_valid())).astype(bool)
+    take = int64_array(np.flatnonzero(rows))
     kept_ids, kept_off = token_sets(kept.take(take))
     top = ids_col.take(take).flatten().flatten()
-    top_ids = np.asarray(top.flatten().to_numpy(zero_copy_only=False), dtype=np.int64)
+    top_ids = float_values(top.flatten()).astype(np.int64)
     top_off = list_offsets(top)
-    top_logp = np.asarray(
-        logp_col.take(take).flatten().flatten().flatten().to_numpy(zero_copy_only=False),
-        dtype=np.float64,
-    )
+    top_logp = float_values(logp_col.take(take).flatten().flatten().flatten())
     per_token = list_offsets(kept.take(take).flatten())
     n_tokens = len(kept_off) - 1
     # Each kept id's top-k entry of its token (no loop over tokens).

@@ -17,6 +17,7 @@ from .keptsets import (
 )
 from .lists import (
     first_null as first_null,
+    float_values as float_values,
     int64_array as int64_array,
     int64_scalar as int64_scalar,
     list_offsets as list_offsets,

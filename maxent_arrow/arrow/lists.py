@@ -15,6 +15,7 @@ import pyarrow as pa
 
 __all__ = [
     "first_null",
+    "float_values",
     "int64_array",
     "int64_scalar",
     "list_offsets",
@@ -29,7 +30,10 @@ __all__ = [
 def list_offsets(array: pa.Array) -> np.ndarray:
     """The int64 offsets of a ``list`` / ``large_list`` array, rebased to 0 (a slice's offsets
     start where the slice does)."""
-    raw = np.asarray(array.offsets.to_numpy(zero_copy_only=False), dtype=np.int64)
+    offsets = array.offsets  # the slice's, unrebased; read from its buffer (no pandas)
+    kind = np.int64 if offsets.type == pa.int64() else np.int32
+    n, at = len(offsets), offsets.offset
+    raw = np.frombuffer(offsets.buffers()[1], kind, count=at + n)[at:].astype(np.int64)
     return raw - raw[0]
 
 
@@ -54,6 +58,35 @@ def first_null(array: pa.Array) -> int:
     """The position of the first null in ``array`` (which has at least one)."""
     valid = np.asarray(array.is_valid().to_numpy(zero_copy_only=False))
     return int(np.flatnonzero(~valid)[0])
+
+
+_NUMPY = {
+    pa.float64(): np.float64, pa.float32(): np.float32, pa.int64(): np.int64,
+    pa.int32(): np.int32, pa.int16(): np.int16, pa.int8(): np.int8,
+}  # fmt: skip
+
+
+def float_values(array: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """A numeric or boolean Arrow array as float64 numpy (nulls as NaN), from its buffers:
+    ``Array.to_numpy`` imports pandas, which no command of the read side loads."""
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks()
+    n, offset = len(array), array.offset
+    if n == 0:
+        return np.zeros(0)
+    buffers = array.buffers()
+    if pa.types.is_boolean(array.type):
+        bits = np.unpackbits(np.frombuffer(buffers[1], np.uint8), bitorder="little")
+        values = bits[offset : offset + n].astype(np.float64)
+    elif array.type in _NUMPY:
+        kind = _NUMPY[array.type]
+        values = np.frombuffer(buffers[1], kind, count=offset + n)[offset:].astype(np.float64)
+    else:
+        raise TypeError(f"float_values: {array.type} is not a number column")
+    if array.null_count and buffers[0] is not None:
+        valid = np.unpackbits(np.frombuffer(buffers[0], np.uint8), bitorder="little")
+        values[~valid[offset : offset + n].astype(bool)] = np.nan
+    return values
 
 
 def int64_array(values: object) -> pa.Array:

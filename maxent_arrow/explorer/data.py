@@ -7,8 +7,8 @@ sandboxed SQL views for the compare page's one-column scan. A page reads the ste
 the group rows of one step, or one group row, and only the columns it shows: never the whole
 run. Nothing here writes, and no path comes from a request: steps, ranks and group indices
 are integers, kinds are matched against the store's. Numbers come out of Arrow through their
-buffers (:func:`numbers`): ``Array.to_numpy`` and Python scalars in ``pyarrow.compute``
-import pandas, which the read side never loads.
+buffers (:func:`~maxent_arrow.arrow.lists.float_values`): ``Array.to_numpy`` and Python
+scalars in ``pyarrow.compute`` import pandas, which the read side never loads.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from maxent_arrow.analytics.jsonsafe import finite
+from maxent_arrow.arrow import float_values
 from maxent_arrow.arrow import registry as R
 from maxent_arrow.errors import ArgumentError
 from maxent_arrow.store import ReadOnlyStore
@@ -38,7 +40,6 @@ __all__ = [
     "completion_stats",
     "dumps",
     "nan_mean",
-    "numbers",
 ]
 
 History = Literal["effective", "all", "superseded"]
@@ -82,38 +83,9 @@ def nan_mean(values: Sequence[float | None]) -> float:
     return sum(kept) / len(kept) if kept else math.nan
 
 
-_NUMPY = {
-    pa.float64(): np.float64, pa.float32(): np.float32, pa.int64(): np.int64,
-    pa.int32(): np.int32, pa.int16(): np.int16, pa.int8(): np.int8,
-}  # fmt: skip
-
-
-def numbers(array: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    """A numeric or boolean Arrow array as float64 numpy (nulls as NaN), from its buffers:
-    ``Array.to_numpy`` imports pandas, which no command of the read side loads."""
-    if isinstance(array, pa.ChunkedArray):
-        array = array.combine_chunks()
-    n, offset = len(array), array.offset
-    if n == 0:
-        return np.zeros(0)
-    buffers = array.buffers()
-    if pa.types.is_boolean(array.type):
-        bits = np.unpackbits(np.frombuffer(buffers[1], np.uint8), bitorder="little")
-        values = bits[offset : offset + n].astype(np.float64)
-    elif array.type in _NUMPY:
-        kind = _NUMPY[array.type]
-        values = np.frombuffer(buffers[1], kind, count=offset + n)[offset:].astype(np.float64)
-    else:
-        raise TypeError(f"numbers: {array.type} is not a number column")
-    if array.null_count and buffers[0] is not None:
-        valid = np.unpackbits(np.frombuffer(buffers[0], np.uint8), bitorder="little")
-        values[~valid[offset : offset + n].astype(bool)] = np.nan
-    return values
-
-
 def _rows(column: pa.Array) -> np.ndarray:
     """The row (list) of each flattened item of list array ``column``."""
-    return numbers(pc.list_parent_indices(column)).astype(np.int64)
+    return float_values(pc.list_parent_indices(column)).astype(np.int64)
 
 
 def _flat(table: pa.Table, name: str, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -121,7 +93,7 @@ def _flat(table: pa.Table, name: str, n: int) -> tuple[np.ndarray, np.ndarray]:
     if name not in table.column_names or n == 0:
         return np.zeros(0), np.zeros(0, np.int64)
     column = table.column(name).combine_chunks()
-    return numbers(pc.list_flatten(column)), _rows(column)
+    return float_values(pc.list_flatten(column)), _rows(column)
 
 
 def _moments(values: np.ndarray, rows: np.ndarray, n: int) -> tuple[np.ndarray, ...]:
@@ -163,10 +135,10 @@ def _function_means(table: pa.Table, n: int) -> tuple[list[str], dict[str, dict[
     names = table.column("reward_names").to_pylist()
     values = table.column("reward_values").combine_chunks()
     per_completion = pc.list_flatten(values)
-    flat = numbers(pc.list_flatten(per_completion))
+    flat = float_values(pc.list_flatten(per_completion))
     completion_of = _rows(per_completion)
     row_of = _rows(values)[completion_of]
-    starts = numbers(per_completion.offsets).astype(np.int64)[:-1][completion_of]
+    starts = float_values(per_completion.offsets).astype(np.int64)[:-1][completion_of]
     position = np.arange(len(flat)) - starts
     functions: list[str] = []
     out: dict[str, dict[int, float]] = {}
@@ -451,7 +423,7 @@ class RunData:
             items = pc.list_flatten(info)
             tokens = pc.struct_field(items, "token_count")
             if tokens.null_count < len(tokens):
-                lengths = numbers(tokens)
+                lengths = float_values(tokens)
                 l_rows = rows_of
             # No Python scalars into pyarrow.compute (pa.scalar imports pandas).
             cut = pc.struct_field(items, "truncated")
@@ -460,14 +432,14 @@ class RunData:
             flags = pc.or_(
                 pc.and_kleene(cut, pc.is_valid(cut)), pc.and_kleene(at_cap, pc.is_valid(at_cap))
             )
-            flags = numbers(flags).astype(np.int64)
+            flags = float_values(flags).astype(np.int64)
             truncated = np.bincount(rows_of, weights=flags, minlength=n).astype(np.int64)
         if not len(lengths) and "ref_tok_counts" in present:
             lengths, l_rows = _flat(table, "ref_tok_counts", n)
         if not len(lengths) and "completion_ids" in schema.names and n:
             ids = store.read(steps=step, kind=kind, columns=[*R.ROW_KEY, "completion_ids"])
             per = pc.list_flatten(ids.column("completion_ids").combine_chunks())
-            lengths = numbers(pc.list_value_length(per))
+            lengths = float_values(pc.list_value_length(per))
             l_rows = _rows(ids.column("completion_ids").combine_chunks())
         mean_length, _, _ = _moments(lengths, l_rows, n)
         functions, per_function = _function_means(table, n)
@@ -711,14 +683,4 @@ class RunData:
 
 def dumps(value: Any) -> str:
     """JSON for a page's data attribute: non-finite floats as null."""
-
-    def clean(v: Any) -> Any:
-        if isinstance(v, float) and not math.isfinite(v):
-            return None
-        if isinstance(v, dict):
-            return {k: clean(x) for k, x in v.items()}
-        if isinstance(v, list | tuple):
-            return [clean(x) for x in v]
-        return v
-
-    return json.dumps(clean(value), default=str)
+    return json.dumps(finite(value), default=str)

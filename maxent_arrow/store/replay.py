@@ -290,6 +290,7 @@ def _iterate_whole(
     crc: bool,
 ) -> Iterator[RolloutBatch]:
     for index in range(position, len(merged)):
+        _release_unused()  # (the previous step was dropped after its yield)
         try:
             loaded = [_load_unit(catalog, unit, options, crc) for unit in merged[index]]
         except StoreError as exc:
@@ -324,6 +325,7 @@ def _iterate(
         try:
             if loaded is None or loaded[0] != item.unit:
                 loaded = None  # drop the previous step before reading the next
+                _release_unused()
                 loaded = (item.unit, *_load_unit(catalog, unit, options, crc))
         except StoreError as exc:
             fail(on_error, exc)
@@ -342,6 +344,12 @@ def _iterate(
         yield batch
         # Hold no reference to this step while the next one loads (peak memory: one step).
         del batch, part, groups
+
+
+def _release_unused() -> None:
+    """Hand the memory pool's freed pages back to the system before the next step decodes
+    (~0.1 ms): what the last step's decode freed is not kept beside the next one's."""
+    pa.default_memory_pool().release_unused()
 
 
 def _as_batch(table: pa.Table) -> pa.RecordBatch:

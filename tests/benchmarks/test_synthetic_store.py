@@ -70,3 +70,33 @@ def test_a_small_synthetic_store_is_accepted_by_every_reader(tmp_path, layout):
     # And the store takes appends on top of it.
     writer = RolloutStore(built.path)
     assert writer.steps(kind="train")[-1] == steps - 1
+
+
+def test_a_build_shared_among_worker_processes_holds_the_same_data(tmp_path):
+    """Two spawned workers commit their shares through the store's lock: the store holds
+    the data one process builds (each commit's values come from its own seed), every reader
+    accepts it, and its log has one checkpoint, at its end (none every 100 commits)."""
+    params = dict(steps=60, ranks=2, groups=2, k=2, tokens=8, eval_every=5, layout="loose")
+    one = synthetic_store.build(tmp_path / "one", workers=1, **params)
+    two = synthetic_store.build(tmp_path / "two", workers=2, **params)
+    units = (60 + 12) * 2
+    assert two.cpu_seconds > 0  # the workers' CPU is counted (they are waited for)
+    tables = []
+    for built in (one, two):
+        assert (built.group_files, built.log_entries, built.group_rows) == (
+            units,
+            units + 1,
+            units * 2,
+        )
+        store = ReadOnlyStore(built.path)
+        report = store.verify()
+        assert report.ok, report.problems
+        keys = ["kind", "step", "rank", "group_index"]
+        tables.append(store.read().sort_by([(k, "ascending") for k in keys]))
+        checkpoints = sorted(p.name for p in (built.path / "log").glob("checkpoint-*"))
+        assert checkpoints == [f"checkpoint-{units + 1:020d}.parquet"]
+        # Plain pyarrow reads the checkpoint: every unit's file is in it.
+        live = pq.read_table(built.path / "log" / "_checkpoint.parquet").to_pylist()
+        assert sum(r["kind"] == "group_file" and r["effective"] for r in live) == units
+    assert tables[0].num_rows == units * 2
+    assert tables[0].equals(tables[1])
