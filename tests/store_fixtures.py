@@ -212,3 +212,19 @@ def unit_path(store, table: str, step: int, *, rank: int = 0, kind: str = "train
     want = unit_name(step, rank, kind)
     (path,) = [p for p in store.committed_files(table) if unit_of(p.name) == want]
     return path
+
+
+# A query over every committed group file (the advantages of each step, summed).
+ADVANTAGE_SUMS = (
+    "SELECT step, sum(list_sum(advantages)) AS s FROM groups GROUP BY step ORDER BY step"
+)
+
+
+def loose_store(root, steps: int = 3):
+    """A writable store at ``root`` of ``steps`` one-step files (no merging)."""
+    from maxent_arrow import RolloutStore
+
+    store = RolloutStore.create(root, compact_every=None)
+    for step in range(steps):
+        store.append(make_batch(step))
+    return store

@@ -14,20 +14,17 @@ from pathlib import Path
 import duckdb
 import pyarrow.parquet as pq
 import pytest
-from store_fixtures import make_batch
+from store_fixtures import ADVANTAGE_SUMS, loose_store, make_batch
 
 from maxent_arrow import RolloutStore
 from maxent_arrow.errors import QueryError, StoreError
 from maxent_arrow.store import ReadOnlyStore, verified
 
-QUERY = "SELECT step, sum(list_sum(advantages)) AS s FROM groups GROUP BY step ORDER BY step"
+QUERY = ADVANTAGE_SUMS
 
 
 def _store(tmp_path: Path, steps: int = 3) -> RolloutStore:
-    store = RolloutStore.create(tmp_path / "run", compact_every=None)
-    for step in range(steps):
-        store.append(make_batch(step))
-    return store
+    return loose_store(tmp_path / "run", steps)
 
 
 def _duckdb(store: ReadOnlyStore) -> list[tuple]:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from store_fixtures import make_batch
+from store_fixtures import ADVANTAGE_SUMS, loose_store
 
 from maxent_arrow import RolloutStore
 from maxent_arrow.errors import StoreError
@@ -24,14 +24,11 @@ from maxent_arrow.store import verified
 
 # A chunk checksum mismatch, whichever algorithm the file recorded (CRC32C; CRC-32 in older stores).
 CHECKSUM = re.compile(r"CRC(?:-32|32C) [0-9a-f]+, expected")
-QUERY = "SELECT step, sum(list_sum(advantages)) AS s FROM groups GROUP BY step ORDER BY step"
+QUERY = ADVANTAGE_SUMS
 
 
 def _store(tmp_path: Path, steps: int = 3) -> RolloutStore:
-    store = RolloutStore.create(tmp_path / "run", compact_every=None)
-    for step in range(steps):
-        store.append(make_batch(step))
-    return store
+    return loose_store(tmp_path / "run", steps)
 
 
 def _flip(path: Path, column: str, *, keep_mtime: bool) -> None:
