@@ -102,9 +102,7 @@ def _files_bar(description: str, enabled: bool) -> Iterator[Callable[[int, int],
 
 
 def _print_json(value: Any) -> None:
-    from maxent_arrow.analytics.jsonsafe import finite  # (importing the cli imports no module)
-
-    text = json.dumps(finite(value), indent=2, default=str, allow_nan=False)
+    text = json.dumps(analytics.finite(value), indent=2, default=str, allow_nan=False)
     sys.stdout.write(text + "\n")
 
 
@@ -290,8 +288,6 @@ def _cmd_offpolicy(args: argparse.Namespace) -> int:
 def _cmd_train(args: argparse.Namespace) -> int:
     """``train --from-store RUN``: a policy trained from a demo run's stored rollouts
     (:func:`maxent_arrow.demo.train_offline`; torch loads here, when it runs)."""
-    from maxent_arrow.analytics.jsonsafe import finite
-
     result = demo.train_offline(
         demo.run_directory(args.from_store),
         demo.prepare_run_dir(args.out),
@@ -311,7 +307,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         "dropped": sum(sum(s.dropped.values()) for s in result.steps),
         "accuracy": [[step, accuracy] for step, accuracy in result.accuracy],
         "max_loss_error": max(errors) if errors else None,
-        "losses": [[s.step, s.loss, finite(s.logged_loss)] for s in result.steps],
+        "losses": [[s.step, s.loss, analytics.finite(s.logged_loss)] for s in result.steps],
     }
     if args.json:
         _print_json(summary)
@@ -433,8 +429,6 @@ def _tail_line(event: Any) -> str:
 
 
 def _cmd_tail(args: argparse.Namespace) -> int:
-    from maxent_arrow.analytics.jsonsafe import finite
-
     run = _store(args)
     events = run.tail(kind=args.kind, since=args.since, poll=args.poll, timeout=args.timeout)
     how = store.watches(run.backend)
@@ -444,7 +438,7 @@ def _cmd_tail(args: argparse.Namespace) -> int:
     sys.stderr.flush()
     try:
         for event in events:
-            line = json.dumps(finite(event.to_json()), default=str) if args.json else None
+            line = json.dumps(analytics.finite(event.to_json()), default=str) if args.json else None
             sys.stdout.write((line or _tail_line(event)) + "\n")
             sys.stdout.flush()  # a pipe's reader gets each event as it lands
     finally:

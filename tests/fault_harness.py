@@ -104,6 +104,32 @@ def flip(path: Path, at: int) -> None:
     path.write_bytes(bytes(data))
 
 
+def flip_chunk(path: Path, column: str, *, keep_mtime: bool) -> None:
+    """Flip one byte in the middle of ``column``'s chunk (first row group) of Parquet file
+    ``path``, in place (its size kept); with ``keep_mtime``, its modification time put back
+    as it was: damage a stat of the file cannot see."""
+    import pyarrow.parquet as pq
+
+    rg = pq.ParquetFile(path).metadata.row_group(0)
+    chunk = next(
+        rg.column(i)
+        for i in range(rg.num_columns)
+        if rg.column(i).path_in_schema.split(".")[0] == column
+    )
+    start = chunk.dictionary_page_offset or chunk.data_page_offset
+    offset = start + chunk.total_compressed_size // 2
+    before = os.stat(path)
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0x40]))
+    if keep_mtime:
+        os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+        assert os.stat(path).st_mtime_ns == before.st_mtime_ns
+    assert os.stat(path).st_size == before.st_size
+
+
 def truncate(path: Path) -> None:
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])

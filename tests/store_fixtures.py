@@ -228,3 +228,18 @@ def loose_store(root, steps: int = 3):
     for step in range(steps):
         store.append(make_batch(step))
     return store
+
+
+def compacted_run(root, *, steps: int, eval_every: int, merged: int, segment: int):
+    """A writable store at ``root``: train steps ``0..steps-1`` (seeded by step), an eval step
+    at every ``eval_every``-th (seeded ``100 + step``), the first ``merged`` train steps
+    compacted into segments of ``segment`` steps and the others loose."""
+    from maxent_arrow import RolloutStore
+
+    store = RolloutStore.create(root, compact_every=None)
+    for step in range(steps):
+        store.append(make_batch(step, seed=step))
+        if step % eval_every == 0:
+            store.append(make_batch(step, kind="eval", seed=100 + step))
+    store.compact(kind="train", steps=range(merged), max_steps=segment)
+    return store

@@ -2,6 +2,7 @@
 # checkers read their types (docs/architecture.md §4).
 
 from .export import export_hf as export_hf, export_ipc as export_ipc
+from .jsonsafe import finite as finite
 from .links import DEFAULT_VIEW_PORT as DEFAULT_VIEW_PORT, DEFAULT_VIEW_URL as DEFAULT_VIEW_URL
 from .offpolicy import (
     offpolicy_html as offpolicy_html,

@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from maxent_arrow.analytics.jsonsafe import finite
+from maxent_arrow.analytics import finite
 from maxent_arrow.arrow import float_values
 from maxent_arrow.arrow import registry as R
 from maxent_arrow.errors import ArgumentError

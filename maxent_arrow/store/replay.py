@@ -85,7 +85,7 @@ class ReplayOptions:
         ``"cache"`` reads the IPC copies (the columns served copied into memory of the
         reader's own and hashed in the same pass: a program truncating the file under a
         batch kills no reader); ``"mapped"`` serves the IPC copies' mapping itself, checked
-        in place (no copy, as ``torch.load(mmap=True)``: such a truncation then ends the
+        in place (no copy, as torch's mapped load: such a truncation then ends the
         process with SIGBUS); ``"parquet"`` decodes the archive; ``"auto"`` uses the cache
         (as ``"cache"``) where a copy of the committed file exists.
     on_error:

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from fault_harness import flip, truncate
-from store_fixtures import CONFIG, make_batch, unit_path
+from store_fixtures import CONFIG, compacted_run, make_batch, unit_path
 
 from maxent_arrow import RolloutStore, StoreError
 from maxent_arrow.analytics import RunAnalytics, describe_run
@@ -28,12 +28,7 @@ from maxent_arrow.store.catalog import History
 
 def _run(tmp_path):
     root = tmp_path / "run"
-    store = RolloutStore.create(root, compact_every=None)
-    for step in range(24):
-        store.append(make_batch(step, seed=step))
-        if step % 4 == 0:
-            store.append(make_batch(step, kind="eval", seed=100 + step))
-    store.compact(kind="train", steps=range(20), max_steps=8)
+    compacted_run(root, steps=24, eval_every=4, merged=20, segment=8)
     # A resume at step 13 supersedes train steps 13-23 of the first attempt (in part the
     # segment of steps 8-15) and eval steps 16 and 20.
     resumed = RolloutStore(root, resume_from=13, compact_every=None, attempt="second")

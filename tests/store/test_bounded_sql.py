@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import duckdb
 import pytest
-from store_fixtures import make_batch
+from store_fixtures import compacted_run, make_batch
 
 from maxent_arrow import RolloutStore
 from maxent_arrow.errors import ArgumentError, StoreError
@@ -24,12 +24,7 @@ def _run(tmp_path):
     """Steps 0-29 of train compacted into segments of 10 steps, and loose files: evals every
     5th step, and train steps 30-34."""
     root = tmp_path / "run"
-    store = RolloutStore.create(root, compact_every=None)
-    for step in range(35):
-        store.append(make_batch(step, seed=step))
-        if step % 5 == 0:
-            store.append(make_batch(step, kind="eval", seed=100 + step))
-    store.compact(kind="train", steps=range(30), max_steps=10)
+    compacted_run(root, steps=35, eval_every=5, merged=30, segment=10)
     return root
 
 

@@ -12,8 +12,8 @@ import threading
 from pathlib import Path
 
 import duckdb
-import pyarrow.parquet as pq
 import pytest
+from fault_harness import flip_chunk
 from store_fixtures import ADVANTAGE_SUMS, loose_store, make_batch
 
 from maxent_arrow import RolloutStore
@@ -33,24 +33,6 @@ def _duckdb(store: ReadOnlyStore) -> list[tuple]:
     relation = duckdb.sql(QUERY.replace("FROM groups", f"FROM read_parquet([{files}])"))
     assert relation is not None
     return relation.fetchall()
-
-
-def _flip_chunk(path: Path, column: str) -> None:
-    """Flip one byte in the middle of ``column``'s chunk, size and modification time kept."""
-    meta = pq.ParquetFile(path).metadata.row_group(0)
-    chunk = next(
-        meta.column(i)
-        for i in range(meta.num_columns)
-        if meta.column(i).path_in_schema.split(".")[0] == column
-    )
-    offset = chunk.data_page_offset + chunk.total_compressed_size // 2
-    stat = os.stat(path)
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        byte = f.read(1)
-        f.seek(offset)
-        f.write(bytes([byte[0] ^ 0x40]))
-    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
 
 
 def _held(store: ReadOnlyStore):
@@ -106,7 +88,7 @@ def test_a_rewritten_group_file_is_checked_again(tmp_path):
     store = ReadOnlyStore(_store(tmp_path).root)
     store.sql(QUERY)
     victim = Path(store.committed_files("groups")[2])
-    _flip_chunk(victim, "advantages")
+    flip_chunk(victim, "advantages", keep_mtime=True)
     stat = os.stat(victim)
     os.utime(victim, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
     with pytest.raises(StoreError, match="expected") as err:
@@ -199,7 +181,7 @@ def test_a_query_planned_once_per_process_still_checks_its_chunks(tmp_path, monk
         assert {"(footer)", "advantages"} <= verified.checked(views.ledger.keys[rel])
     again.close()
     victim = Path(store.committed_files("groups")[0])
-    _flip_chunk(victim, "advantages")
+    flip_chunk(victim, "advantages", keep_mtime=True)
     verified.forget()
     with pytest.raises(StoreError, match="expected") as err:
         ReadOnlyStore(store.root).sql(QUERY)

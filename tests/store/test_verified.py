@@ -14,8 +14,8 @@ import sys
 import textwrap
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
+from fault_harness import flip_chunk
 from store_fixtures import ADVANTAGE_SUMS, loose_store
 
 from maxent_arrow import RolloutStore
@@ -29,30 +29,6 @@ QUERY = ADVANTAGE_SUMS
 
 def _store(tmp_path: Path, steps: int = 3) -> RolloutStore:
     return loose_store(tmp_path / "run", steps)
-
-
-def _flip(path: Path, column: str, *, keep_mtime: bool) -> None:
-    """Flip one byte in the middle of ``column``'s chunk of ``path``; with ``keep_mtime``, put
-    the size and the modification time back as they were."""
-    meta = pq.ParquetFile(path).metadata
-    rg = meta.row_group(0)
-    chunk = next(
-        rg.column(i)
-        for i in range(rg.num_columns)
-        if rg.column(i).path_in_schema.split(".")[0] == column
-    )
-    start = chunk.dictionary_page_offset or chunk.data_page_offset
-    offset = start + chunk.total_compressed_size // 2
-    before = os.stat(path)
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        byte = f.read(1)
-        f.seek(offset)
-        f.write(bytes([byte[0] ^ 0x40]))
-    if keep_mtime:
-        os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
-        assert os.stat(path).st_mtime_ns == before.st_mtime_ns
-    assert os.stat(path).st_size == before.st_size
 
 
 def _fresh_query(root: Path) -> subprocess.CompletedProcess:
@@ -72,7 +48,7 @@ def _group_files(store: RolloutStore) -> list[Path]:
 def test_damage_present_at_a_process_first_read_is_never_served(tmp_path):
     store = _store(tmp_path)
     victim = _group_files(store)[1]
-    _flip(victim, "advantages", keep_mtime=True)
+    flip_chunk(victim, "advantages", keep_mtime=True)
     out = _fresh_query(store.root)
     assert out.returncode != 0
     assert CHECKSUM.search(out.stderr) and victim.name in out.stderr
@@ -106,7 +82,7 @@ def test_later_damage_that_changes_the_mtime_is_caught_by_the_next_query(tmp_pat
     before = reader.sql(QUERY)
     assert before.num_rows == 3
     victim = _group_files(store)[2]
-    _flip(victim, "advantages", keep_mtime=False)
+    flip_chunk(victim, "advantages", keep_mtime=False)
     os.utime(victim, ns=(os.stat(victim).st_atime_ns, os.stat(victim).st_mtime_ns + 10**9))
     with pytest.raises(StoreError, match=CHECKSUM) as err:
         reader.sql(QUERY)
@@ -119,7 +95,7 @@ def test_later_damage_with_size_and_mtime_restored_is_found_by_verify(tmp_path):
     reader = RolloutStore(store.root)
     reader.sql(QUERY)
     victim = _group_files(store)[0]
-    _flip(victim, "advantages", keep_mtime=True)
+    flip_chunk(victim, "advantages", keep_mtime=True)
     # This process checked the file already and its key is unchanged: not checked again (the
     # stated limit). DuckDB may still fail to decode the flipped page, but our check does not
     # run: no CRC error is raised for it.
