@@ -148,6 +148,12 @@ def _step_batch(step: int, steps: int, rng: np.random.Generator, pool: pa.Array)
     )
 
 
+# The stores' cache key: a new one whenever the writer's layout changes (an4: checkpoints
+# with units' items read when first used, per-file summaries), so the figures are of stores
+# this version writes.
+STORES = "an4"
+
+
 def generate(root: Path, *, steps: int, compact_every: int | None) -> Path:
     """Append ``steps`` steps through ``RolloutStore.append`` with the writer policy given;
     reused when its completion marker exists."""
@@ -450,11 +456,17 @@ def main(argv: list[str] | None = None) -> int:
     small, large = (40, 100) if bench.quick else (200, 1000)
     cache = _cache_dir()
     stores = [
-        (f"{small} files", generate(cache / f"an3-{small}-off", steps=small, compact_every=None)),
-        (f"{large} files", generate(cache / f"an3-{large}-off", steps=large, compact_every=None)),
+        (
+            f"{small} files",
+            generate(cache / f"{STORES}-{small}-off", steps=small, compact_every=None),
+        ),
+        (
+            f"{large} files",
+            generate(cache / f"{STORES}-{large}-off", steps=large, compact_every=None),
+        ),
         (
             f"{large} steps, writer policy (compact_every=100)",
-            generate(cache / f"an3-{large}-policy", steps=large, compact_every=100),
+            generate(cache / f"{STORES}-{large}-policy", steps=large, compact_every=100),
         ),
     ]
     for label, root in stores:

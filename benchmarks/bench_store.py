@@ -374,7 +374,9 @@ def run(bench: harness.Bench, args, work: Path) -> None:
             "memcpy": lambda: np.copyto(np.empty_like(flat), flat),
             "preadv": lambda: pread_into(cache_file, spare),
         },
-        repeats=repeats,
+        # Each run takes milliseconds and the targets are ratios of a few: more runs to the
+        # median on a shared machine.
+        repeats=3 * repeats,
     )
     bench.row(
         "replay one step from Parquet, token values used",

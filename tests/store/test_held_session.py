@@ -6,9 +6,11 @@ DuckDB reading the same files itself."""
 
 from __future__ import annotations
 
+import gc
 import os
 import pickle
 import threading
+import traceback
 from pathlib import Path
 
 import duckdb
@@ -216,3 +218,45 @@ def test_the_connection_a_query_check_opened_becomes_the_next_sessions(tmp_path)
         first.con.execute("SET threads = 1")
     first.close()
     second.close()
+
+
+def test_building_the_views_runs_no_collection_and_leaves_the_collector_as_found(tmp_path):
+    """The views are built with Python's cyclic collector off (``store/sql.py``): with its
+    threshold at 1, a collection would start at nearly every allocation of the build; none
+    starts inside it (only as the pause is entered and left), and the collector is on or
+    off after as it was before, also when the build fails."""
+    root = _store(tmp_path).root
+    inside: list[str] = []  # where each collection started: the innermost frame of ours
+
+    def count(phase: str, info: dict) -> None:
+        if phase == "start":
+            frames = traceback.extract_stack()[:-1]
+            inside.append(frames[-1].name)
+
+    thresholds = gc.get_threshold()
+    store = ReadOnlyStore(root)
+    views = store.sql_views()
+    gc.callbacks.append(count)
+    gc.set_threshold(1)
+    try:
+        views.refresh()
+        during = list(inside)
+        assert gc.isenabled()
+        gc.collect()  # the callback does see collections
+        assert len(inside) > len(during)
+    finally:
+        gc.set_threshold(*thresholds)
+        gc.callbacks.remove(count)
+    views.close()
+    assert during and set(during) <= {"refresh", "helper", "__enter__", "__exit__"}, during
+    gc.disable()
+    try:
+        ReadOnlyStore(root).sql(QUERY)
+        assert not gc.isenabled()  # the caller's choice kept
+    finally:
+        gc.enable()
+    victim = next(iter(store.committed_files("groups")))
+    os.remove(victim)
+    with pytest.raises(StoreError, match=os.path.basename(victim)):
+        ReadOnlyStore(root).sql(QUERY)
+    assert gc.isenabled()  # on again after a build that failed
