@@ -14,6 +14,8 @@ import traceback
 from pathlib import Path
 
 import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from fault_harness import flip_chunk
 from store_fixtures import ADVANTAGE_SUMS, loose_store, make_batch
@@ -21,6 +23,7 @@ from store_fixtures import ADVANTAGE_SUMS, loose_store, make_batch
 from maxent_arrow import RolloutStore
 from maxent_arrow.errors import QueryError, StoreError
 from maxent_arrow.store import ReadOnlyStore, verified
+from maxent_arrow.store.session import SqlSession
 
 QUERY = ADVANTAGE_SUMS
 
@@ -260,3 +263,24 @@ def test_building_the_views_runs_no_collection_and_leaves_the_collector_as_found
     with pytest.raises(StoreError, match=os.path.basename(victim)):
         ReadOnlyStore(root).sql(QUERY)
     assert gc.isenabled()  # on again after a build that failed
+
+
+def test_a_session_keeps_parsed_footers_and_reads_a_rewritten_file_again(tmp_path):
+    """Sessions keep each file's parsed footer (DuckDB's parquet_metadata_cache: views and
+    queries do not parse it again); a file rewritten since (its modification time moved on)
+    is read with its new footer, never the kept one."""
+    path = tmp_path / "f.parquet"
+    pq.write_table(pa.table({"x": [1, 2, 3]}), path)
+    session = SqlSession()
+    try:
+        con = session.con
+        setting = "SELECT current_setting('parquet_metadata_cache')"
+        assert con.execute(setting).fetchone() == (True,)
+        query = f"SELECT sum(x), count(*) FROM read_parquet('{path}')"
+        assert con.execute(query).fetchone() == (6, 3)
+        before = path.stat()
+        pq.write_table(pa.table({"x": list(range(10))}), path, row_group_size=4)
+        os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns + 10**9))
+        assert con.execute(query).fetchone() == (45, 10)
+    finally:
+        session.close()
