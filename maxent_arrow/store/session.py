@@ -28,6 +28,7 @@ from maxent_arrow.errors import ArgumentError, MissingExtraError, QueryError, St
 from maxent_arrow.store.sqlplan import ViewPlan
 
 __all__ = [
+    "KEPT_FOOTERS_FILES",
     "QueryLimits",
     "SqlSession",
     "check_query",
@@ -157,6 +158,12 @@ def check_timeout(timeout: Any) -> float | None:
 _RESULT_BATCH_ROWS = 1 << 17
 
 
+# Sessions over at most this many files keep their parsed footers (SqlSession.install):
+# DuckDB keeps ~190 KB per file (measured with DuckDB 2.0 on the store's files), so at most
+# ~100 MB; a session over more files parses each footer where it reads it.
+KEPT_FOOTERS_FILES = 512
+
+
 class _ResultTooLarge(Exception):
     """A result over the memory limit (raised in the query's worker thread)."""
 
@@ -214,18 +221,19 @@ class SqlSession:
         # progress bar drawn on stdout between the rows a command prints.
         self.con.execute("SET temp_directory = ''")
         self.con.execute("SET enable_progress_bar = false")
-        # Each file's footer parsed once per session, not once per view bound over it and
-        # again per query (a segment of step-grain row groups has a large footer: 4x faster
-        # views and 1.5-2x faster queries on compacted stores). DuckDB reads a footer again
-        # when the file's modification time moves on; the footer's bytes are this library's
-        # to check (CRC32C, before the first query that reads the file).
-        self.con.execute("SET parquet_metadata_cache = true")
 
     def install(self, plan: ViewPlan) -> None:
         """Register the plan's tables, create its views, then lock the connection down:
         only the plan's paths may be read, no external access, configuration locked."""
         if self.sandboxed:
             raise StoreError("SqlSession.install: the session is sandboxed already")
+        if len(plan.allowed_paths) <= KEPT_FOOTERS_FILES:
+            # Each file's footer parsed once per session, not once per view bound over it and
+            # again per query (a segment of step-grain row groups has a large footer: 4x
+            # faster views and 1.5-2x faster queries on compacted stores). DuckDB parses a
+            # footer again when the file's modification time moves on; its bytes are this
+            # library's to check (CRC32C, before the first query that reads the file).
+            self.con.execute("SET parquet_metadata_cache = true")
         for name, table in plan.tables.items():
             self.con.register(name, table)
         for name, sql in plan.views.items():

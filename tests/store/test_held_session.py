@@ -23,7 +23,8 @@ from store_fixtures import ADVANTAGE_SUMS, loose_store, make_batch
 from maxent_arrow import RolloutStore
 from maxent_arrow.errors import QueryError, StoreError
 from maxent_arrow.store import ReadOnlyStore, verified
-from maxent_arrow.store.session import SqlSession
+from maxent_arrow.store.session import KEPT_FOOTERS_FILES, SqlSession
+from maxent_arrow.store.sqlplan import ViewPlan
 
 QUERY = ADVANTAGE_SUMS
 
@@ -266,21 +267,28 @@ def test_building_the_views_runs_no_collection_and_leaves_the_collector_as_found
 
 
 def test_a_session_keeps_parsed_footers_and_reads_a_rewritten_file_again(tmp_path):
-    """Sessions keep each file's parsed footer (DuckDB's parquet_metadata_cache: views and
-    queries do not parse it again); a file rewritten since (its modification time moved on)
-    is read with its new footer, never the kept one."""
+    """A session over few files keeps each one's parsed footer (DuckDB's
+    parquet_metadata_cache: views and queries do not parse it again), and reads a file
+    rewritten since (its modification time moved on) with its new footer, never the kept
+    one; a session over more than KEPT_FOOTERS_FILES files keeps none (DuckDB holds ~190 KB
+    per file)."""
     path = tmp_path / "f.parquet"
     pq.write_table(pa.table({"x": [1, 2, 3]}), path)
-    session = SqlSession()
-    try:
+    setting = "SELECT current_setting('parquet_metadata_cache')"
+    plan = ViewPlan(views={"t": f"SELECT * FROM read_parquet('{path}')"})
+    plan.allowed_paths.append(str(path))
+    with SqlSession() as session:
+        session.install(plan)
         con = session.con
-        setting = "SELECT current_setting('parquet_metadata_cache')"
         assert con.execute(setting).fetchone() == (True,)
-        query = f"SELECT sum(x), count(*) FROM read_parquet('{path}')"
+        query = "SELECT sum(x), count(*) FROM t"
         assert con.execute(query).fetchone() == (6, 3)
         before = path.stat()
         pq.write_table(pa.table({"x": list(range(10))}), path, row_group_size=4)
         os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns + 10**9))
         assert con.execute(query).fetchone() == (45, 10)
-    finally:
-        session.close()
+    plan.allowed_paths.extend(str(tmp_path / f"{i}.parquet") for i in range(KEPT_FOOTERS_FILES))
+    with SqlSession() as session:
+        session.install(plan)
+        assert session.con.execute(setting).fetchone() == (False,)
+        assert session.con.execute("SELECT sum(x) FROM t").fetchone() == (45,)
