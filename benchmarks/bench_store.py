@@ -502,7 +502,9 @@ def history_costs(bench: harness.Bench, batch: RolloutBatch, work: Path, numbers
             "ours": with_history,
             "plain": lambda: plain.append(make_step_like(batch, next(numbers))),
         },
-        repeats=max(repeats, 5),
+        # A 5% target on fsync'd appends, whose time on a shared disk varies run to run:
+        # more runs to the median.
+        repeats=max(2 * repeats, 5),
     )
     bench.row(
         "append one step with its history (log, attempt, lifecycle record)",
@@ -510,6 +512,9 @@ def history_costs(bench: harness.Bench, batch: RolloutBatch, work: Path, numbers
         baseline=Figure(t["plain"], "append to a store without a log (format 2)"),
         targets=[within("baseline", 1.05)],
         note="issue 21: recording attempts, lifecycle and the log costs at most 5% of append",
+        reason="the history adds two small durable writes to each append (the log entry, "
+        "created exclusively, and the lifecycle record's Parquet file, each fsync'd): "
+        "milliseconds that vary with the shared disk's fsync latency",
     )
 
 
