@@ -512,9 +512,9 @@ def history_costs(bench: harness.Bench, batch: RolloutBatch, work: Path, numbers
         baseline=Figure(t["plain"], "append to a store without a log (format 2)"),
         targets=[within("baseline", 1.05)],
         note="issue 21: recording attempts, lifecycle and the log costs at most 5% of append",
-        reason="the history adds two small durable writes to each append (the log entry, "
-        "created exclusively, and the lifecycle record's Parquet file, each fsync'd): "
-        "milliseconds that vary with the shared disk's fsync latency",
+        reason="the history adds three small durable writes to each step (the lifecycle "
+        "record's Parquet file and a log entry per commit, each fsync'd): milliseconds that "
+        "vary with the shared disk's fsync latency",
     )
 
 

@@ -66,7 +66,14 @@ from maxent_arrow.store.session import (
 )
 from maxent_arrow.store.sqlplan import FileSet, HistoryViews, ViewPlan, plan_views
 
-__all__ = ["SqlViews", "check_bound", "plan_scans", "scanned_columns", "views_signature"]
+__all__ = [
+    "SqlViews",
+    "check_bound",
+    "collector_paused",
+    "plan_scans",
+    "scanned_columns",
+    "views_signature",
+]
 
 
 def check_bound(steps: object) -> tuple[int, int]:
@@ -162,21 +169,42 @@ _plans: OrderedDict[tuple[bytes, str], tuple[bool, set[str] | None]] = OrderedDi
 _plans_lock = threading.Lock()
 
 
+# Pauses of the collector by threads building views at once: the first turns it off, the
+# last turns it back on (if it was on when the first began).
+_pause_lock = threading.Lock()
+_pause_holders = 0
+_pause_restores = False
+
+
 @contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
+def collector_paused() -> Iterator[None]:
     """Python's cyclic garbage collector off while the views are built (the pattern of
     Mercurial's ``nogc``): building them parses the log's record of every file, tens of
     thousands of small containers that all live on, and with the collector on each would be
     examined again every 700 allocations, with a full collection of the process's objects
-    (~20 ms after importing pyarrow and DuckDB) part way through. Turned back on after,
-    unless it was off before (another thread's pause, or the caller's own)."""
-    was = gc.isenabled()
-    gc.disable()
+    (~20 ms after importing pyarrow and DuckDB) part way through.
+
+    The pause is the process's (the collector is global): other threads run without the
+    cyclic collector meanwhile (reference counting still frees what they drop). Threads
+    pausing at once share one pause: the collector comes back on when the last one leaves,
+    if it was on when the first one came, also after an exception. A ``gc.disable()`` made
+    by other code during a pause is undone when the pause ends."""
+    global _pause_holders, _pause_restores
+    held = False
     try:
+        with _pause_lock:
+            if _pause_holders == 0:
+                _pause_restores = gc.isenabled()
+                gc.disable()
+            _pause_holders += 1
+            held = True
         yield
     finally:
-        if was:
-            gc.enable()
+        if held:
+            with _pause_lock:
+                _pause_holders -= 1
+                if _pause_holders == 0 and _pause_restores:
+                    gc.enable()
 
 
 def views_signature(plan: ViewPlan) -> bytes:
@@ -288,7 +316,7 @@ class SqlViews:
     def refresh(self) -> None:
         """List the committed files again and rebuild the views (a new session, without the
         tables registered on the old one)."""
-        with _collector_paused(), self.catalog.snapshot():
+        with collector_paused(), self.catalog.snapshot():
             backend = self.catalog.backend
             self.ledger.clear()
             self.own.clear()

@@ -9,8 +9,9 @@ from __future__ import annotations
 import gc
 import os
 import pickle
+import sys
 import threading
-import traceback
+import time
 from pathlib import Path
 
 import duckdb
@@ -23,7 +24,9 @@ from store_fixtures import ADVANTAGE_SUMS, loose_store, make_batch
 from maxent_arrow import RolloutStore
 from maxent_arrow.errors import QueryError, StoreError
 from maxent_arrow.store import ReadOnlyStore, verified
+from maxent_arrow.store.ledger import ChecksumLedger
 from maxent_arrow.store.session import KEPT_FOOTERS_FILES, SqlSession
+from maxent_arrow.store.sql import collector_paused
 from maxent_arrow.store.sqlplan import ViewPlan
 
 QUERY = ADVANTAGE_SUMS
@@ -224,70 +227,135 @@ def test_the_connection_a_query_check_opened_becomes_the_next_sessions(tmp_path)
     second.close()
 
 
-def test_building_the_views_runs_no_collection_and_leaves_the_collector_as_found(tmp_path):
-    """The views are built with Python's cyclic collector off (``store/sql.py``): with its
-    threshold at 1, a collection would start at nearly every allocation of the build; none
-    starts inside it (only as the pause is entered and left), and the collector is on or
-    off after as it was before, also when the build fails."""
+def _collections() -> int:
+    return sum(g["collections"] for g in gc.get_stats())
+
+
+def test_building_the_views_runs_no_collection_and_leaves_the_collector_as_found(
+    tmp_path, monkeypatch
+):
+    """The views are built with Python's cyclic collector off (``store/sql.py``): seen from
+    inside the build, from its first step (the ledger cleared) to its last (the session's
+    views installed), the collector is off and, with its threshold at 1, starts no
+    collection between them; after the build it is on or off as it was before, also when
+    the build fails."""
     root = _store(tmp_path).root
-    inside: list[str] = []  # where each collection started: the innermost frame of ours
+    seen: list[tuple[str, bool, int]] = []
+    for owner, name in ((ChecksumLedger, "clear"), (SqlSession, "install")):
+        original = getattr(owner, name)
 
-    def count(phase: str, info: dict) -> None:
-        if phase == "start":
-            frames = traceback.extract_stack()[:-1]
-            inside.append(frames[-1].name)
+        def spy(self, *args, __original=original, __name=name):
+            seen.append((__name, gc.isenabled(), _collections()))
+            return __original(self, *args)
 
+        monkeypatch.setattr(owner, name, spy)
     thresholds = gc.get_threshold()
-    store = ReadOnlyStore(root)
-    views = store.sql_views()
-    gc.callbacks.append(count)
     gc.set_threshold(1)
     try:
-        views.refresh()
-        during = list(inside)
+        ReadOnlyStore(root).sql(QUERY)
         assert gc.isenabled()
-        gc.collect()  # the callback does see collections
-        assert len(inside) > len(during)
+        before = _collections()
+        [[] for _ in range(1000)]  # the threshold does start collections outside the build
+        assert _collections() > before
     finally:
         gc.set_threshold(*thresholds)
-        gc.callbacks.remove(count)
-    views.close()
-    assert during and set(during) <= {"refresh", "helper", "__enter__", "__exit__"}, during
+    (first, *_, last) = [entry for entry in seen if entry[0] in ("clear", "install")]
+    assert first[0] == "clear" and last[0] == "install"
+    assert not first[1] and not last[1]  # off inside the build
+    assert first[2] == last[2]  # no collection between its first and last step
     gc.disable()
     try:
         ReadOnlyStore(root).sql(QUERY)
         assert not gc.isenabled()  # the caller's choice kept
     finally:
         gc.enable()
-    victim = next(iter(store.committed_files("groups")))
+    victim = next(iter(ReadOnlyStore(root).committed_files("groups")))
     os.remove(victim)
     with pytest.raises(StoreError, match=os.path.basename(victim)):
         ReadOnlyStore(root).sql(QUERY)
     assert gc.isenabled()  # on again after a build that failed
 
 
+def test_threads_pausing_the_collector_at_once_share_one_pause():
+    """Two threads in the pause at once (their order forced with events): the collector
+    stays off until the last one leaves, then is on again; if it was off before the first
+    came, it stays off; an exception inside a pause ends it too."""
+    inside, leave_first, first_left = threading.Event(), threading.Event(), threading.Event()
+
+    def first() -> None:
+        with collector_paused():
+            inside.set()
+            leave_first.wait(10)
+        first_left.set()
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    assert inside.wait(10)
+    with collector_paused():
+        leave_first.set()
+        assert first_left.wait(10)
+        assert not gc.isenabled()  # the first left, this one is still inside
+    thread.join(10)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with collector_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    with pytest.raises(RuntimeError), collector_paused():
+        raise RuntimeError("inside")
+    assert gc.isenabled()
+
+
+def test_views_built_by_many_threads_at_once_leave_the_collector_on(tmp_path):
+    """Many threads building views over one store at once, switching as often as the
+    interpreter lets them: the collector is on after every round."""
+    root = _store(tmp_path).root
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for _ in range(10):
+            threads = [
+                threading.Thread(target=lambda: ReadOnlyStore(root).sql(QUERY)) for _ in range(3)
+            ]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(60)
+            assert gc.isenabled()
+    finally:
+        sys.setswitchinterval(interval)
+
+
 def test_a_session_keeps_parsed_footers_and_reads_a_rewritten_file_again(tmp_path):
-    """A session over few files keeps each one's parsed footer (DuckDB's
-    parquet_metadata_cache: views and queries do not parse it again), and reads a file
-    rewritten since (its modification time moved on) with its new footer, never the kept
-    one; a session over more than KEPT_FOOTERS_FILES files keeps none (DuckDB holds ~190 KB
-    per file)."""
+    """A session over at most KEPT_FOOTERS_FILES files keeps each one's parsed footer
+    (DuckDB's parquet_metadata_cache: views and queries do not parse it again) and reads a
+    file rewritten since (its modification time moved on) with its new footer, never the
+    kept one; a session over more files keeps none (DuckDB holds ~190 KB per file).
+
+    DuckDB never trusts a kept footer of a file modified in the last 10 s: the file's times
+    are set a minute back, so that the footer is kept and its rewrite is what is seen."""
     path = tmp_path / "f.parquet"
     pq.write_table(pa.table({"x": [1, 2, 3]}), path)
+    old = time.time_ns() - 60 * 10**9
+    os.utime(path, ns=(old, old))
     setting = "SELECT current_setting('parquet_metadata_cache')"
     plan = ViewPlan(views={"t": f"SELECT * FROM read_parquet('{path}')"})
     plan.allowed_paths.append(str(path))
+    plan.allowed_paths.extend(str(tmp_path / f"{i}.parquet") for i in range(KEPT_FOOTERS_FILES - 1))
+    assert len(plan.allowed_paths) == KEPT_FOOTERS_FILES
     with SqlSession() as session:
         session.install(plan)
         con = session.con
         assert con.execute(setting).fetchone() == (True,)
         query = "SELECT sum(x), count(*) FROM t"
         assert con.execute(query).fetchone() == (6, 3)
-        before = path.stat()
         pq.write_table(pa.table({"x": list(range(10))}), path, row_group_size=4)
-        os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns + 10**9))
+        os.utime(path, ns=(old + 30 * 10**9, old + 30 * 10**9))
         assert con.execute(query).fetchone() == (45, 10)
-    plan.allowed_paths.extend(str(tmp_path / f"{i}.parquet") for i in range(KEPT_FOOTERS_FILES))
+    plan.allowed_paths.append(str(tmp_path / "one-more.parquet"))
     with SqlSession() as session:
         session.install(plan)
         assert session.con.execute(setting).fetchone() == (False,)
