@@ -23,9 +23,11 @@ from maxent_arrow import (
     RewardComputation,
     RewardMoments,
     RolloutBatch,
+    RolloutStore,
     ScoreBatch,
     SequenceScores,
 )
+from maxent_arrow.store.names import unit_name, unit_of
 
 CONFIG = {
     "tau": 0.5,
@@ -207,8 +209,6 @@ def unit_path(store, table: str, step: int, *, rank: int = 0, kind: str = "train
     """The committed file of ``table`` (``"groups"``/``"steps"``) that holds the unit
     (step, rank, kind) alone: in a store with a commit log its name is the unit's and a token
     of its commit (``names.unit_of`` takes the token off)."""
-    from maxent_arrow.store.names import unit_name, unit_of
-
     want = unit_name(step, rank, kind)
     (path,) = [p for p in store.committed_files(table) if unit_of(p.name) == want]
     return path
@@ -222,8 +222,6 @@ ADVANTAGE_SUMS = (
 
 def loose_store(root, steps: int = 3):
     """A writable store at ``root`` of ``steps`` one-step files (no merging)."""
-    from maxent_arrow import RolloutStore
-
     store = RolloutStore.create(root, compact_every=None)
     for step in range(steps):
         store.append(make_batch(step))
@@ -234,8 +232,6 @@ def compacted_run(root, *, steps: int, eval_every: int, merged: int, segment: in
     """A writable store at ``root``: train steps ``0..steps-1`` (seeded by step), an eval step
     at every ``eval_every``-th (seeded ``100 + step``), the first ``merged`` train steps
     compacted into segments of ``segment`` steps and the others loose."""
-    from maxent_arrow import RolloutStore
-
     store = RolloutStore.create(root, compact_every=None)
     for step in range(steps):
         store.append(make_batch(step, seed=step))

@@ -49,11 +49,11 @@ from maxent_arrow.store.schemas import UnifiedSchemas
 from maxent_arrow.store.session import QueryLimits, check_timeout
 from maxent_arrow.store.sql import SqlViews, check_bound
 from maxent_arrow.store.tail import DEFAULT_POLL, TailEvent, tail
+from maxent_arrow.store.verify import VerifyReport, verify
 
 if TYPE_CHECKING:
     import pyarrow.fs as pafs
 
-    from maxent_arrow.store.verify import VerifyReport
 
 __all__ = ["ReadOnlyStore"]
 
@@ -503,8 +503,4 @@ class ReadOnlyStore:
         """Check every file: readable, sizes and checksums as recorded, rows as the step rows
         say, caches equal to the archive. Names each damaged file in ``problems``.
         ``progress(done, total)``: told of the step files checked so far (a progress bar)."""
-        # Imported here: verify reads IPC caches and step rows (numpy, the rollout records),
-        # which opening and querying a store never need.
-        from maxent_arrow.store.verify import verify
-
         return verify(self.catalog, progress=progress)

@@ -21,6 +21,7 @@ from fault_harness import env
 from store_fixtures import make_batch
 
 from maxent_arrow import RolloutStore, StoreError
+from maxent_arrow.errors import ArgumentError
 from maxent_arrow.store import ReplaySampler
 from maxent_arrow.store.cache import READ_PIECE
 
@@ -139,8 +140,6 @@ def test_the_mapped_source_serves_the_same_columns_checked_in_place(stored):
 
 @pytest.mark.parametrize("bad", ["mmap", 1, None])
 def test_an_unknown_source_is_an_argument_error_naming_the_choices(stored, bad):
-    from maxent_arrow.errors import ArgumentError
-
     root, *_ = stored
     with pytest.raises(ArgumentError, match=r"replay: source must be one of 'auto', 'cache'"):
         list(RolloutStore(root).replay(source=bad))

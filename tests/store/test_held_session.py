@@ -24,6 +24,7 @@ from store_fixtures import ADVANTAGE_SUMS, loose_store, make_batch
 from maxent_arrow import RolloutStore
 from maxent_arrow.errors import QueryError, StoreError
 from maxent_arrow.store import ReadOnlyStore, verified
+from maxent_arrow.store import session as S
 from maxent_arrow.store.ledger import ChecksumLedger
 from maxent_arrow.store.session import KEPT_FOOTERS_FILES, SqlSession
 from maxent_arrow.store.sql import collector_paused
@@ -172,8 +173,6 @@ def test_a_query_planned_once_per_process_still_checks_its_chunks(tmp_path, monk
     """A new store object over unchanged views takes the query's scanned columns from the
     process's plans (no EXPLAIN), and still checks those chunks: a flipped byte in one is
     a CRC error naming the file."""
-    from maxent_arrow.store.session import SqlSession
-
     store = ReadOnlyStore(_store(tmp_path).root)
     first = store.sql(QUERY)
     store.close()
@@ -205,9 +204,6 @@ def test_the_connection_a_query_check_opened_becomes_the_next_sessions(tmp_path)
     """check_query before any session (the command line checks a query before it opens the
     store) parses on a new connection, which the next session takes as its own (one
     in-memory database, not two); a later check opens another, never the sandboxed one."""
-    from maxent_arrow.store import session as S
-    from maxent_arrow.store.sqlplan import ViewPlan
-
     S.check_query("SELECT 1")
     (spare,) = S._spare
     first = S.SqlSession()
