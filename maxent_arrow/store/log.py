@@ -669,26 +669,23 @@ class LogState:
                 columns[key] = part.column(0).to_pylist()
             return columns[key][index - starts[group]]
 
-        def item_of(index: int) -> Callable[[], str]:
-            def fetch() -> str:
-                text = read("item", index)
-                assert text is not None
-                return text
+        def text_of(name: str) -> Callable[[int], Callable[[], str]]:
+            """How to get row ``index``'s ``name`` (a column every row holds)."""
 
-            return fetch
+            def at(index: int) -> Callable[[], str]:
+                def fetch() -> str:
+                    text = read(name, index)
+                    assert text is not None
+                    return text
 
-        def rows_of(index: int) -> Callable[[], str]:
-            def fetch() -> str:
-                text = read("rows", index)
-                assert text is not None
-                return text
+                return fetch
 
-            return fetch
+            return at
 
         def summary_of(index: int) -> Callable[[], str | None] | None:
             return (lambda: read("summary", index)) if "summary" in names else None
 
-        return cls.from_table(table, rows_of, summary_of, item_of)
+        return cls.from_table(table, text_of("rows"), summary_of, text_of("item"))
 
     @classmethod
     def from_table(

@@ -42,6 +42,7 @@ __all__ = [
     "check_shard",
     "check_source",
     "load_unit_groups",
+    "partial_step_row",
     "replay",
 ]
 
@@ -301,7 +302,7 @@ def _iterate_whole(
         if options.shuffle:
             order = np.random.default_rng([options.seed, index]).permutation(groups.num_rows)
             groups = groups.take(pa.array(order))
-        step_row = _partial_step_row(loaded[0][1], groups)  # the lowest rank's scalars
+        step_row = partial_step_row(loaded[0][1], groups)  # the lowest rank's scalars
         batch = RolloutBatch(groups, step_row, validate=False)
         batch.cursor = {"position": index + 1, "fingerprint": fingerprint}
         yield batch
@@ -338,7 +339,7 @@ def _iterate(
         else:
             part = groups.slice(item.lo, item.hi - item.lo)
         if part.num_rows != groups.num_rows:
-            step_row = _partial_step_row(step_row, part)
+            step_row = partial_step_row(step_row, part)
         batch = RolloutBatch(part, step_row, validate=False)
         batch.cursor = {"position": index + 1, "fingerprint": fingerprint}
         yield batch
@@ -422,7 +423,7 @@ def _load(
     return strip_padding(groups, R.GROUP), step_row
 
 
-def _partial_step_row(step_row: pa.RecordBatch, part: pa.RecordBatch) -> pa.RecordBatch:
+def partial_step_row(step_row: pa.RecordBatch, part: pa.RecordBatch) -> pa.RecordBatch:
     """The step row of a part of a step: same scalars, its own group and sample counts."""
     samples = int(list_offsets(part.column("completions"))[-1]) if part.num_rows else 0
     names = step_row.schema.names

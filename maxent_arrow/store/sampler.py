@@ -47,7 +47,13 @@ from maxent_arrow.rollout import RolloutBatch
 from maxent_arrow.store.catalog import Unit, int_set
 from maxent_arrow.store.readonly import ReadOnlyStore
 from maxent_arrow.store.records import lifecycle_rows
-from maxent_arrow.store.replay import Source, check_shard, check_source, load_unit_groups
+from maxent_arrow.store.replay import (
+    Source,
+    check_shard,
+    check_source,
+    load_unit_groups,
+    partial_step_row,
+)
 
 __all__ = ["ReplaySampler", "SampledBatch", "SamplerOptions", "mix_counts"]
 
@@ -658,20 +664,10 @@ class ReplaySampler:
                 [pa.Table.from_batches([p]) for p in parts], promote_options="default"
             )
             rows_batch = table.combine_chunks().to_batches()[0]
-        samples = int(list_offsets(rows_batch.column("completions"))[-1]) if len(taken) else 0
-        step_row = _counts(step_row, rows_batch.num_rows, samples)
+        step_row = partial_step_row(step_row, rows_batch)
         versions = index.version[taken]
         completion_versions = _completion_versions(rows_batch, versions)
         return SampledBatch(rows_batch, step_row, versions, completion_versions, step)
-
-
-def _counts(step_row: pa.RecordBatch, groups: int, samples: int) -> pa.RecordBatch:
-    names = step_row.schema.names
-    arrays = list(step_row.columns)
-    # From numpy: a list of Python ints would make pyarrow import pandas.
-    arrays[names.index("num_groups")] = pa.array(np.array([groups], np.int32))
-    arrays[names.index("num_samples")] = pa.array(np.array([samples], np.int32))
-    return pa.RecordBatch.from_arrays(arrays, schema=step_row.schema)
 
 
 def _completion_versions(groups: pa.RecordBatch, versions: np.ndarray) -> np.ndarray:
