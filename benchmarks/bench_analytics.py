@@ -57,7 +57,7 @@ from maxent_arrow.arrow import GroupIdentity  # noqa: E402
 from maxent_arrow.arrow import schema as S  # noqa: E402
 from maxent_arrow.rollout import RolloutBatch  # noqa: E402
 from maxent_arrow.store import RolloutStore  # noqa: E402
-from maxent_arrow.store.sqlplan import samples_view_sql  # noqa: E402
+from maxent_arrow.store.sql.plan import samples_view_sql  # noqa: E402
 
 TARGET_VS_ENGINE = 1.1
 TARGET_VERIFY_WARM = 1.1

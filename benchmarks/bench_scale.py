@@ -18,8 +18,8 @@ Rows:
   round-robin, so their growth is a ratio of one run.
   ``sql``: a new store object's ``sql(query, steps=(first, last))`` of per-step means over
   ten steps (only the files holding them are named to DuckDB and checked), in a process that
-  has read the store before (its files' checks are remembered: ``store/verified.py``). Context
-  rows: 10^3 steps x 64 ranks, and 100 steps x 8 ranks as loose one-unit files (880).
+  has read the store before (its files' checks are remembered: ``store/storage/verified.py``).
+  Context rows: 10^3 steps x 64 ranks, and 100 steps x 8 ranks as loose one-unit files (880).
 - **analytics against DuckDB on the 200-file, 1000-file and policy stores** of
   ``bench_analytics.py`` (the same stores, the same query: per-step mean reward and length
   over ``samples``), checks on, in two rows each: **cold** (a new process: import, open,
@@ -67,7 +67,7 @@ from harness import Figure, custom, within  # noqa: E402
 
 from maxent_arrow.rollout import RolloutBatch  # noqa: E402
 from maxent_arrow.store import ReadOnlyStore, RolloutStore  # noqa: E402
-from maxent_arrow.store.session import KEPT_FOOTERS_FILES  # noqa: E402
+from maxent_arrow.store.sql.session import KEPT_FOOTERS_FILES  # noqa: E402
 
 TARGET_GROWTH = 1.5
 TARGET_VS_DUCKDB = 1.1
@@ -299,7 +299,7 @@ def _duckdb_session(listing: str, view: str, *, metadata_cache: bool = False):
 def analytics_rows(bench: harness.Bench, label: str, root: Path, repeats: int) -> None:
     import pyarrow.parquet as pq
 
-    from maxent_arrow.store.sqlplan import samples_view_sql
+    from maxent_arrow.store.sql.plan import samples_view_sql
 
     files = BA._files(root)
     listing = BA._listing(files)

@@ -48,7 +48,7 @@ from harness import Figure, within  # noqa: E402
 from maxent_arrow import RolloutBatch, RolloutStore  # noqa: E402
 from maxent_arrow.arrow import GroupIdentity  # noqa: E402
 from maxent_arrow.arrow import schema as S  # noqa: E402
-from maxent_arrow.store.names import cache_name  # noqa: E402
+from maxent_arrow.store.storage.names import cache_name  # noqa: E402
 
 
 def _lists(offsets: np.ndarray, values: pa.Array) -> pa.Array:

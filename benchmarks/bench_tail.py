@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     import inotify_simple
 
     from maxent_arrow import RolloutStore
-    from maxent_arrow.store.log import entry_name
+    from maxent_arrow.store.history.log import entry_name
 
     with tempfile.TemporaryDirectory() as tmp:
         store = RolloutStore.create(Path(tmp) / "store")

@@ -5,7 +5,7 @@
 
 - ``layout="compacted"``: each commit is a segment of ``segment_steps`` steps and every rank
   of one kind (what ``compact`` writes), built vectorised from numpy, committed by the
-  store's own commit function (:func:`maxent_arrow.store.commit.commit_unit`, ``op:
+  store's own commit function (:func:`maxent_arrow.store.io.commit.commit_unit`, ``op:
   "compact"`` with nothing to replace): the same group file settings, chunk CRCs, sealed
   step file, log entry and checkpoints as a real compaction;
 - ``layout="loose"``: one commit per (step, rank, kind), as ``append`` writes them (one
@@ -71,11 +71,11 @@ sys.path.insert(0, str(ROOT))
 from maxent_arrow.arrow import schema as S  # noqa: E402
 from maxent_arrow.store import RolloutStore  # noqa: E402
 from maxent_arrow.store import log as store_log  # noqa: E402
-from maxent_arrow.store.catalog import LogCatalog  # noqa: E402
-from maxent_arrow.store.commit import commit_unit  # noqa: E402
-from maxent_arrow.store.compaction import ROW_GROUP_GROUPS  # noqa: E402
-from maxent_arrow.store.names import compact_name, unit_name  # noqa: E402
-from maxent_arrow.store.padding import pad_to_layout  # noqa: E402
+from maxent_arrow.store.history.catalog import LogCatalog  # noqa: E402
+from maxent_arrow.store.io.commit import commit_unit  # noqa: E402
+from maxent_arrow.store.storage.names import compact_name, unit_name  # noqa: E402
+from maxent_arrow.store.storage.padding import pad_to_layout  # noqa: E402
+from maxent_arrow.store.upkeep.compaction import ROW_GROUP_GROUPS  # noqa: E402
 
 __all__ = ["Built", "build", "cached"]
 
@@ -312,7 +312,7 @@ def _jobs(
 def _skip_durability() -> Callable[[], None]:
     """Durability skipped, as a benchmark fixture may: ``os.fsync`` a no-op (the build
     syncs the file system once at its end) and no checkpoint of the commit log every
-    :data:`~maxent_arrow.store.log.CHECKPOINT_EVERY` commits (each rewrites the whole state:
+    :data:`~maxent_arrow.store.history.log.CHECKPOINT_EVERY` commits (each rewrites the whole state:
     quadratic in the commits; the build writes one checkpoint at its end). Returns the undo."""
     fsync, every = os.fsync, store_log.CHECKPOINT_EVERY
     os.fsync = lambda fd: None  # type: ignore[assignment]

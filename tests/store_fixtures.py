@@ -27,7 +27,7 @@ from maxent_arrow import (
     ScoreBatch,
     SequenceScores,
 )
-from maxent_arrow.store.names import unit_name, unit_of
+from maxent_arrow.store.storage.names import unit_name, unit_of
 
 CONFIG = {
     "tau": 0.5,

@@ -635,7 +635,7 @@ def test_commands_on_a_real_store_import_only_what_they_need(tmp_path, command):
         "tail": ["tail", str(store.root), "--since", "0", "--timeout", "0.1"],
     }[command]
     _, imported = _importtime("-m", "maxent_arrow.cli", *argv, timeout=180)
-    assert "maxent_arrow.store.catalog" in imported  # the log is real
+    assert "maxent_arrow.store.history.catalog" in imported  # the log is real
     heavy = sorted(n for n in imported for h in _HEAVY[command] if n == h or n.startswith(h + "."))
     assert heavy == [], (command, heavy)
 

@@ -21,7 +21,7 @@ from maxent_arrow.analytics.relations import GROUP_KEY, RunRelations
 from maxent_arrow.arrow import registry as R
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.errors import LayoutError, SchemaError
-from maxent_arrow.store.sqlplan import quote, reward_aliases, sql_string
+from maxent_arrow.store.sql.plan import quote, reward_aliases, sql_string
 
 __all__ = ["DEFAULT_QUANTILES", "LOSS_COLUMNS", "ReadyMadeQueries", "config_of"]
 

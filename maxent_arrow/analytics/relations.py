@@ -22,7 +22,7 @@ from maxent_arrow.arrow import registry as R
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.errors import LayoutError
 from maxent_arrow.store import SqlViews
-from maxent_arrow.store.sqlplan import (
+from maxent_arrow.store.sql.plan import (
     SAMPLE_ALIASES,
     UNSCORED_AS_NULL,
     quote,

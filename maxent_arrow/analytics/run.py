@@ -34,10 +34,17 @@ from maxent_arrow.analytics.relations import RunRelations
 from maxent_arrow.analytics.sqlerrors import check_sql, explain_failure
 from maxent_arrow.errors import QueryError, StoreError
 from maxent_arrow.store import ReadOnlyStore
-from maxent_arrow.store.catalog import Catalog, LogCatalog, OnError, check_on_error, fail, locate
-from maxent_arrow.store.log import count_runs
-from maxent_arrow.store.names import GROUPS, STEPS
-from maxent_arrow.store.reader import check_group_bytes
+from maxent_arrow.store.history.catalog import (
+    Catalog,
+    LogCatalog,
+    OnError,
+    check_on_error,
+    fail,
+    locate,
+)
+from maxent_arrow.store.history.log import count_runs
+from maxent_arrow.store.io.reader import check_group_bytes
+from maxent_arrow.store.storage.names import GROUPS, STEPS
 
 __all__ = ["DEFAULT_QUANTILES", "RunAnalytics", "describe_run", "open_run"]
 
@@ -194,8 +201,8 @@ def describe_run(store: ReadOnlyStore, *, on_error: OnError | None = None) -> di
 
     A store with a commit log is described from its log alone, at a cost that does not grow
     with the run's step rows: the counts each commit recorded of its step file
-    (``store/log.py``, :func:`~maxent_arrow.store.log.unit_summary`), never the step rows
-    themselves, the data or a SQL view. What it checks: that every committed group file is
+    (``store/history/log.py``, :func:`~maxent_arrow.store.history.log.unit_summary`), never the step
+    rows themselves, the data or a SQL view. What it checks: that every committed group file is
     there, of the size its commit recorded (one listing of ``groups/``); a missing or
     truncated one is a :class:`StoreError` naming it (``on_error="skip"``: a warning);
     ``bytes`` are the group files' as listed and the step files' as the log recorded them. The

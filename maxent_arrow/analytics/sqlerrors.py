@@ -19,7 +19,7 @@ import re
 from typing import Any
 
 from maxent_arrow.errors import QueryError, StoreError
-from maxent_arrow.store.session import check_query, duckdb_module
+from maxent_arrow.store.sql.session import check_query, duckdb_module
 
 __all__ = ["MISTAKES", "check_sql", "explain_failure", "one_line", "quote_hint", "sql_error"]
 
@@ -91,7 +91,7 @@ def _string_hint(text: str, query: str) -> str:
 
 
 def check_sql(query: str) -> str:
-    """:func:`~maxent_arrow.store.session.check_query` (one read-only statement), with
+    """:func:`~maxent_arrow.store.sql.session.check_query` (one read-only statement), with
     DuckDB's whole message when the statement does not parse."""
     duckdb = duckdb_module()
     try:

@@ -3,8 +3,8 @@
 Each :class:`Column` says what a column is (name, Arrow type, level), which run layouts carry
 it (its families), how it is written (Parquet settings), how it is read (its alias in the
 ``samples`` view) and what it is for (the seed class and field it feeds, its meaning). The
-group and step schemas (:mod:`.schema`), the Parquet settings (``store/parquet.py``), the SQL
-views' aliases (``store/sqlplan.py``), the read-back field lists, the TRL and verl column maps
+group and step schemas (:mod:`.schema`), the Parquet settings (``store/storage/parquet.py``), the SQL
+views' aliases (``store/sql/plan.py``), the read-back field lists, the TRL and verl column maps
 and the column table of ``docs/arrow-layout.md`` are derived from it. A new column is one row
 here (plus its math).
 
@@ -100,7 +100,7 @@ ROW_KEY = (*UNIT_KEY, "group_index")
 LIFECYCLE_KEY = ("rollout_step", "rollout_rank", "rollout_kind", "group_index")
 GROUP_KEY = ("step", "kind", "group_id")
 # What the commit log's summary of a step file counts of its step rows (what `inspect` prints):
-# the unit key, the groups and completions, and the run config (``store/log.py``).
+# the unit key, the groups and completions, and the run config (``store/history/log.py``).
 UNIT_COUNTS = (*UNIT_KEY, "num_groups", "num_samples", "config")
 
 

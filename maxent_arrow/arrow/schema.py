@@ -127,7 +127,7 @@ def visible(schema: pa.Schema, families: Iterable[str], table: str) -> pa.Schema
 def check_version(version: str | bytes | None, *, where: str, newest: str = SCHEMA_VERSION) -> str:
     """Accept any minor version of our major; refuse a newer major (and a malformed one).
     ``newest``: the newest version this library reads (files: :data:`SCHEMA_VERSION`; a
-    store's manifest has a version of its own, ``store/manifest.py``)."""
+    store's manifest has a version of its own, ``store/history/manifest.py``)."""
     if version is None:
         raise SchemaVersionError(f"{where}: no schema version in the metadata")
     if isinstance(version, bytes):

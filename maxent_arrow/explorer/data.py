@@ -29,7 +29,7 @@ from maxent_arrow.arrow import float_values
 from maxent_arrow.arrow import registry as R
 from maxent_arrow.errors import ArgumentError
 from maxent_arrow.store import ReadOnlyStore
-from maxent_arrow.store.catalog import LogCatalog
+from maxent_arrow.store.history.catalog import LogCatalog
 
 __all__ = [
     "HISTORIES",

@@ -32,8 +32,8 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from maxent_arrow.arrow import regroup
 from maxent_arrow.arrow import registry as R
+from maxent_arrow.arrow import regroup
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.errors import LayoutError
 

@@ -8,7 +8,7 @@ into training tensors (``pip install 'maxent-arrow[ray]'``).
   commit are checked, and every block is conformed to the store's unified schema, so blocks
   from files written before a column existed carry it as nulls. Blocks are Arrow tables; no
   row is turned into Python objects. Local directories and ``pyarrow.fs`` URIs (``s3://``)
-  both work (:mod:`maxent_arrow.store.backend`).
+  both work (:mod:`maxent_arrow.store.storage.backend`).
 - :func:`recompute_dataset` runs :func:`recompute_group_math` (advantages, q and MaxEnt weights from
   the stored utilities and reference log-probs, :mod:`maxent_arrow.compute.group_math`) as
   ``map_batches(batch_format="pyarrow")``; :func:`write_store` groups the rows back into one
@@ -47,7 +47,7 @@ from maxent_arrow.ingest import GroupCollator
 from maxent_arrow.rollout import RolloutBatch, recompute, step_row_from_json, step_row_to_json
 from maxent_arrow.rollout.checks import rewards_by_name
 from maxent_arrow.store import GroupFileRead, RolloutStore
-from maxent_arrow.store.names import unit_name
+from maxent_arrow.store.storage.names import unit_name
 
 __all__ = [
     "UNIT_COLUMN",

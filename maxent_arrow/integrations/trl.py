@@ -66,7 +66,7 @@ per-function rewards, prompts and completions, and what the reward functions log
 loudly when TRL changes either. TRL's figures come through the Trainer's public ``log``.
 
 **Resumes and re-runs** (``docs/integrations.md``, "Resume and re-run"). Each ``train()`` call
-is an attempt of the run (:mod:`maxent_arrow.store.attempts`), begun in the store before its
+is an attempt of the run (:mod:`maxent_arrow.store.history.attempts`), begun in the store before its
 first step. ``train(resume_from_checkpoint=...)`` (``True``: the last checkpoint in
 ``output_dir``; or a path) resumes the store at the checkpoint's ``global_step`` g, read from
 its ``trainer_state.json``: TRL's first round after the resume is generated at g and stored as
@@ -137,7 +137,7 @@ from maxent_arrow.rollout import (
     trainer_metrics_table,
 )
 from maxent_arrow.store import RolloutStore
-from maxent_arrow.store.attempts import IF_EXISTS, IfExists
+from maxent_arrow.store.history.attempts import IF_EXISTS, IfExists
 
 try:
     import trl

@@ -23,9 +23,8 @@ import pyarrow.compute as pc
 from maxent_arrow.arrow import registry as R
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.errors import MaxentArrowError, StoreError
-from maxent_arrow.store import manifest
-from maxent_arrow.store.backend import Backend, open_backend
-from maxent_arrow.store.catalog import (
+from maxent_arrow.store.history import manifest
+from maxent_arrow.store.history.catalog import (
     History,
     LogCatalog,
     OnError,
@@ -34,9 +33,7 @@ from maxent_arrow.store.catalog import (
     check_on_error,
     open_catalog,
 )
-from maxent_arrow.store.names import GROUPS, STEPS
-from maxent_arrow.store.reader import GroupFileRead, read_table
-from maxent_arrow.store.records import (
+from maxent_arrow.store.history.records import (
     Frontier,
     check_record_name,
     frontier_of,
@@ -45,11 +42,14 @@ from maxent_arrow.store.records import (
     record_names,
     record_schema,
 )
-from maxent_arrow.store.schemas import UnifiedSchemas
-from maxent_arrow.store.session import QueryLimits, check_timeout
-from maxent_arrow.store.sql import SqlViews, check_bound
-from maxent_arrow.store.tail import DEFAULT_POLL, TailEvent, tail
-from maxent_arrow.store.verify import VerifyReport, verify
+from maxent_arrow.store.history.schemas import UnifiedSchemas
+from maxent_arrow.store.history.tail import DEFAULT_POLL, TailEvent, tail
+from maxent_arrow.store.io.reader import GroupFileRead, read_table
+from maxent_arrow.store.sql.session import QueryLimits, check_timeout
+from maxent_arrow.store.sql.views import SqlViews, check_bound
+from maxent_arrow.store.storage.backend import Backend, open_backend
+from maxent_arrow.store.storage.names import GROUPS, STEPS
+from maxent_arrow.store.upkeep.verify import VerifyReport, verify
 
 if TYPE_CHECKING:
     import pyarrow.fs as pafs
@@ -82,7 +82,7 @@ class ReadOnlyStore:
     query_timeout:
         Seconds any one SQL query may run (``sql``, ``sql_views``, the analytics and the
         report over this store); ``None``: no limit. Memory and threads of a query are
-        bounded by :class:`~maxent_arrow.store.session.QueryLimits` (sized from the machine).
+        bounded by :class:`~maxent_arrow.store.sql.session.QueryLimits` (sized from the machine).
     attempts:
         Which history every reader of this object sees (stores with a commit log):
         ``"effective"`` (the default: what the model trained on; steps a resumed or re-run
@@ -285,7 +285,7 @@ class ReadOnlyStore:
         steps: tuple[int, int] | None = None,
     ) -> SqlViews:
         """A DuckDB connection with the views ``groups``, ``samples`` and ``steps`` over the
-        committed files, checked and sandboxed (:class:`~maxent_arrow.store.sql.SqlViews`);
+        committed files, checked and sandboxed (:class:`~maxent_arrow.store.sql.views.SqlViews`);
         close it when done. Each query may run ``timeout`` seconds (default the store's
         ``query_timeout``) within ``limits`` (default sized from the machine). ``steps``:
         ``(first, last)``, views of those steps only (only their files are read)."""
@@ -318,7 +318,7 @@ class ReadOnlyStore:
 
         The session (its connection, views and checks) is held for the next call while the
         store is unchanged: the log at the same version and each file read of the same size
-        and modification time (:meth:`~maxent_arrow.store.sql.SqlViews.current`); a commit
+        and modification time (:meth:`~maxent_arrow.store.sql.views.SqlViews.current`); a commit
         or a changed file rebuilds it. :meth:`close` closes it."""
         if not self._sql_lock.acquire(blocking=False):
             # Another thread is querying on the held session: a session of this call's own.
@@ -340,7 +340,7 @@ class ReadOnlyStore:
         """:meth:`sql` on the session held for its settings: one connection and one set of
         views for a session of queries, used as they are while the log is at the version
         they were built at and each file they read is unchanged
-        (:meth:`~maxent_arrow.store.sql.SqlViews.current`), rebuilt otherwise. An interrupt
+        (:meth:`~maxent_arrow.store.sql.views.SqlViews.current`), rebuilt otherwise. An interrupt
         closes it."""
         bound = None if steps is None else check_bound(steps)
         key = (self._on_error(on_error), check_timeout(timeout), bound)
@@ -421,7 +421,7 @@ class ReadOnlyStore:
         return record_names(self.catalog.state())
 
     def read_records(self, name: str, *, attempts: History | None = None) -> pa.Table:
-        """The rows of record table ``name`` (:mod:`~maxent_arrow.store.records`) in the
+        """The rows of record table ``name`` (:mod:`~maxent_arrow.store.history.records`) in the
         history this store reads (``attempts`` overrides it), checked against the log; an
         ``attempt`` column says which attempt wrote each row. A table never appended reads
         as the registry's layout, empty (or a table without columns)."""
@@ -471,9 +471,10 @@ class ReadOnlyStore:
         timeout: float | None = None,
         inotify: bool = True,
     ) -> Iterator[TailEvent]:
-        """Each step unit as its commit lands (a generator; :mod:`~maxent_arrow.store.tail`).
+        """Each step unit as its commit lands (a generator;
+        :mod:`~maxent_arrow.store.history.tail`).
 
-        Yields a :class:`~maxent_arrow.store.tail.TailEvent` per unit committed into the
+        Yields a :class:`~maxent_arrow.store.history.tail.TailEvent` per unit committed into the
         effective history after log version ``since`` (``None``: from now on; ``0``: from
         the first commit), of ``kind`` if given, in commit order, and a ``"superseded"``
         event when a new attempt (a resume, a re-run) takes steps delivered before out of

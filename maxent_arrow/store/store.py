@@ -2,10 +2,12 @@
 
 A store is a directory of plain Parquet files (``docs/arrow-layout.md``): per append, a group
 file (one row per prompt group) and a step file (its step row and the commit record). The
-read side (opening, listing, reading, SQL, ``verify``) is :class:`.readonly.ReadOnlyStore`;
-this class adds the writer (:mod:`.writer`, built on the first append, committing through
-:mod:`.commit`), replay (:mod:`.replay`), the IPC cache (:mod:`.cache`) and maintenance
-(:mod:`.compaction`, :mod:`.repair`).
+read side (opening, listing, reading, SQL, ``verify``) is
+:class:`~maxent_arrow.store.readonly.ReadOnlyStore`; this class adds the writer
+(:mod:`~maxent_arrow.store.io.writer`, built on the first append, committing through
+:mod:`~maxent_arrow.store.io.commit`), replay (:mod:`~maxent_arrow.store.io.replay`), the IPC cache
+(:mod:`~maxent_arrow.store.io.cache`) and maintenance (:mod:`~maxent_arrow.store.upkeep.compaction`,
+:mod:`~maxent_arrow.store.upkeep.repair`).
 
 Opening a store only reads: it creates nothing and removes nothing. :meth:`RolloutStore.create`
 creates one. Leftovers of crashed writes are invisible to every reader here and are moved
@@ -25,22 +27,22 @@ import pyarrow as pa
 from maxent_arrow.arrow import registry as R
 from maxent_arrow.errors import ArgumentError, StoreError
 from maxent_arrow.rollout import RolloutBatch
-from maxent_arrow.store import manifest
-from maxent_arrow.store.attempts import AttemptSpec, IfExists, next_attempt_id
-from maxent_arrow.store.backend import Backend, open_backend
-from maxent_arrow.store.cache import unit_group_crc32, write_cache
-from maxent_arrow.store.catalog import History, LogCatalog, OnError
-from maxent_arrow.store.compaction import compact
-from maxent_arrow.store.names import MANIFEST, cache_name, parse_name
-from maxent_arrow.store.padding import strip_padding
-from maxent_arrow.store.parquet import check_compression
-from maxent_arrow.store.reader import check_known_columns, read_group_file
+from maxent_arrow.store.history import manifest
+from maxent_arrow.store.history.attempts import AttemptSpec, IfExists, next_attempt_id
+from maxent_arrow.store.history.catalog import History, LogCatalog, OnError
+from maxent_arrow.store.history.records import lifecycle_rows
+from maxent_arrow.store.io.cache import unit_group_crc32, write_cache
+from maxent_arrow.store.io.reader import check_known_columns, read_group_file
+from maxent_arrow.store.io.replay import ReplayOptions, replay
+from maxent_arrow.store.io.writer import Writer
 from maxent_arrow.store.readonly import ReadOnlyStore
-from maxent_arrow.store.records import lifecycle_rows
-from maxent_arrow.store.repair import RepairReport, repair
-from maxent_arrow.store.replay import ReplayOptions, replay
-from maxent_arrow.store.session import check_timeout
-from maxent_arrow.store.writer import Writer
+from maxent_arrow.store.sql.session import check_timeout
+from maxent_arrow.store.storage.backend import Backend, open_backend
+from maxent_arrow.store.storage.names import MANIFEST, cache_name, parse_name
+from maxent_arrow.store.storage.padding import strip_padding
+from maxent_arrow.store.storage.parquet import check_compression
+from maxent_arrow.store.upkeep.compaction import compact
+from maxent_arrow.store.upkeep.repair import RepairReport, repair
 
 if TYPE_CHECKING:
     import pyarrow.fs as pafs
@@ -91,13 +93,14 @@ class RolloutStore(ReadOnlyStore):
         Seconds any one SQL query may run (``None``: no limit).
     if_exists, resume_from, resume_kinds, attempt, role:
         How this object's writes begin their attempt, in a store with a commit log
-        (:class:`~maxent_arrow.store.attempts.AttemptSpec`): a fresh run into a store that
+        (:class:`~maxent_arrow.store.history.attempts.AttemptSpec`): a fresh run into a store that
         holds steps of an earlier run is refused (``if_exists="error"``, the default) before
         anything is written; ``resume_from=step`` resumes it at a checkpoint's step (the
         stored steps from there on are superseded), ``if_exists="resume"`` continues after
         its last step, ``if_exists="new_attempt"`` records a re-run that supersedes it all;
         ``resume_kinds`` a kind's own resume point (``{"eval": s + 1}``).
-        Ranks of one launch share one attempt (:func:`~.attempts.default_attempt_id`).
+        Ranks of one launch share one attempt
+        (:func:`~maxent_arrow.store.history.attempts.default_attempt_id`).
     attempts:
         Which history the readers of this object see (``"effective"``, ``"all"``,
         ``"superseded"``; :class:`ReadOnlyStore`).
@@ -177,8 +180,9 @@ class RolloutStore(ReadOnlyStore):
     ) -> RolloutStore:
         """This store opened again, with this object's options and history, for the next
         trainer run of this process: an attempt of its own
-        (:func:`~.attempts.next_attempt_id` of this object's attempt id). For a trainer that
-        learns where it resumes only when it starts (``train(resume_from_checkpoint=...)``).
+        (:func:`~maxent_arrow.store.history.attempts.next_attempt_id` of this object's attempt id).
+        For a trainer that learns where it resumes only when it starts
+        (``train(resume_from_checkpoint=...)``).
 
         ``resume_from``: the run resumes at that step (a checkpoint's), whatever this object
         says for a fresh run (a different resume point of its own is refused). Otherwise a
@@ -269,9 +273,9 @@ class RolloutStore(ReadOnlyStore):
         """Append ``rows`` (a pyarrow Table or RecordBatch) to record table ``name``: a
         registered one (``trainer_metrics``, ``lifecycle``: checked against the registry) or
         a table of the user's own (``[a-z][a-z0-9_]*``; each column keeps its first type).
-        Committed through the log as this object's attempt (:mod:`.records`); returns the log
-        version. Bad rows raise :class:`SchemaError` naming the column and row, and nothing
-        is written."""
+        Committed through the log as this object's attempt
+        (:mod:`~maxent_arrow.store.history.records`); returns the log version. Bad rows raise
+        :class:`SchemaError` naming the column and row, and nothing is written."""
         return self.writer.append_records(name, rows)
 
     def checkpoint(self) -> int:
@@ -366,7 +370,7 @@ class RolloutStore(ReadOnlyStore):
     ) -> Iterator[RolloutBatch]:
         """Stream committed steps back as :class:`RolloutBatch` objects, one file at a time.
 
-        Options are those of :class:`~maxent_arrow.store.replay.ReplayOptions` (``steps``,
+        Options are those of :class:`~maxent_arrow.store.io.replay.ReplayOptions` (``steps``,
         ``kind`` (default ``"train"``), ``batch_groups``, ``shuffle``, ``seed``, ``start``,
         ``shard``, ``columns``, ``source``, ``on_error``, ``whole_groups``),
         as keywords or one object. ``whole_groups=True`` gives one batch per step with the

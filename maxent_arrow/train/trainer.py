@@ -13,7 +13,7 @@ Before each update the policy weights are saved (safetensors, no pickle) as the 
 so an offline replay can re-score the stored tokens with exactly the weights that produced the
 logged loss (:mod:`maxent_arrow.train.offline`).
 
-A trainer is an attempt of the run (:mod:`maxent_arrow.store.attempts`), begun in the store
+A trainer is an attempt of the run (:mod:`maxent_arrow.store.history.attempts`), begun in the store
 when it is built, before any step: ``resume_from=s`` resumes the run at step ``s`` (the stored
 steps from ``s`` on, of earlier attempts, are superseded: the resumed run writes them again),
 and a fresh trainer on a store that holds an earlier run's steps is refused unless
@@ -43,7 +43,7 @@ from maxent_arrow.errors import StoreError
 from maxent_arrow.ingest import build_score_batch, tokenizer_identity
 from maxent_arrow.rollout import METRICS_KEY, RolloutBatch, RunConfig, trainer_metrics_table
 from maxent_arrow.store import RolloutStore, SampledBatch
-from maxent_arrow.store.attempts import IfExists
+from maxent_arrow.store.history.attempts import IfExists
 from maxent_arrow.train.generation import Rollouts, sample_groups
 from maxent_arrow.train.scoring import reference_logprobs, sequence_scores
 from maxent_arrow.train.snapshots import snapshot_path

@@ -22,7 +22,7 @@ from store_fixtures import unit_path
 from maxent_arrow.analytics.run import RunAnalytics
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.errors import LayoutError, QueryError, StoreError
-from maxent_arrow.store.names import unit_of
+from maxent_arrow.store.storage.names import unit_of
 from maxent_arrow.store.store import RolloutStore
 
 

@@ -23,7 +23,7 @@ from maxent_arrow import RolloutStore, StoreError
 from maxent_arrow.analytics import RunAnalytics, describe_run
 from maxent_arrow.store import ReadOnlyStore
 from maxent_arrow.store import log as log_module
-from maxent_arrow.store.catalog import History
+from maxent_arrow.store.history.catalog import History
 
 
 def _run(tmp_path):

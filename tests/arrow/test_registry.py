@@ -12,8 +12,8 @@ import pytest
 from maxent_arrow import types as T
 from maxent_arrow.arrow import registry as R
 from maxent_arrow.arrow import schema as S
-from maxent_arrow.store.parquet import group_file_settings
-from maxent_arrow.store.sqlplan import SAMPLE_ALIASES, samples_view_sql
+from maxent_arrow.store.sql.plan import SAMPLE_ALIASES, samples_view_sql
+from maxent_arrow.store.storage.parquet import group_file_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 

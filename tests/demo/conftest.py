@@ -67,8 +67,10 @@ def finish(command: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 def serve(command: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     """A server command (``view``) started in a fresh shell: it succeeds when it prints its
     URL and that URL answers 200 with a page; then it is stopped (SIGINT, as Ctrl-C)."""
-    process = subprocess.Popen(["bash", "-c", f"exec {command}"], cwd=cwd, env=bare_env(),
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    process = subprocess.Popen(
+        ["bash", "-c", f"exec {command}"], cwd=cwd, env=bare_env(),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
     code, seen = 1, []
     try:
         assert process.stdout is not None

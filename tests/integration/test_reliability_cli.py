@@ -274,7 +274,7 @@ def test_export_hf_of_a_kind_with_only_empty_steps(capsys, tmp_path):
 def test_every_query_session_has_a_memory_limit_and_threads_from_the_machine(run_dir):
     """DuckDB's own default looks at the host's memory, not a container's limit, and spills
     to ./.tmp: every session here sets both bounds and no spill directory."""
-    from maxent_arrow.store.session import (
+    from maxent_arrow.store.sql.session import (
         MEMORY_SHARE,
         QueryLimits,
         machine_memory,

@@ -184,7 +184,7 @@ def test_readers_older_than_the_grace_period_re_plan_or_ask_for_a_refresh(six):
     """Once the retired copies are gone (older than the grace period), replay finds each
     unit where the commit record has it now; SQL views say to refresh, and refreshed they
     answer as before."""
-    from maxent_arrow.store.compaction import expire_retired
+    from maxent_arrow.store.upkeep.compaction import expire_retired
 
     root, want = six
     store = RolloutStore(root)
@@ -377,7 +377,7 @@ def test_two_writers_of_one_rank_on_s3_never_damage_an_acknowledged_step(s3):
 HOLDER_DIES = textwrap.dedent(
     """
     import os, sys, time
-    from maxent_arrow.store.backend import LocalBackend
+    from maxent_arrow.store.storage.backend import LocalBackend
     with LocalBackend(sys.argv[1]).lock():
         child = os.fork()
         if child == 0:  # keeps the inherited descriptor, and with it the lock

@@ -68,7 +68,7 @@ READ_ONLY = textwrap.dedent(
     import os, sys
     from store_fixtures import make_batch
     from maxent_arrow import RolloutStore, StoreError
-    import maxent_arrow.store.store, maxent_arrow.store.sql, maxent_arrow.rollout.batch
+    import maxent_arrow.store.store, maxent_arrow.store.sql.views, maxent_arrow.rollout.batch
     batch = make_batch(1)
     if os.geteuid() == 0:
         # Root ignores permissions: drop to an unprivileged user (after the imports, which

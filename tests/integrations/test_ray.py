@@ -27,7 +27,7 @@ from maxent_arrow.ingest.collate import GroupCollator  # noqa: E402
 from maxent_arrow.ingest.packing import iter_chunks, sequence_layout  # noqa: E402
 from maxent_arrow.ingest.score_batch import build_score_batch  # noqa: E402
 from maxent_arrow.rollout.checks import rewards_by_name  # noqa: E402
-from maxent_arrow.store.names import unit_of  # noqa: E402
+from maxent_arrow.store.storage.names import unit_of  # noqa: E402
 from maxent_arrow.store.store import RolloutStore  # noqa: E402
 
 MATH = ("advantages", "q", "weights")

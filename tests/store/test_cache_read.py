@@ -23,7 +23,7 @@ from store_fixtures import make_batch
 from maxent_arrow import RolloutStore, StoreError
 from maxent_arrow.errors import ArgumentError
 from maxent_arrow.store import ReplaySampler
-from maxent_arrow.store.cache import READ_PIECE
+from maxent_arrow.store.io.cache import READ_PIECE
 
 COLUMN = "ref_token_logp"
 

@@ -25,10 +25,10 @@ from maxent_arrow import RolloutStore
 from maxent_arrow.errors import QueryError, StoreError
 from maxent_arrow.store import ReadOnlyStore, verified
 from maxent_arrow.store import session as S
-from maxent_arrow.store.ledger import ChecksumLedger
-from maxent_arrow.store.session import KEPT_FOOTERS_FILES, SqlSession
-from maxent_arrow.store.sql import collector_paused
-from maxent_arrow.store.sqlplan import ViewPlan
+from maxent_arrow.store.sql.ledger import ChecksumLedger
+from maxent_arrow.store.sql.plan import ViewPlan
+from maxent_arrow.store.sql.session import KEPT_FOOTERS_FILES, SqlSession
+from maxent_arrow.store.sql.views import collector_paused
 
 QUERY = ADVANTAGE_SUMS
 
@@ -230,7 +230,7 @@ def _collections() -> int:
 def test_building_the_views_runs_no_collection_and_leaves_the_collector_as_found(
     tmp_path, monkeypatch
 ):
-    """The views are built with Python's cyclic collector off (``store/sql.py``): seen from
+    """The views are built with Python's cyclic collector off (``store/sql/views.py``): seen from
     inside the build, from its first step (the ledger cleared) to its last (the session's
     views installed), the collector is off and, with its threshold at 1, starts no
     collection between them; after the build it is on or off as it was before, also when

@@ -14,7 +14,7 @@ from store_fixtures import make_batch
 
 from maxent_arrow import RolloutStore
 from maxent_arrow.store import ReadOnlyStore
-from maxent_arrow.store.log import (
+from maxent_arrow.store.history.log import (
     CHECKPOINT_ROW_GROUP,
     CommitLog,
     LazyRecord,

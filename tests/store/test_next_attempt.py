@@ -106,7 +106,8 @@ def test_an_elastic_restart_of_a_torchrun_launch_is_an_attempt_of_its_own():
     """torchrun --max-restarts runs new workers under the same run id: a restart is a new
     attempt (it resumes), the ranks of one restart share it."""
     script = (
-        "from maxent_arrow.store.attempts import default_attempt_id; print(default_attempt_id())"
+        "from maxent_arrow.store.history.attempts import default_attempt_id; "
+        "print(default_attempt_id())"
     )
     ids = []
     for restart in ("0", "0", "1"):

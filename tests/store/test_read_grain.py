@@ -24,7 +24,7 @@ import pytest
 from store_fixtures import make_batch
 
 from maxent_arrow import RolloutStore, StoreError
-from maxent_arrow.store.catalog import LogCatalog
+from maxent_arrow.store.history.catalog import LogCatalog
 
 STEPS = 4
 
@@ -207,8 +207,8 @@ def test_a_cache_copy_sealed_whole_with_crc32_still_reads_checked(tmp_path):
     """Copies written before per-column checksums (one CRC-32 sealed over the file) are
     served checked, and their damage found."""
     from maxent_arrow.rollout import STEP_META_KEY, step_row_to_json
-    from maxent_arrow.store.cache import CACHE_META_KEY, unit_group_crc32
-    from maxent_arrow.store.checksums import SEAL_KEY, SEAL_PLACEHOLDER, seal
+    from maxent_arrow.store.io.cache import CACHE_META_KEY, unit_group_crc32
+    from maxent_arrow.store.storage.checksums import SEAL_KEY, SEAL_PLACEHOLDER, seal
 
     store = RolloutStore.create(tmp_path / "s", cache=True, compact_every=None)
     batch = make_batch(0, groups=4, k=(2, 2), max_tokens=16)

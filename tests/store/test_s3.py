@@ -23,8 +23,8 @@ from store_fixtures import CONFIG, make_batch, unit_path  # noqa: E402
 from maxent_arrow import RolloutStore  # noqa: E402
 from maxent_arrow.analytics import RunAnalytics, describe_run  # noqa: E402
 from maxent_arrow.errors import StoreError  # noqa: E402
-from maxent_arrow.store.backend import ArrowFsBackend, LocalBackend  # noqa: E402
-from maxent_arrow.store.names import unit_of  # noqa: E402
+from maxent_arrow.store.storage.backend import ArrowFsBackend, LocalBackend  # noqa: E402
+from maxent_arrow.store.storage.names import unit_of  # noqa: E402
 
 
 def test_object_store_backend_files_are_local_store_files(tmp_path: Path) -> None:

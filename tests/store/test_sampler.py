@@ -18,7 +18,7 @@ import pytest
 from store_fixtures import make_parts
 
 from maxent_arrow import ArgumentError, RolloutBatch, RolloutStore, StoreError
-from maxent_arrow.store.sampler import ReplaySampler, SamplerOptions, mix_counts
+from maxent_arrow.store.feed.sampler import ReplaySampler, SamplerOptions, mix_counts
 
 TESTS = Path(__file__).resolve().parents[1]
 
@@ -224,7 +224,7 @@ def test_a_damaged_version_column_is_refused_not_passed_over(store):
     silently replaced by the step's version."""
     import pyarrow as pa
 
-    from maxent_arrow.store.sampler import _completion_versions
+    from maxent_arrow.store.feed.sampler import _completion_versions
 
     batch = _next(ReplaySampler(store, sampling="sequential", record=False))
     groups = batch.groups
@@ -264,7 +264,7 @@ WORKER = textwrap.dedent(
     """
     import json, os, sys, time
     from maxent_arrow import RolloutStore
-    from maxent_arrow.store.sampler import ReplaySampler
+    from maxent_arrow.store.feed.sampler import ReplaySampler
 
     root, log, state_file, slow = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "slow"
     sampler = ReplaySampler(RolloutStore(root), batch_groups=2, seed=4, epochs=2, record=False)

@@ -26,8 +26,8 @@ from maxent_arrow import (
 )
 from maxent_arrow.arrow import registry as R
 from maxent_arrow.arrow import schema as S
-from maxent_arrow.store.manifest import STORE_VERSION
-from maxent_arrow.store.names import unit_of
+from maxent_arrow.store.history.manifest import STORE_VERSION
+from maxent_arrow.store.storage.names import unit_of
 from maxent_arrow.types import records_equal
 
 

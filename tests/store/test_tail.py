@@ -1,4 +1,4 @@
-"""The live tail (``store.tail``, :mod:`maxent_arrow.store.tail`): each unit as its commit
+"""The live tail (``store.tail``, :mod:`maxent_arrow.store.history.tail`): each unit as its commit
 lands, superseded steps as events, a resumable cursor. Real files, real processes: writers
 append in subprocesses while the tail runs here, and consumers in subprocesses are killed
 with SIGKILL and resumed from their cursor."""
@@ -24,9 +24,9 @@ from store_fixtures import CONFIG, make_batch
 from maxent_arrow import RolloutStore
 from maxent_arrow.errors import ArgumentError, StoreError
 from maxent_arrow.store import ReadOnlyStore
-from maxent_arrow.store.backend import LocalBackend
-from maxent_arrow.store.log import CommitLog
-from maxent_arrow.store.tail import TailEvent, watches
+from maxent_arrow.store.history.log import CommitLog
+from maxent_arrow.store.history.tail import TailEvent, watches
+from maxent_arrow.store.storage.backend import LocalBackend
 
 TESTS = Path(__file__).resolve().parents[1]
 ROOT = TESTS.parent

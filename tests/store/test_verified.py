@@ -1,4 +1,4 @@
-"""The verified-bytes cache (``store/verified.py``): each group file's footer and chunks are
+"""The verified-bytes cache (``store/storage/verified.py``): each group file's footer and chunks are
 CRC-checked once per process, and the guarantee the docs state holds with real byte flips on
 disk: damage present when a process first reads a file is never served; later damage that
 changes the modification time is caught by the next query; later damage with the size and
@@ -20,7 +20,7 @@ from store_fixtures import ADVANTAGE_SUMS, loose_store
 
 from maxent_arrow import RolloutStore
 from maxent_arrow.errors import StoreError
-from maxent_arrow.store import verified
+from maxent_arrow.store.storage import verified
 
 # A chunk checksum mismatch, whichever algorithm the file recorded (CRC32C; CRC-32 in older stores).
 CHECKSUM = re.compile(r"CRC(?:-32|32C) [0-9a-f]+, expected")

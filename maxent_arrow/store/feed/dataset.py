@@ -13,8 +13,8 @@ import torch.distributed
 import torch.utils.data
 
 from maxent_arrow.errors import ArgumentError
-from maxent_arrow.store.replay import check_shard
-from maxent_arrow.store.sampler import ReplaySampler, SamplerOptions
+from maxent_arrow.store.feed.sampler import ReplaySampler, SamplerOptions
+from maxent_arrow.store.io.replay import check_shard
 from maxent_arrow.store.store import RolloutStore
 
 __all__ = ["ReplayDataset", "process_shard"]
@@ -59,9 +59,9 @@ class ReplayDataset(torch.utils.data.IterableDataset):
         Deprecated spelling of ``shard=(rank, world_size)``.
     sampler:
         Sample whole groups through the replay sampler
-        (:class:`~maxent_arrow.store.sampler.ReplaySampler`) with these options instead of
+        (:class:`~.sampler.ReplaySampler`) with these options instead of
         streaming the replay plan: each item is a
-        :class:`~maxent_arrow.store.sampler.SampledBatch`; the sampler's share is this
+        :class:`~.sampler.SampledBatch`; the sampler's share is this
         worker's (its options' ``shard`` is set per process and worker).
     **replay_kwargs:
         ``steps``, ``batch_groups``, ``shuffle``, ``seed``, ``kind``, ``columns``, ``source``.

@@ -2,7 +2,7 @@
 sandboxed. The one view builder behind :meth:`RolloutStore.sql`, ``RunAnalytics`` and
 ``maxent-arrow query``.
 
-:class:`SqlViews` composes three parts: the plan of the views (:mod:`.sqlplan`, pure), the
+:class:`SqlViews` composes three parts: the plan of the views (:mod:`.plan`, pure), the
 checksum ledger (:mod:`.ledger`) and the sandboxed, interruptible connection
 (:mod:`.session`).
 
@@ -51,20 +51,27 @@ from maxent_arrow.arrow import registry as R
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.arrow.upgrade import needs_upgrade
 from maxent_arrow.errors import ArgumentError, StoreError
-from maxent_arrow.store.catalog import Catalog, LogCatalog, OnError, StepFile, fail, step_rows_of
-from maxent_arrow.store.ledger import ChecksumLedger
-from maxent_arrow.store.names import GROUPS, STEPS
-from maxent_arrow.store.reader import read_group_file
-from maxent_arrow.store.records import lifecycle_keys, read_records, trainer_attempts
-from maxent_arrow.store.schemas import UnifiedSchemas
-from maxent_arrow.store.session import (
+from maxent_arrow.store.history.catalog import (
+    Catalog,
+    LogCatalog,
+    OnError,
+    StepFile,
+    fail,
+    step_rows_of,
+)
+from maxent_arrow.store.history.records import lifecycle_keys, read_records, trainer_attempts
+from maxent_arrow.store.history.schemas import UnifiedSchemas
+from maxent_arrow.store.io.reader import read_group_file
+from maxent_arrow.store.sql.ledger import ChecksumLedger
+from maxent_arrow.store.sql.plan import FileSet, HistoryViews, ViewPlan, plan_views
+from maxent_arrow.store.sql.session import (
     QueryLimits,
     SqlSession,
     check_query,
     check_timeout,
     duckdb_module,
 )
-from maxent_arrow.store.sqlplan import FileSet, HistoryViews, ViewPlan, plan_views
+from maxent_arrow.store.storage.names import GROUPS, STEPS
 
 __all__ = [
     "SqlViews",
@@ -356,9 +363,9 @@ class SqlViews:
         them as they are (one connection for a session of queries): the commit log is at
         the version they were built at (one read of the next entry's name), and every file
         they read is as it was then (its size and modification time: one ``lstat`` each
-        on a local disk), so what :mod:`.verified` promises holds as on a new session.
-        Never current: a store without a log, an object store, views that may have left a
-        damaged file out (``on_error="skip"``), closed views. Then :meth:`refresh`."""
+        on a local disk), so what :mod:`~maxent_arrow.store.storage.verified` promises holds as on a
+        new session. Never current: a store without a log, an object store, views that may have left
+        a damaged file out (``on_error="skip"``), closed views. Then :meth:`refresh`."""
         catalog = self.catalog
         if self.session is None or self.version is None or self.on_error != "raise":
             return False
@@ -424,7 +431,7 @@ class SqlViews:
     def _data_columns(self) -> set[str]:
         """Group columns that some file carries data in: those its batch had when appended
         (recorded in its step file); the rest of a file's columns are the run-wide layout's
-        padding (``store/padding.py``). A file without the record counts with all of its."""
+        padding (``store/storage/padding.py``). A file without the record counts with all of its."""
         if not self.files and not self.legacy:
             return set(self.group_schema.names)  # an empty store: the layout's typed views
         found: set[str] = set()

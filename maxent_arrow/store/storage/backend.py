@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     import pyarrow.fs as pafs
 
 from maxent_arrow.errors import MissingExtraError, StoreError
-from maxent_arrow.store.checksums import crc32c_of
+from maxent_arrow.store.storage.checksums import crc32c_of
 
 __all__ = [
     "ArrowFsBackend",

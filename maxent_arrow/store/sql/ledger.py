@@ -9,9 +9,10 @@ checks it against what its step file recorded at commit (``docs/commit-protocol.
   file (each (file, column) once per ledger);
 - a file written before chunk CRCs were recorded, whole, once.
 
-What a ledger checked is also remembered for the process (:mod:`.verified`, keyed by the
-file's path, size, modification time and recorded CRC-32), so a new session over the same
-files checks nothing again: each file's footer and chunks are checked once per process.
+What a ledger checked is also remembered for the process
+(:mod:`~maxent_arrow.store.storage.verified`, keyed by the file's path, size, modification time and
+recorded CRC-32), so a new session over the same files checks nothing again: each file's footer and
+chunks are checked once per process.
 
 A damaged file raises a :class:`StoreError` naming it, or is reported back to the caller
 (``on_error="skip"``) so the views can be rebuilt without it.
@@ -22,11 +23,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from maxent_arrow.errors import StoreError
-from maxent_arrow.store import verified
-from maxent_arrow.store.backend import Backend, FileInfo
-from maxent_arrow.store.catalog import OnError, StepFile, fail, is_missing, locate
-from maxent_arrow.store.checksums import check_chunks, crc32_of
-from maxent_arrow.store.reader import check_group_size
+from maxent_arrow.store.history.catalog import OnError, StepFile, fail, is_missing, locate
+from maxent_arrow.store.io.reader import check_group_size
+from maxent_arrow.store.storage import verified
+from maxent_arrow.store.storage.backend import Backend, FileInfo
+from maxent_arrow.store.storage.checksums import check_chunks, crc32_of
 
 __all__ = ["ChecksumLedger", "FOOTER", "WHOLE"]
 
@@ -71,7 +72,7 @@ class ChecksumLedger:
     def stamps(self) -> list[tuple[str, int, int]]:
         """``(fs_path, size, mtime_ns)`` of every file admitted (group files, and step files
         read by path) as it was when admitted: what a held session compares before a query
-        (:meth:`~.backend.Backend.unchanged`)."""
+        (:meth:`~maxent_arrow.store.storage.backend.Backend.unchanged`)."""
         return [(path, size, mtime) for path, size, mtime, _ in self.keys.values()]
 
     def where(self, rel: str) -> str:
@@ -114,9 +115,10 @@ class ChecksumLedger:
     def admit_step(self, rel: str, size: int | None, crc: int | None) -> bool:
         """Whether DuckDB may read the step file ``rel`` of a store with a commit log by
         itself: it is there (in place or retired), of the size and CRC-32 the log recorded
-        (its whole bytes, once per process: :mod:`.verified`). ``False`` (missing, damaged,
-        or nothing recorded to check it against): the reader uses the log's copy of its rows,
-        as every reader of such a store may (a lost step file costs readers nothing)."""
+        (its whole bytes, once per process: :mod:`~maxent_arrow.store.storage.verified`). ``False``
+        (missing, damaged, or nothing recorded to check it against): the reader uses the log's copy
+        of its rows, as every reader of such a store may (a lost step file costs readers
+        nothing)."""
         if size is None or crc is None:
             return False
         found = locate(self.backend, rel)

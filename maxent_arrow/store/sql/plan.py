@@ -1,6 +1,6 @@
 """The SQL of a store's views, planned from its files and schemas, without DuckDB.
 
-A plan says what :class:`~maxent_arrow.store.sql.SqlViews` creates: the view statements
+A plan says what :class:`~.views.SqlViews` creates: the view statements
 (``steps``, ``groups``, ``samples``), the Arrow tables or datasets to register under a name
 (rows this library decoded itself: schema-1.x files, step rows on object stores, files on a
 file system DuckDB cannot open), and the paths the sandbox allows. Everything here is a pure
@@ -23,7 +23,7 @@ import pyarrow as pa
 from maxent_arrow.arrow import registry as R
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.rollout.config import unique_names
-from maxent_arrow.store.backend import DuckSource
+from maxent_arrow.store.storage.backend import DuckSource
 
 __all__ = [
     "GROUP_SCALARS",

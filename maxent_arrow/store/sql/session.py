@@ -25,7 +25,7 @@ from typing import Any
 import pyarrow as pa
 
 from maxent_arrow.errors import ArgumentError, MissingExtraError, QueryError, StoreError
-from maxent_arrow.store.sqlplan import ViewPlan
+from maxent_arrow.store.sql.plan import ViewPlan
 
 __all__ = [
     "KEPT_FOOTERS_FILES",
@@ -203,7 +203,7 @@ class SqlSession:
         Memory, threads and timeout of every query (:class:`QueryLimits`; ``threads`` above
         overrides its threads).
 
-    :meth:`install` creates a :class:`~.sqlplan.ViewPlan`'s views and then sets the
+    :meth:`install` creates a :class:`~.plan.ViewPlan`'s views and then sets the
     sandbox, which cannot be changed afterwards; :meth:`register` adds a table for this
     library's own (trusted) queries.
     """

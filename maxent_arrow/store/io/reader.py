@@ -28,16 +28,16 @@ from maxent_arrow.arrow.upgrade import (
     upgrade_groups,
 )
 from maxent_arrow.errors import ArgumentError, SchemaError, StoreError
-from maxent_arrow.store.backend import Backend, FileInfo, missing_error
-from maxent_arrow.store.catalog import Catalog, OnError, StepFile, fail, is_missing, locate
-from maxent_arrow.store.checksums import (
+from maxent_arrow.store.history.catalog import Catalog, OnError, StepFile, fail, is_missing, locate
+from maxent_arrow.store.storage.backend import Backend, FileInfo, missing_error
+from maxent_arrow.store.storage.checksums import (
     check_chunks,
     covered,
     crc32_of,
     in_background,
     row_groups_of,
 )
-from maxent_arrow.store.names import GROUPS, parse_name
+from maxent_arrow.store.storage.names import GROUPS, parse_name
 
 __all__ = [
     "GroupFileRead",

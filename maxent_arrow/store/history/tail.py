@@ -48,9 +48,9 @@ from typing import Any, Literal
 
 from maxent_arrow.arrow import registry as R
 from maxent_arrow.errors import ArgumentError, StoreError
-from maxent_arrow.store.backend import Backend
-from maxent_arrow.store.log import CommitLog, LogState
-from maxent_arrow.store.names import GROUPS, LOG, unit_name
+from maxent_arrow.store.history.log import CommitLog, LogState
+from maxent_arrow.store.storage.backend import Backend
+from maxent_arrow.store.storage.names import GROUPS, LOG, unit_name
 
 __all__ = ["DEFAULT_POLL", "FIGURES", "TailEvent", "check_since", "tail", "watches"]
 

@@ -17,8 +17,8 @@ from maxent_arrow.arrow import registry as R
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.arrow.upgrade import needs_upgrade, upgrade_groups, upgrade_steps
 from maxent_arrow.errors import StoreError
-from maxent_arrow.store.catalog import Catalog, OnError, fail, locate
-from maxent_arrow.store.names import GROUPS, STEPS
+from maxent_arrow.store.history.catalog import Catalog, OnError, fail, locate
+from maxent_arrow.store.storage.names import GROUPS, STEPS
 
 __all__ = ["UnifiedSchemas", "file_schema", "schema_key"]
 

@@ -22,13 +22,14 @@ from maxent_arrow.arrow import schema as S
 from maxent_arrow.arrow.registry import UNIT_KEY
 from maxent_arrow.arrow.upgrade import needs_upgrade, upgrade_groups
 from maxent_arrow.errors import StoreError
-from maxent_arrow.store.backend import Backend, is_temp_name, temp_final
-from maxent_arrow.store.cache import CACHE_META_KEY, check_cache_columns, unit_group_crc32
-from maxent_arrow.store.catalog import Catalog, LogCatalog, StepFile
-from maxent_arrow.store.checksums import check_chunks, check_seal, crc32_of
-from maxent_arrow.store.log import LogState, UnitEntry, entry_name
-from maxent_arrow.store.manifest import read as read_manifest
-from maxent_arrow.store.names import (
+from maxent_arrow.store.history.catalog import Catalog, LogCatalog, StepFile
+from maxent_arrow.store.history.log import LogState, UnitEntry, entry_name
+from maxent_arrow.store.history.manifest import read as read_manifest
+from maxent_arrow.store.io.cache import CACHE_META_KEY, check_cache_columns, unit_group_crc32
+from maxent_arrow.store.io.reader import read_group_file, row_group_labels
+from maxent_arrow.store.storage.backend import Backend, is_temp_name, temp_final
+from maxent_arrow.store.storage.checksums import check_chunks, check_seal, crc32_of
+from maxent_arrow.store.storage.names import (
     CACHE,
     GROUPS,
     LOG,
@@ -41,7 +42,6 @@ from maxent_arrow.store.names import (
     parse_name,
     unit_name,
 )
-from maxent_arrow.store.reader import read_group_file, row_group_labels
 
 __all__ = ["StoreProblem", "VerifyReport", "classify_uncommitted", "describe_units", "verify"]
 

@@ -17,8 +17,8 @@ from typing import Any, cast
 
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.errors import SchemaError, StoreError
-from maxent_arrow.store.backend import Backend, is_temp_name
-from maxent_arrow.store.names import (
+from maxent_arrow.store.storage.backend import Backend, is_temp_name
+from maxent_arrow.store.storage.names import (
     CACHE,
     FORMAT_NAME,
     GROUPS,
@@ -33,7 +33,7 @@ __all__ = ["STORE_VERSION", "create", "has_log", "jsonable_config", "read", "run
 
 # The version of a store's own format, in its manifest's `schema_version` (its files carry the
 # table schema's, arrow/schema.py): 1.x and 2.x stores are a directory of committed step files;
-# 3.0 stores have a commit log (store/log.py), which readers of 2.x refuse to guess at.
+# 3.0 stores have a commit log (store/history/log.py), which readers of 2.x refuse to guess at.
 STORE_VERSION = "3.0"
 
 

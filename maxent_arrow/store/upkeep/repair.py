@@ -22,13 +22,12 @@ import pyarrow as pa
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.arrow.registry import UNIT_KEY
 from maxent_arrow.errors import StoreError
-from maxent_arrow.store.backend import is_temp_name, writer_alive
-from maxent_arrow.store.cache import read_cache, unit_group_crc32
-from maxent_arrow.store.catalog import Catalog, LogCatalog, StepFile
-from maxent_arrow.store.commit import commit_unit, step_file_bytes
-from maxent_arrow.store.compaction import retire
-from maxent_arrow.store.log import LogState, UnitEntry
-from maxent_arrow.store.names import (
+from maxent_arrow.store.history.catalog import Catalog, LogCatalog, StepFile
+from maxent_arrow.store.history.log import LogState, UnitEntry
+from maxent_arrow.store.io.cache import read_cache, unit_group_crc32
+from maxent_arrow.store.io.commit import commit_unit, step_file_bytes
+from maxent_arrow.store.storage.backend import is_temp_name, writer_alive
+from maxent_arrow.store.storage.names import (
     CACHE,
     GROUPS,
     LOG,
@@ -40,8 +39,9 @@ from maxent_arrow.store.names import (
     parse_name,
     unit_name,
 )
-from maxent_arrow.store.padding import pad_to_layout
-from maxent_arrow.store.verify import StoreProblem, classify_uncommitted, describe_units
+from maxent_arrow.store.storage.padding import pad_to_layout
+from maxent_arrow.store.upkeep.compaction import retire
+from maxent_arrow.store.upkeep.verify import StoreProblem, classify_uncommitted, describe_units
 
 __all__ = ["RepairReport", "repair"]
 

@@ -1,5 +1,5 @@
 """``append``: one step of one rank, checked, then written and committed by the one commit
-function (:func:`.commit.commit_unit`, the protocol of ``docs/commit-protocol.md``).
+function (:func:`~.commit.commit_unit`, the protocol of ``docs/commit-protocol.md``).
 
 Before anything is written, the batch is refused when its (step, rank, kind) is already
 committed (also inside a compacted segment; checked again under the lock) or a column's type
@@ -19,15 +19,15 @@ from maxent_arrow.arrow import registry as R
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.errors import SchemaError, StoreError
 from maxent_arrow.rollout import BATCH_META_KEY, RolloutBatch
-from maxent_arrow.store.attempts import AttemptSpec, attempt_entry
-from maxent_arrow.store.cache import write_cache
-from maxent_arrow.store.catalog import Catalog, LogCatalog
-from maxent_arrow.store.commit import commit_unit
-from maxent_arrow.store.log import LogState
-from maxent_arrow.store.names import CONFIG_META_KEY, STEPS, unit_name
-from maxent_arrow.store.padding import pad_to_layout
-from maxent_arrow.store.records import commit_records, prepare_records
-from maxent_arrow.store.schemas import UnifiedSchemas
+from maxent_arrow.store.history.attempts import AttemptSpec, attempt_entry
+from maxent_arrow.store.history.catalog import Catalog, LogCatalog
+from maxent_arrow.store.history.log import LogState
+from maxent_arrow.store.history.records import commit_records, prepare_records
+from maxent_arrow.store.history.schemas import UnifiedSchemas
+from maxent_arrow.store.io.cache import write_cache
+from maxent_arrow.store.io.commit import commit_unit
+from maxent_arrow.store.storage.names import CONFIG_META_KEY, STEPS, unit_name
+from maxent_arrow.store.storage.padding import pad_to_layout
 
 __all__ = ["Writer"]
 
@@ -86,7 +86,8 @@ class Writer:
             ),
             {
                 "reward_names": _reward_names(batch.groups),
-                "columns": batch.groups.schema.names,  # the rest is padding (store/padding.py)
+                # the rest is padding (store/storage/padding.py)
+                "columns": batch.groups.schema.names,
                 "families": list(families),
             },
             check=lambda state: self._refuse_duplicate(name, batch, state),
@@ -109,8 +110,8 @@ class Writer:
         return self.backend.path(f"{STEPS}/{committed.name}")
 
     def append_records(self, name: str, rows: Any) -> int:
-        """Append ``rows`` to record table ``name`` (:mod:`.records`) as this writer's
-        attempt; returns the log version that committed them."""
+        """Append ``rows`` to record table ``name`` (:mod:`~maxent_arrow.store.history.records`) as
+        this writer's attempt; returns the log version that committed them."""
         table = prepare_records(name, rows)
         if self.log is None:
             raise StoreError(
@@ -133,7 +134,7 @@ class Writer:
     def begin_attempt(self, *, config: Mapping[str, Any] | None = None) -> str | None:
         """Record this writer's attempt in the commit log, once (a store without a log has no
         attempts: ``None``). A fresh run into a store that holds an earlier run's steps is
-        refused here (:func:`~.attempts.attempt_entry`)."""
+        refused here (:func:`~maxent_arrow.store.history.attempts.attempt_entry`)."""
         if self.log is None:
             return None
         if self._begun is not None:

@@ -1,9 +1,9 @@
 """``compact``: merge committed files into segments, each committed atomically.
 
 A segment's group file and step file are written and committed by the one commit function
-(:func:`.commit.commit_unit`), its step file listing every file it replaces (and what they
-replaced): readers see the inputs or the segment, never both and never neither, also after a
-crash at any point. The inputs leave ``groups/`` and ``steps/`` after the commit. Compaction
+(:func:`~maxent_arrow.store.io.commit.commit_unit`), its step file listing every file it replaces
+(and what they replaced): readers see the inputs or the segment, never both and never neither, also
+after a crash at any point. The inputs leave ``groups/`` and ``steps/`` after the commit. Compaction
 rewrites other writers' files, so it needs a backend that can lock and rename atomically
 (local stores). Its inputs are not deleted but moved to ``retired/`` and removed by a later
 compaction after :data:`RETIRE_SECONDS`, so that readers that listed the store before it
@@ -21,11 +21,13 @@ import pyarrow as pa
 
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.errors import ArgumentError, StoreError
-from maxent_arrow.store.backend import Backend, crash_point
-from maxent_arrow.store.catalog import Catalog, LogCatalog, Unit, is_missing
-from maxent_arrow.store.commit import commit_unit
-from maxent_arrow.store.log import LogState
-from maxent_arrow.store.names import (
+from maxent_arrow.store.history.catalog import Catalog, LogCatalog, Unit, is_missing
+from maxent_arrow.store.history.log import LogState
+from maxent_arrow.store.history.schemas import UnifiedSchemas
+from maxent_arrow.store.io.commit import commit_unit
+from maxent_arrow.store.io.reader import read_group_file
+from maxent_arrow.store.storage.backend import Backend, crash_point
+from maxent_arrow.store.storage.names import (
     GROUPS,
     RETIRED,
     STEPS,
@@ -34,8 +36,6 @@ from maxent_arrow.store.names import (
     parse_name,
     retired_path,
 )
-from maxent_arrow.store.reader import read_group_file
-from maxent_arrow.store.schemas import UnifiedSchemas
 
 __all__ = ["RETIRE_SECONDS", "compact", "expire_retired", "retire"]
 

@@ -2,9 +2,10 @@
 committed; and the policy for damaged files.
 
 Every reader of the store (``read``, ``replay``, SQL, ``verify``, the Ray reader) asks the
-catalog which group files are committed, so the commit rule of :mod:`.names` is applied in
-one place. Step files are small; each is read once per process (cached by size and mtime),
-checked against the CRC-32 sealed in it, and its schema-1.x rows are upgraded.
+catalog which group files are committed, so the commit rule of
+:mod:`~maxent_arrow.store.storage.names` is applied in one place. Step files are small; each is read
+once per process (cached by size and mtime), checked against the CRC-32 sealed in it, and its
+schema-1.x rows are upgraded.
 """
 
 from __future__ import annotations
@@ -28,9 +29,7 @@ from maxent_arrow.arrow import schema as S
 from maxent_arrow.arrow.registry import UNIT_KEY
 from maxent_arrow.arrow.upgrade import needs_upgrade, upgrade_steps
 from maxent_arrow.errors import ArgumentError, StoreError
-from maxent_arrow.store.backend import Backend, FileInfo, missing_error
-from maxent_arrow.store.checksums import check_seal
-from maxent_arrow.store.log import (
+from maxent_arrow.store.history.log import (
     CommitLog,
     LogState,
     UnitEntry,
@@ -38,8 +37,10 @@ from maxent_arrow.store.log import (
     unit_kind,
     unit_summary,
 )
-from maxent_arrow.store.manifest import has_log
-from maxent_arrow.store.names import (
+from maxent_arrow.store.history.manifest import has_log
+from maxent_arrow.store.storage.backend import Backend, FileInfo, missing_error
+from maxent_arrow.store.storage.checksums import check_seal
+from maxent_arrow.store.storage.names import (
     GROUPS,
     STEPS,
     STORE_META_KEY,
@@ -47,7 +48,7 @@ from maxent_arrow.store.names import (
     parse_name,
     retired_path,
 )
-from maxent_arrow.store.parquet import footer_value
+from maxent_arrow.store.storage.parquet import footer_value
 
 __all__ = [
     "HISTORIES",

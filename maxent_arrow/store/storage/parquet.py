@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 
 from maxent_arrow.arrow import registry as R
 from maxent_arrow.errors import StoreError
-from maxent_arrow.store.checksums import SEAL_KEY, SEAL_PLACEHOLDER, seal
+from maxent_arrow.store.storage.checksums import SEAL_KEY, SEAL_PLACEHOLDER, seal
 
 __all__ = [
     "COMPRESSIONS",

@@ -41,10 +41,10 @@ from maxent_arrow.arrow import schema as S
 from maxent_arrow.arrow.upgrade import needs_upgrade, upgrade_groups
 from maxent_arrow.errors import StoreError
 from maxent_arrow.rollout import STEP_META_KEY, RolloutBatch, step_row_to_json
-from maxent_arrow.store.backend import Backend
-from maxent_arrow.store.catalog import StepFile
-from maxent_arrow.store.checksums import SEAL_KEY, check_seal, xxh3_of, xxh3_stream
-from maxent_arrow.store.names import CACHE, cache_name
+from maxent_arrow.store.history.catalog import StepFile
+from maxent_arrow.store.storage.backend import Backend
+from maxent_arrow.store.storage.checksums import SEAL_KEY, check_seal, xxh3_of, xxh3_stream
+from maxent_arrow.store.storage.names import CACHE, cache_name
 
 __all__ = [
     "CACHE_META_KEY",

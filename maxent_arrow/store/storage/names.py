@@ -18,7 +18,7 @@
 
 **The commit rule** (the one definition, used by every reader through the catalog). In a
 store with a commit log (format 3), a file is committed when a log entry names it
-(``store/log.py``); nothing else in ``groups/`` or ``steps/`` is read. In an older store, a
+(``store/history/log.py``); nothing else in ``groups/`` or ``steps/`` is read. In an older store, a
 group file is committed when a step file of the same name exists and no committed step file
 lists it in ``replaces`` (a compaction's record of the files it merged, transitively).
 Everything else — leftovers of crashed writes, files a compaction replaced, a user's own files

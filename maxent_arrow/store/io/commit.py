@@ -1,6 +1,7 @@
 """The commit: the one function that makes a group file and its step file part of the store.
 
-Append (:mod:`.writer`) and compaction (:mod:`.compaction`) both end in :func:`commit_unit`,
+Append (:mod:`.writer`) and compaction (:mod:`~maxent_arrow.store.upkeep.compaction`) both end in
+:func:`commit_unit`,
 so the protocol of ``docs/commit-protocol.md`` is written once:
 
 1. the group file is encoded into a temp file (hidden, never ``*.parquet``) while a writer
@@ -21,9 +22,9 @@ most an uncommitted group file); after it, the whole unit. ``crash_point`` names
 (``{operation}:group-written``, ``step-written``, ``locked``, ``group-published``,
 ``committed``) for the kill and stop tests.
 
-**Stores with a commit log** (format 3, :mod:`.log`): steps 1 and 2 as above, under a file
-name of the commit's own (the unit's name and a token), so no other writer's file can be
-overwritten and no lock is needed to publish; 3. both files are published (exclusively),
+**Stores with a commit log** (format 3, :mod:`~maxent_arrow.store.history.log`): steps 1 and 2 as
+above, under a file name of the commit's own (the unit's name and a token), so no other writer's
+file can be overwritten and no lock is needed to publish; 3. both files are published (exclusively),
 then the commit is the log's next entry, created exclusively after the precondition is
 checked again against the log's newest state. A refused or failed entry removes the two
 files again. A crash before the entry leaves files no entry names (leftovers ``repair``
@@ -44,13 +45,19 @@ import pyarrow.parquet as pq
 
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.errors import StoreError
-from maxent_arrow.store.backend import Backend, Pending, crash_point
-from maxent_arrow.store.catalog import step_rows_json
-from maxent_arrow.store.checksums import CHUNK_ALGORITHM, chunk_crcs
-from maxent_arrow.store.log import CommitLog, LogState
-from maxent_arrow.store.names import GROUPS, STEPS, STORE_META_KEY, UNIT_META_KEY, with_token
-from maxent_arrow.store.parquet import group_file_settings, parquet_bytes, write_parquet
-from maxent_arrow.store.schemas import schema_key
+from maxent_arrow.store.history.catalog import step_rows_json
+from maxent_arrow.store.history.log import CommitLog, LogState
+from maxent_arrow.store.history.schemas import schema_key
+from maxent_arrow.store.storage.backend import Backend, Pending, crash_point
+from maxent_arrow.store.storage.checksums import CHUNK_ALGORITHM, chunk_crcs
+from maxent_arrow.store.storage.names import (
+    GROUPS,
+    STEPS,
+    STORE_META_KEY,
+    UNIT_META_KEY,
+    with_token,
+)
+from maxent_arrow.store.storage.parquet import group_file_settings, parquet_bytes, write_parquet
 
 __all__ = ["Committed", "commit_unit", "group_file_meta", "step_file_bytes", "write_group_file"]
 
@@ -66,7 +73,8 @@ def write_group_file(
     row_groups: Sequence[int] | None = None,
 ) -> Pending:
     """Encode ``table`` as the group file ``final`` (relative path) into a durable temp file,
-    with the group files' Parquet settings (:func:`.parquet.group_file_settings`) and
+    with the group files' Parquet settings
+    (:func:`~maxent_arrow.store.storage.parquet.group_file_settings`) and
     ``row_groups`` (row counts; default one row group)."""
     return backend.write_temp(
         final,
@@ -162,10 +170,10 @@ def commit_unit(
     ``check(state)`` raises when the commit must not happen; it runs once before anything
     is written and again at the commit: under the lock, with the log's newest state
     (``None`` without a log). With a ``log`` the files get a name of their own
-    (:func:`~.names.with_token`), the commit is the log's next entry (written by ``attempt``;
-    a compaction's ``replaces`` its inputs' step files) and a refused commit removes its own
-    files. ``locked``: the caller holds the store lock (``repair``). ``row_groups``: the
-    group file's row groups (row counts; a segment keeps one per unit). Raises
+    (:func:`~maxent_arrow.store.storage.names.with_token`), the commit is the log's next entry
+    (written by ``attempt``; a compaction's ``replaces`` its inputs' step files) and a refused
+    commit removes its own files. ``locked``: the caller holds the store lock (``repair``).
+    ``row_groups``: the group file's row groups (row counts; a segment keeps one per unit). Raises
     (:class:`StoreError`, ``OSError`` as ``StoreError``) with the store as it was."""
     if log is not None:
         name = with_token(name)

@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from typing import Any, Literal, cast
 
 from maxent_arrow.errors import ArgumentError, StoreError
-from maxent_arrow.store.log import Attempt, LogState
+from maxent_arrow.store.history.log import Attempt, LogState
 
 __all__ = [
     "IfExists",

@@ -35,10 +35,10 @@ from maxent_arrow.arrow import lists as L
 from maxent_arrow.arrow import registry as R
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.errors import SchemaError, StoreError
-from maxent_arrow.store.backend import Backend
-from maxent_arrow.store.catalog import History
-from maxent_arrow.store.log import TRAINER, CommitLog, LogState, crc32
-from maxent_arrow.store.names import RECORDS
+from maxent_arrow.store.history.catalog import History
+from maxent_arrow.store.history.log import TRAINER, CommitLog, LogState, crc32
+from maxent_arrow.store.storage.backend import Backend
+from maxent_arrow.store.storage.names import RECORDS
 
 __all__ = [
     "RESERVED",

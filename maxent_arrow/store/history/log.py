@@ -65,8 +65,8 @@ import pyarrow.parquet as pq
 
 from maxent_arrow.arrow import registry as R
 from maxent_arrow.errors import StoreError
-from maxent_arrow.store.backend import crash_point
-from maxent_arrow.store.names import GROUPS, LOG, parse_name
+from maxent_arrow.store.storage.backend import crash_point
+from maxent_arrow.store.storage.names import GROUPS, LOG, parse_name
 
 __all__ = [
     "CHECKPOINT_EVERY",

@@ -22,8 +22,7 @@ from maxent_arrow.arrow import list_offsets
 from maxent_arrow.arrow import registry as R
 from maxent_arrow.errors import ArgumentError, StoreError
 from maxent_arrow.rollout import RolloutBatch, reassemble
-from maxent_arrow.store.cache import read_cache
-from maxent_arrow.store.catalog import (
+from maxent_arrow.store.history.catalog import (
     Catalog,
     OnError,
     Unit,
@@ -32,8 +31,9 @@ from maxent_arrow.store.catalog import (
     int_set,
     is_missing,
 )
-from maxent_arrow.store.padding import strip_padding
-from maxent_arrow.store.reader import read_group_file
+from maxent_arrow.store.io.cache import read_cache
+from maxent_arrow.store.io.reader import read_group_file
+from maxent_arrow.store.storage.padding import strip_padding
 
 __all__ = [
     "SOURCES",
@@ -265,7 +265,7 @@ def load_unit_groups(
 ) -> tuple[pa.RecordBatch, pa.RecordBatch]:
     """The group rows and the step row of one committed ``unit``, read as :func:`replay`
     reads them (the IPC cache where asked, checksums checked when ``crc``): the loader the
-    replay sampler (:mod:`maxent_arrow.store.sampler`) shares with the replay stream."""
+    replay sampler (:mod:`maxent_arrow.store.feed.sampler`) shares with the replay stream."""
     return _load_unit(catalog, unit, ReplayOptions(columns=columns, source=source), crc)
 
 

@@ -1,6 +1,6 @@
 """The replay sampler: committed groups of a store, sampled as trainer-ready batches.
 
-It grows out of :func:`~maxent_arrow.store.replay.replay` (the same catalog, the same unit
+It grows out of :func:`~maxent_arrow.store.io.replay.replay` (the same catalog, the same unit
 loader, the same IPC cache and checksums) but samples *groups*, not steps: uniformly or by
 priority, with a staleness window, deterministic for a seed, resumable from ``state_dict()``,
 sharded across consumers without overlap, and every consumption and every drop written to the
@@ -44,16 +44,16 @@ from maxent_arrow.arrow import Ragged, list_offsets
 from maxent_arrow.arrow import registry as R
 from maxent_arrow.errors import ArgumentError, StoreError
 from maxent_arrow.rollout import RolloutBatch
-from maxent_arrow.store.catalog import Unit, int_set
-from maxent_arrow.store.readonly import ReadOnlyStore
-from maxent_arrow.store.records import lifecycle_rows
-from maxent_arrow.store.replay import (
+from maxent_arrow.store.history.catalog import Unit, int_set
+from maxent_arrow.store.history.records import lifecycle_rows
+from maxent_arrow.store.io.replay import (
     Source,
     check_shard,
     check_source,
     load_unit_groups,
     partial_step_row,
 )
+from maxent_arrow.store.readonly import ReadOnlyStore
 
 __all__ = ["ReplaySampler", "SampledBatch", "SamplerOptions", "mix_counts"]
 
