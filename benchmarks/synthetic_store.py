@@ -70,9 +70,13 @@ sys.path.insert(0, str(ROOT))
 
 from maxent_arrow.arrow import schema as S  # noqa: E402
 from maxent_arrow.store import RolloutStore  # noqa: E402
-from maxent_arrow.store import log as store_log  # noqa: E402
-from maxent_arrow.store.history.catalog import LogCatalog  # noqa: E402
-from maxent_arrow.store.io.commit import commit_unit  # noqa: E402
+from maxent_arrow.store.history import log as store_log  # noqa: E402
+from maxent_arrow.store.history.operations import (  # noqa: E402
+    AppendUnit,
+    CompactUnits,
+    UnitOperation,
+)
+from maxent_arrow.store.io.commit import CommitRequest, UnitFiles, commit_unit  # noqa: E402
 from maxent_arrow.store.storage.names import compact_name, unit_name  # noqa: E402
 from maxent_arrow.store.storage.padding import pad_to_layout  # noqa: E402
 from maxent_arrow.store.upkeep.compaction import ROW_GROUP_GROUPS  # noqa: E402
@@ -339,29 +343,26 @@ class _Writer:
 
     def __init__(self, shape: _Shape):
         self.shape = shape
-        catalog = RolloutStore(shape.root, compact_every=None).catalog
-        assert isinstance(catalog, LogCatalog)
-        self.catalog = catalog
+        self.log = RolloutStore(shape.root, compact_every=None).catalog.writable("a build")
 
     def commit(self, job: _Job) -> int:
         """Build ``job``'s tables and commit them; returns its group rows."""
-        sh, catalog = self.shape, self.catalog
+        sh = self.shape
         rng = np.random.default_rng([sh.seed, job.index])
         group_table, step_table, starts = _tables(
             job.units, job.kind, sh.steps, groups=sh.groups, k=sh.k, tokens=sh.tokens, rng=rng
         )
         if job.compacted:
             record = {"group_rows": starts, "replaces": [], "unit_crc32": {}}
-            operation = "compact"
+            operation: type[UnitOperation] = CompactUnits
         else:
-            record, operation = {}, "append"
+            record, operation = {}, AppendUnit
         row_groups = None
         if sh.step_row_groups and job.compacted:
             # As compact splits a unit: row groups of at most ROW_GROUP_GROUPS.
             whole, rest = divmod(sh.groups, ROW_GROUP_GROUPS)
             row_groups = ([ROW_GROUP_GROUPS] * whole + ([rest] if rest else [])) * len(job.units)
-        commit_unit(
-            catalog.backend,
+        unit = UnitFiles(
             job.name,
             group_table,
             {S.METADATA_KEY: S.SCHEMA_VERSION.encode()},
@@ -372,15 +373,9 @@ class _Writer:
                 "columns": list(group_table.column_names),
                 "families": list(FAMILIES),
             },
-            check=lambda state: None,
-            operation=operation,
-            compression="zstd",
-            compression_level=1,
-            run=catalog.run_id,
-            log=catalog.log,
-            attempt=sh.attempt,
             row_groups=row_groups,
         )
+        commit_unit(self.log, unit, CommitRequest(operation, sh.attempt, lambda state: None))
         return group_table.num_rows
 
 
@@ -467,9 +462,7 @@ def build(
                 workers, mp_context=context, initializer=_start_worker, initargs=(shape,)
             ) as pool:
                 rows = sum(pool.map(_run_jobs, batches))
-        catalog = store.catalog
-        assert isinstance(catalog, LogCatalog)
-        version = catalog.log.write_checkpoint()
+        version = store.checkpoint()
     os.sync()  # the one sync of the build
     seconds, cpu1 = time.perf_counter() - t0, os.times()
     cpu = sum(getattr(cpu1, f) - getattr(cpu0, f) for f in ("user", "system"))

@@ -13,6 +13,7 @@ from .errors import (
     MaxentArrowError as MaxentArrowError,
     MissingExtraError as MissingExtraError,
     QueryError as QueryError,
+    ReadOnlyFormatError as ReadOnlyFormatError,
     SchemaError as SchemaError,
     SchemaVersionError as SchemaVersionError,
     ShapeError as ShapeError,

@@ -10,6 +10,7 @@ Subcommands::
     maxent-arrow verify RUN [--json]            check every file (sizes, checksums, rows)
     maxent-arrow repair RUN [--json]            move crash leftovers into RUN/quarantine/
     maxent-arrow compact RUN [--max-steps N]    merge per-append files atomically
+    maxent-arrow upgrade RUN                    give a store of an older format a commit log
     maxent-arrow export RUN --to ipc|hf DIR     Arrow IPC files or a HF datasets dataset
     maxent-arrow train --from-store RUN --out D train a policy from a demo run's stored rollouts
     maxent-arrow view RUN [--port N]            a local read-only web explorer (127.0.0.1)
@@ -373,6 +374,30 @@ def _cmd_checkpoint(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_upgrade(args: argparse.Namespace) -> int:
+    """A store written before the commit log given one (nothing rewritten); a path that is
+    not a store, a damaged store or a store another process holds: exit 2, nothing changed."""
+    try:
+        report = store.upgrade(args.run, lock_timeout=args.lock_timeout or 0)
+    except (MaxentArrowError, OSError) as exc:
+        _error("upgrade", _message(exc))
+        return EXIT_USAGE
+    if args.json:
+        _print_json(
+            {
+                "uri": report.uri,
+                "upgraded": report.upgraded,
+                "from_format": report.from_format,
+                "to_format": report.to_format,
+                "units": report.units,
+                "log_version": report.log_version,
+            }
+        )
+    else:
+        sys.stdout.write(str(report) + "\n")
+    return EXIT_OK
+
+
 def _cmd_files(args: argparse.Namespace) -> int:
     live = _store(args, attempts=args.attempts).live_files(args.table)
     if args.json:
@@ -663,6 +688,22 @@ def _parser() -> _Parser:
     p.add_argument("--json", action="store_true", help="print JSON")
     lock_option(p)
     p.set_defaults(func=_cmd_checkpoint)
+
+    p = command(
+        "upgrade",
+        "Give a store written before the commit log (store format 1.x or 2.x, which every "
+        "reader reads and no writer writes) a commit log over its files as they are; then it "
+        "can be written again. A store that has one is left as it is.",
+    )
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument(
+        "--lock-timeout",
+        type=seconds,
+        default=None,
+        metavar="SECONDS",
+        help="wait this long for another process's store lock (default: do not wait)",
+    )
+    p.set_defaults(func=_cmd_upgrade)
 
     p = command(
         "files",

@@ -20,6 +20,7 @@ __all__ = [
     "ComputeError",
     "StoreError",
     "SchemaVersionError",
+    "ReadOnlyFormatError",
     "QueryError",
     "MissingExtraError",
 ]
@@ -59,6 +60,12 @@ class StoreError(MaxentArrowError, OSError):
 
 class SchemaVersionError(StoreError):
     """Data written by a newer, incompatible schema major version."""
+
+
+class ReadOnlyFormatError(StoreError):
+    """A write (an append, records, a compaction, a repair, a resume) to a store written
+    before the commit log: every reader reads it, no writer writes it. The message names
+    ``maxent-arrow upgrade``, which gives the store a log over the same files."""
 
 
 class QueryError(MaxentArrowError, ValueError):

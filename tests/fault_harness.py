@@ -14,6 +14,7 @@ from pathlib import Path
 from store_fixtures import make_batch
 
 from maxent_arrow import RolloutStore
+from maxent_arrow.store.storage.crashpoints import CRASH_POINTS
 
 TESTS = Path(__file__).parent
 ROOT = TESTS.parent
@@ -59,19 +60,9 @@ COMPACTOR = textwrap.dedent(
     """
 )
 
-APPEND_POINTS = [
-    "append:group-written",
-    "append:step-written",
-    "append:group-published",
-    "append:committed",
-]
-COMPACT_POINTS = [
-    "compact:group-written",
-    "compact:step-written",
-    "compact:group-published",
-    "compact:committed",
-    "compact:cleaning",
-]
+# The crash points of an append and of a compaction, from the registry (every declared point).
+APPEND_POINTS = sorted(n for n, p in CRASH_POINTS.items() if p.operation == "append")
+COMPACT_POINTS = sorted(n for n, p in CRASH_POINTS.items() if p.operation == "compact")
 
 
 def expected(step: int, rank: int = 0, groups: int = 6):

@@ -36,13 +36,12 @@ from maxent_arrow.errors import QueryError, StoreError
 from maxent_arrow.store import ReadOnlyStore
 from maxent_arrow.store.history.catalog import (
     Catalog,
-    LogCatalog,
     OnError,
     check_on_error,
     fail,
     locate,
 )
-from maxent_arrow.store.history.log import count_runs
+from maxent_arrow.store.history.state import count_runs
 from maxent_arrow.store.io.reader import check_group_bytes
 from maxent_arrow.store.storage.names import GROUPS, STEPS
 
@@ -154,13 +153,13 @@ class RunAnalytics(ReadyMadeQueries):
         steps, ranks (``ranks``: the rank ids), rows, sizes, the manifest's ``config`` (as
         the store was created) and the ``run_config`` the steps recorded (:meth:`run_config`:
         the tokenizer, the model...)."""
-        if isinstance(self.store.catalog, LogCatalog):
-            return describe_run(self.store, on_error=self.views.on_error)
-        return self._describe_scan()
+        return describe_run(self.store, on_error=self.views.on_error)
 
-    def _describe_scan(self) -> dict[str, Any]:
-        """:meth:`describe` from the views (a store without a commit log): one scan of the
-        step rows, the file sizes of a listing, every group file's footer checked."""
+    def describe_from_views(self) -> dict[str, Any]:
+        """:meth:`describe` computed another way: from the views, one scan of the step rows,
+        the file sizes of a listing, every group file's footer checked. The same answer as
+        the catalog's summaries give (:func:`describe_run`), read from the data itself: a
+        check of them (the tests compare the two), at the cost of a scan."""
         self.views.check_footers()
         # One scan of the step rows: the counts of each kind (its ranks beside), and each
         # kind's distinct run configs with their last step (the run_config).
@@ -199,22 +198,19 @@ def describe_run(store: ReadOnlyStore, *, on_error: OnError | None = None) -> di
     ids), rows, sizes, the manifest's ``config`` (as the store was created) and the
     ``run_config`` the steps recorded, with the commit log's history.
 
-    A store with a commit log is described from its log alone, at a cost that does not grow
-    with the run's step rows: the counts each commit recorded of its step file
-    (``store/history/log.py``, :func:`~maxent_arrow.store.history.log.unit_summary`), never the step
-    rows themselves, the data or a SQL view. What it checks: that every committed group file is
+    A store is described from its catalog alone, at a cost that does not grow with the run's
+    step rows: the counts each commit recorded of its step file
+    (:func:`~maxent_arrow.store.history.state.unit_summary`), never the step rows
+    themselves, the data or a SQL view (a store without a commit log: the counts of its step
+    files, as its catalog reads them). What it checks: that every committed group file is
     there, of the size its commit recorded (one listing of ``groups/``); a missing or
     truncated one is a :class:`StoreError` naming it (``on_error="skip"``: a warning);
     ``bytes`` are the group files' as listed and the step files' as the log recorded them. The
     checksums of the footers and the column chunks are checked by ``verify`` (every byte)
-    and by every query that reads the files, not here. A store without a commit log is
-    described from its views (:class:`RunAnalytics`: every group file's footer checked).
+    and by every query that reads the files, not here.
     """
     on_error = check_on_error(on_error or store.on_error)
     catalog = store.catalog
-    if not isinstance(catalog, LogCatalog):
-        with RunAnalytics(store, on_error=on_error) as run:
-            return run.describe()
     backend = store.backend
     with catalog.snapshot():
         files = catalog.summaries()
@@ -332,31 +328,7 @@ def _description(
         "config": manifest.get("config"),
         "run_config": run_config,
         "uri": store.backend.uri,
-        "history": _history(store.catalog),
-    }
-
-
-def _history(catalog: Catalog) -> dict[str, Any] | None:
-    """The commit log's account of the run: its version, the attempts (resumes,
-    re-runs), the steps later attempts superseded and the record tables (``None``: a
-    store without a log)."""
-    if not isinstance(catalog, LogCatalog):
-        return None
-    state = catalog.state()
-    return {
-        "log_version": state.version,
-        "attempts": [
-            {
-                "id": a.id,
-                "role": a.role,
-                "mode": a.mode,
-                "resume_from": a.resume_from,
-                "started_at": a.started_at,
-            }
-            for a in state.attempts
-        ],
-        "superseded_steps": state.superseded_steps(),
-        "records": {n: sum(int(i["rows"]) for i in items) for n, items in state.records.items()},
+        "history": store.catalog.account(),
     }
 
 

@@ -29,7 +29,6 @@ from maxent_arrow.arrow import float_values
 from maxent_arrow.arrow import registry as R
 from maxent_arrow.errors import ArgumentError
 from maxent_arrow.store import ReadOnlyStore
-from maxent_arrow.store.history.catalog import LogCatalog
 
 __all__ = [
     "HISTORIES",
@@ -245,7 +244,7 @@ class RunData:
         when the commit log has a new version."""
         store = self.store("all")
         catalog = store.catalog
-        version = catalog.state().version if isinstance(catalog, LogCatalog) else None
+        version = catalog.version
         hit = self._kinds
         if hit is not None and version is not None and hit[0] == version:
             return list(hit[1])
@@ -357,10 +356,8 @@ class RunData:
         run records more)."""
         store = self.store()
         catalog = store.catalog
-        files: tuple = ()
-        if isinstance(catalog, LogCatalog):
-            state = catalog.state()  # a resume changes the effective events: attempts count
-            files = (len(state.attempts), *(i["path"] for i in state.records.get(R.LIFECYCLE, [])))
+        state = catalog.state()  # a resume changes the effective events: attempts count
+        files = (len(state.attempts), *(i["path"] for i in state.records.get(R.LIFECYCLE, [])))
         if self._lifecycle is None or files != self._lifecycle_files:
             self._lifecycle_files = files
             found: dict[tuple, tuple[str, str | None]] = {}

@@ -14,6 +14,7 @@ from .feed.sampler import (
     mix_counts as mix_counts,
 )
 from .sql.views import SqlViews as SqlViews
-from .store import RolloutStore as RolloutStore
+from .store import RolloutStore as RolloutStore, StoreOptions as StoreOptions
 from .history.tail import TailEvent as TailEvent, watches as watches
+from .upkeep.upgrade import UpgradeReport as UpgradeReport, upgrade as upgrade
 from .upkeep.verify import StoreProblem as StoreProblem, VerifyReport as VerifyReport

@@ -21,18 +21,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from maxent_arrow.arrow import registry as R
-from maxent_arrow.arrow import schema as S
 from maxent_arrow.errors import MaxentArrowError, StoreError
 from maxent_arrow.store.history import manifest
 from maxent_arrow.store.history.catalog import (
     History,
-    LogCatalog,
     OnError,
     Unit,
     check_history,
     check_on_error,
-    open_catalog,
 )
+from maxent_arrow.store.history.formats import open_catalog
 from maxent_arrow.store.history.records import (
     Frontier,
     check_record_name,
@@ -40,7 +38,6 @@ from maxent_arrow.store.history.records import (
     read_records,
     record_filter,
     record_names,
-    record_schema,
 )
 from maxent_arrow.store.history.schemas import UnifiedSchemas
 from maxent_arrow.store.history.tail import DEFAULT_POLL, TailEvent, tail
@@ -380,11 +377,6 @@ class ReadOnlyStore:
             raise StoreError(
                 f"live_files: table must be 'groups', 'steps' or 'records:<name>', got {table!r}"
             )
-        if not isinstance(self.catalog, LogCatalog):
-            if table.startswith("records:"):
-                check_record_name(table.partition(":")[2])
-                return []  # a store without a commit log keeps no record tables
-            return [(p, None) for p in self.committed_files("steps" if table == STEPS else GROUPS)]
         history = self.catalog.history if attempts is None else check_history(attempts)
         catalog = self.catalog.with_history(history)
         with catalog.snapshot():
@@ -408,16 +400,12 @@ class ReadOnlyStore:
         """The run's attempts (writer sessions: launches, resumes, re-runs), in the order they
         began: id, role, mode, the step it resumed from, start time, host, pid, config and
         the log version that began it (``[]``: a store without a commit log)."""
-        if not isinstance(self.catalog, LogCatalog):
-            return []
-        return [{**a.to_json(), "version": a.version} for a in self.catalog.state().attempts]
+        return [{**a.to_json(), "version": a.version} for a in self.catalog.attempts()]
 
     # ------------------------------------------------------------------ records
     def record_names(self) -> list[str]:
         """The store's record tables (``trainer_metrics``, ``lifecycle``, a user's own), by
-        name; each is also a SQL view of that name."""
-        if not isinstance(self.catalog, LogCatalog):
-            return []
+        name (none in a store without a commit log); each is also a SQL view of that name."""
         return record_names(self.catalog.state())
 
     def read_records(self, name: str, *, attempts: History | None = None) -> pa.Table:
@@ -426,9 +414,6 @@ class ReadOnlyStore:
         ``attempt`` column says which attempt wrote each row. A table never appended reads
         as the registry's layout, empty (or a table without columns)."""
         check_record_name(name)
-        if not isinstance(self.catalog, LogCatalog):
-            layout = record_schema(name)
-            return pa.table({}) if layout is None else S.empty(layout)
         history = self.catalog.history if attempts is None else check_history(attempts)
         return read_records(self.backend, self.catalog.state(), name, history)
 
@@ -442,8 +427,7 @@ class ReadOnlyStore:
         not consumed (trained or dropped) in the effective history, and the stored groups
         in flight (``docs/commit-protocol.md``, "Exactly once"). Whatever history this
         object reads, the frontier is the effective one's."""
-        if not isinstance(self.catalog, LogCatalog):
-            raise StoreError(f"{self.uri}: a store without a commit log has no frontier")
+        self.catalog.require_history("frontier")
         with self.catalog.snapshot():
             catalog = self.catalog.with_history("effective")
             groups = read_table(
@@ -487,11 +471,8 @@ class ReadOnlyStore:
         log entry every ``poll`` seconds (one read, never a listing). ``timeout``: return
         when no event came for this many seconds (``None``: run until closed).
         ``inotify=False`` polls locally too."""
-        if not isinstance(self.catalog, LogCatalog):
-            raise StoreError(f"{self.uri}: a store without a commit log (format < 3) has no tail")
-        log = self.catalog.log
         return tail(
-            type(log)(log.backend, log.run),
+            self.catalog.tail_log(),
             kind=kind,
             since=since,
             poll=poll,

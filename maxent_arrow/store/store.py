@@ -16,20 +16,22 @@ aside only by :meth:`RolloutStore.repair`.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack, cast
 
 import pyarrow as pa
 
+from maxent_arrow.arguments import is_int
 from maxent_arrow.arrow import registry as R
 from maxent_arrow.errors import ArgumentError, StoreError
 from maxent_arrow.rollout import RolloutBatch
 from maxent_arrow.store.history import manifest
 from maxent_arrow.store.history.attempts import AttemptSpec, IfExists, next_attempt_id
-from maxent_arrow.store.history.catalog import History, LogCatalog, OnError
+from maxent_arrow.store.history.catalog import History, OnError, check_history, check_on_error
 from maxent_arrow.store.history.records import lifecycle_rows
 from maxent_arrow.store.io.cache import unit_group_crc32, write_cache
 from maxent_arrow.store.io.reader import check_known_columns, read_group_file
@@ -47,10 +49,76 @@ from maxent_arrow.store.upkeep.repair import RepairReport, repair
 if TYPE_CHECKING:
     import pyarrow.fs as pafs
 
-__all__ = ["DEFAULT_COMPACT_EVERY", "RolloutStore"]
+__all__ = ["DEFAULT_COMPACT_EVERY", "RolloutStore", "StoreKeywords", "StoreOptions"]
 
 # One-step files per rank and kind that the writer merges into one segment (``compact_every``).
 DEFAULT_COMPACT_EVERY = 100
+
+
+@dataclasses.dataclass(frozen=True)
+class StoreOptions:
+    """The options of a :class:`RolloutStore` (its parameters: what each means is said
+    there), checked when made. One value, so that the store opened again with the same
+    options and one changed is a :func:`dataclasses.replace`
+    (:meth:`RolloutStore.next_attempt`)."""
+
+    cache: bool = False
+    on_error: OnError = "raise"
+    check_crc: bool = True
+    compression: str = "zstd"
+    compression_level: int | None = 1
+    compact_every: int | None = DEFAULT_COMPACT_EVERY
+    lock_timeout: float | None = None
+    query_timeout: float | None = None
+    if_exists: IfExists | None = None
+    resume_from: int | None = None
+    attempt: str | None = None
+    role: str = "trainer"
+    attempts: History = "effective"
+    resume_kinds: Mapping[str, int] | None = None
+
+    def __post_init__(self) -> None:
+        every = self.compact_every
+        if every is not None and (not is_int(every) or every < 2):
+            raise StoreError(f"compact_every: expected None or an int >= 2, got {every!r}")
+        check_on_error(self.on_error)
+        check_history(self.attempts)
+        _, level = check_compression(self.compression, self.compression_level)
+        object.__setattr__(self, "compression_level", level)
+        object.__setattr__(self, "lock_timeout", check_timeout(self.lock_timeout))
+        object.__setattr__(self, "query_timeout", check_timeout(self.query_timeout))
+        object.__setattr__(self, "cache", bool(self.cache))
+        object.__setattr__(self, "check_crc", bool(self.check_crc))
+
+    def attempt_spec(self) -> AttemptSpec:
+        """How this store object's writes begin their attempt (checked here)."""
+        return AttemptSpec(
+            if_exists=self.if_exists,
+            resume_from=self.resume_from,
+            attempt=self.attempt,
+            role=self.role,
+            resume_kinds=self.resume_kinds,
+        )
+
+
+class StoreKeywords(TypedDict, total=False):
+    """:class:`StoreOptions` as keywords of :class:`RolloutStore` (a test keeps the two
+    declarations the same)."""
+
+    cache: bool
+    on_error: OnError
+    check_crc: bool
+    compression: str
+    compression_level: int | None
+    compact_every: int | None
+    lock_timeout: float | None
+    query_timeout: float | None
+    if_exists: IfExists | None
+    resume_from: int | None
+    attempt: str | None
+    role: str
+    attempts: History
+    resume_kinds: Mapping[str, int] | None
 
 
 class RolloutStore(ReadOnlyStore):
@@ -109,46 +177,35 @@ class RolloutStore(ReadOnlyStore):
     def __init__(
         self,
         root: str | os.PathLike[str] | Backend,
+        options: StoreOptions | None = None,
+        /,
         *,
         filesystem: pafs.FileSystem | None = None,
-        cache: bool = False,
-        on_error: OnError = "raise",
-        check_crc: bool = True,
-        compression: str = "zstd",
-        compression_level: int | None = 1,
-        compact_every: int | None = DEFAULT_COMPACT_EVERY,
-        lock_timeout: float | None = None,
-        query_timeout: float | None = None,
-        if_exists: IfExists | None = None,
-        resume_from: int | None = None,
-        attempt: str | None = None,
-        role: str = "trainer",
-        attempts: History = "effective",
-        resume_kinds: Mapping[str, int] | None = None,
+        **keywords: Unpack[StoreKeywords],
     ):
+        try:
+            options = dataclasses.replace(options or StoreOptions(), **keywords)
+        except TypeError as exc:  # an unknown keyword
+            raise ArgumentError(f"RolloutStore: {exc}") from None
         super().__init__(
             root,
             filesystem=filesystem,
-            on_error=on_error,
-            check_crc=check_crc,
-            query_timeout=query_timeout,
-            attempts=attempts,
+            on_error=options.on_error,
+            check_crc=options.check_crc,
+            query_timeout=options.query_timeout,
+            attempts=options.attempts,
         )
-        self.attempt_spec = AttemptSpec(
-            if_exists=if_exists,
-            resume_from=resume_from,
-            attempt=attempt,
-            role=role,
-            resume_kinds=resume_kinds,
-        )
-        self.lock_timeout = check_timeout(lock_timeout)
-        every = compact_every
-        bad = isinstance(every, bool) or not isinstance(every, int) or every < 2
-        if every is not None and bad:
-            raise StoreError(f"compact_every: expected None or an int >= 2, got {compact_every!r}")
-        self.compact_every = compact_every
-        self.cache_enabled = bool(cache)
-        self.compression, self.compression_level = check_compression(compression, compression_level)
+        self.options = options
+        self.attempt_spec = options.attempt_spec()
+        if options.if_exists is not None or options.resume_from is not None:
+            # A resume or a re-run is a write: refused now by a store that cannot be written
+            # (a store without a commit log), not silently ignored.
+            resume = options.resume_from is not None
+            self.catalog.writable("a resume" if resume else f"if_exists={options.if_exists!r}")
+        self.lock_timeout = options.lock_timeout
+        self.compact_every = options.compact_every
+        self.cache_enabled = options.cache
+        self.compression, self.compression_level = options.compression, options.compression_level
 
     @functools.cached_property
     def writer(self) -> Writer:
@@ -164,11 +221,12 @@ class RolloutStore(ReadOnlyStore):
             attempt=self.attempt_spec,
         )
 
-    def begin_attempt(self, *, config: Mapping[str, Any] | None = None) -> str | None:
+    def begin_attempt(self, *, config: Mapping[str, Any] | None = None) -> str:
         """Begin this object's attempt now (an append begins it otherwise), so that a fresh
         run into a store holding an earlier run's steps is refused before any training
         step: call it when the trainer starts. ``config``: the run config to record with
-        the attempt. Returns the attempt id (``None``: a store without a commit log)."""
+        the attempt. Returns the attempt id. A store without a commit log refuses it
+        (:class:`~maxent_arrow.errors.ReadOnlyFormatError`)."""
         return self.writer.begin_attempt(config=config)
 
     def next_attempt(
@@ -204,24 +262,16 @@ class RolloutStore(ReadOnlyStore):
             resume_from = own if if_exists == "resume" else None
         if resume_kinds is None and resume_from is not None and resume_from == own:
             resume_kinds = spec.resume_kinds  # this object's own resume point, as it says
-        history = self.catalog.history if isinstance(self.catalog, LogCatalog) else "effective"
-        return type(self)(
-            self.backend,
-            cache=self.cache_enabled,
-            on_error=self.on_error,
-            check_crc=self.check_crc,
-            compression=self.compression,
-            compression_level=self.compression_level,
-            compact_every=self.compact_every,
-            lock_timeout=self.lock_timeout,
-            query_timeout=self.query_timeout,
+        options = dataclasses.replace(
+            self.options,
             if_exists=if_exists,
             resume_from=resume_from,
             attempt=next_attempt_id(spec.id),
             role=spec.role,
-            attempts=history,
+            attempts=self.catalog.history,
             resume_kinds=resume_kinds if resume_from is not None else None,
         )
+        return type(self)(self.backend, options)
 
     @classmethod
     def create(
@@ -230,8 +280,7 @@ class RolloutStore(ReadOnlyStore):
         *,
         config: Mapping[str, Any] | None = None,
         filesystem: pafs.FileSystem | None = None,
-        if_exists: IfExists | None = None,
-        **options: Any,
+        **options: Unpack[StoreKeywords],
     ) -> RolloutStore:
         """Create a store at ``root`` and return it, open to write.
 
@@ -247,6 +296,7 @@ class RolloutStore(ReadOnlyStore):
         backend = open_backend(root, filesystem)
         existed = backend.stat(MANIFEST) is not None
         manifest.create(backend, config)
+        if_exists = options.get("if_exists")
         if existed and if_exists is None and options.get("resume_from") is None:
             warnings.warn(
                 f"RolloutStore.create({backend.uri!r}): the store exists; opening it without "
@@ -255,8 +305,8 @@ class RolloutStore(ReadOnlyStore):
                 DeprecationWarning,
                 stacklevel=2,
             )
-            if_exists = "resume"
-        return cls(backend, if_exists=if_exists, **options)
+            options["if_exists"] = "resume"
+        return cls(backend, **options)
 
     # ------------------------------------------------------------------ writing
     def append(self, batch: RolloutBatch) -> Any:
@@ -283,10 +333,7 @@ class RolloutStore(ReadOnlyStore):
         plain readers read, ``docs/commit-protocol.md``) and return its version. Writers
         write one every 100 commits; call it (or ``maxent-arrow checkpoint``) when a run
         ends, or use the store as a context manager, which does on exit."""
-        log = self.writer.log
-        if log is None:
-            raise StoreError(f"{self.uri}: a store without a commit log has no checkpoints")
-        return log.write_checkpoint()
+        return self.catalog.writable("a checkpoint").write_checkpoint()
 
     def __enter__(self) -> RolloutStore:
         return self

@@ -165,7 +165,7 @@ def test_compact_keeps_every_answer(capsys, tmp_path):
     code, out, _ = run(capsys, "compact", w.root, "--max-steps", 1, "--json")
     assert code == EXIT_OK and json.loads(out) == {"compacted": []}
     code, _, err = run(capsys, "compact", w.root, "--max-steps", 0)
-    assert code == EXIT_USAGE and "max_steps must be None or an int >= 1" in err
+    assert code == EXIT_USAGE and "max_steps: expected None or an int >= 1" in err
 
 
 def test_export_ipc(capsys, store, tmp_path):

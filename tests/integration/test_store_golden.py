@@ -12,8 +12,9 @@ import duckdb
 import pyarrow.dataset as ds
 import pytest
 
-from maxent_arrow import RolloutStore, SchemaError
+from maxent_arrow import ReadOnlyFormatError, RolloutStore, SchemaError
 from maxent_arrow.arrow import registry as R
+from maxent_arrow.store import upgrade
 from maxent_arrow.types import records_equal
 
 DATA = Path(__file__).resolve().parents[2] / "data"
@@ -201,13 +202,19 @@ def test_golden_trl_v2_reads_every_value_with_the_maxent_padding_hidden(golden_t
     assert n == EXPECTED_TRL["samples"]
 
 
-def test_golden_trl_v2_takes_appends_in_its_own_layout(golden_trl):
-    """A 2.0 TRL store that is appended to by this version keeps one layout: its families are
-    inferred from the columns its files carry data in (core and TRL), so a MaxEnt batch is
-    refused and its padding stays hidden."""
+def test_golden_trl_v2_takes_appends_in_its_own_layout_once_upgraded(golden_trl):
+    """A 2.0 TRL store is appended to only once upgraded (before, the append is refused
+    naming ``upgrade``); then it keeps one layout: its families are inferred from the columns
+    its files carry data in (core and TRL), so a MaxEnt batch is refused and its padding
+    stays hidden."""
     from store_fixtures import make_batch
 
     assert golden_trl.schemas.families() == ("core",)
-    with pytest.raises(SchemaError, match="fixed at its first append"):
+    with pytest.raises(ReadOnlyFormatError, match="maxent-arrow upgrade"):
         golden_trl.append(make_batch(7))
-    assert golden_trl.steps() == [u[0] for u in EXPECTED_TRL["units"]]
+    upgrade(golden_trl.root)
+    store = RolloutStore(golden_trl.root, if_exists="resume")
+    assert store.schemas.families() == ("core",)
+    with pytest.raises(SchemaError, match="fixed at its first append"):
+        store.append(make_batch(7))
+    assert store.steps() == [u[0] for u in EXPECTED_TRL["units"]]

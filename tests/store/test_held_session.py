@@ -23,12 +23,13 @@ from store_fixtures import ADVANTAGE_SUMS, loose_store, make_batch
 
 from maxent_arrow import RolloutStore
 from maxent_arrow.errors import QueryError, StoreError
-from maxent_arrow.store import ReadOnlyStore, verified
-from maxent_arrow.store import session as S
+from maxent_arrow.store import ReadOnlyStore
+from maxent_arrow.store.sql import session as S
 from maxent_arrow.store.sql.ledger import ChecksumLedger
 from maxent_arrow.store.sql.plan import ViewPlan
 from maxent_arrow.store.sql.session import KEPT_FOOTERS_FILES, SqlSession
 from maxent_arrow.store.sql.views import collector_paused
+from maxent_arrow.store.storage import verified
 
 QUERY = ADVANTAGE_SUMS
 

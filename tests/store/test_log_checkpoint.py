@@ -14,12 +14,18 @@ from store_fixtures import make_batch
 
 from maxent_arrow import RolloutStore
 from maxent_arrow.store import ReadOnlyStore
-from maxent_arrow.store.history.log import (
+from maxent_arrow.store.history.checkpoint import (
     CHECKPOINT_ROW_GROUP,
-    CommitLog,
     LazyRecord,
-    LogState,
     checkpoint_bytes,
+    checkpoint_table,
+    state_from_checkpoint,
+)
+from maxent_arrow.store.history.log import CommitLog
+from maxent_arrow.store.history.operations import AppendRecords, AppendUnit, BeginAttempt, Entry
+from maxent_arrow.store.history.state import (
+    Attempt,
+    LogState,
     count_runs,
     entry_summaries,
     step_runs,
@@ -38,7 +44,7 @@ def _run(tmp_path) -> RolloutStore:
     # A resume at step 4 supersedes steps 4 and 5 of the first attempt (in part a segment).
     resumed = RolloutStore(root, resume_from=4, compact_every=None, attempt="second")
     resumed.append(make_batch(4, seed=7))
-    resumed.catalog.log.write_checkpoint()  # type: ignore[attr-defined]
+    resumed.checkpoint()
     return resumed
 
 
@@ -47,7 +53,7 @@ def _replayed(log: CommitLog, version: int) -> LogState:
     for v in range(1, version + 1):
         entry = log.entry(v)
         assert entry is not None
-        state.apply(entry)
+        entry.apply(state)
     return state
 
 
@@ -86,7 +92,7 @@ def test_a_checkpoint_written_from_a_lazy_state_equals_one_from_a_parsed_state(t
     log = ReadOnlyStore(store.root).catalog.log  # type: ignore[attr-defined]
     lazy = log.state()  # nothing parsed yet
     parsed = _replayed(CommitLog(log.backend, log.run), lazy.version)
-    assert lazy.to_table().equals(parsed.to_table())
+    assert checkpoint_table(lazy).equals(checkpoint_table(parsed))
     # Written, read again and used: the same units and rows.
     log.write_checkpoint(lazy)
     time.sleep(0.01)
@@ -132,17 +138,16 @@ def test_a_checkpoint_of_many_units_is_read_one_row_group_at_a_time(tmp_path):
     the units follow in row groups of CHECKPOINT_ROW_GROUP rows, and a unit's record is read
     from its row group when first used: the state read back is the state written."""
     state = LogState(run="r")
-    state.apply({"version": 1, "op": "attempt", "attempt": {"id": "a", "started_at": "t"}})
+    Entry(1, BeginAttempt(Attempt("a", started_at="t")), "a").apply(state)
     units = 700  # 1,400 unit rows: two row groups of units
     for step in range(units):
         name = f"steps/step-{step:010d}.rank-00000.train.t{step:012x}.parquet"
         rows = {"step": [step], "rank": [0], "kind": ["train"], "num_groups": [3],
                 "num_samples": [9], "config": ['{"tau": 0.5}']}  # fmt: skip
         record = {"group_file": name[6:], "group_size": 100 + step, "rows": rows}
-        state.apply({"version": step + 2, "op": "append", "attempt": "a", "step_file": name,
-                     "record": record, "step_size": 10, "step_crc32": step})  # fmt: skip
-    state.apply({"version": units + 2, "op": "records", "attempt": "a", "name": "notes",
-                 "file": {"path": "records/notes/x.parquet", "rows": 2}})  # fmt: skip
+        Entry(step + 2, AppendUnit(name, record, 10, step), "a").apply(state)
+    notes = AppendRecords("notes", {"path": "records/notes/x.parquet", "rows": 2})
+    Entry(units + 2, notes, "a").apply(state)
     data = checkpoint_bytes(state)
     source = pq.ParquetFile(pa.BufferReader(data))
     sizes = [source.metadata.row_group(i).num_rows for i in range(source.num_row_groups)]
@@ -150,7 +155,7 @@ def test_a_checkpoint_of_many_units_is_read_one_row_group_at_a_time(tmp_path):
     assert set(source.read_row_group(0, ["kind"]).column(0).to_pylist()) == {
         "attempt", "records:notes"
     }  # fmt: skip
-    back = LogState.from_bytes(data)
+    back = state_from_checkpoint(data)
     records = [e.record for e in back.units.values()]
     assert all(isinstance(r, LazyRecord) and not r.parsed for r in records)  # none parsed
     assert [a.id for a in back.attempts] == ["a"] and back.records == state.records
@@ -160,4 +165,4 @@ def test_a_checkpoint_of_many_units_is_read_one_row_group_at_a_time(tmp_path):
     assert entry_summaries(list(back.units.values())) == [
         unit_summary(e.record) for e in state.units.values()
     ]
-    assert back.to_table().equals(state.to_table())
+    assert checkpoint_table(back).equals(checkpoint_table(state))

@@ -297,4 +297,4 @@ def test_inspect_from_the_log_equals_local(pair) -> None:
     assert {k: got[k] for k in keys} == {k: expected[k] for k in keys}
     assert got["kinds"]["train"]["step_rows"] == 6 and got["ranks"] == [0, 1]
     with RunAnalytics(remote) as run:
-        assert run._describe_scan() == got
+        assert run.describe_from_views() == got

@@ -236,7 +236,9 @@ def test_since_resumes_after_any_cursor_also_past_a_checkpoint(tmp_path):
         assert at.version == cursor
         replayed = CommitLog(store.backend).state_at(0)
         for version in range(1, cursor + 1):
-            replayed.apply(fresh.entry(version))
+            entry = fresh.entry(version)
+            assert entry is not None
+            entry.apply(replayed)
         assert sorted(at.units) == sorted(replayed.units)
         assert [a.id for a in at.attempts] == [a.id for a in replayed.attempts]
 

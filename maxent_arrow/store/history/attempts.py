@@ -31,7 +31,8 @@ from collections.abc import Mapping
 from typing import Any, Literal, cast
 
 from maxent_arrow.errors import ArgumentError, StoreError
-from maxent_arrow.store.history.log import Attempt, LogState
+from maxent_arrow.store.history.operations import BeginAttempt
+from maxent_arrow.store.history.state import Attempt, LogState
 
 __all__ = [
     "IfExists",
@@ -183,8 +184,8 @@ class AttemptSpec:
         )
 
 
-def attempt_entry(spec: AttemptSpec, state: LogState, uri: str) -> dict[str, Any] | None:
-    """The ``attempt`` entry that begins ``spec``'s attempt given the log's ``state``, or
+def attempt_entry(spec: AttemptSpec, state: LogState, uri: str) -> BeginAttempt | None:
+    """The operation that begins ``spec``'s attempt given the log's ``state``, or
     ``None`` when it has begun already (another rank of the launch, or this process before).
     A fresh run into a store that holds steps of another attempt of its role is refused."""
     begun = state.attempt(spec.id)
@@ -246,4 +247,4 @@ def attempt_entry(spec: AttemptSpec, state: LogState, uri: str) -> dict[str, Any
             ]
             if steps:
                 superseded.append({"attempt": a.id, "steps": sorted(set(steps))})
-    return {"op": "attempt", "attempt": attempt.to_json(), "superseded": superseded}
+    return BeginAttempt(attempt, tuple(superseded))

@@ -1,72 +1,75 @@
-"""The commit record of a store: its step files, read, checked and cached; which units are
-committed; and the policy for damaged files.
+"""The catalog: what a store has committed, asked of one object whatever the store's format.
 
-Every reader of the store (``read``, ``replay``, SQL, ``verify``, the Ray reader) asks the
-catalog which group files are committed, so the commit rule of
-:mod:`~maxent_arrow.store.storage.names` is applied in one place. Step files are small; each is read
-once per process (cached by size and mtime), checked against the CRC-32 sealed in it, and its
-schema-1.x rows are upgraded.
+Every reader of the store (``read``, ``replay``, SQL, ``verify``, the Ray reader, the
+analytics and the explorer) asks the catalog which units are committed, where their rows are,
+which history they belong to, and what the run's attempts and record tables are, so the commit
+rule is applied in one place. :class:`Catalog` answers all of it from one
+:class:`~maxent_arrow.store.history.state.LogState`; its two implementations differ only in
+where that state comes from and in whether it can be written:
+
+- :class:`~maxent_arrow.store.history.logged.LogCatalog`: the commit log's (the format every
+  store is written in);
+- :class:`~maxent_arrow.store.history.listing.ListingCatalog`: a store written before the commit
+  log, its state derived from a listing of its step files; read-only (``maxent-arrow upgrade``
+  gives it a log).
+
+:func:`~maxent_arrow.store.history.formats.open_catalog` picks one from the manifest. No caller
+learns which it holds: a store without a log answers "no history" (no attempts, no record
+tables, nothing superseded) and refuses writes with one typed error.
 """
 
 from __future__ import annotations
 
+import abc
 import bisect
 import contextlib
 import errno
 import functools
 import json
-import numbers
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypeGuard, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import pyarrow as pa
 import pyarrow.json as pj
-import pyarrow.parquet as pq
 
+from maxent_arrow.arguments import int_set
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.arrow.registry import UNIT_KEY
-from maxent_arrow.arrow.upgrade import needs_upgrade, upgrade_steps
 from maxent_arrow.errors import ArgumentError, StoreError
-from maxent_arrow.store.history.log import (
-    CommitLog,
+from maxent_arrow.store.history.state import (
+    Attempt,
     LogState,
     UnitEntry,
     entry_summaries,
     unit_kind,
     unit_summary,
 )
-from maxent_arrow.store.history.manifest import has_log
 from maxent_arrow.store.storage.backend import Backend, FileInfo, missing_error
-from maxent_arrow.store.storage.checksums import check_seal
-from maxent_arrow.store.storage.names import (
-    GROUPS,
-    STEPS,
-    STORE_META_KEY,
-    UnitName,
-    parse_name,
-    retired_path,
-)
-from maxent_arrow.store.storage.parquet import footer_value
+from maxent_arrow.store.storage.names import GROUPS, STEPS, UnitName, parse_name, retired_path
+
+if TYPE_CHECKING:
+    from maxent_arrow.store.history.log import CommitLog
 
 __all__ = [
     "HISTORIES",
+    "Audit",
     "Catalog",
     "History",
-    "LogCatalog",
-    "check_history",
-    "open_catalog",
     "OnError",
     "StepFile",
     "Unit",
+    "check_history",
     "check_on_error",
     "fail",
-    "int_set",
+    "is_missing",
     "locate",
     "rows_table",
     "step_rows_json",
     "step_rows_of",
+    "step_set",
+    "unit_sort_key",
 ]
 
 OnError = Literal["raise", "skip"]
@@ -252,295 +255,11 @@ class Unit:
         return f"step-{self.step:010d}.rank-{self.rank:05d}.{self.kind}.parquet"
 
 
-def _sort_key(name: str, parsed: UnitName) -> tuple:
+
+def unit_sort_key(name: str, parsed: UnitName) -> tuple:
+    """The order units are listed in: (step, kind, rank), one-step files before segments."""
     return (parsed.first_step, parsed.kind, parsed.first_rank, not parsed.compacted, name)
 
-
-class Catalog:
-    """The step files of one store and what they commit.
-
-    ``run_id`` is the store's run identity (its manifest's; ``None`` for stores created
-    before it): a step file recording another run is refused, as is one whose record is of
-    another unit than its file name says (a copy, a rename, a sync mistake).
-    """
-
-    def __init__(self, backend: Backend, run_id: str | None = None):
-        self.backend = backend
-        self.run_id = run_id
-        self._steps: dict[str, tuple[tuple[int, int], StepFile]] = {}
-        self._listing: dict[str, dict[str, FileInfo]] = {}
-        self._frozen = False
-
-    # ------------------------------------------------------------------ listing
-    def listing(self, directory: str, *, fresh: bool = True) -> dict[str, FileInfo]:
-        """The files of ``groups/`` or ``steps/`` (one LIST on object stores); within
-        :meth:`snapshot`, listed once."""
-        if (fresh and not self._frozen) or directory not in self._listing:
-            self._listing[directory] = self.backend.list(directory)
-        return self._listing[directory]
-
-    @contextlib.contextmanager
-    def snapshot(self) -> Iterator[None]:
-        """List each directory once for everything done inside (a reader building one view
-        of the store asks for the committed files several times)."""
-        self._listing.clear()
-        self._frozen = True
-        try:
-            yield
-        finally:
-            self._frozen = False
-
-    def step_names(self) -> list[str]:
-        """Names in ``steps/`` that are store file names, in (step, kind, rank) order."""
-        named = [(n, parse_name(n)) for n in self.listing(STEPS)]
-        parsed = [(n, p) for n, p in named if p]
-        return [n for n, p in sorted(parsed, key=lambda x: _sort_key(*x))]
-
-    # ------------------------------------------------------------------ step files
-    def step_file(self, name: str) -> StepFile:
-        """The step file ``name``, checked (seal, readability, version) and cached."""
-        rel = f"{STEPS}/{name}"
-        info = self.listing(STEPS, fresh=False).get(name)
-        found = (rel, info) if info is not None else locate(self.backend, rel)
-        if found is None:
-            raise missing_error(f"{self.backend.path(rel)}: step file missing")
-        where, info = found
-        key = (info.size, info.mtime_ns)
-        hit = self._steps.get(name)
-        if hit is not None and hit[0][0] == key[0] and (hit[0] == key or where != rel):
-            return hit[1]  # (a retired file is the same bytes, retouched when it was moved)
-        try:
-            step = self._read_step_file(where, name)
-        except StoreError as exc:
-            # Moved to retired/ by a compaction between the listing and the read.
-            moved = locate(self.backend, rel) if is_missing(exc) else None
-            if moved is None or moved[0] == where:
-                raise
-            step = self._read_step_file(moved[0], name)
-        self._check_identity(step, self.backend.path(rel))
-        self._steps[name] = (key, step)
-        return step
-
-    def _check_identity(self, step: StepFile, path: Any) -> None:
-        """Refuse a step file that is not this store's commit of its own name."""
-        recorded = step.meta.get("unit", step.group_file)
-        if step.group_file != step.name or recorded != step.name:
-            raise StoreError(
-                f"{path}: the commit record inside is of {recorded}, not of this file's name "
-                "(a copied or renamed step file); not read"
-            )
-        run = step.meta.get("run")
-        if run is not None and run != self.run_id:
-            ours = f"run {self.run_id}" if self.run_id else "a store without a run id"
-            raise StoreError(
-                f"{path}: a step file of another run ({run}; this store is {ours}), copied "
-                "or synced in by mistake; not read"
-            )
-
-    def _read_step_file(self, rel: str, name: str) -> StepFile:
-        path = self.backend.path(rel)
-        data = self.backend.read(rel).to_pybytes()
-        sealed = check_seal(data)
-        if sealed is False:
-            raise StoreError(f"{path}: CRC-32 differs from the one sealed in the file (corrupt)")
-        if sealed:
-            fast = self._fast_step_file(data, name, str(path))
-            if fast is not None:
-                return fast
-        try:
-            table = pq.ParquetFile(pa.BufferReader(data), page_checksum_verification=True).read()
-        except (pa.ArrowException, OSError, ValueError) as exc:  # damaged bytes
-            raise StoreError(f"{path}: unreadable step file ({exc})") from None
-        raw = (table.schema.metadata or {}).get(S.METADATA_KEY)
-        version = S.check_version(raw, where=str(path))
-        meta_text = (table.schema.metadata or {}).get(STORE_META_KEY)
-        try:
-            meta = json.loads(meta_text) if meta_text else {}
-        except ValueError:
-            meta = {}
-        if "group_file" not in meta:
-            raise StoreError(f"{path}: step file without store metadata (not written by append?)")
-        for column in S.STEP_REQUIRED:
-            if column not in table.column_names:
-                raise StoreError(f"{path}: step file without the {column!r} column")
-        if needs_upgrade(version):
-            table = upgrade_steps(table)
-        meta.pop("rows", None)  # the decoded table is the one used
-        return StepFile(name, meta, version, table)
-
-    @staticmethod
-    def _fast_step_file(data: bytes, name: str, where: str) -> StepFile | None:
-        """A sealed step file of the current layout read from the JSON in its footer (the
-        bytes are the writer's: the seal is checked), or ``None`` to decode it instead."""
-        raw_version = footer_value(data, S.METADATA_KEY)
-        raw_meta = footer_value(data, STORE_META_KEY)
-        if raw_version is None or raw_meta is None:
-            return None
-        version = S.check_version(raw_version, where=where)
-        if needs_upgrade(version):
-            return None
-        try:
-            meta = json.loads(raw_meta)
-        except ValueError:
-            return None
-        rows = meta.get("rows")
-        layout = S.step_schema()
-        if (
-            "group_file" not in meta
-            or not isinstance(rows, dict)
-            or not set(S.STEP_REQUIRED) <= set(rows)
-            or not set(rows) <= set(layout.names)
-        ):
-            return None
-        return StepFile(name, meta, version)
-
-    # ------------------------------------------------------------------ the commit rule
-    def hidden(self, names: Iterable[str], on_error: OnError) -> set[str]:
-        """Step/group file names a committed compacted segment replaces (transitively: a
-        segment lists everything its inputs replaced)."""
-        out: set[str] = set()
-        for name in names:
-            parsed = parse_name(name)
-            if parsed is not None and parsed.compacted:
-                try:
-                    out.update(self.step_file(name).replaces)
-                except StoreError as exc:
-                    # A damaged segment: its inputs, if still there, stay visible in its place.
-                    fail(on_error, exc)
-        return out
-
-    def committed(self, on_error: OnError = "raise") -> list[str]:
-        """Names of the committed step files (each commits the group file of its name)."""
-        names = self.step_names()
-        replaced = self.hidden(names, on_error)
-        return [n for n in names if n not in replaced]
-
-    def committed_between(self, first: int, last: int, on_error: OnError = "raise") -> list[str]:
-        """Names of the committed step files holding a step in ``first..last`` (inclusive),
-        in :meth:`committed`'s order (a step-bounded reader reads only these)."""
-        out = []
-        for name in self.committed(on_error):
-            parsed = cast(UnitName, parse_name(name))
-            if parsed.first_step <= last and parsed.last_step >= first:
-                out.append(name)
-        return out
-
-    def committed_steps(
-        self, on_error: OnError = "raise", names: list[str] | None = None
-    ) -> Iterator[StepFile]:
-        """The committed step files (``names``: those of them, e.g. from
-        :meth:`committed_between`), read and checked; a damaged one is raised or skipped."""
-        for name in self.committed(on_error) if names is None else names:
-            try:
-                yield self.step_file(name)
-            except StoreError as exc:
-                fail(on_error, exc)
-
-    def units(
-        self,
-        *,
-        kind: str | None = None,
-        steps: Iterable[int] | int | None = None,
-        ranks: Iterable[int] | None = None,
-        on_error: OnError = "raise",
-    ) -> list[Unit]:
-        """The committed units, in (step, kind, rank) order, planned from step files alone."""
-        wanted = None if steps is None else step_set(steps)
-        wanted_ranks = None if ranks is None else int_set(ranks, what="ranks")
-        units = []
-        for name in self.committed(on_error):
-            parsed = cast(UnitName, parse_name(name))  # committed names are store file names
-            if kind is not None and parsed.kind != kind:
-                continue
-            if wanted is not None and not any(
-                parsed.first_step <= s <= parsed.last_step for s in wanted
-            ):
-                continue
-            try:
-                step_file = self.step_file(name)
-            except StoreError as exc:
-                fail(on_error, exc)
-                continue
-            columns = [step_file.column(c) for c in (*UNIT_KEY, "num_groups")]
-            starts = step_file.starts
-            for i, (step, rank, knd, count) in enumerate(zip(*columns)):
-                if wanted is not None and step not in wanted:
-                    continue
-                if not self.keeps(name, step):
-                    continue
-                if wanted_ranks is not None and rank not in wanted_ranks:
-                    continue
-                units.append(Unit(step, rank, knd, name, step_file.group_file, i, starts[i], count))
-        return sorted(units, key=lambda u: (u.step, u.kind, u.rank))
-
-    # Whether readers read the step rows from the step files (DuckDB reads them by path,
-    # sealed and checked by this catalog); a commit log holds them itself.
-    reads_step_files = True
-
-    def keeps(self, name: str, step: int) -> bool:
-        """Whether the unit of ``step`` in step file ``name`` is in the history this catalog
-        reads (a store without a commit log has one history: every unit)."""
-        return True
-
-    def row_filter(self, name: str) -> str | None:
-        """SQL that keeps the rows of step file ``name``'s group file in the history this
-        catalog reads, when it holds some that are not (``None``: every row)."""
-        return None
-
-    def attempt_of(self, name: str) -> str:
-        """The attempt that wrote step file ``name`` (``""``: a store without attempts)."""
-        return ""
-
-    def is_committed_step(self, name: str) -> bool:
-        """Whether ``name`` is a step file this catalog knows as committed (listed)."""
-        return name in self.listing(STEPS, fresh=False)
-
-    def committed_files(
-        self, table: str, on_error: OnError = "raise", *, present: bool = True
-    ) -> list[str]:
-        """Relative paths of the committed files of ``table`` (``"groups"``/``"steps"``);
-        ``present``: check that each group file is there (a listing of ``groups/``)."""
-        if table not in (GROUPS, STEPS):
-            raise StoreError(f"committed_files: table must be 'groups' or 'steps', got {table!r}")
-        names = self.committed(on_error)
-        if table == STEPS:
-            return [f"{STEPS}/{n}" for n in names]
-        if not present:
-            return [f"{GROUPS}/{n}" for n in names]
-        listed = self.listing(GROUPS)
-        out = []
-        for name in names:
-            rel = f"{GROUPS}/{name}"
-            try:
-                # Not listed: moved to retired/ by a compaction since steps/ was listed?
-                if name in listed or locate(self.backend, rel) is not None:
-                    out.append(rel)
-                    continue
-                path = self.backend.root / rel
-                raise missing_error(f"{path}: group file missing (its step file is committed)")
-            except StoreError as exc:  # missing, or a link out of the store
-                fail(on_error, exc)
-        return out
-
-
-def _is_int(value: object) -> TypeGuard[numbers.Integral]:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def int_set(values: Iterable[int] | int, *, what: str) -> set[int]:
-    """``values`` (an int, or an iterable of ints) as a set; anything else (a string, whose
-    characters would read as digits, a float, a bool) is an :class:`ArgumentError` naming
-    ``what``."""
-    if _is_int(values):
-        return {int(values)}
-    if isinstance(values, str | bytes) or not isinstance(values, Iterable):
-        raise ArgumentError(f"{what}: expected an int or a list of ints, got {values!r}")
-    out = set()
-    for value in values:
-        if not _is_int(value):
-            raise ArgumentError(f"{what}: expected ints, got {value!r} in {values!r}")
-        out.add(int(value))
-    return out
 
 
 def step_set(steps: Iterable[int] | int) -> set[int]:
@@ -552,23 +271,43 @@ History = Literal["effective", "all", "superseded"]
 HISTORIES = ("effective", "all", "superseded")
 
 
-class LogCatalog(Catalog):
-    """The commit record of a store with a commit log (format 3): what its log says.
 
-    No listing of ``steps/`` and no read of a step file: the committed units, their commit
-    records and step rows are the log's (:mod:`.log`), and within :meth:`snapshot` one
-    version of it (a reader's pin). ``history``: the units readers see: ``"effective"`` (the
-    run's history: not superseded by a later attempt), ``"all"``, or ``"superseded"``.
+def check_history(value: object) -> History:
+    if value not in HISTORIES:
+        raise ArgumentError(f"attempts: expected one of {HISTORIES}, got {value!r}")
+    return value  # type: ignore[return-value]
+
+
+
+@dataclass
+class Audit:
+    """What a catalog finds of its own records and of the files it does not commit
+    (:meth:`Catalog.audit`; ``verify`` reports it): ``problems`` are damage (a lost log entry,
+    an unreadable step file, a suspected lost commit), ``notes`` harmless leftovers of writes
+    that did not finish; each a (relative path, what it is) pair."""
+
+    problems: list[tuple[str, str]]
+    notes: list[tuple[str, str]]
+
+
+class Catalog(abc.ABC):
+    """What one store has committed, at one version of its history.
+
+    Everything is answered from :meth:`state` (within :meth:`snapshot`, one pinned version):
+    the committed step files and their records, the units and where their rows are, the
+    history each belongs to. ``history``: the units readers see: ``"effective"`` (the run's
+    history: not superseded by a later attempt), ``"all"``, or ``"superseded"``. ``run_id``:
+    the store's run identity (its manifest's; ``None`` for stores created before it).
     """
 
-    def __init__(
-        self, backend: Backend, run_id: str | None, log: CommitLog, history: History = "effective"
-    ):
-        super().__init__(backend, run_id)
-        self.log = log
+    def __init__(self, backend: Backend, run_id: str | None, history: History = "effective"):
+        self.backend = backend
+        self.run_id = run_id
         self.history: History = check_history(history)
         self._pinned: LogState | None = None
-        # step file name -> (the log's record it was built from, the StepFile)
+        self._listing: dict[str, dict[str, FileInfo]] = {}
+        self._frozen = False
+        # step file name -> (the record it was built from, the StepFile)
         self._files: dict[str, tuple[Mapping[str, Any], StepFile]] = {}
         # (the state, its version, its step files in order): :meth:`step_names`' last answer
         self._names: tuple[LogState, int, list[str]] | None = None
@@ -576,42 +315,185 @@ class LogCatalog(Catalog):
         # span of steps in one file): :meth:`committed_between`'s index
         self._firsts: tuple[LogState, int, list[int], int] | None = None
 
+    # ------------------------------------------------------------------ the state
+    @abc.abstractmethod
+    def newest(self) -> LogState:
+        """The newest state of the store's history (read again on each call)."""
+
+    @abc.abstractmethod
+    def pinned(self) -> LogState:
+        """The newest state, which later commits never change (a reader's pin)."""
+
+    @abc.abstractmethod
+    def with_history(self, history: History) -> Catalog:
+        """A catalog of the same store that sees ``history`` (and the same pin)."""
+
+    @property
+    @abc.abstractmethod
+    def version(self) -> int | None:
+        """The version of the history read (``None``: a store without a commit log, whose
+        history has no versions)."""
+
     def state(self) -> LogState:
-        """The log's state: the pinned version within :meth:`snapshot`, else the newest."""
-        return self._pinned if self._pinned is not None else self.log.state()
+        """The state: the pinned version within :meth:`snapshot`, else the newest."""
+        return self._pinned if self._pinned is not None else self.newest()
+
+    def listing(self, directory: str, *, fresh: bool = True) -> dict[str, FileInfo]:
+        """The files of ``groups/`` or ``steps/`` (one LIST on object stores); within
+        :meth:`snapshot`, listed once."""
+        if (fresh and not self._frozen) or directory not in self._listing:
+            self._listing[directory] = self.backend.list(directory)
+        return self._listing[directory]
 
     @contextlib.contextmanager
     def snapshot(self) -> Iterator[None]:
-        """One version of the log (and one listing of each directory) for everything done
-        inside: a reader building one view of the store pins the version it read."""
-        outer = self._pinned
-        self._pinned = self.log.pin() if outer is None else outer
+        """One version of the history (and one listing of each directory) for everything
+        done inside: a reader building one view of the store pins the version it read."""
+        outer, frozen = self._pinned, self._frozen
+        self._pinned = self.pinned() if outer is None else outer
+        if not frozen:
+            self._listing.clear()
+            self._frozen = True
         try:
-            with super().snapshot():
-                yield
+            yield
         finally:
             self._pinned = outer
+            self._frozen = frozen
 
+    def share_pin(self, other: Catalog) -> Catalog:
+        """``other`` pinned to this catalog's pinned version (:meth:`with_history`)."""
+        other._pinned = self._pinned
+        return other
+
+    # ------------------------------------------------------------------ the history
+    def attempts(self) -> list[Attempt]:
+        """The run's attempts, in the order they began (none for a store without a log)."""
+        return list(self.state().attempts)
+
+    def account(self) -> dict[str, Any] | None:
+        """The history in figures (what ``inspect`` prints): the log version, the attempts,
+        the steps later attempts superseded and the rows of each record table; ``None``: a
+        store without a commit log has no history."""
+        state = self.state()
+        return {
+            "log_version": state.version,
+            "attempts": [
+                {
+                    "id": a.id,
+                    "role": a.role,
+                    "mode": a.mode,
+                    "resume_from": a.resume_from,
+                    "started_at": a.started_at,
+                }
+                for a in state.attempts
+            ],
+            "superseded_steps": state.superseded_steps(),
+            "records": {
+                n: sum(int(i["rows"]) for i in items) for n, items in state.records.items()
+            },
+        }
+
+    @abc.abstractmethod
+    def writable(self, what: str) -> CommitLog:
+        """The commit log that ``what`` (an append, a compaction...) commits through; a store
+        that cannot be written raises
+        :class:`~maxent_arrow.errors.ReadOnlyFormatError` naming ``maxent-arrow upgrade``."""
+
+    @abc.abstractmethod
+    def tail_log(self) -> CommitLog:
+        """A commit log object of a tail's own, to follow the history as it commits (a store
+        without a commit log has no tail: a :class:`StoreError`)."""
+
+    def require_history(self, what: str) -> None:
+        """Refuse ``what`` (a frontier, a tail) on a store without a commit log: a
+        :class:`StoreError` saying so (a store with one has nothing to refuse)."""
+        return None
+
+    @abc.abstractmethod
+    def audit(self, live: set[str]) -> Audit:
+        """The damage in the catalog's own records, and what the files of the store that
+        are not ``live`` (relative paths of the committed files and of those retiring) are."""
+
+    def step_seal(self, name: str) -> tuple[int | None, int | None]:
+        """The size and CRC-32 of step file ``name`` as its commit recorded them (``None``:
+        not recorded), what a reader of the file itself checks it against."""
+        entry = self.entry(name)
+        return (None, None) if entry is None else (entry.step_size, entry.step_crc32)
+
+    def admit_step_file(
+        self, name: str, admit: Callable[[str, int | None, int | None], bool]
+    ) -> bool:
+        """Whether a reader may read step file ``name`` by path (DuckDB's views): when
+        ``admit(rel, size, crc32)`` checks it against its commit's seal (local stores; on an
+        object store each would be a GET, and its rows are in the history already)."""
+        if not self.backend.can_mmap:
+            return False
+        size, crc = self.step_seal(name)
+        return admit(f"{STEPS}/{name}", size, crc)
+
+    # ------------------------------------------------------------------ step files
     def step_names(self) -> list[str]:
-        """The step files the log commits (every attempt's), in (step, kind, rank) order
-        (sorted once per version of the log)."""
+        """The committed step files (every attempt's), in (step, kind, rank) order (sorted
+        once per version)."""
         state = self.state()
         cached = self._names
         if cached is not None and cached[0] is state and cached[1] == state.version:
             return list(cached[2])
         names = [rel.rpartition("/")[2] for rel in state.units]
         parsed = [(n, p) for n in names if (p := parse_name(n)) is not None]
-        out = [n for n, p in sorted(parsed, key=lambda x: _sort_key(*x))]
+        out = [n for n, p in sorted(parsed, key=lambda x: unit_sort_key(*x))]
         self._names = (state, state.version, out)
         return list(out)
 
+    def entry(self, name: str) -> UnitEntry | None:
+        """Step file ``name``'s entry: committed, or replaced since a reader planned (its
+        entry stays until the file is retired: the reader still reads it, from retired/)."""
+        state = self.state()
+        rel = f"{STEPS}/{name}"
+        return state.units.get(rel) or state.replaced_entry(rel)
+
     def is_committed_step(self, name: str) -> bool:
-        return self._entry(name) is not None
+        """Whether ``name`` is a step file this catalog knows as committed."""
+        return self.entry(name) is not None
+
+    def step_file(self, name: str) -> StepFile:
+        """A committed step file's record, from the history (the step file is not read)."""
+        entry = self.entry(name)
+        if entry is None:
+            raise missing_error(f"{self.backend.path(f'{STEPS}/{name}')}: not committed")
+        hit = self._files.get(name)
+        if hit is not None and hit[0] is entry.record:
+            return hit[1]
+        record = dict(entry.record)
+        version = str(record.pop("schema_version", S.SCHEMA_VERSION))
+        step = StepFile(name, record, version)
+        self._files[name] = (entry.record, step)
+        return step
+
+    def committed(self, on_error: OnError = "raise", history: History | None = None) -> list[str]:
+        """The step files of ``history`` (default this catalog's)."""
+        state = self.state()
+        which = check_history(history or self.history)
+        if which == "all":
+            keep = set(state.units)
+        else:
+            effective = set(state.effective())
+            if which == "effective":
+                keep = effective
+            elif not state.resumed:
+                keep = set()  # nothing superseded
+            else:  # superseded: files with at least one superseded unit
+                keep = {
+                    rel
+                    for rel, e in state.units.items()
+                    if rel not in effective or not all(state.effective_units(e))
+                }
+        return [n for n in self.step_names() if f"{STEPS}/{n}" in keep]
 
     def committed_between(self, first: int, last: int, on_error: OnError = "raise") -> list[str]:
-        """:meth:`Catalog.committed_between` from an index of the log's step files by first
-        step (built once per version): the work grows with the files of the bound, not with
-        the run."""
+        """Names of the committed step files holding a step in ``first..last`` (inclusive),
+        in :meth:`committed`'s order, from an index of the step files by first step (built
+        once per version): the work grows with the files of the bound, not with the run."""
         state = self.state()
         names = self.step_names()
         index = self._firsts
@@ -646,64 +528,93 @@ class LogCatalog(Catalog):
             return effective
         return state.resumed and (not effective or not all(state.effective_units(entry)))
 
-    def step_file(self, name: str) -> StepFile:
-        """A committed step file's record, from the log (the step file is not read)."""
-        entry = self._entry(name)
-        if entry is None:
-            raise missing_error(f"{self.backend.path(f'{STEPS}/{name}')}: not committed")
-        hit = self._files.get(name)
-        if hit is not None and hit[0] is entry.record:
-            return hit[1]
-        record = dict(entry.record)
-        version = str(record.pop("schema_version", S.SCHEMA_VERSION))
-        step = StepFile(name, record, version)
-        self._files[name] = (entry.record, step)
-        return step
+    def committed_steps(
+        self, on_error: OnError = "raise", names: list[str] | None = None
+    ) -> Iterator[StepFile]:
+        """The committed step files (``names``: those of them, e.g. from
+        :meth:`committed_between`); a damaged one is raised or skipped."""
+        for name in self.committed(on_error) if names is None else names:
+            try:
+                yield self.step_file(name)
+            except StoreError as exc:
+                fail(on_error, exc)
 
-    def _entry(self, name: str) -> UnitEntry | None:
-        """Step file ``name``'s entry: committed, or replaced since a reader planned (its
-        entry stays until the file is retired: the reader still reads it, from retired/)."""
-        state = self.state()
-        rel = f"{STEPS}/{name}"
-        return state.units.get(rel) or state.replaced_entry(rel)
-
-    def hidden(self, names: Iterable[str], on_error: OnError) -> set[str]:
-        return set()  # what a compaction replaced is not in the log's state
-
-    def units(self, **kwargs: Any) -> list[Unit]:
-        """:meth:`Catalog.units` of one pinned version of the log."""
+    def units(
+        self,
+        *,
+        kind: str | None = None,
+        steps: Iterable[int] | int | None = None,
+        ranks: Iterable[int] | None = None,
+        on_error: OnError = "raise",
+    ) -> list[Unit]:
+        """The committed units of one pinned version, in (step, kind, rank) order."""
+        wanted = None if steps is None else step_set(steps)
+        wanted_ranks = None if ranks is None else int_set(ranks, what="ranks")
+        units = []
         with self.snapshot():
-            return super().units(**kwargs)
+            for name in self.committed(on_error):
+                parsed = cast(UnitName, parse_name(name))  # committed names are store names
+                if kind is not None and parsed.kind != kind:
+                    continue
+                if wanted is not None and not any(
+                    parsed.first_step <= s <= parsed.last_step for s in wanted
+                ):
+                    continue
+                try:
+                    step_file = self.step_file(name)
+                except StoreError as exc:
+                    fail(on_error, exc)
+                    continue
+                columns = [step_file.column(c) for c in (*UNIT_KEY, "num_groups")]
+                starts = step_file.starts
+                for i, (step, rank, knd, count) in enumerate(zip(*columns)):
+                    if wanted is not None and step not in wanted:
+                        continue
+                    if not self.keeps(name, step):
+                        continue
+                    if wanted_ranks is not None and rank not in wanted_ranks:
+                        continue
+                    units.append(
+                        Unit(step, rank, knd, name, step_file.group_file, i, starts[i], count)
+                    )
+        return sorted(units, key=lambda u: (u.step, u.kind, u.rank))
 
-    def committed(self, on_error: OnError = "raise", history: History | None = None) -> list[str]:
-        """The step files of ``history`` (default this catalog's)."""
-        state = self.state()
-        which = check_history(history or self.history)
-        if which == "all":
-            keep = set(state.units)
-        else:
-            effective = set(state.effective())
-            if which == "effective":
-                keep = effective
-            elif not state.resumed:
-                keep = set()  # nothing superseded
-            else:  # superseded: files with at least one superseded unit
-                keep = {
-                    rel
-                    for rel, e in state.units.items()
-                    if rel not in effective or not all(state.effective_units(e))
-                }
-        return [n for n in self.step_names() if f"{STEPS}/{n}" in keep]
+    def committed_files(
+        self, table: str, on_error: OnError = "raise", *, present: bool = True
+    ) -> list[str]:
+        """Relative paths of the committed files of ``table`` (``"groups"``/``"steps"``);
+        ``present``: check that each group file is there (a listing of ``groups/``)."""
+        if table not in (GROUPS, STEPS):
+            raise StoreError(f"committed_files: table must be 'groups' or 'steps', got {table!r}")
+        names = self.committed(on_error)
+        if table == STEPS:
+            return [f"{STEPS}/{n}" for n in names]
+        # (a unit's group file has its step file's name: the commit rule)
+        if not present:
+            return [f"{GROUPS}/{n}" for n in names]
+        listed = self.listing(GROUPS)
+        out = []
+        for name in names:
+            rel = f"{GROUPS}/{name}"
+            try:
+                # Not listed: moved to retired/ by a compaction since steps/ was listed?
+                if name in listed or locate(self.backend, rel) is not None:
+                    out.append(rel)
+                    continue
+                path = self.backend.root / rel
+                raise missing_error(f"{path}: group file missing (its step file is committed)")
+            except StoreError as exc:  # missing, or a link out of the store
+                fail(on_error, exc)
+        return out
 
-    reads_step_files = False
-
+    # ------------------------------------------------------------------ the history's rules
     def summaries(self) -> list[tuple[str, dict[str, Any]]]:
         """Each committed step file of this catalog's history with the counts of its units
-        in that history (:func:`~.log.unit_summary`; what ``inspect`` prints, summed): the
-        log's summary of the file where every unit of it is in the history, so no step rows
-        are read, else counted from its step rows with the history's filter (a segment a
-        resume superseded in part)."""
-        files = [(n, e) for n in self.committed() if (e := self._entry(n)) is not None]
+        in that history (:func:`~maxent_arrow.store.history.state.unit_summary`; what
+        ``inspect`` prints, summed): the history's summary of the file where every unit of it
+        is in the history, so no step rows are read, else counted from its step rows with the
+        history's filter (a segment a resume superseded in part)."""
+        files = [(n, e) for n in self.committed() if (e := self.entry(n)) is not None]
         whole = [self._whole(name, entry) for name, entry in files]
         kept = iter(entry_summaries([e for (_, e), w in zip(files, whole) if w]))
         out = []
@@ -736,19 +647,16 @@ class LogCatalog(Catalog):
         return self.row_filter(name) is None
 
     def attempt_of(self, name: str) -> str:
-        entry = self._entry(name)
+        """The attempt that wrote step file ``name`` (``""``: a store without attempts)."""
+        entry = self.entry(name)
         return "" if entry is None else entry.attempt
 
-    def step_seal(self, name: str) -> tuple[int | None, int | None]:
-        """The size and CRC-32 of step file ``name`` as its commit recorded them (``None``:
-        not recorded), what a reader of the file itself checks it against."""
-        entry = self._entry(name)
-        return (None, None) if entry is None else (entry.step_size, entry.step_crc32)
-
     def row_filter(self, name: str) -> str | None:
+        """SQL that keeps the rows of step file ``name``'s group file in the history this
+        catalog reads, when it holds some that are not (``None``: every row)."""
         if self.history == "all" or not self.state().resumed:
             return None  # every unit of the file is in the history
-        entry = self._entry(name)
+        entry = self.entry(name)
         if entry is None:
             return None
         cut = self.state().cutoff(entry.attempt, unit_kind(entry))
@@ -761,31 +669,8 @@ class LogCatalog(Catalog):
         """Whether the unit of ``step`` in step file ``name`` is in this catalog's history."""
         if self.history == "all":
             return True
-        entry = self._entry(name)
+        entry = self.entry(name)
         if entry is None:
             return False
         effective = self.state().is_effective(step, entry.attempt, unit_kind(entry))
         return effective if self.history == "effective" else not effective
-
-    def with_history(self, history: History) -> LogCatalog:
-        """A catalog of the same log and backend that sees ``history``."""
-        other = LogCatalog(self.backend, self.run_id, self.log, history)
-        other._pinned = self._pinned
-        return other
-
-
-def check_history(value: object) -> History:
-    if value not in HISTORIES:
-        raise ArgumentError(f"attempts: expected one of {HISTORIES}, got {value!r}")
-    return value  # type: ignore[return-value]
-
-
-def open_catalog(
-    backend: Backend, manifest: Mapping[str, Any], *, history: History = "effective"
-) -> Catalog:
-    """The catalog of the store of ``manifest``: its commit log's (format 3), else the step
-    files' (older stores)."""
-    run = manifest.get("run_id") if isinstance(manifest.get("run_id"), str) else None
-    if has_log(manifest):
-        return LogCatalog(backend, run, CommitLog(backend, run), history)
-    return Catalog(backend, run)

@@ -29,18 +29,12 @@ from maxent_arrow.store.storage.names import (
     STEPS,
 )
 
-__all__ = ["STORE_VERSION", "create", "has_log", "jsonable_config", "read", "run_id"]
+__all__ = ["STORE_VERSION", "create", "jsonable_config", "read", "run_id"]
 
 # The version of a store's own format, in its manifest's `schema_version` (its files carry the
 # table schema's, arrow/schema.py): 1.x and 2.x stores are a directory of committed step files;
 # 3.0 stores have a commit log (store/history/log.py), which readers of 2.x refuse to guess at.
 STORE_VERSION = "3.0"
-
-
-def has_log(manifest: Mapping[str, Any]) -> bool:
-    """Whether the store of ``manifest`` commits through a commit log (format 3 and later)."""
-    version = str(manifest.get("schema_version") or "0")
-    return int(version.split(".")[0]) >= 3
 
 
 def jsonable_config(config: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -36,8 +36,11 @@ from maxent_arrow.arrow import registry as R
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.errors import SchemaError, StoreError
 from maxent_arrow.store.history.catalog import History
-from maxent_arrow.store.history.log import TRAINER, CommitLog, LogState, crc32
+from maxent_arrow.store.history.log import CommitLog
+from maxent_arrow.store.history.operations import AppendRecords, crc32
+from maxent_arrow.store.history.state import TRAINER, LogState
 from maxent_arrow.store.storage.backend import Backend
+from maxent_arrow.store.storage.crashpoints import crash_point
 from maxent_arrow.store.storage.names import RECORDS
 
 __all__ = [
@@ -209,6 +212,7 @@ def commit_records(
     token = secrets.token_hex(6)  # racing writers never share a file
     backend.makedirs(f"{RECORDS}/{name}")
     pending = backend.write_temp(f"{RECORDS}/{name}/{name}.t{token}.parquet", data)
+    crash_point("records:file-written")
     published = False
 
     def check(state: LogState) -> None:
@@ -217,21 +221,20 @@ def commit_records(
         if not published:
             backend.publish(pending, exclusive=True)
             published = True
+            crash_point("records:published")
 
-    fields = {
-        "op": "records",
-        "attempt": attempt,
-        "name": name,
-        "file": {
+    operation = AppendRecords(
+        name,
+        {
             "path": pending.final,
             "size": pending.size,
             "crc32": pending.crc,
             "rows": table.num_rows,
             "columns": {f.name: str(f.type) for f in table.schema},
         },
-    }
+    )
     try:
-        version = log.commit(fields, check=check, lock_timeout=lock_timeout)
+        version = log.commit(operation, attempt=attempt, check=check, lock_timeout=lock_timeout)
         assert version is not None
         return version
     except BaseException:

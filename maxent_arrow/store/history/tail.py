@@ -48,7 +48,9 @@ from typing import Any, Literal
 
 from maxent_arrow.arrow import registry as R
 from maxent_arrow.errors import ArgumentError, StoreError
-from maxent_arrow.store.history.log import CommitLog, LogState
+from maxent_arrow.store.history.log import CommitLog
+from maxent_arrow.store.history.operations import AppendUnit, BeginAttempt, Entry
+from maxent_arrow.store.history.state import LogState
 from maxent_arrow.store.storage.backend import Backend
 from maxent_arrow.store.storage.names import GROUPS, LOG, unit_name
 
@@ -195,12 +197,12 @@ def _follow(
 
 
 # ---------------------------------------------------------------------------- events
-def _apply(state: LogState, entry: Mapping[str, Any], kind: str | None) -> TailEvent | None:
+def _apply(state: LogState, entry: Entry, kind: str | None) -> TailEvent | None:
     """Apply ``entry`` to ``state``; the event it gives, if any."""
-    op = entry.get("op")
-    if op == "attempt":
+    operation = entry.operation
+    if isinstance(operation, BeginAttempt):
         before = state.copy()
-        state.apply(entry)
+        entry.apply(state)
         attempt = state.attempts[-1]
         gone = _superseded(before, state, kind)
         if not gone:
@@ -208,16 +210,16 @@ def _apply(state: LogState, entry: Mapping[str, Any], kind: str | None) -> TailE
         return TailEvent(
             "superseded",
             attempt.version,
-            str(entry.get("time", "")),
+            entry.time,
             attempt.id,
             attempt.role,
             resume_from=attempt.resume_from,
             superseded=tuple(gone),
         )
-    state.apply(entry)
-    if op != "append":
+    entry.apply(state)
+    if not isinstance(operation, AppendUnit):
         return None  # compact, restore, step_file, records, drop, retire: no new unit
-    rel = entry["step_file"]
+    rel = operation.step_file
     unit = state.units[rel]
     rows = unit.record.get("rows", {})
     steps = rows.get("step") or []
@@ -230,7 +232,7 @@ def _apply(state: LogState, entry: Mapping[str, Any], kind: str | None) -> TailE
     return TailEvent(
         "step",
         unit.version,
-        str(entry.get("time", "")),
+        entry.time,
         unit.attempt,
         "" if attempt is None else attempt.role,
         step=step,

@@ -1,7 +1,7 @@
 """The commit: the one function that makes a group file and its step file part of the store.
 
-Append (:mod:`.writer`) and compaction (:mod:`~maxent_arrow.store.upkeep.compaction`) both end in
-:func:`commit_unit`,
+Append (:mod:`.writer`), compaction (:mod:`~maxent_arrow.store.upkeep.compaction`) and
+repair's restore (:mod:`~maxent_arrow.store.upkeep.repair`) all end in :func:`commit_unit`,
 so the protocol of ``docs/commit-protocol.md`` is written once:
 
 1. the group file is encoded into a temp file (hidden, never ``*.parquet``) while a writer
@@ -9,27 +9,19 @@ so the protocol of ``docs/commit-protocol.md`` is written once:
    outside any lock, so writers committing at once serialise only on step 3;
 2. the step file (the step rows, and in its metadata the group file's size, CRC-32, footer
    and column-chunk CRCs, :func:`group_file_meta`) is written into a temp file, sealed with
-   its own CRC-32 (:func:`step_file_bytes`); fsynced;
-3. under the store lock (where the backend has one): the caller's precondition is checked
-   again (no duplicate step; the inputs of a compaction still committed), the group file is
-   renamed into place, then the step file is published exclusively. The step file's
-   appearance is the commit; if publishing it fails the group file is removed again (under
-   a lock only: on object storage it may be another writer's), and the temp files are
-   dropped in every case.
+   its own CRC-32 (:func:`step_file_bytes`); fsynced. Both under a file name of the commit's
+   own (the unit's name and a token), so no other writer's file is ever overwritten;
+3. at the commit (under the store lock where the backend has one) the caller's precondition
+   is checked against the log's newest state (no duplicate step; the inputs of a compaction
+   still committed), both files are published exclusively, and the commit is the log's next
+   entry (:class:`~maxent_arrow.store.history.operations.UnitOperation`), created exclusively.
+   A refused or failed entry removes the two files again.
 
-A crash before step 3's publish leaves nothing a reader of this library sees (temp files, at
-most an uncommitted group file); after it, the whole unit. ``crash_point`` names each stage
-(``{operation}:group-written``, ``step-written``, ``locked``, ``group-published``,
-``committed``) for the kill and stop tests.
-
-**Stores with a commit log** (format 3, :mod:`~maxent_arrow.store.history.log`): steps 1 and 2 as
-above, under a file name of the commit's own (the unit's name and a token), so no other writer's
-file can be overwritten and no lock is needed to publish; 3. both files are published (exclusively),
-then the commit is the log's next entry, created exclusively after the precondition is
-checked again against the log's newest state. A refused or failed entry removes the two
-files again. A crash before the entry leaves files no entry names (leftovers ``repair``
-moves aside); after it, the whole unit. Stages: ``group-published``, ``step-published``,
-``log:entry-written``, ``committed``.
+A crash before the entry leaves files no entry names (leftovers ``repair`` moves aside);
+after it, the whole unit. The stages are crash points of the registry
+(:data:`~maxent_arrow.store.storage.crashpoints.CRASH_POINTS`): ``{op}:group-written``,
+``step-written``, ``locked``, ``group-published``, ``step-published``, then
+``log:entry-written`` and ``{op}:committed``.
 """
 
 from __future__ import annotations
@@ -44,12 +36,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from maxent_arrow.arrow import schema as S
-from maxent_arrow.errors import StoreError
 from maxent_arrow.store.history.catalog import step_rows_json
-from maxent_arrow.store.history.log import CommitLog, LogState
+from maxent_arrow.store.history.log import CommitLog
+from maxent_arrow.store.history.operations import UnitOperation
 from maxent_arrow.store.history.schemas import schema_key
-from maxent_arrow.store.storage.backend import Backend, Pending, crash_point
+from maxent_arrow.store.history.state import LogState
+from maxent_arrow.store.storage.backend import Backend, Pending
 from maxent_arrow.store.storage.checksums import CHUNK_ALGORITHM, chunk_crcs
+from maxent_arrow.store.storage.crashpoints import crash_point
 from maxent_arrow.store.storage.names import (
     GROUPS,
     STEPS,
@@ -59,7 +53,15 @@ from maxent_arrow.store.storage.names import (
 )
 from maxent_arrow.store.storage.parquet import group_file_settings, parquet_bytes, write_parquet
 
-__all__ = ["Committed", "commit_unit", "group_file_meta", "step_file_bytes", "write_group_file"]
+__all__ = [
+    "CommitRequest",
+    "Committed",
+    "UnitFiles",
+    "commit_unit",
+    "group_file_meta",
+    "step_file_bytes",
+    "write_group_file",
+]
 
 
 def write_group_file(
@@ -131,159 +133,114 @@ def step_file_bytes(step_rows: pa.Table, meta: dict[str, Any]) -> bytes:
 
 
 @dataclasses.dataclass(frozen=True)
+class UnitFiles:
+    """What a commit writes: the unit ``name``'s group rows (``groups``, with
+    ``group_metadata`` in the Parquet footer, in ``row_groups``: row counts, default one row
+    group) and its step rows (``step_rows``), with ``record`` beside what
+    :func:`group_file_meta` records in the step file."""
+
+    name: str
+    groups: pa.Table
+    group_metadata: dict[bytes, bytes]
+    step_rows: pa.Table
+    record: dict[str, Any]
+    row_groups: Sequence[int] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class CommitRequest:
+    """How a unit is committed: as which operation (``AppendUnit``, ``CompactUnits``,
+    ``RestoreUnit``), by which attempt, replacing which step files (names), under which
+    precondition (``check(state)`` raises when the commit must not happen: it runs once
+    before anything is written and again at the commit, with the log's newest state), with
+    which Parquet codec; ``lock_timeout``: seconds to wait for the store lock (``None``: as
+    long as it takes); ``locked``: the caller holds it already (``repair``)."""
+
+    operation: type[UnitOperation]
+    attempt: str
+    check: Callable[[LogState], None]
+    compression: str = "zstd"
+    compression_level: int | None = 1
+    replaces: tuple[str, ...] = ()
+    lock_timeout: float | None = None
+    locked: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
 class Committed:
     """What :func:`commit_unit` committed: the file name of its group and step files (the
-    unit's name, with a token of its own in a store with a commit log), the group file's
-    pending record (size, CRC-32) and the log version (``None`` without a log)."""
+    unit's name with a token of its own), the group file's pending record (size, CRC-32) and
+    the log version."""
 
     name: str
     group: Pending
-    version: int | None = None
+    version: int
 
 
-def commit_unit(
-    backend: Backend,
-    name: str,
-    groups: pa.Table,
-    group_metadata: dict[bytes, bytes],
-    step_rows: pa.Table,
-    record: dict[str, Any],
-    *,
-    check: Callable[[LogState | None], None],
-    operation: str,
-    compression: str,
-    compression_level: int | None,
-    run: str | None = None,
-    lock_timeout: float | None = None,
-    log: CommitLog | None = None,
-    attempt: str = "",
-    replaces: Sequence[str] = (),
-    locked: bool = False,
-    row_groups: Sequence[int] | None = None,
-) -> Committed:
-    """Write and commit the unit ``name``: its group file (``groups``, with
-    ``group_metadata`` in the Parquet footer) and its step file (``step_rows``, with
-    ``record`` beside what :func:`group_file_meta` records, and the unit's own name and
-    ``run``, the store's run identity, in both files). ``lock_timeout``: seconds to wait
-    for the store lock (``None``: as long as it takes).
-
-    ``check(state)`` raises when the commit must not happen; it runs once before anything
-    is written and again at the commit: under the lock, with the log's newest state
-    (``None`` without a log). With a ``log`` the files get a name of their own
-    (:func:`~maxent_arrow.store.storage.names.with_token`), the commit is the log's next entry
-    (written by ``attempt``; a compaction's ``replaces`` its inputs' step files) and a refused
-    commit removes its own files. ``locked``: the caller holds the store lock (``repair``).
-    ``row_groups``: the group file's row groups (row counts; a segment keeps one per unit). Raises
-    (:class:`StoreError`, ``OSError`` as ``StoreError``) with the store as it was."""
-    if log is not None:
-        name = with_token(name)
-    check(None if log is None else log.state())  # early and cheap: refuse before encoding
+def commit_unit(log: CommitLog, unit: UnitFiles, request: CommitRequest) -> Committed:
+    """Write and commit ``unit`` through ``log`` as ``request`` says (the module docstring):
+    its files get a name of their own (:func:`~maxent_arrow.store.storage.names.with_token`),
+    the unit's own name and the store's run in both, and the commit is the log's next entry.
+    Raises (:class:`StoreError`, ``OSError`` as ``StoreError``) with the store as it was."""
+    backend, op = log.backend, request.operation.OP
+    name = with_token(unit.name)
+    request.check(log.state())  # early and cheap: refuse before encoding
     # Who this unit is, in both files: a step file names its unit and run (readers refuse a
     # copy under another name or from another run), and a group file whose step file is
     # lost still says what it is (verify: a suspected lost commit).
-    identity = {"unit": name, **({} if run is None else {"run": run})}
-    record = {**record, **identity}
-    group_metadata = {**group_metadata, UNIT_META_KEY: json.dumps(identity).encode()}
+    identity = {"unit": name, **({} if log.run is None else {"run": log.run})}
+    record = {**unit.record, **identity}
     group = write_group_file(
         backend,
         f"{GROUPS}/{name}",
-        groups,
-        group_metadata,
-        compression=compression,
-        compression_level=compression_level,
-        row_groups=row_groups,
+        unit.groups,
+        {**unit.group_metadata, UNIT_META_KEY: json.dumps(identity).encode()},
+        compression=request.compression,
+        compression_level=request.compression_level,
+        row_groups=unit.row_groups,
     )
-    crash_point(f"{operation}:group-written")
+    crash_point(f"{op}:group-written")
     try:
         meta = group_file_meta(backend, group, **record)
-        step = backend.write_temp(f"{STEPS}/{name}", step_file_bytes(step_rows, meta))
+        step = backend.write_temp(f"{STEPS}/{name}", step_file_bytes(unit.step_rows, meta))
     except BaseException:
         backend.discard(group)
         raise
-    crash_point(f"{operation}:step-written")
-    if log is not None:
-        version = _commit_to_log(
-            backend, log, name, group, step, meta, step_rows, check, operation, attempt,
-            replaces, lock_timeout, locked,
-        )  # fmt: skip
-        crash_point(f"{operation}:committed")
-        return Committed(name, group, version)
-    try:
-        with contextlib.nullcontext() if locked else backend.lock(lock_timeout):
-            check(None)
-            crash_point(f"{operation}:locked")
-            backend.publish(group, exclusive=False)
-            crash_point(f"{operation}:group-published")
-            try:
-                backend.publish(step, exclusive=True)
-            except BaseException:
-                # Not committed: remove the group file so the store is as it was, where it
-                # is certainly ours (under the lock). Without a lock (object storage) a
-                # refused step object means another writer committed this name, and the
-                # group object may be the one it committed.
-                if backend.can_lock:
-                    with contextlib.suppress(OSError, StoreError):
-                        backend.remove(f"{GROUPS}/{name}")
-                raise
-    finally:
-        backend.discard(group)  # no-ops once published
-        backend.discard(step)
-    crash_point(f"{operation}:committed")
-    return Committed(name, group)
-
-
-def _commit_to_log(
-    backend: Backend,
-    log: CommitLog,
-    name: str,
-    group: Pending,
-    step: Pending,
-    meta: dict[str, Any],
-    step_rows: pa.Table,
-    check: Callable[[LogState | None], None],
-    operation: str,
-    attempt: str,
-    replaces: Sequence[str],
-    lock_timeout: float | None,
-    locked: bool,
-) -> int:
-    """Publish the unit's files (names of their own) and commit them as the log's next
-    entry; a refused or failed commit removes them again (they are certainly ours), so the
-    store is as it was. The files are published at the commit, under the store lock where
-    the backend has one: ``repair`` (which holds it) never sees a published file that no
-    entry names yet as anything but a leftover of a writer that is gone."""
-    entry = {
-        "op": operation,
-        "attempt": attempt,
-        "step_file": f"{STEPS}/{name}",
-        "step_size": step.size,
-        "step_crc32": step.crc,
+    crash_point(f"{op}:step-written")
+    operation = request.operation(
+        f"{STEPS}/{name}",
         # The commit record, as the step file holds it, and its rows: readers read the log,
         # never the step files (plain readers do).
-        "record": {
-            **meta,
-            "rows": step_rows_json(step_rows),
-            "schema_version": S.SCHEMA_VERSION,
-        },
-        "replaces": [f"{STEPS}/{r}" for r in replaces],
-    }
+        {**meta, "rows": step_rows_json(unit.step_rows), "schema_version": S.SCHEMA_VERSION},
+        step.size,
+        step.crc,
+        tuple(f"{STEPS}/{r}" for r in request.replaces),
+    )
     published = False
 
     def at_commit(state: LogState) -> None:
+        # The files are published at the commit, under the store lock where the backend has
+        # one: ``repair`` (which holds it) never sees a published file that no entry names
+        # yet as anything but a leftover of a writer that is gone.
         nonlocal published
-        check(state)
+        request.check(state)
         if not published:
-            crash_point(f"{operation}:locked")  # checked at the commit, nothing published
+            crash_point(f"{op}:locked")  # checked at the commit, nothing published
             backend.publish(group, exclusive=True)
-            crash_point(f"{operation}:group-published")
+            crash_point(f"{op}:group-published")
             backend.publish(step, exclusive=True)
             published = True
-            crash_point(f"{operation}:step-published")
+            crash_point(f"{op}:step-published")
 
     try:
-        version = log.commit(entry, check=at_commit, lock_timeout=lock_timeout, locked=locked)
-        assert version is not None  # at_commit never declines
-        return version
+        version = log.commit(
+            operation,
+            attempt=request.attempt,
+            check=at_commit,
+            lock_timeout=request.lock_timeout,
+            locked=request.locked,
+        )
+        assert version is not None  # an operation is always committed (or refused)
     except BaseException:
         # Our files go again unless the entry made it (an interrupt just after its creation):
         # a leftover is harmless, removing a committed file is a loss.
@@ -295,3 +252,5 @@ def _commit_to_log(
     finally:
         backend.discard(group)
         backend.discard(step)
+    crash_point(f"{op}:committed")
+    return Committed(name, group, version)

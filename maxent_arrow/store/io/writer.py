@@ -20,12 +20,14 @@ from maxent_arrow.arrow import schema as S
 from maxent_arrow.errors import SchemaError, StoreError
 from maxent_arrow.rollout import BATCH_META_KEY, RolloutBatch
 from maxent_arrow.store.history.attempts import AttemptSpec, attempt_entry
-from maxent_arrow.store.history.catalog import Catalog, LogCatalog
-from maxent_arrow.store.history.log import LogState
+from maxent_arrow.store.history.catalog import Catalog
+from maxent_arrow.store.history.log import CommitLog
+from maxent_arrow.store.history.operations import AppendUnit
 from maxent_arrow.store.history.records import commit_records, prepare_records
 from maxent_arrow.store.history.schemas import UnifiedSchemas
+from maxent_arrow.store.history.state import LogState
 from maxent_arrow.store.io.cache import write_cache
-from maxent_arrow.store.io.commit import commit_unit
+from maxent_arrow.store.io.commit import CommitRequest, UnitFiles, commit_unit
 from maxent_arrow.store.storage.names import CONFIG_META_KEY, STEPS, unit_name
 from maxent_arrow.store.storage.padding import pad_to_layout
 
@@ -54,7 +56,6 @@ class Writer:
         attempt: AttemptSpec | None = None,
     ):
         self.catalog = catalog
-        self.log = catalog.log if isinstance(catalog, LogCatalog) else None
         self.attempt = attempt or AttemptSpec()
         self._begun: str | None = None
         self.committed = 0  # commits made through this writer (appends and records)
@@ -73,11 +74,10 @@ class Writer:
         name = unit_name(batch.step, batch.rank, batch.kind)
         version = (batch.groups.schema.metadata or {}).get(S.METADATA_KEY)
         S.check_version(version or S.SCHEMA_VERSION.encode(), where=f"batch for {name}")
+        log = self.catalog.writable("append")
         self._check_conflicts(batch)
         families = self._run_families(batch)
-        attempt = self.begin_attempt()
-        committed = commit_unit(
-            self.backend,
+        unit = UnitFiles(
             name,
             pad_to_layout(pa.Table.from_batches([batch.groups]), S.group_schema(families=families)),
             self._group_metadata(batch),
@@ -90,15 +90,16 @@ class Writer:
                 "columns": batch.groups.schema.names,
                 "families": list(families),
             },
-            check=lambda state: self._refuse_duplicate(name, batch, state),
-            operation="append",
-            compression=self.compression,
-            compression_level=self.compression_level,
-            run=self.catalog.run_id,
-            lock_timeout=self.lock_timeout,
-            log=self.log,
-            attempt=attempt or "",
         )
+        request = CommitRequest(
+            AppendUnit,
+            self.begin_attempt(),
+            lambda state: self._refuse_duplicate(name, batch, state),
+            self.compression,
+            self.compression_level,
+            lock_timeout=self.lock_timeout,
+        )
+        committed = commit_unit(log, unit, request)
         self.committed += 1
         if self.cache and self.backend.can_mmap:
             try:
@@ -112,49 +113,40 @@ class Writer:
     def append_records(self, name: str, rows: Any) -> int:
         """Append ``rows`` to record table ``name`` (:mod:`~maxent_arrow.store.history.records`) as
         this writer's attempt; returns the log version that committed them."""
+        log = self.catalog.writable(f"records of {name!r}")
         table = prepare_records(name, rows)
-        if self.log is None:
-            raise StoreError(
-                f"{self.backend.uri}: a store written before the commit log (format < 3) keeps "
-                f"no record tables; records of {name!r} need a store of this version"
-            )
         attempt = self.begin_attempt()
         version = commit_records(
             self.backend,
-            self.log,
+            log,
             name,
             table,
-            attempt=attempt or "",
+            attempt=attempt,
             lock_timeout=self.lock_timeout,
             compression=self.compression,
         )
         self.committed += 1
         return version
 
-    def begin_attempt(self, *, config: Mapping[str, Any] | None = None) -> str | None:
-        """Record this writer's attempt in the commit log, once (a store without a log has no
-        attempts: ``None``). A fresh run into a store that holds an earlier run's steps is
-        refused here (:func:`~maxent_arrow.store.history.attempts.attempt_entry`)."""
-        if self.log is None:
-            return None
+    def begin_attempt(self, *, config: Mapping[str, Any] | None = None) -> str:
+        """Record this writer's attempt in the commit log, once. A fresh run into a store
+        that holds an earlier run's steps is refused here
+        (:func:`~maxent_arrow.store.history.attempts.attempt_entry`); so is a store without a
+        commit log (:class:`~maxent_arrow.errors.ReadOnlyFormatError`)."""
         if self._begun is not None:
             return self._begun
+        log: CommitLog = self.catalog.writable("a new attempt")
         spec = self.attempt
         if config is not None:
             spec.config = dict(config)
         uri = self.backend.uri
-
-        def begin(state: LogState) -> bool | None:
-            entry = attempt_entry(spec, state, uri)
-            if entry is None:
-                return False  # begun already (another rank of the launch, or before)
-            fields.update(entry)
-            return None
-
-        # The entry is made from the newest state, under the lock: `begin` fills `fields`,
-        # which the log reads after the check has run.
-        fields: dict[str, Any] = {}
-        self.log.commit(fields, check=begin, lock_timeout=self.lock_timeout)
+        # The entry is made from the newest state, under the lock (``None``: begun already,
+        # by another rank of the launch or before).
+        log.commit(
+            lambda state: attempt_entry(spec, state, uri),
+            attempt=spec.id,
+            lock_timeout=self.lock_timeout,
+        )
         self._begun = spec.id
         return spec.id
 
@@ -182,18 +174,13 @@ class Writer:
             )
         return run
 
-    def _refuse_duplicate(self, name: str, batch: RolloutBatch, state: LogState | None) -> None:
-        """Refuse a (step, rank, kind) the store holds already: in a store with a commit
-        log, as effective history (a superseded write of a resumed run's step is no
-        duplicate); else as any committed step file."""
-        if state is None:
-            names = self.catalog.step_names()
-            taken = name in names or name in self.catalog.hidden(names, "skip")
-        else:
-            taken = any(
-                state.is_effective(batch.step, e.attempt, batch.kind)
-                for e in state.writes_of(batch.step, batch.rank, batch.kind)
-            )
+    def _refuse_duplicate(self, name: str, batch: RolloutBatch, state: LogState) -> None:
+        """Refuse a (step, rank, kind) the store holds already as effective history (a
+        superseded write of a resumed run's step is no duplicate)."""
+        taken = any(
+            state.is_effective(batch.step, e.attempt, batch.kind)
+            for e in state.writes_of(batch.step, batch.rank, batch.kind)
+        )
         if taken:
             raise StoreError(
                 f"{self.backend.path(f'{STEPS}/{name}')}: step {batch.step} of rank "

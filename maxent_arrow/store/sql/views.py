@@ -53,7 +53,6 @@ from maxent_arrow.arrow.upgrade import needs_upgrade
 from maxent_arrow.errors import ArgumentError, StoreError
 from maxent_arrow.store.history.catalog import (
     Catalog,
-    LogCatalog,
     OnError,
     StepFile,
     fail,
@@ -282,7 +281,7 @@ class SqlViews:
         # A store with a commit log: the files of the history the views leave out (the
         # ``superseded`` view), its catalog, and its record tables.
         self.other: list[tuple[str, StepFile]] = []
-        self.other_catalog: LogCatalog | None = None
+        self.other_catalog: Catalog | None = None
         self.reads = "effective"  # the history the views' groups read
         self.records: dict[str, pa.Table] = {}
         self.group_schema: pa.Schema = S.group_schema()
@@ -328,7 +327,7 @@ class SqlViews:
             self.ledger.clear()
             self.own.clear()
             catalog = self.catalog
-            self.version = catalog.state().version if isinstance(catalog, LogCatalog) else None
+            self.version = catalog.version
             names = self._bounded_names(self.catalog)
             self.steps = list(self.catalog.committed_steps(self.on_error, names))
             # (bounded: a stat per file read, not a listing of every group file)
@@ -369,7 +368,7 @@ class SqlViews:
         catalog = self.catalog
         if self.session is None or self.version is None or self.on_error != "raise":
             return False
-        if not isinstance(catalog, LogCatalog) or catalog.state().version != self.version:
+        if catalog.version != self.version:
             return False
         return catalog.backend.unchanged(self.ledger.stamps())
 
@@ -399,11 +398,10 @@ class SqlViews:
         return bound if where is None else f"({where}) AND {bound}"
 
     def _refresh_history(self, listing: dict | None) -> None:
-        """The other history's files and the record tables (stores with a commit log)."""
+        """The other history's files and the record tables (none, for a store without a
+        commit log: it has one history and no record tables)."""
         self.other, self.other_catalog, self.records = [], None, {}
         catalog = self.catalog
-        if not isinstance(catalog, LogCatalog):
-            return
         other = catalog.with_history(
             "effective" if catalog.history == "superseded" else "superseded"
         )
@@ -478,7 +476,7 @@ class SqlViews:
         # Files of one schema form one set (DuckDB binds a set to its first file's footer).
         group_sets, self.files = self._group_sets(self.files, self.catalog)
         history = None
-        if self.other_catalog is not None:  # a store with a commit log: a LogCatalog
+        if self.other_catalog is not None:  # (built with the views: always, once refreshed)
             other_sets, self.other = self._group_sets(self.other, self.other_catalog)
             records = self.records.get(R.LIFECYCLE)
             history = HistoryViews(
@@ -560,13 +558,7 @@ class SqlViews:
 
     def _by_path(self, step: StepFile) -> bool:
         """Whether DuckDB reads step file ``step`` by path (else its rows are handed over)."""
-        catalog = self.catalog
-        if catalog.reads_step_files:
-            return True
-        if not isinstance(catalog, LogCatalog) or not catalog.backend.can_mmap:
-            return False  # (object stores: a GET per file; the log's rows cost none)
-        size, crc = catalog.step_seal(step.name)
-        return self.ledger.admit_step(f"{STEPS}/{step.name}", size, crc)
+        return self.catalog.admit_step_file(step.name, self.ledger.admit_step)
 
     def _group_sets(
         self, files: list[tuple[str, StepFile]], catalog: Catalog

@@ -59,7 +59,6 @@ __all__ = [
     "LocalBackend",
     "Pending",
     "TEMP_MARK",
-    "crash_point",
     "is_temp_name",
     "lock_holder",
     "missing_error",
@@ -72,31 +71,6 @@ __all__ = [
 TEMP_MARK = ".tmp-"
 _TEMP_RE = re.compile(r"^\.(?P<final>.+)\.tmp-(?P<host>[^.]+)\.(?P<pid>\d+)\.[0-9a-f]+$")
 _HOST = re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname())[:64] or "host"
-# Test-only: MAXENT_ARROW_CRASH_AT=<point> kills the process with SIGKILL at that point of a
-# write, and MAXENT_ARROW_STOP_AT=<point> stops it there (SIGSTOP, as a debugger or a paused
-# job would), so the reliability tests crash or freeze a writer at every step of a commit.
-_CRASH_ENV = "MAXENT_ARROW_CRASH_AT"
-_STOP_ENV = "MAXENT_ARROW_STOP_AT"
-
-
-def crash_point(name: str) -> None:
-    """Die right here (SIGKILL, no cleanup) if ``MAXENT_ARROW_CRASH_AT`` names this point,
-    or stop (SIGSTOP, until a SIGCONT) if ``MAXENT_ARROW_STOP_AT`` does.
-
-    Points are ``"append:<stage>"`` and ``"compact:<stage>"``; the reliability tests run a
-    writer in a subprocess with each one and check that nothing committed is lost and nothing
-    half-written is served.
-    """
-    if os.environ.get(_CRASH_ENV) == name:
-        import signal
-
-        os.kill(os.getpid(), signal.SIGKILL)
-    if os.environ.get(_STOP_ENV) == name:
-        import signal
-
-        os.kill(os.getpid(), signal.SIGSTOP)
-
-
 def is_temp_name(name: str) -> bool:
     """Whether ``name`` is a temp file of an unfinished write."""
     return name.startswith(".") and TEMP_MARK in name

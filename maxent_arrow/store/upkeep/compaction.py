@@ -19,14 +19,18 @@ from typing import Any, cast
 
 import pyarrow as pa
 
+from maxent_arrow.arguments import check_optional_int
 from maxent_arrow.arrow import schema as S
-from maxent_arrow.errors import ArgumentError, StoreError
-from maxent_arrow.store.history.catalog import Catalog, LogCatalog, Unit, is_missing
-from maxent_arrow.store.history.log import LogState
+from maxent_arrow.errors import StoreError
+from maxent_arrow.store.history.catalog import Catalog, Unit, is_missing
+from maxent_arrow.store.history.log import CommitLog
+from maxent_arrow.store.history.operations import CompactUnits, DropUnits, RetireFiles
 from maxent_arrow.store.history.schemas import UnifiedSchemas
-from maxent_arrow.store.io.commit import commit_unit
+from maxent_arrow.store.history.state import LogState
+from maxent_arrow.store.io.commit import CommitRequest, UnitFiles, commit_unit
 from maxent_arrow.store.io.reader import read_group_file
-from maxent_arrow.store.storage.backend import Backend, crash_point
+from maxent_arrow.store.storage.backend import Backend
+from maxent_arrow.store.storage.crashpoints import crash_point
 from maxent_arrow.store.storage.names import (
     GROUPS,
     RETIRED,
@@ -62,32 +66,21 @@ def compact(
     ``progress(done, total)`` is told of the files considered (``total``: those of the chosen
     units) as each segment is committed. Returns the new step files.
 
-    ``drop_superseded`` (stores with a commit log): first retire the units that later
-    attempts superseded (:func:`drop_superseded`). A store with a commit log compacts on
-    any backend whose log entries are created exclusively (S3 too: its files are never
-    renamed in place); an older store needs a lock and atomic renames (local disks)."""
+    ``drop_superseded``: first retire the units that later attempts superseded
+    (:func:`drop_superseded`). Compacts on any backend whose log entries are created
+    exclusively (S3 too: its files are never renamed in place)."""
     backend = catalog.backend
-    if max_steps is not None and (
-        isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1
-    ):
-        raise ArgumentError(f"compact: max_steps must be None or an int >= 1, got {max_steps!r}")
+    check_optional_int(max_steps, "compact: max_steps", low=1)
+    log = catalog.writable("compact")
+    backend.require("exclusive_create", "compact")
     made = []
-    if isinstance(catalog, LogCatalog):
-        backend.require("exclusive_create", "compact")
-        if drop_superseded:
-            made += _drop_superseded(
-                catalog, schemas, kind, compression, compression_level, lock_timeout
-            )
-        # Every attempt's units (a superseded one is still kept, until it is retired), each
-        # merged only with its own attempt's: a segment belongs to the attempt that wrote it.
-        catalog = catalog.with_history("all")
-    else:
-        backend.require("can_rewrite", "compact")
-        if drop_superseded:
-            raise ArgumentError(
-                "compact: drop_superseded needs a store with a commit log (store format 3): "
-                "an older store has no attempts"
-            )
+    if drop_superseded:
+        made += _drop_superseded(
+            catalog, log, schemas, kind, compression, compression_level, lock_timeout
+        )
+    # Every attempt's units (a superseded one is still kept, until it is retired), each
+    # merged only with its own attempt's: a segment belongs to the attempt that wrote it.
+    catalog = catalog.with_history("all")
     units = catalog.units(kind=kind, steps=steps, ranks=ranks)
     if loose_only:
         # A unit's step file is a committed store file name, so it parses.
@@ -113,24 +106,25 @@ def compact(
                 continue  # one file is already as compact as it gets
             made.append(
                 _compact_files(
-                    catalog, schemas, knd, chunk, compression, compression_level, lock_timeout
+                    catalog, log, schemas, knd, chunk, compression, compression_level, lock_timeout
                 )
             )
             if progress is not None:
                 progress(min(done, total), total)
     if not made:  # each merge tidies retired/; without one, do it here
-        _expire(catalog)
-    if made and isinstance(catalog, LogCatalog):
+        _expire(log)
+    if made:
         # The files a plain reader's checkpoint lists just moved to retired/: a new one.
         with contextlib.suppress(OSError, StoreError):
-            catalog.log.write_checkpoint()
+            log.write_checkpoint()
     if progress is not None:
         progress(total, total)
     return made
 
 
 def _drop_superseded(
-    catalog: LogCatalog,
+    catalog: Catalog,
+    log: CommitLog,
     schemas: UnifiedSchemas,
     kind: str | None,
     compression: str,
@@ -141,7 +135,7 @@ def _drop_superseded(
     the history in one ``drop`` entry (then ``retired/``, like a compaction's inputs); a
     segment superseded in part is rewritten with its effective units only. Returns the new
     step files."""
-    state = catalog.log.state().copy()  # the log's own state object moves on at each commit
+    state = log.state().copy()  # the log's own state object moves on at each commit
     doomed, partial = [], []
     for rel, entry in sorted(state.units.items()):
         rows = entry.record.get("rows") or {}
@@ -160,10 +154,8 @@ def _drop_superseded(
 
     backend = catalog.backend
     if doomed:
-        catalog.log.commit(
-            {"op": "drop", "attempt": "", "replaces": doomed, "why": "superseded"},
-            check=still_committed,
-            lock_timeout=lock_timeout,
+        log.commit(
+            DropUnits(tuple(doomed), "superseded"), check=still_committed, lock_timeout=lock_timeout
         )
         for rel in doomed:
             group = state.units[rel].record["group_file"]
@@ -177,6 +169,7 @@ def _drop_superseded(
         made.append(
             _compact_files(
                 effective,
+                log,
                 schemas,
                 units[0].kind,
                 units,
@@ -188,17 +181,11 @@ def _drop_superseded(
     return made
 
 
-def _expire(catalog: Catalog) -> None:
-    """Remove retired files past the grace period; a commit log records that they are gone."""
-    gone = expire_retired(catalog.backend, RETIRE_SECONDS)
-    if gone and isinstance(catalog, LogCatalog):
-        catalog.log.commit(
-            {
-                "op": "retire",
-                "attempt": "",
-                "files": [rel.removeprefix(f"{RETIRED}/") for rel in gone],
-            }
-        )
+def _expire(log: CommitLog) -> None:
+    """Remove retired files past the grace period; the commit log records that they are gone."""
+    gone = expire_retired(log.backend, RETIRE_SECONDS)
+    if gone:
+        log.commit(RetireFiles(tuple(rel.removeprefix(f"{RETIRED}/") for rel in gone)))
 
 
 def _keep_nullability(table: pa.Table, schema: pa.Schema) -> pa.Table:
@@ -215,6 +202,7 @@ def _keep_nullability(table: pa.Table, schema: pa.Schema) -> pa.Table:
 
 def _compact_files(
     catalog: Catalog,
+    log: CommitLog,
     schemas: UnifiedSchemas,
     kind: str,
     units: list[Unit],
@@ -261,18 +249,13 @@ def _compact_files(
         else list(dict.fromkeys(c for names in cast(list[list[str]], recorded) for c in names))
     )
 
-    def inputs_still_committed(state: LogState | None) -> None:
-        if state is None:
-            current = set(catalog.committed())
-        else:
-            current = {rel.rpartition("/")[2] for rel in state.units}
+    def inputs_still_committed(state: LogState) -> None:
+        current = {rel.rpartition("/")[2] for rel in state.units}
         gone = [n for n in inputs if n not in current]
         if gone:
             raise StoreError(f"compact: {gone[0]} was compacted by another writer meanwhile")
 
-    log = catalog.log if isinstance(catalog, LogCatalog) else None
-    committed = commit_unit(
-        backend,
+    unit = UnitFiles(
         name,
         _keep_nullability(pa.concat_tables(groups), group_schema),
         {S.METADATA_KEY: S.SCHEMA_VERSION.encode()},
@@ -284,17 +267,18 @@ def _compact_files(
             "unit_crc32": unit_crc32,
             **({} if columns is None else {"columns": columns}),
         },
-        check=inputs_still_committed,
-        operation="compact",
-        compression=compression,
-        compression_level=compression_level,
-        run=catalog.run_id,
-        lock_timeout=lock_timeout,
-        log=log,
-        attempt=catalog.attempt_of(inputs[0]),
-        replaces=inputs,
         row_groups=_row_groups([u.num_groups for u in units]),
     )
+    request = CommitRequest(
+        CompactUnits,
+        catalog.attempt_of(inputs[0]),
+        inputs_still_committed,
+        compression,
+        compression_level,
+        replaces=tuple(inputs),
+        lock_timeout=lock_timeout,
+    )
+    committed = commit_unit(log, unit, request)
     name = committed.name
     # Committed: the inputs are hidden by `replaces`. They leave groups/ and steps/ (plain
     # readers glob those) for retired/, where readers that listed the store before this
@@ -306,7 +290,7 @@ def _compact_files(
     with contextlib.suppress(OSError):
         backend.sync(GROUPS)
         backend.sync(STEPS)
-    _expire(catalog)
+    _expire(log)
     return backend.path(f"{STEPS}/{name}")
 
 

@@ -1,11 +1,12 @@
 """``repair``: move leftovers of crashed writes aside, into ``quarantine/``; never delete.
 
 It takes the store lock (so no commit is in flight) and moves temp files of writers that are
-gone, group files no step file commits (an append that did not finish, an unreadable or
-foreign file; never a suspected lost commit, which it keeps and names), and files a
-committed compaction replaced. Temp files
-of writers still running stay. It moves other writers' files, so it needs a backend that can
-lock and rename atomically (local stores).
+gone and files no commit log entry names (writes that did not finish); what a committed
+compaction replaced goes to ``retired/``, as the compaction would have done. A lost step file
+is written again from the log's record of it, a lost group file from its units' IPC cache
+copies. Temp files of writers still running stay. It moves other writers' files, so it needs
+a backend that can lock and rename atomically (local stores). A store without a commit log
+is not repaired (:class:`~maxent_arrow.errors.ReadOnlyFormatError`: upgrade it first).
 """
 
 from __future__ import annotations
@@ -22,10 +23,12 @@ import pyarrow as pa
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.arrow.registry import UNIT_KEY
 from maxent_arrow.errors import StoreError
-from maxent_arrow.store.history.catalog import Catalog, LogCatalog, StepFile
-from maxent_arrow.store.history.log import LogState, UnitEntry
+from maxent_arrow.store.history.catalog import Catalog, StepFile
+from maxent_arrow.store.history.log import CommitLog
+from maxent_arrow.store.history.operations import RestoreUnit, RewriteStepFile
+from maxent_arrow.store.history.state import LogState, UnitEntry
 from maxent_arrow.store.io.cache import read_cache, unit_group_crc32
-from maxent_arrow.store.io.commit import commit_unit, step_file_bytes
+from maxent_arrow.store.io.commit import CommitRequest, UnitFiles, commit_unit, step_file_bytes
 from maxent_arrow.store.storage.backend import is_temp_name, writer_alive
 from maxent_arrow.store.storage.names import (
     CACHE,
@@ -41,7 +44,7 @@ from maxent_arrow.store.storage.names import (
 )
 from maxent_arrow.store.storage.padding import pad_to_layout
 from maxent_arrow.store.upkeep.compaction import retire
-from maxent_arrow.store.upkeep.verify import StoreProblem, classify_uncommitted, describe_units
+from maxent_arrow.store.upkeep.verify import StoreProblem, describe_units
 
 __all__ = ["RepairReport", "repair"]
 
@@ -67,64 +70,21 @@ class RepairReport:
 
 def repair(catalog: Catalog, *, lock_timeout: float | None = None) -> RepairReport:
     """Move leftovers of crashed writes into ``quarantine/`` (never delete): temp files of
-    writers that are gone, group files no step file commits, and files a committed compaction
-    replaced. Runs under the store lock, so no commit is in flight."""
+    writers that are gone, files no commit log entry names, and files a committed compaction
+    replaced; write lost committed files again from what survives. Runs under the store lock,
+    so no commit is in flight."""
+    log = catalog.writable("repair")
     backend = catalog.backend
     backend.require("can_rewrite", "repair")
     report = RepairReport()
     stamp = time.strftime("%Y%m%dT%H%M%S")
     with backend.lock(lock_timeout):
-        if isinstance(catalog, LogCatalog):
-            _repair_logged(catalog, report, stamp, lock_timeout)
-            return report
-        names = catalog.step_names()
-        replaced = catalog.hidden(names, "skip")
-        committed = {n for n in names if n not in replaced}
-
-        def move(directory: str, name: str, why: str) -> None:
-            dest = f"{QUARANTINE}/{stamp}/{directory}/{name.lstrip('.')}"
-            backend.move(f"{directory}/{name}", dest)
-            report.moved.append(StoreProblem(backend.path(f"{directory}/{name}"), why))
-
-        listings = {d: backend.list(d) for d in (GROUPS, STEPS, CACHE)}
-        # Uncommitted group files are judged before anything moves: the temp file of an
-        # unfinished append's step file is the evidence (verify.classify_uncommitted).
-        orphans = {
-            n
-            for n in listings[GROUPS]
-            if not is_temp_name(n)
-            and n not in replaced
-            and parse_name(n) is not None
-            and n not in committed
-        }
-        judged = classify_uncommitted(catalog, orphans)
-        for directory, listing in listings.items():
-            for name, info in listing.items():
-                if is_temp_name(name):
-                    if writer_alive(name, info.mtime_ns):
-                        report.kept.append(
-                            StoreProblem(
-                                backend.path(f"{directory}/{name}"), "temp file of a running writer"
-                            )
-                        )
-                    else:
-                        move(directory, name, "temp file of a writer that is gone")
-                elif name in replaced and directory != CACHE:
-                    move(directory, name, "replaced by a committed compaction")
-        for name, (kind, why) in judged.items():
-            if kind == "lost":
-                # Committed data whose step file is gone: never moved (verify reports it).
-                report.kept.append(StoreProblem(backend.path(f"{GROUPS}/{name}"), why))
-            else:
-                move(GROUPS, name, f"group file no step file commits: {why}")
-        for directory in (GROUPS, STEPS):
-            with contextlib.suppress(OSError):
-                backend.sync(directory)
+        _repair_logged(catalog, log, report, stamp, lock_timeout)
     return report
 
 
 def _repair_logged(
-    catalog: LogCatalog, report: RepairReport, stamp: str, lock_timeout: float | None
+    catalog: Catalog, log: CommitLog, report: RepairReport, stamp: str, lock_timeout: float | None
 ) -> None:
     """A store with a commit log, under its lock (no commit in flight: a writer publishes its
     files under the lock, at its commit): a file no entry names is a leftover and moves aside;
@@ -132,7 +92,7 @@ def _repair_logged(
     from the IPC cache copies of its units (a new commit that replaces the lost one, by the
     same attempt), or kept reported when there are none."""
     backend = catalog.backend
-    state = catalog.log.state()
+    state = log.state()
     live: set[str] = set()
     for rel, entry in state.units.items():
         live |= {rel, f"{GROUPS}/{entry.record['group_file']}"}
@@ -178,7 +138,7 @@ def _repair_logged(
         step = catalog.step_file(rel.rpartition("/")[2])
         what = describe_units(entry.record)
         if backend.stat(f"{GROUPS}/{step.group_file}") is None:
-            restored = restore_from_cache(catalog, step, entry, lock_timeout)
+            restored = restore_from_cache(log, step, entry, lock_timeout)
             path = backend.path(f"{GROUPS}/{step.group_file}")
             if restored is None:
                 report.kept.append(
@@ -202,14 +162,9 @@ def _repair_logged(
                 continue
             data = step_file_bytes(step.table, _stored_meta(step.meta))
             backend.write_file(rel, data)
-            catalog.log.commit(
-                {
-                    "op": "step_file",
-                    "attempt": entry.attempt,
-                    "step_file": rel,
-                    "step_size": len(data),
-                    "step_crc32": zlib.crc32(data) & 0xFFFFFFFF,
-                },
+            log.commit(
+                RewriteStepFile(rel, len(data), zlib.crc32(data) & 0xFFFFFFFF),
+                attempt=entry.attempt,
                 locked=True,
             )
             report.restored.append(
@@ -228,13 +183,13 @@ def _stored_meta(record: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def restore_from_cache(
-    catalog: LogCatalog, step: StepFile, entry: UnitEntry, lock_timeout: float | None
+    log: CommitLog, step: StepFile, entry: UnitEntry, lock_timeout: float | None
 ) -> str | None:
     """Commit the rows of a lost group file again from its units' IPC cache copies (checked
     against their seals and tied to the lost file's CRC-32): new files, by the attempt that
     wrote the lost ones, replacing them. Returns the new step file's name, or ``None`` when
     a unit has no cache copy (nothing is written)."""
-    backend = catalog.backend
+    backend = log.backend
     parts = []
     for s, r, k in zip(*(step.column(c) for c in UNIT_KEY)):
         batch = read_cache(backend, step, unit_name(s, r, k), check=True)
@@ -270,27 +225,26 @@ def restore_from_cache(
         unit_name(*key): unit_group_crc32(step, unit_name(*key)) for key in keys
     }
 
-    def still_lost(state: LogState | None) -> None:
-        if state is not None and entry.step_file not in state.units:
+    def still_lost(state: LogState) -> None:
+        if entry.step_file not in state.units:
             raise StoreError(f"repair: {step.name} was replaced by another writer meanwhile")
 
-    committed = commit_unit(
-        backend,
+    unit = UnitFiles(
         name,
         groups,
         {S.METADATA_KEY: S.SCHEMA_VERSION.encode()},
         step.table,
         record,
-        check=still_lost,
-        operation="restore",
-        compression="zstd",
-        compression_level=None,
-        run=catalog.run_id,
-        lock_timeout=lock_timeout,
-        log=catalog.log,
-        attempt=entry.attempt,
-        replaces=[step.name],
-        locked=True,
         row_groups=[part.num_rows for part in parts],  # a segment: one row group per unit
     )
-    return committed.name
+    request = CommitRequest(
+        RestoreUnit,
+        entry.attempt,
+        still_lost,
+        "zstd",
+        None,
+        replaces=(step.name,),
+        lock_timeout=lock_timeout,
+        locked=True,
+    )
+    return commit_unit(log, unit, request).name

@@ -16,34 +16,31 @@ from typing import Any, cast
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
-import pyarrow.parquet as pq
 
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.arrow.registry import UNIT_KEY
 from maxent_arrow.arrow.upgrade import needs_upgrade, upgrade_groups
 from maxent_arrow.errors import StoreError
-from maxent_arrow.store.history.catalog import Catalog, LogCatalog, StepFile
-from maxent_arrow.store.history.log import LogState, UnitEntry, entry_name
+from maxent_arrow.store.history.catalog import Catalog, StepFile
 from maxent_arrow.store.history.manifest import read as read_manifest
+from maxent_arrow.store.history.state import LogState, UnitEntry
 from maxent_arrow.store.io.cache import CACHE_META_KEY, check_cache_columns, unit_group_crc32
 from maxent_arrow.store.io.reader import read_group_file, row_group_labels
-from maxent_arrow.store.storage.backend import Backend, is_temp_name, temp_final
+from maxent_arrow.store.storage.backend import Backend
 from maxent_arrow.store.storage.checksums import check_chunks, check_seal, crc32_of
 from maxent_arrow.store.storage.names import (
     CACHE,
     GROUPS,
     LOG,
     MANIFEST,
-    RECORDS,
     STEPS,
-    UNIT_META_KEY,
     UnitName,
     cache_name,
     parse_name,
     unit_name,
 )
 
-__all__ = ["StoreProblem", "VerifyReport", "classify_uncommitted", "describe_units", "verify"]
+__all__ = ["StoreProblem", "VerifyReport", "describe_units", "verify"]
 
 
 @dataclass(frozen=True)
@@ -79,12 +76,14 @@ class VerifyReport:
 
 
 def verify(catalog: Catalog, *, progress: Callable[[int, int], None] | None = None) -> VerifyReport:
-    """Check every file: the manifest; each step file (seal, name, rows); each committed
-    group file (size, CRC-32 of the whole file and of every chunk, rows); each cache copy.
-    Leftovers (temp files, uncommitted or replaced files) are notes, not problems; a group
-    file that looks like a lost commit (:func:`classify_uncommitted`) and a symbolic link out
-    of the store are problems. One problem never stops the report. ``progress(done, total)``
-    is told of the committed step files (each with its group file) checked so far."""
+    """Check every file: the manifest; each committed step file (its size and CRC-32 as
+    committed); each committed group file (size, CRC-32 of the whole file and of every
+    chunk, rows); each cache copy; the record tables' files; and what the catalog finds of its
+    own records and of the files it does not commit (:meth:`~maxent_arrow.store.history.
+    catalog.Catalog.audit`: a lost log entry, a suspected lost commit are problems; leftovers
+    of writes that did not finish are notes). A missing committed file is *lost*, named with
+    its steps. One problem never stops the report. ``progress(done, total)`` is told of the
+    committed step files (each with its group file) checked so far."""
     report = VerifyReport()
     backend = catalog.backend
     for rel, target in backend.escapes():
@@ -98,54 +97,29 @@ def verify(catalog: Catalog, *, progress: Callable[[int, int], None] | None = No
         read_manifest(backend)
     except StoreError as exc:
         report.problems.append(StoreProblem(backend.root / MANIFEST, str(exc)))
-    if isinstance(catalog, LogCatalog):
-        _verify_logged(report, catalog, progress)
+    try:
+        state = catalog.state()
+    except StoreError as exc:
+        report.problems.append(StoreProblem(backend.root / LOG, str(exc)))
         return report
-    names = catalog.step_names()
-    replaced = catalog.hidden(names, "skip")
-    committed: set[str] = set()
-    total, done = len(names) - len(replaced & set(names)), 0
-    for name in names:
-        path = backend.root / STEPS / name
-        if name in replaced:
-            report.notes.append(
-                StoreProblem(path, "replaced by a compaction; `repair` moves it aside")
-            )
-            continue
-        if progress is not None:
-            progress(done, total)
-        done += 1
-        report.checked += 1
-        try:
-            step = catalog.step_file(name)
-        except StoreError as exc:
-            report.problems.append(StoreProblem(path, str(exc).removeprefix(f"{path}: ")))
-            continue
-        committed.add(step.group_file)
-        try:
-            _verify_step(report, backend, step)
-        except StoreError as exc:  # a path refused (a symlink out): reported, and on
-            report.problems.append(StoreProblem(path, str(exc)))
-    if progress is not None:
-        progress(total, total)
-    _leftovers(report, catalog, committed, replaced)
+    with catalog.snapshot():
+        live = _verify_units(report, catalog, state, progress)
+        _verify_records(report, backend, state)
+        audit = catalog.audit(live)
+    report.problems += [StoreProblem(backend.root / rel, why) for rel, why in audit.problems]
+    report.notes += [StoreProblem(backend.root / rel, why) for rel, why in audit.notes]
     return report
 
 
-def _verify_logged(
+def _verify_units(
     report: VerifyReport,
-    catalog: LogCatalog,
-    progress: Callable[[int, int], None] | None = None,
-) -> None:
-    """A store with a commit log: the log is the authority. Every file it commits must be
-    there with the size and CRC-32 it recorded (a missing one is a *lost* commit, named with
-    its steps); a file no entry names is a leftover of a write that did not finish (a note)."""
+    catalog: Catalog,
+    state: LogState,
+    progress: Callable[[int, int], None] | None,
+) -> set[str]:
+    """Every committed unit's files, against its commit: a missing one is a *lost* commit,
+    named with its steps. Returns the files that are live (committed, or retiring)."""
     backend = catalog.backend
-    try:
-        state = catalog.log.state()
-    except StoreError as exc:
-        report.problems.append(StoreProblem(backend.root / LOG, str(exc)))
-        return
     live = set(state.retiring)
     total = len(state.units)
     for done, (rel, entry) in enumerate(sorted(state.units.items())):
@@ -158,7 +132,7 @@ def _verify_logged(
         what = f"{describe_units(entry.record)}, committed at log version {entry.version}"
         report.checked += 1
         try:
-            _check_logged_step_file(backend, entry, what)
+            _check_step_file(backend, entry, what)
         except StoreError as exc:
             report.problems.append(StoreProblem(backend.root / rel, str(exc)))
         try:
@@ -186,6 +160,11 @@ def _verify_logged(
             report.problems.append(StoreProblem(backend.root / rel, str(exc)))
     if progress is not None:
         progress(total, total)
+    return live
+
+
+def _verify_records(report: VerifyReport, backend: Backend, state: LogState) -> None:
+    """Every committed file of a record table, against its size and CRC-32 in the log."""
     for name, items in sorted(state.records.items()):
         for item in items:
             rel = str(item["path"])
@@ -205,73 +184,6 @@ def _verify_logged(
                         "log's)",
                     )
                 )
-    for directory in (GROUPS, STEPS):
-        for name in backend.list(directory):
-            rel = f"{directory}/{name}"
-            if is_temp_name(name):
-                report.notes.append(
-                    StoreProblem(backend.root / rel, "temp file of an unfinished write")
-                )
-            elif rel in state.retiring:
-                report.notes.append(
-                    StoreProblem(
-                        backend.root / rel,
-                        "replaced or retired (commit log); readers pinned to an older version "
-                        "may still read it",
-                    )
-                )
-            elif rel not in live:
-                report.notes.append(
-                    StoreProblem(
-                        backend.root / rel,
-                        "uncommitted: no commit log entry names it (a write that did not "
-                        "finish); invisible to readers; `repair` moves it aside",
-                    )
-                )
-    for name in backend.list(CACHE):
-        if is_temp_name(name):
-            report.notes.append(
-                StoreProblem(backend.root / CACHE / name, "temp file of an unfinished write")
-            )
-    _verify_log_files(report, catalog, state)
-
-
-def _verify_log_files(report: VerifyReport, catalog: LogCatalog, state: LogState) -> None:
-    """The log's own directory and the record tables' files: an entry past a gap (a lost
-    entry hides every later commit from readers) is a problem; temp files and record files
-    no entry names are leftovers (notes; ``repair`` moves them aside)."""
-    backend = catalog.backend
-    later = sorted(
-        int(name[:20])
-        for name in backend.list(LOG)
-        if len(name) == 25 and name.endswith(".json") and name[:20].isdigit()
-    )
-    later = [v for v in later if v > state.version]
-    if later:
-        report.problems.append(
-            StoreProblem(
-                backend.root / entry_name(state.version + 1),
-                f"lost: commit log entry {state.version + 1}; readers stop before it, so the "
-                f"{len(later)} later entries ({later[0]}..{later[-1]}) are hidden from them",
-            )
-        )
-    records = {str(i["path"]) for items in state.records.values() for i in items}
-    directories = [LOG, *(f"{RECORDS}/{n}" for n in backend.subdirectories(RECORDS))]
-    for directory in directories:
-        for name in backend.list(directory):
-            rel = f"{directory}/{name}"
-            if is_temp_name(name):
-                report.notes.append(
-                    StoreProblem(backend.root / rel, "temp file of an unfinished write")
-                )
-            elif directory != LOG and rel not in records:
-                report.notes.append(
-                    StoreProblem(
-                        backend.root / rel,
-                        "uncommitted: no commit log entry names it (a write that did not "
-                        "finish); invisible to readers; `repair` moves it aside",
-                    )
-                )
 
 
 def _unit_keys(record: Mapping[str, Any]) -> list[tuple[int, int, str]]:
@@ -289,8 +201,8 @@ def describe_units(record: Mapping[str, Any]) -> str:
     return f"steps {steps[0]}..{steps[-1]} ({len(keys)} units)"
 
 
-def _check_logged_step_file(backend: Backend, entry: UnitEntry, what: str) -> None:
-    """A committed step file against the log: present, of the recorded size and CRC-32."""
+def _check_step_file(backend: Backend, entry: UnitEntry, what: str) -> None:
+    """A committed step file against its commit: present, of the recorded size and CRC-32."""
     info = backend.stat(entry.step_file)  # (a path refused: the caller reports it)
     if info is None:
         raise StoreError(
@@ -421,88 +333,3 @@ def _verify_cache(
                 raise StoreError(f"IPC cache differs from the Parquet archive (column {name!r})")
     except (StoreError, pa.ArrowException, OSError, ValueError) as exc:
         report.problems.append(StoreProblem(backend.path(cache), str(exc)))
-
-
-def classify_uncommitted(catalog: Catalog, names: set[str]) -> dict[str, tuple[str, str]]:
-    """What each group file in ``names`` (listed in ``groups/``, a store file name, neither
-    committed nor replaced) is: ``(kind, why)`` with ``kind`` one of
-
-    - ``"unfinished"``: an append or compaction that did not finish: the temp file of its
-      step file is still in ``steps/`` (the commit writes it before the group file's rename,
-      and only the commit's last step removes it), or the store is on object storage, which
-      keeps no such evidence (a lost commit there looks the same: the commit log will tell);
-    - ``"foreign"``: its footer records another unit or another run;
-    - ``"incomplete"``: not a readable Parquet file whose page checksums all match;
-    - ``"lost"``: a complete, checksummed group file of this unit and run with no step file
-      and no sign of an unfinished write: a *suspected lost commit* (its step file deleted
-      or lost), which ``verify`` reports as a problem and ``repair`` never moves.
-    """
-    backend = catalog.backend
-    pending = {temp_final(n) for n in backend.list(STEPS) if is_temp_name(n)}
-    out: dict[str, tuple[str, str]] = {}
-    for name in sorted(names):
-        if name in pending:
-            out[name] = ("unfinished", "uncommitted: an append that did not finish")
-        elif not backend.can_lock:
-            out[name] = (
-                "unfinished",
-                "uncommitted: an append that did not finish (or a lost commit: object "
-                "storage keeps no evidence to tell them apart)",
-            )
-        else:
-            out[name] = _examine(backend, name, catalog.run_id)
-    return out
-
-
-def _examine(backend: Backend, name: str, run_id: str | None) -> tuple[str, str]:
-    """A group file without step file and without an unfinished write: lost, or not ours."""
-    rel = f"{GROUPS}/{name}"
-    try:
-        with backend.open(rel) as source:
-            reader = pq.ParquetFile(source, page_checksum_verification=True)
-            raw = (reader.schema_arrow.metadata or {}).get(UNIT_META_KEY)
-            identity = json.loads(raw) if raw else {}
-            for i in range(reader.num_row_groups):
-                reader.read_row_group(i)
-    except (pa.ArrowException, OSError, ValueError) as exc:
-        return "incomplete", f"uncommitted and unreadable ({exc}); `repair` moves it aside"
-    unit, run = identity.get("unit", name), identity.get("run")
-    if unit != name or (run is not None and run != run_id):
-        return (
-            "foreign",
-            f"uncommitted: records unit {unit} of run {run}, not this store's; `repair` moves "
-            "it aside",
-        )
-    return (
-        "lost",
-        "suspected lost commit: a complete group file (its page checksums match) without "
-        "its step file, and no unfinished write left a trace; `repair` keeps it",
-    )
-
-
-def _leftovers(
-    report: VerifyReport, catalog: Catalog, committed: set[str], replaced: set[str]
-) -> None:
-    backend = catalog.backend
-    orphans = set()
-    for name in backend.list(GROUPS):
-        path = backend.root / GROUPS / name
-        if is_temp_name(name):
-            report.notes.append(StoreProblem(path, "temp file of an unfinished write"))
-        elif name in replaced:
-            report.notes.append(
-                StoreProblem(path, "replaced by a compaction; `repair` moves it aside")
-            )
-        elif parse_name(name) is not None and name not in committed:
-            orphans.add(name)
-    for name, (kind, why) in classify_uncommitted(catalog, orphans).items():
-        target = report.problems if kind == "lost" else report.notes
-        target.append(StoreProblem(backend.root / GROUPS / name, why))
-    for directory in (STEPS, CACHE):
-        for name in backend.list(directory):
-            if is_temp_name(name):
-                report.notes.append(
-                    StoreProblem(
-                        backend.root / directory / name, "temp file of an unfinished write"
-                    )
-                )
