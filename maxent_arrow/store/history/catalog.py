@@ -38,6 +38,7 @@ from maxent_arrow.arguments import int_set
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.arrow.registry import UNIT_KEY
 from maxent_arrow.errors import ArgumentError, StoreError
+from maxent_arrow.store.history.operations import Operation
 from maxent_arrow.store.history.state import (
     Attempt,
     LogState,
@@ -398,6 +399,11 @@ class Catalog(abc.ABC):
         """The commit log that ``what`` (an append, a compaction...) commits through; a store
         that cannot be written raises
         :class:`~maxent_arrow.errors.ReadOnlyFormatError` naming ``maxent-arrow upgrade``."""
+
+    @abc.abstractmethod
+    def log_plan(self) -> list[Operation] | None:
+        """The operations of a commit log that would say exactly what this catalog says (what
+        ``maxent-arrow upgrade`` writes), in order; ``None``: the store has its log."""
 
     @abc.abstractmethod
     def tail_log(self) -> CommitLog:

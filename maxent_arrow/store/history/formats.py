@@ -40,4 +40,4 @@ def open_catalog(
     run = manifest.get("run_id") if isinstance(manifest.get("run_id"), str) else None
     if has_log(manifest):
         return LogCatalog(backend, run, CommitLog(backend, run), history)
-    return ListingCatalog(backend, run, format_of(manifest), history)
+    return ListingCatalog(backend, run, manifest, history)

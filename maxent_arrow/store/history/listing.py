@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import json
 import zlib
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, cast
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -36,7 +37,13 @@ from maxent_arrow.store.history.catalog import (
     unit_sort_key,
 )
 from maxent_arrow.store.history.log import CommitLog
-from maxent_arrow.store.history.state import LogState, UnitEntry
+from maxent_arrow.store.history.operations import (
+    AppendUnit,
+    BeginAttempt,
+    CompactUnits,
+    Operation,
+)
+from maxent_arrow.store.history.state import Attempt, LogState, UnitEntry
 from maxent_arrow.store.storage.backend import (
     Backend,
     FileInfo,
@@ -51,6 +58,7 @@ from maxent_arrow.store.storage.names import (
     STEPS,
     STORE_META_KEY,
     UNIT_META_KEY,
+    UnitName,
     parse_name,
 )
 from maxent_arrow.store.storage.parquet import footer_value
@@ -71,18 +79,18 @@ def read_only_error(backend: Backend, what: str, version: str) -> ReadOnlyFormat
 class ListingCatalog(Catalog):
     """The commit record of a store without a commit log: its step files, listed.
 
-    ``format_version``: the store's format (its manifest's ``schema_version``), which the
-    refusal of a write names."""
+    ``manifest``: the store's (its ``schema_version`` is the format, which the refusal of a
+    write names; its creation time and config go into :meth:`log_plan`'s attempt)."""
 
     def __init__(
-        self,
-        backend: Backend,
-        run_id: str | None,
-        format_version: str,
+        self, backend: Backend, run_id: str | None, manifest: Mapping[str, Any],
         history: History = "effective",
-    ):
+    ):  # fmt: skip
         super().__init__(backend, run_id, history)
-        self.format_version = format_version
+        self.manifest = manifest
+        self.format_version = str(manifest.get("schema_version") or "0")
+        self.created_at = str(manifest.get("created_at") or "")
+        self.config: Mapping[str, Any] = manifest.get("config") or {}
         # step file name -> ((size, mtime_ns), the StepFile, its size, its CRC-32)
         self._steps: dict[str, tuple[tuple[int, int], StepFile, int, int]] = {}
         # (the listing it was derived from, the state, the damaged step files)
@@ -100,7 +108,7 @@ class ListingCatalog(Catalog):
         return None
 
     def with_history(self, history: History) -> ListingCatalog:
-        other = ListingCatalog(self.backend, self.run_id, self.format_version, history)
+        other = ListingCatalog(self.backend, self.run_id, self.manifest, history)
         other._steps = self._steps
         self.share_pin(other)
         return other
@@ -113,6 +121,27 @@ class ListingCatalog(Catalog):
 
     def require_history(self, what: str) -> None:
         raise self._no_history(what)
+
+    def log_plan(self) -> list[Operation] | None:
+        """One attempt (the run as it was written: ``upgraded-from-<format>``, begun when the
+        store was created, with its config), then one entry per committed step file in step
+        order: an ``append`` per one-step file, a ``compact`` per segment, each with the step
+        file's record (its store metadata, its step rows, its schema version), size and
+        CRC-32: the state every reader read."""
+        state = self.state()
+        attempt = Attempt(
+            id=f"upgraded-from-{self.format_version}",
+            started_at=self.created_at,
+            mode="new",
+            config=dict(self.config),
+        )
+        out: list[Operation] = [BeginAttempt(attempt)]
+        for name in self.step_names():
+            entry = state.units[f"{STEPS}/{name}"]
+            parsed = cast(UnitName, parse_name(name))
+            kind = CompactUnits if parsed.compacted else AppendUnit
+            out.append(kind(entry.step_file, entry.record, entry.step_size, entry.step_crc32))
+        return out
 
     def tail_log(self) -> CommitLog:
         raise self._no_history("tail")

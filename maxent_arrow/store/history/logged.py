@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from maxent_arrow.store.history.catalog import Audit, Catalog, History
 from maxent_arrow.store.history.log import CommitLog, entry_name
+from maxent_arrow.store.history.operations import Operation
 from maxent_arrow.store.history.state import LogState
 from maxent_arrow.store.storage.backend import Backend, is_temp_name
 from maxent_arrow.store.storage.names import CACHE, GROUPS, LOG, RECORDS, STEPS
@@ -44,6 +45,9 @@ class LogCatalog(Catalog):
 
     def writable(self, what: str) -> CommitLog:
         return self.log
+
+    def log_plan(self) -> list[Operation] | None:
+        return None
 
     def tail_log(self) -> CommitLog:
         return CommitLog(self.log.backend, self.log.run)

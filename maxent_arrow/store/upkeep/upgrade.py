@@ -36,22 +36,17 @@ from typing import TYPE_CHECKING, Any, cast
 
 from maxent_arrow.errors import StoreError
 from maxent_arrow.store.history import manifest as manifests
-from maxent_arrow.store.history.catalog import step_rows_json
-from maxent_arrow.store.history.formats import format_of, has_log
-from maxent_arrow.store.history.listing import ListingCatalog
+from maxent_arrow.store.history.formats import format_of, open_catalog
 from maxent_arrow.store.history.log import CommitLog, entry_name
 from maxent_arrow.store.history.operations import (
-    AppendUnit,
     BeginAttempt,
-    CompactUnits,
     Entry,
     Operation,
     decode_entry,
 )
-from maxent_arrow.store.history.state import Attempt
 from maxent_arrow.store.storage.backend import Backend, open_backend
 from maxent_arrow.store.storage.crashpoints import crash_point
-from maxent_arrow.store.storage.names import LOG, MANIFEST, STEPS, UnitName, parse_name
+from maxent_arrow.store.storage.names import LOG, MANIFEST
 from maxent_arrow.store.upkeep.verify import verify
 
 if TYPE_CHECKING:
@@ -95,16 +90,16 @@ def upgrade(
     something else, or a store whose lock another process holds for more than
     ``lock_timeout`` seconds (default: none; ``None``: wait)."""
     backend = open_backend(root, filesystem)
-    manifest = manifests.read(backend)
-    if has_log(manifest):
-        return _already(backend, manifest)
+    if open_catalog(backend, manifests.read(backend)).log_plan() is None:
+        return _already(backend, manifests.read(backend))
     with backend.lock(lock_timeout):
         manifest = manifests.read(backend)  # (another upgrade may have finished meanwhile)
-        if has_log(manifest):
+        catalog = open_catalog(backend, manifest)
+        planned = catalog.log_plan()
+        if planned is None:
             return _already(backend, manifest)
         old = format_of(manifest)
         run = _run_id(manifest)
-        catalog = ListingCatalog(backend, manifests.run_id(manifest), old)
         report = verify(catalog)
         if not report.ok:
             shown = "; ".join(str(p) for p in report.problems[:3])
@@ -114,7 +109,6 @@ def upgrade(
                 + (f"; and {more} more" if more > 0 else "")
                 + "); nothing was written (`maxent-arrow verify` lists every problem)"
             )
-        planned = _plan(catalog, manifest, old)
         _write_entries(backend, run, planned)
         crash_point("upgrade:entries-written")
         log = CommitLog(backend, run)
@@ -151,27 +145,6 @@ def _run_id(manifest: Mapping[str, Any]) -> str:
     if found is not None:
         return found
     return hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()[:32]
-
-
-def _plan(catalog: ListingCatalog, manifest: Mapping[str, Any], old: str) -> list[Operation]:
-    """The log's entries, in order: the attempt that wrote the store, then one unit per
-    committed step file (the listing's state: what every reader read)."""
-    state = catalog.state()
-    attempt = Attempt(
-        id=f"upgraded-from-{old}",
-        started_at=str(manifest.get("created_at") or ""),
-        mode="new",
-        config=dict(manifest.get("config") or {}),
-    )
-    out: list[Operation] = [BeginAttempt(attempt)]
-    for name in catalog.step_names():
-        entry = state.units[f"{STEPS}/{name}"]
-        step = catalog.step_file(name)
-        record = {**step.meta, "rows": step_rows_json(step.table), "schema_version": step.version}
-        parsed = cast(UnitName, parse_name(name))
-        kind = CompactUnits if parsed.compacted else AppendUnit
-        out.append(kind(entry.step_file, record, entry.step_size, entry.step_crc32))
-    return out
 
 
 def _write_entries(backend: Backend, run: str, planned: list[Operation]) -> None:
