@@ -12,6 +12,7 @@ Opening a store only reads ``manifest.json``: it creates nothing and removes not
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -26,6 +27,7 @@ from maxent_arrow.store.history import manifest
 from maxent_arrow.store.history.catalog import (
     History,
     OnError,
+    Selection,
     Unit,
     check_history,
     check_on_error,
@@ -166,9 +168,8 @@ class ReadOnlyStore:
         on_error: OnError | None = None,
     ) -> list[Unit]:
         """The committed units (step, rank, kind) and where their rows are."""
-        return self.catalog.units(
-            kind=kind, steps=steps, ranks=ranks, on_error=self._on_error(on_error)
-        )
+        selection = Selection(steps, kind, ranks, on_error=self._on_error(on_error))
+        return self.catalog.units(selection)
 
     def steps(
         self, *, kind: str | None = None, rank: int | None = None, on_error: OnError | None = None
@@ -242,7 +243,7 @@ class ReadOnlyStore:
         in ``columns``. A damaged file raises :class:`StoreError` naming it, or is skipped
         with a warning under ``on_error="skip"``.
         """
-        return self._read("groups", steps, columns, filter, kind, ranks, on_error)
+        return self._read("groups", Selection(steps, kind, ranks, columns, filter, on_error))
 
     def read_steps(
         self,
@@ -255,22 +256,13 @@ class ReadOnlyStore:
         on_error: OnError | None = None,
     ) -> pa.Table:
         """The step table (one row per step, rank and kind) over the unified step schema."""
-        return self._read("steps", steps, columns, filter, kind, ranks, on_error)
+        return self._read("steps", Selection(steps, kind, ranks, columns, filter, on_error))
 
-    def _read(self, table, steps, columns, filter, kind, ranks, on_error) -> pa.Table:
-        on_error = self._on_error(on_error)
-        return read_table(
-            self.catalog,
-            self.schemas.visible(table, on_error),
-            table,
-            steps=steps,
-            columns=columns,
-            filter=filter,
-            kind=kind,
-            ranks=ranks,
-            on_error=on_error,
-            crc=self.check_crc,
-        )
+    def _read(self, table: str, selection: Selection) -> pa.Table:
+        on_error = self._on_error(selection.on_error)
+        selection = dataclasses.replace(selection, on_error=on_error)
+        unified = self.schemas.visible(table, on_error)
+        return read_table(self.catalog, unified, table, selection, crc=self.check_crc)
 
     def sql_views(
         self,
@@ -430,18 +422,9 @@ class ReadOnlyStore:
         self.catalog.require_history("frontier")
         with self.catalog.snapshot():
             catalog = self.catalog.with_history("effective")
-            groups = read_table(
-                catalog,
-                self.schemas.visible(GROUPS, self.on_error),
-                GROUPS,
-                steps=None,
-                columns=[*R.ROW_KEY, "stream_index"],
-                filter=None,
-                kind=None,
-                ranks=None,
-                on_error=self.on_error,
-                crc=self.check_crc,
-            )
+            unified = self.schemas.visible(GROUPS, self.on_error)
+            selection = Selection(columns=[*R.ROW_KEY, "stream_index"], on_error=self.on_error)
+            groups = read_table(catalog, unified, GROUPS, selection, crc=self.check_crc)
             lifecycle = read_records(self.backend, catalog.state(), R.LIFECYCLE, "effective")
         return frontier_of(groups, lifecycle)
 

@@ -31,9 +31,16 @@ from maxent_arrow.errors import ArgumentError, StoreError
 from maxent_arrow.rollout import RolloutBatch
 from maxent_arrow.store.history import manifest
 from maxent_arrow.store.history.attempts import AttemptSpec, IfExists, next_attempt_id
-from maxent_arrow.store.history.catalog import History, OnError, check_history, check_on_error
+from maxent_arrow.store.history.catalog import (
+    History,
+    OnError,
+    Selection,
+    check_history,
+    check_on_error,
+)
 from maxent_arrow.store.history.records import lifecycle_rows
 from maxent_arrow.store.io.cache import unit_group_crc32, write_cache
+from maxent_arrow.store.io.commit import WriteSettings
 from maxent_arrow.store.io.reader import check_known_columns, read_group_file
 from maxent_arrow.store.io.replay import ReplayOptions, replay
 from maxent_arrow.store.io.writer import Writer
@@ -43,7 +50,7 @@ from maxent_arrow.store.storage.backend import Backend, open_backend
 from maxent_arrow.store.storage.names import MANIFEST, cache_name, parse_name
 from maxent_arrow.store.storage.padding import strip_padding
 from maxent_arrow.store.storage.parquet import check_compression
-from maxent_arrow.store.upkeep.compaction import compact
+from maxent_arrow.store.upkeep.compaction import Compaction, compact
 from maxent_arrow.store.upkeep.repair import RepairReport, repair
 
 if TYPE_CHECKING:
@@ -206,6 +213,9 @@ class RolloutStore(ReadOnlyStore):
         self.compact_every = options.compact_every
         self.cache_enabled = options.cache
         self.compression, self.compression_level = options.compression, options.compression_level
+        self.settings = WriteSettings(
+            options.compression, options.compression_level, options.lock_timeout
+        )
 
     @functools.cached_property
     def writer(self) -> Writer:
@@ -214,10 +224,8 @@ class RolloutStore(ReadOnlyStore):
         return Writer(
             self.catalog,
             self.schemas,
-            compression=self.compression,
-            compression_level=self.compression_level,
+            self.settings,
             cache=self.cache_enabled,
-            lock_timeout=self.lock_timeout,
             attempt=self.attempt_spec,
         )
 
@@ -380,14 +388,9 @@ class RolloutStore(ReadOnlyStore):
                 compact(
                     self.catalog,
                     self.schemas,
-                    kind=kind,
-                    steps=None,
-                    ranks=[rank],
-                    max_steps=None,
-                    compression=self.compression,
-                    compression_level=self.compression_level,
-                    loose_only=True,
-                    lock_timeout=self.lock_timeout,
+                    Selection(kind=kind, ranks=[rank]),
+                    Compaction(loose_only=True),
+                    self.settings,
                 )
         except (StoreError, OSError) as exc:
             warnings.warn(
@@ -457,15 +460,10 @@ class RolloutStore(ReadOnlyStore):
         return compact(
             self.catalog,
             self.schemas,
-            kind=kind,
-            steps=steps,
-            ranks=ranks,
-            max_steps=max_steps,
-            compression=self.compression,
-            compression_level=self.compression_level,
-            lock_timeout=self.lock_timeout,
-            drop_superseded=drop_superseded,
-            progress=progress,
+            Selection(steps, kind, ranks),
+            Compaction(max_steps=max_steps, drop_superseded=drop_superseded),
+            self.settings,
+            progress,
         )
 
     def repair(self) -> RepairReport:

@@ -34,17 +34,18 @@ import math
 import numbers
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
 
+from maxent_arrow.arguments import int_set
 from maxent_arrow.arrow import Ragged, list_offsets
 from maxent_arrow.arrow import registry as R
 from maxent_arrow.errors import ArgumentError, StoreError
 from maxent_arrow.rollout import RolloutBatch
-from maxent_arrow.store.history.catalog import Unit, int_set
+from maxent_arrow.store.history.catalog import Selection, Unit
 from maxent_arrow.store.history.records import lifecycle_rows
 from maxent_arrow.store.io.replay import (
     Source,
@@ -132,6 +133,11 @@ class SamplerOptions:
     source: Source = "auto"
     record: bool = True
     cache_units: int = 4
+
+    @property
+    def selection(self) -> Selection:
+        """The committed groups this sampler draws from (its kind and steps)."""
+        return Selection(self.steps, self.kind, columns=self.columns)
 
     @classmethod
     def given(
@@ -306,7 +312,7 @@ def _group_stats(table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _build_index(store: ReadOnlyStore, options: SamplerOptions) -> _Index:
-    units = store.units(kind=options.kind, steps=options.steps)
+    units = store.catalog.units(replace(options.selection, on_error=store.on_error))
     units.sort(key=lambda u: (u.step, u.rank, u.kind))  # ROW_KEY order, as the index
     if not units:
         raise StoreError(f"{store.uri}: no committed {options.kind!r} groups to sample")

@@ -54,8 +54,10 @@ if TYPE_CHECKING:
     from maxent_arrow.store.history.log import CommitLog
 
 __all__ = [
+    "EVERYTHING",
     "HISTORIES",
     "Audit",
+    "Selection",
     "Catalog",
     "History",
     "OnError",
@@ -278,6 +280,41 @@ def check_history(value: object) -> History:
         raise ArgumentError(f"attempts: expected one of {HISTORIES}, got {value!r}")
     return value  # type: ignore[return-value]
 
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which committed rows a read path serves, one value shared by ``read``, ``replay``,
+    the replay sampler and compaction: ``steps`` (an int or ints; ``None``: every step),
+    ``kind`` (``None``: every kind), ``ranks`` (the ranks that wrote them), ``columns`` (group
+    columns; ``None``: all), ``filter`` (a ``pyarrow.compute`` expression over the flat
+    columns) and ``on_error`` (a damaged file: ``"raise"`` or ``"skip"``; ``None``: the
+    store's default). Checked when made."""
+
+    steps: Iterable[int] | int | None = None
+    kind: str | None = None
+    ranks: Iterable[int] | None = None
+    columns: list[str] | None = None
+    filter: Any = None
+    on_error: OnError | None = None
+
+    def __post_init__(self) -> None:
+        if self.steps is not None:
+            object.__setattr__(self, "steps", frozenset(step_set(self.steps)))
+        if self.ranks is not None:
+            object.__setattr__(self, "ranks", frozenset(int_set(self.ranks, what="ranks")))
+        if self.kind is not None and not isinstance(self.kind, str):
+            raise ArgumentError(f"kind: expected a kind name (train, eval), got {self.kind!r}")
+        if self.on_error is not None:
+            check_on_error(self.on_error)
+        if self.columns is not None and (
+            isinstance(self.columns, str) or not all(isinstance(c, str) for c in self.columns)
+        ):
+            raise ArgumentError(f"columns: expected a list of column names, got {self.columns!r}")
+
+
+#: Every committed row.
+EVERYTHING = Selection()
 
 
 @dataclass
@@ -545,17 +582,13 @@ class Catalog(abc.ABC):
             except StoreError as exc:
                 fail(on_error, exc)
 
-    def units(
-        self,
-        *,
-        kind: str | None = None,
-        steps: Iterable[int] | int | None = None,
-        ranks: Iterable[int] | None = None,
-        on_error: OnError = "raise",
-    ) -> list[Unit]:
-        """The committed units of one pinned version, in (step, kind, rank) order."""
-        wanted = None if steps is None else step_set(steps)
-        wanted_ranks = None if ranks is None else int_set(ranks, what="ranks")
+    def units(self, selection: Selection = EVERYTHING) -> list[Unit]:
+        """The committed units of ``selection`` (its steps, kind and ranks; a damaged file
+        raised or skipped as its ``on_error`` says, default raise) of one pinned version, in
+        (step, kind, rank) order."""
+        kind, on_error = selection.kind, selection.on_error or "raise"
+        wanted = cast("frozenset[int] | None", selection.steps)
+        wanted_ranks = cast("frozenset[int] | None", selection.ranks)
         units = []
         with self.snapshot():
             for name in self.committed(on_error):

@@ -57,6 +57,7 @@ __all__ = [
     "CommitRequest",
     "Committed",
     "UnitFiles",
+    "WriteSettings",
     "commit_unit",
     "group_file_meta",
     "step_file_bytes",
@@ -148,21 +149,29 @@ class UnitFiles:
 
 
 @dataclasses.dataclass(frozen=True)
+class WriteSettings:
+    """How a writer writes: the Parquet codec of its group files and its level (kept only
+    for codecs that have one), and the seconds it waits for the store lock (``None``: as
+    long as it takes)."""
+
+    compression: str = "zstd"
+    compression_level: int | None = 1
+    lock_timeout: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class CommitRequest:
     """How a unit is committed: as which operation (``AppendUnit``, ``CompactUnits``,
-    ``RestoreUnit``), by which attempt, replacing which step files (names), under which
-    precondition (``check(state)`` raises when the commit must not happen: it runs once
-    before anything is written and again at the commit, with the log's newest state), with
-    which Parquet codec; ``lock_timeout``: seconds to wait for the store lock (``None``: as
-    long as it takes); ``locked``: the caller holds it already (``repair``)."""
+    ``RestoreUnit``), by which attempt, under which precondition (``check(state)`` raises
+    when the commit must not happen: it runs once before anything is written and again at
+    the commit, with the log's newest state), with which settings, replacing which step
+    files (names); ``locked``: the caller holds the store lock already (``repair``)."""
 
     operation: type[UnitOperation]
     attempt: str
     check: Callable[[LogState], None]
-    compression: str = "zstd"
-    compression_level: int | None = 1
+    settings: WriteSettings = WriteSettings()
     replaces: tuple[str, ...] = ()
-    lock_timeout: float | None = None
     locked: bool = False
 
 
@@ -195,8 +204,8 @@ def commit_unit(log: CommitLog, unit: UnitFiles, request: CommitRequest) -> Comm
         f"{GROUPS}/{name}",
         unit.groups,
         {**unit.group_metadata, UNIT_META_KEY: json.dumps(identity).encode()},
-        compression=request.compression,
-        compression_level=request.compression_level,
+        compression=request.settings.compression,
+        compression_level=request.settings.compression_level,
         row_groups=unit.row_groups,
     )
     crash_point(f"{op}:group-written")
@@ -237,7 +246,7 @@ def commit_unit(log: CommitLog, unit: UnitFiles, request: CommitRequest) -> Comm
             operation,
             attempt=request.attempt,
             check=at_commit,
-            lock_timeout=request.lock_timeout,
+            lock_timeout=request.settings.lock_timeout,
             locked=request.locked,
         )
         assert version is not None  # an operation is always committed (or refused)

@@ -16,7 +16,6 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from maxent_arrow.arrow import lists as L
@@ -28,7 +27,15 @@ from maxent_arrow.arrow.upgrade import (
     upgrade_groups,
 )
 from maxent_arrow.errors import ArgumentError, SchemaError, StoreError
-from maxent_arrow.store.history.catalog import Catalog, OnError, StepFile, fail, is_missing, locate
+from maxent_arrow.store.history.catalog import (
+    Catalog,
+    OnError,
+    Selection,
+    StepFile,
+    fail,
+    is_missing,
+    locate,
+)
 from maxent_arrow.store.storage.backend import Backend, FileInfo, missing_error
 from maxent_arrow.store.storage.checksums import (
     check_chunks,
@@ -341,26 +348,18 @@ def check_known_columns(columns: Any, unified: pa.Schema, *, where: str) -> None
 
 
 def read_table(
-    catalog: Catalog,
-    unified: pa.Schema,
-    table: str,
-    *,
-    steps,
-    columns: list[str] | None,
-    filter: pc.Expression | None,
-    kind: str | None,
-    ranks,
-    on_error: OnError,
-    crc: bool,
+    catalog: Catalog, unified: pa.Schema, table: str, selection: Selection, *, crc: bool
 ) -> pa.Table:
-    """Rows of ``table`` (``"groups"`` or ``"steps"``) of the committed units, as one table
-    over ``unified``, the store's unified schema of that table."""
+    """Rows of ``table`` (``"groups"`` or ``"steps"``) of the committed units of
+    ``selection``, as one table over ``unified``, the store's unified schema of that table."""
+    columns, filter = selection.columns, selection.filter
+    on_error: OnError = selection.on_error or "raise"
     check_known_columns(columns, unified, where=f"RolloutStore.read ({table})")
     wanted = unified.names if columns is None else list(columns)
     # A filter may use the flat columns, so read them too (token columns only when asked).
     needed = wanted if filter is None else list(dict.fromkeys(wanted + flat_columns(unified)))
     target = pa.schema([unified.field(n) for n in needed], metadata=unified.metadata)
-    units = catalog.units(kind=kind, steps=steps, ranks=ranks, on_error=on_error)
+    units = catalog.units(selection)
     by_file: dict[str, list] = {}
     for unit in units:
         by_file.setdefault(unit.step_file, []).append(unit)

@@ -18,6 +18,7 @@ from typing import Any, Literal
 import numpy as np
 import pyarrow as pa
 
+from maxent_arrow.arguments import int_set
 from maxent_arrow.arrow import list_offsets
 from maxent_arrow.arrow import registry as R
 from maxent_arrow.errors import ArgumentError, StoreError
@@ -25,10 +26,10 @@ from maxent_arrow.rollout import RolloutBatch, reassemble
 from maxent_arrow.store.history.catalog import (
     Catalog,
     OnError,
+    Selection,
     Unit,
     check_on_error,
     fail,
-    int_set,
     is_missing,
 )
 from maxent_arrow.store.io.cache import read_cache
@@ -113,6 +114,10 @@ class ReplayOptions:
     source: Source = "auto"
     on_error: OnError | None = None
     whole_groups: bool = False
+
+    def selection(self, on_error: OnError) -> Selection:
+        """The committed rows this replay serves (its steps, kind and columns)."""
+        return Selection(self.steps, self.kind, columns=self.columns, on_error=on_error)
 
     def __post_init__(self) -> None:
         if self.whole_groups and self.batch_groups is not None:
@@ -233,7 +238,7 @@ def replay(
 ) -> Iterator[RolloutBatch]:
     """The batches of ``options``' plan, from its cursor on (see :class:`ReplayOptions`)."""
     o = options
-    units = catalog.units(kind=o.kind, steps=o.steps, on_error=on_error)
+    units = catalog.units(o.selection(on_error))
     items = _plan(units, o.batch_groups, o.shuffle, o.seed)
     fingerprint = _fingerprint(
         units,
@@ -379,7 +384,7 @@ def _load_unit(
 def _current(catalog: Catalog, unit: Unit) -> Unit | None:
     """``unit`` as the commit record has it now, if another file holds it than the plan's."""
     try:
-        now = catalog.units(kind=unit.kind, steps=[unit.step], ranks=[unit.rank])
+        now = catalog.units(Selection([unit.step], unit.kind, [unit.rank]))
     except StoreError:
         return None
     for other in now:

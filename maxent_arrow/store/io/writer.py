@@ -27,7 +27,7 @@ from maxent_arrow.store.history.records import commit_records, prepare_records
 from maxent_arrow.store.history.schemas import UnifiedSchemas
 from maxent_arrow.store.history.state import LogState
 from maxent_arrow.store.io.cache import write_cache
-from maxent_arrow.store.io.commit import CommitRequest, UnitFiles, commit_unit
+from maxent_arrow.store.io.commit import CommitRequest, UnitFiles, WriteSettings, commit_unit
 from maxent_arrow.store.storage.names import CONFIG_META_KEY, STEPS, unit_name
 from maxent_arrow.store.storage.padding import pad_to_layout
 
@@ -48,22 +48,19 @@ class Writer:
         self,
         catalog: Catalog,
         schemas: UnifiedSchemas,
+        settings: WriteSettings,
         *,
-        compression: str,
-        compression_level: int | None,
         cache: bool,
-        lock_timeout: float | None = None,
         attempt: AttemptSpec | None = None,
     ):
         self.catalog = catalog
         self.attempt = attempt or AttemptSpec()
         self._begun: str | None = None
         self.committed = 0  # commits made through this writer (appends and records)
-        self.lock_timeout = lock_timeout
+        self.settings = settings
+        self.lock_timeout = settings.lock_timeout
         self.backend = catalog.backend
         self.schemas = schemas
-        self.compression = compression
-        self.compression_level = compression_level
         self.cache = cache
 
     def append(self, batch: RolloutBatch) -> Any:
@@ -95,9 +92,7 @@ class Writer:
             AppendUnit,
             self.begin_attempt(),
             lambda state: self._refuse_duplicate(name, batch, state),
-            self.compression,
-            self.compression_level,
-            lock_timeout=self.lock_timeout,
+            self.settings,
         )
         committed = commit_unit(log, unit, request)
         self.committed += 1
@@ -123,7 +118,7 @@ class Writer:
             table,
             attempt=attempt,
             lock_timeout=self.lock_timeout,
-            compression=self.compression,
+            compression=self.settings.compression,
         )
         self.committed += 1
         return version

@@ -13,8 +13,9 @@ keep reading them.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any, cast
 
 import pyarrow as pa
@@ -22,12 +23,12 @@ import pyarrow as pa
 from maxent_arrow.arguments import check_optional_int
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.errors import StoreError
-from maxent_arrow.store.history.catalog import Catalog, Unit, is_missing
+from maxent_arrow.store.history.catalog import EVERYTHING, Catalog, Selection, Unit, is_missing
 from maxent_arrow.store.history.log import CommitLog
 from maxent_arrow.store.history.operations import CompactUnits, DropUnits, RetireFiles
 from maxent_arrow.store.history.schemas import UnifiedSchemas
 from maxent_arrow.store.history.state import LogState
-from maxent_arrow.store.io.commit import CommitRequest, UnitFiles, commit_unit
+from maxent_arrow.store.io.commit import CommitRequest, UnitFiles, WriteSettings, commit_unit
 from maxent_arrow.store.io.reader import read_group_file
 from maxent_arrow.store.storage.backend import Backend
 from maxent_arrow.store.storage.crashpoints import crash_point
@@ -41,47 +42,60 @@ from maxent_arrow.store.storage.names import (
     retired_path,
 )
 
-__all__ = ["RETIRE_SECONDS", "compact", "expire_retired", "retire"]
+__all__ = ["RETIRE_SECONDS", "Compaction", "compact", "expire_retired", "retire"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Compaction:
+    """What a compaction merges: at most ``max_steps`` distinct steps per segment (``None``:
+    all the chosen steps of a kind and attempt in one); ``loose_only``: one-step files only
+    (segments stay as they are: the writer's policy never rewrites data twice);
+    ``drop_superseded``: first retire the units later attempts superseded."""
+
+    max_steps: int | None = None
+    loose_only: bool = False
+    drop_superseded: bool = False
+
+    def __post_init__(self) -> None:
+        check_optional_int(self.max_steps, "compact: max_steps", low=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Job:
+    """One compaction's store: its catalog, log, schemas and write settings."""
+
+    catalog: Catalog
+    log: CommitLog
+    schemas: UnifiedSchemas
+    settings: WriteSettings
 
 
 def compact(
     catalog: Catalog,
     schemas: UnifiedSchemas,
-    *,
-    kind: str | None,
-    steps: Iterable[int] | None,
-    ranks: Iterable[int] | None,
-    max_steps: int | None,
-    compression: str,
-    compression_level: int | None,
-    loose_only: bool = False,
-    lock_timeout: float | None = None,
-    drop_superseded: bool = False,
+    selection: Selection = EVERYTHING,
+    policy: Compaction = Compaction(),
+    settings: WriteSettings = WriteSettings(),
     progress: Callable[[int, int], None] | None = None,
 ) -> list[Any]:
-    """Merge committed files (per kind; ``max_steps`` distinct steps per segment) into
-    segments, each committed atomically: readers see the inputs or the segment, never both
-    and never neither, also after a crash at any point. ``loose_only`` merges one-step files
-    only (segments stay as they are: the writer's policy never rewrites data twice).
-    ``progress(done, total)`` is told of the files considered (``total``: those of the chosen
-    units) as each segment is committed. Returns the new step files.
-
-    ``drop_superseded``: first retire the units that later attempts superseded
-    (:func:`drop_superseded`). Compacts on any backend whose log entries are created
-    exclusively (S3 too: its files are never renamed in place)."""
+    """Merge the committed files of ``selection`` (its kind, steps and ranks) into segments
+    as ``policy`` says, each committed atomically: readers see the inputs or the segment,
+    never both and never neither, also after a crash at any point. ``progress(done,
+    total)`` is told of the files considered (``total``: those of the chosen units) as each
+    segment is committed. Returns the new step files. Compacts on any backend whose log
+    entries are created exclusively (S3 too: its files are never renamed in place)."""
     backend = catalog.backend
-    check_optional_int(max_steps, "compact: max_steps", low=1)
     log = catalog.writable("compact")
     backend.require("exclusive_create", "compact")
+    job = _Job(catalog, log, schemas, settings)
     made = []
-    if drop_superseded:
-        made += _drop_superseded(
-            catalog, log, schemas, kind, compression, compression_level, lock_timeout
-        )
+    if policy.drop_superseded:
+        made += _drop_superseded(job, selection.kind)
     # Every attempt's units (a superseded one is still kept, until it is retired), each
     # merged only with its own attempt's: a segment belongs to the attempt that wrote it.
     catalog = catalog.with_history("all")
-    units = catalog.units(kind=kind, steps=steps, ranks=ranks)
+    units = catalog.units(dataclasses.replace(selection, on_error="raise"))
+    max_steps, loose_only = policy.max_steps, policy.loose_only
     if loose_only:
         # A unit's step file is a committed store file name, so it parses.
         units = [u for u in units if not cast(UnitName, parse_name(u.step_file)).compacted]
@@ -104,11 +118,7 @@ def compact(
             done += len(files)
             if len(whole) < 2:
                 continue  # one file is already as compact as it gets
-            made.append(
-                _compact_files(
-                    catalog, log, schemas, knd, chunk, compression, compression_level, lock_timeout
-                )
-            )
+            made.append(_compact_files(dataclasses.replace(job, catalog=catalog), knd, chunk))
             if progress is not None:
                 progress(min(done, total), total)
     if not made:  # each merge tidies retired/; without one, do it here
@@ -122,19 +132,12 @@ def compact(
     return made
 
 
-def _drop_superseded(
-    catalog: Catalog,
-    log: CommitLog,
-    schemas: UnifiedSchemas,
-    kind: str | None,
-    compression: str,
-    compression_level: int | None,
-    lock_timeout: float | None,
-) -> list[Any]:
+def _drop_superseded(job: _Job, kind: str | None) -> list[Any]:
     """Retire what later attempts superseded: the files whose every unit is superseded leave
     the history in one ``drop`` entry (then ``retired/``, like a compaction's inputs); a
     segment superseded in part is rewritten with its effective units only. Returns the new
     step files."""
+    catalog, log = job.catalog, job.log
     state = log.state().copy()  # the log's own state object moves on at each commit
     doomed, partial = [], []
     for rel, entry in sorted(state.units.items()):
@@ -155,7 +158,9 @@ def _drop_superseded(
     backend = catalog.backend
     if doomed:
         log.commit(
-            DropUnits(tuple(doomed), "superseded"), check=still_committed, lock_timeout=lock_timeout
+            DropUnits(tuple(doomed), "superseded"),
+            check=still_committed,
+            lock_timeout=job.settings.lock_timeout,
         )
         for rel in doomed:
             group = state.units[rel].record["group_file"]
@@ -166,18 +171,8 @@ def _drop_superseded(
     effective = catalog.with_history("effective")
     for name in partial:
         units = [u for u in effective.units() if u.step_file == name]
-        made.append(
-            _compact_files(
-                effective,
-                log,
-                schemas,
-                units[0].kind,
-                units,
-                compression,
-                compression_level,
-                lock_timeout,
-            )  # fmt: skip
-        )
+        only = dataclasses.replace(job, catalog=effective)
+        made.append(_compact_files(only, units[0].kind, units))
     return made
 
 
@@ -200,16 +195,10 @@ def _keep_nullability(table: pa.Table, schema: pa.Schema) -> pa.Table:
     return table.cast(pa.schema(fields, metadata=table.schema.metadata))
 
 
-def _compact_files(
-    catalog: Catalog,
-    log: CommitLog,
-    schemas: UnifiedSchemas,
-    kind: str,
-    units: list[Unit],
-    compression: str,
-    compression_level: int | None,
-    lock_timeout: float | None,
-) -> Any:
+def _compact_files(job: _Job, kind: str, units: list[Unit]) -> Any:
+    """Merge ``units`` (of ``kind``, one attempt's) into one segment, committed in place of
+    the files that held them; the inputs then move to ``retired/``."""
+    catalog, log, schemas = job.catalog, job.log, job.schemas
     backend = catalog.backend
     group_schema = schemas.get(GROUPS, "raise")
     step_schema = schemas.get(STEPS, "raise")
@@ -273,10 +262,8 @@ def _compact_files(
         CompactUnits,
         catalog.attempt_of(inputs[0]),
         inputs_still_committed,
-        compression,
-        compression_level,
+        job.settings,
         replaces=tuple(inputs),
-        lock_timeout=lock_timeout,
     )
     committed = commit_unit(log, unit, request)
     name = committed.name

@@ -28,7 +28,13 @@ from maxent_arrow.store.history.log import CommitLog
 from maxent_arrow.store.history.operations import RestoreUnit, RewriteStepFile
 from maxent_arrow.store.history.state import LogState, UnitEntry
 from maxent_arrow.store.io.cache import read_cache, unit_group_crc32
-from maxent_arrow.store.io.commit import CommitRequest, UnitFiles, commit_unit, step_file_bytes
+from maxent_arrow.store.io.commit import (
+    CommitRequest,
+    UnitFiles,
+    WriteSettings,
+    commit_unit,
+    step_file_bytes,
+)
 from maxent_arrow.store.storage.backend import is_temp_name, writer_alive
 from maxent_arrow.store.storage.names import (
     CACHE,
@@ -241,10 +247,8 @@ def restore_from_cache(
         RestoreUnit,
         entry.attempt,
         still_lost,
-        "zstd",
-        None,
+        WriteSettings("zstd", None, lock_timeout),
         replaces=(step.name,),
-        lock_timeout=lock_timeout,
         locked=True,
     )
     return commit_unit(log, unit, request).name
