@@ -1,19 +1,24 @@
 """``maxent-arrow``: the command line. Each subcommand is a thin call into the library.
 
-Subcommands::
+Commands, one row each of the table :data:`COMMANDS` (from which the parser, ``--help`` and
+this list are written; ``maxent-arrow COMMAND --help`` says more; ``[writes]``: it changes the
+store, under the store's lock)::
 
-    maxent-arrow demo [...]                     the end-to-end demo (maxent_arrow.demo.job)
-    maxent-arrow inspect RUN [--json]           schema version, steps, ranks, rows, sizes, config
-    maxent-arrow query RUN "SQL" [--json|--csv] DuckDB SQL over views groups, samples, steps
-    maxent-arrow report RUN --out DIR           PNG plots, index.html, summary.md
-    maxent-arrow offpolicy RUN [--json]         per step: staleness, IS diagnostics, kept mass
-    maxent-arrow verify RUN [--json]            check every file (sizes, checksums, rows)
-    maxent-arrow repair RUN [--json]            move crash leftovers into RUN/quarantine/
-    maxent-arrow compact RUN [--max-steps N]    merge per-append files atomically
-    maxent-arrow upgrade RUN                    give a store of an older format a commit log
-    maxent-arrow export RUN --to ipc|hf DIR     Arrow IPC files or a HF datasets dataset
-    maxent-arrow train --from-store RUN --out D train a policy from a demo run's stored rollouts
-    maxent-arrow view RUN [--port N]            a local read-only web explorer (127.0.0.1)
+    demo [...]                        the end-to-end demo (maxent_arrow.demo.job)
+    train --from-store RUN --out OUT  train a policy from a demo run's stored rollouts
+    inspect RUN                       schema version, steps, ranks, rows, sizes, config
+    query RUN SQL                     DuckDB SQL over the views groups, samples, steps
+    report RUN --out DIR              PNG plots, index.html, summary.md
+    offpolicy RUN                     per step: staleness, IS diagnostics, kept mass
+    verify RUN                        check every file (sizes, checksums, rows)
+    repair RUN                        move crash leftovers into RUN/quarantine/ [writes]
+    compact RUN                       merge per-append files atomically [writes]
+    checkpoint RUN                    write a checkpoint of the commit log [writes]
+    upgrade RUN                       give a store of an older format a commit log [writes]
+    files RUN                         the live files of a table, for a plain reader
+    tail RUN                          each step as its commit lands (--since resumes)
+    export RUN --to ipc|hf DIR        Arrow IPC files or a HF datasets dataset
+    view RUN                          a local read-only web explorer (127.0.0.1)
 
 Exit codes (scripts can rely on them):
 
@@ -47,6 +52,7 @@ import sys
 import traceback
 import warnings
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, NoReturn
 
@@ -54,12 +60,15 @@ from maxent_arrow import analytics, demo, explorer, store
 from maxent_arrow.errors import ArgumentError, MaxentArrowError, MissingExtraError, QueryError
 
 __all__ = [
+    "COMMANDS",
     "EXIT_DATA",
     "EXIT_INTERNAL",
     "EXIT_INTERRUPTED",
     "EXIT_MISSING_EXTRA",
     "EXIT_OK",
     "EXIT_USAGE",
+    "Command",
+    "command_list",
     "main",
 ]
 
@@ -483,6 +492,447 @@ def _cmd_view(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# ---------------------------------------------------------------------- arguments
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text}")
+    return value
+
+
+def _log_version(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a log version, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a log version >= 0, got {value}")
+    return value
+
+
+def _json_option(p: argparse.ArgumentParser, help_text: str = "print JSON") -> None:
+    p.add_argument("--json", action="store_true", help=help_text)
+
+
+def _timeout_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=None,
+        metavar="SECONDS",
+        help="stop a query that runs longer (exit 1); memory and threads are bounded "
+        "by the machine's size in any case",
+    )
+
+
+def _lock_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--lock-timeout",
+        type=_seconds,
+        default=None,
+        metavar="SECONDS",
+        help="give up waiting for the store lock after this long (exit 1, naming the "
+        "pid and host that hold it); default: wait, saying whom for after 2 s",
+    )
+
+
+def _train_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--from-store",
+        required=True,
+        metavar="RUN",
+        help="the demo run directory (its store/ and snapshots/), or its store",
+    )
+    p.add_argument("--out", required=True, type=Path, help="a new or empty directory")
+    p.add_argument("--steps", type=int, default=None, help="updates (default: the run's)")
+    p.add_argument(
+        "--replay-ratio",
+        type=float,
+        default=1.0,
+        help="replayed share of each update's groups (1: offline; the rest generated fresh)",
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--eval-prompts", type=int, default=128, help="held-out prompts (0: none)")
+    p.add_argument("--eval-every", type=int, default=10, help="evaluate every N steps")
+    p.add_argument(
+        "--exact",
+        action="store_true",
+        help="replay the run's updates exactly (stored steps in order, staleness 0, weights "
+        "from its snapshots): exit 1 unless each loss equals the logged one",
+    )
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    _json_option(p)
+
+
+def _query_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("sql", metavar="SQL", help="the query")
+    fmt = p.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true", help="print the rows as a JSON list")
+    fmt.add_argument("--csv", action="store_true", help="print CSV (nested values as JSON)")
+    p.add_argument("--max-rows", type=int, default=40, help="rows in the readable table")
+    p.add_argument(
+        "--materialize",
+        action="store_true",
+        help="also build the in-memory sample_scalars table (one scan) before the query",
+    )
+    _timeout_option(p)
+
+
+def _report_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    p.add_argument("--threshold", type=float, default=0.5, help="success: reward > this")
+    p.add_argument("--k", type=int, nargs="+", default=[1, 4], help="pass@k for these k")
+    p.add_argument("--bins", type=int, default=50, help="advantage histogram bins")
+    _json_option(p, "print what was written as JSON")
+    _timeout_option(p)
+
+
+def _offpolicy_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--kind", default="train", help="the steps of this kind (default train)")
+    p.add_argument("--steps", type=int, nargs="+", default=None, help="only these steps")
+    _json_option(p)
+
+
+def _tidy_arguments(p: argparse.ArgumentParser) -> None:
+    """``--json`` and the store lock's ``--lock-timeout``: the last options of the commands
+    that tidy the store (``repair``, ``compact``, ``checkpoint``)."""
+    _json_option(p)
+    _lock_option(p)
+
+
+def _compact_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--kind", default=None, help="only this kind (train/eval)")
+    p.add_argument("--max-steps", type=int, default=None, help="steps per merged file")
+    p.add_argument(
+        "--drop-superseded",
+        action="store_true",
+        help="also retire the steps later attempts superseded (a resume, a re-run): they "
+        "leave the history through the commit log",
+    )
+    _tidy_arguments(p)
+
+
+def _upgrade_arguments(p: argparse.ArgumentParser) -> None:
+    _json_option(p)
+    p.add_argument(
+        "--lock-timeout",
+        type=_seconds,
+        default=None,
+        metavar="SECONDS",
+        help="wait this long for another process's store lock (default: do not wait)",
+    )
+
+
+def _files_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--table", default="groups", help="groups (default), steps or records:NAME")
+    p.add_argument(
+        "--attempts",
+        choices=["effective", "all", "superseded"],
+        default="effective",
+        help="which history (default: effective, what the model trained on)",
+    )
+    _json_option(p)
+
+
+def _tail_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--kind", default=None, help="only this kind (train/eval)")
+    p.add_argument(
+        "--since",
+        type=_log_version,
+        default=None,
+        metavar="VERSION",
+        help="resume after this log version (0: from the first commit; default: from now)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=None,
+        metavar="SECONDS",
+        help="stop (exit 0) when no step came for this long; default: run until Ctrl-C",
+    )
+    p.add_argument(
+        "--poll",
+        type=_seconds,
+        default=0.25,
+        metavar="SECONDS",
+        help="read the log's next entry this often when nothing wakes the tail (object "
+        "stores, no inotify; with inotify a safety net); default 0.25",
+    )
+    _json_option(p, "one JSON object per line")
+
+
+def _export_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--to", required=True, choices=["ipc", "hf"], help="target format")
+    p.add_argument("dir", metavar="DIR", help="output directory (new or empty)")
+    _json_option(p)
+
+
+def _view_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1; another one is reachable by others, "
+        "with a warning)",
+    )
+    p.add_argument(
+        "--port", type=int, default=analytics.DEFAULT_VIEW_PORT, help="port (0: any free one)"
+    )
+    p.add_argument(
+        "--compare", default=None, metavar="RUN2", help="a second run for the compare page"
+    )
+    p.add_argument(
+        "--export-dir",
+        default=None,
+        metavar="DIR",
+        help="let a step's selection be exported here as a Hugging Face dataset folder "
+        "(outside the store; default: export is off)",
+    )
+
+
+def _common_arguments(p: argparse.ArgumentParser, *, store: bool) -> None:
+    """What every command but ``demo`` takes: the store (``RUN``, ``--on-error``) where it
+    reads one, and ``--progress``."""
+    if store:
+        p.add_argument("run", metavar="RUN", help="the store (a directory or a URI)")
+        p.add_argument(
+            "--on-error",
+            choices=["raise", "skip"],
+            default="raise",
+            help="a damaged or missing file: fail (default) or skip it with a warning",
+        )
+    p.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="tqdm progress bars on stderr (default: when stderr is a terminal)",
+    )
+
+
+# ---------------------------------------------------------------------- the command table
+
+
+@dataclass(frozen=True)
+class Command:
+    """One ``maxent-arrow`` command, a row of :data:`COMMANDS`.
+
+    Attributes
+    ----------
+    name
+        The command word.
+    summary
+        One line, for the lists of commands (this module's docstring, ``docs/architecture.md``).
+    help
+        Its line in ``maxent-arrow --help`` and the description of its own ``--help``.
+    arguments
+        Adds its own arguments to its parser (after :func:`_common_arguments`); ``None`` for a
+        command that reads its arguments with a parser of its own (``demo``).
+    handler
+        Runs it: the parsed arguments (for ``demo``: ``argv``, what follows the command word)
+        to an exit code.
+    writes
+        It changes the store, under the store's lock (so it takes ``--lock-timeout``).
+    store
+        It takes the store as ``RUN`` (and ``--on-error``).
+    """
+
+    name: str
+    summary: str
+    help: str
+    arguments: Callable[[argparse.ArgumentParser], None] | None
+    handler: Callable[[argparse.Namespace], int]
+    writes: bool = False
+    store: bool = True
+
+    def synopsis(self) -> str:
+        """The command word and what it must be given: ``export RUN --to ipc|hf DIR``."""
+        if self.arguments is None:
+            return f"{self.name} [...]"
+        parser = argparse.ArgumentParser(add_help=False)
+        _common_arguments(parser, store=self.store)
+        self.arguments(parser)
+        words = [self.name]
+        for action in parser._actions:
+            if action.option_strings and not action.required:
+                continue
+            value = action.metavar if isinstance(action.metavar, str) else action.dest.upper()
+            if action.choices is not None:
+                value = "|".join(map(str, action.choices))
+            words.append(f"{action.option_strings[0]} {value}" if action.option_strings else value)
+        return " ".join(words)
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    """``demo``: its arguments (``args.argv``) go to the job's own parser, which needs torch."""
+    try:
+        main_ = demo.main
+    except ImportError as exc:
+        _error("demo", f"the demo cannot be loaded ({exc})")
+        return EXIT_MISSING_EXTRA
+    try:
+        # What exists, for the demo's closing lines (they suggest only commands that exist).
+        return int(main_(args.argv, commands=tuple(c.name for c in COMMANDS)) or 0)
+    except SystemExit as exc:  # the demo's own argparse (--help, a usage error)
+        if isinstance(exc.code, int | None):
+            return int(exc.code or 0)
+        # SystemExit("message"): Python would print it; say it as every error is said.
+        _error("demo", str(exc.code).removeprefix("error: "))
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        _error("demo", "interrupted")
+        return EXIT_INTERRUPTED
+    except Exception as exc:  # one line with its message, as every other command
+        return _exit_code("demo", exc)
+
+
+COMMANDS: tuple[Command, ...] = (
+    Command(
+        "demo",
+        "the end-to-end demo (maxent_arrow.demo.job)",
+        "run the end-to-end demo (see `maxent-arrow demo --help`)",
+        None,
+        _cmd_demo,
+        store=False,
+    ),
+    Command(
+        "train",
+        "train a policy from a demo run's stored rollouts",
+        "Train a policy from a demo run's stored rollouts through the replay sampler: offline "
+        "(default) or mixed with fresh generation (--replay-ratio), from the run's starting "
+        "checkpoint; --exact replays the run's own updates from its snapshots instead.",
+        _train_arguments,
+        _cmd_train,
+        store=False,
+    ),
+    Command(
+        "inspect",
+        "schema version, steps, ranks, rows, sizes, config",
+        "Schema version, steps, ranks, rows, sizes and config of a run, from its commit log "
+        "(the counts it keeps of each committed file: the cost does not grow with the step "
+        "rows). Checks that every committed group file is there with the size its commit "
+        "recorded; the bytes are checked by `verify` and by every query that reads them.",
+        _json_option,
+        _cmd_inspect,
+    ),
+    Command(
+        "query",
+        "DuckDB SQL over the views groups, samples, steps",
+        "Run DuckDB SQL over the views groups (one row per prompt group, + kind), samples "
+        "(one row per completion) and steps (one row per step and rank).",
+        _query_arguments,
+        _cmd_query,
+    ),
+    Command(
+        "report",
+        "PNG plots, index.html, summary.md",
+        "Plots (PNG), an HTML page and a Markdown summary of a run.",
+        _report_arguments,
+        _cmd_report,
+    ),
+    Command(
+        "offpolicy",
+        "per step: staleness, IS diagnostics, kept mass",
+        "Per step: the staleness histogram, verl's off-policy diagnostics (KL, k3, chi2, ESS, "
+        "perplexity ratio), the kept-mass bias E[log S], and what each TRL and verl correction "
+        "mode would clip or mask.",
+        _offpolicy_arguments,
+        _cmd_offpolicy,
+    ),
+    Command(
+        "verify",
+        "check every file (sizes, checksums, rows)",
+        "Check every file of a store; exit 1 if any is damaged.",
+        _json_option,
+        _cmd_verify,
+    ),
+    Command(
+        "repair",
+        "move crash leftovers into RUN/quarantine/",
+        "Move leftovers of crashed writes (temp files, uncommitted or replaced files) into "
+        "RUN/quarantine/; prints what it moved. Nothing is deleted.",
+        _tidy_arguments,
+        _cmd_repair,
+        writes=True,
+    ),
+    Command(
+        "compact",
+        "merge per-append files atomically",
+        "Merge the per-append files of a store (atomic).",
+        _compact_arguments,
+        _cmd_compact,
+        writes=True,
+    ),
+    Command(
+        "checkpoint",
+        "write a checkpoint of the commit log",
+        "Write a checkpoint of the commit log (RUN/log/_checkpoint.parquet: the live files, "
+        "what plain readers read).",
+        _tidy_arguments,
+        _cmd_checkpoint,
+        writes=True,
+    ),
+    Command(
+        "upgrade",
+        "give a store of an older format a commit log",
+        "Give a store written before the commit log (store format 1.x or 2.x, which every "
+        "reader reads and no writer writes) a commit log over its files as they are; then it "
+        "can be written again. A store that has one is left as it is.",
+        _upgrade_arguments,
+        _cmd_upgrade,
+        writes=True,
+    ),
+    Command(
+        "files",
+        "the live files of a table, for a plain reader",
+        "List the live files of a table for a plain reader, one per line (a tab and a row "
+        "filter where a file is read in part).",
+        _files_arguments,
+        _cmd_files,
+    ),
+    Command(
+        "tail",
+        "each step as its commit lands (--since resumes)",
+        "Print each step unit as its commit lands (one line, or JSON with --json), and the "
+        "steps a resumed attempt supersedes; each line starts with its log version, the "
+        "cursor to resume after (--since). Runs until Ctrl-C or --timeout.",
+        _tail_arguments,
+        _cmd_tail,
+    ),
+    Command(
+        "export",
+        "Arrow IPC files or a HF datasets dataset",
+        "Export a run as Arrow IPC files or a HuggingFace dataset.",
+        _export_arguments,
+        _cmd_export,
+    ),
+    Command(
+        "view",
+        "a local read-only web explorer (127.0.0.1)",
+        "Serve a local, read-only web explorer of the run (curves, steps, groups, tokens, "
+        "SQL) on 127.0.0.1 and print its URL; runs until Ctrl-C.",
+        _view_arguments,
+        _cmd_view,
+    ),
+)
+_COMMAND = {c.name: c for c in COMMANDS}
+
+
+def command_list() -> str:
+    """The list of commands in this module's docstring, one line each: the synopsis, the
+    summary and ``[writes]`` for a command that changes the store (a test checks that the
+    docstring holds exactly this)."""
+    synopses = [c.synopsis() for c in COMMANDS]
+    width = max(map(len, synopses))
+    return "".join(
+        f"    {s:<{width}}  {c.summary}{' [writes]' if c.writes else ''}\n"
+        for s, c in zip(synopses, COMMANDS)
+    )
+
+
 # ---------------------------------------------------------------------- parser
 
 _CHOICE = re.compile(r"invalid choice: '([^']*)' \(choose from (.*)\)$")
@@ -515,6 +965,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> _Parser:
+    """The parser of :data:`COMMANDS`, one subparser each, in the table's order."""
     parser = _Parser(
         prog="maxent-arrow",
         description="Arrow columnar rollout store for GRPO-style RL: inspect, query, report.",
@@ -522,279 +973,13 @@ def _parser() -> _Parser:
         "dependency, 4 internal error, 130 interrupted.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-
-    def command(name: str, help_text: str, *, run: bool = True) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help_text, description=help_text)
-        if run:
-            p.add_argument("run", metavar="RUN", help="the store (a directory or a URI)")
-            p.add_argument(
-                "--on-error",
-                choices=["raise", "skip"],
-                default="raise",
-                help="a damaged or missing file: fail (default) or skip it with a warning",
-            )
-        p.add_argument(
-            "--progress",
-            action=argparse.BooleanOptionalAction,
-            default=None,
-            help="tqdm progress bars on stderr (default: when stderr is a terminal)",
-        )
-        return p
-
-    def seconds(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-        if not 0 < value < math.inf:
-            raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text}")
-        return value
-
-    def timeout_option(p: argparse.ArgumentParser) -> None:
-        p.add_argument(
-            "--timeout",
-            type=seconds,
-            default=None,
-            metavar="SECONDS",
-            help="stop a query that runs longer (exit 1); memory and threads are bounded "
-            "by the machine's size in any case",
-        )
-
-    def lock_option(p: argparse.ArgumentParser) -> None:
-        p.add_argument(
-            "--lock-timeout",
-            type=seconds,
-            default=None,
-            metavar="SECONDS",
-            help="give up waiting for the store lock after this long (exit 1, naming the "
-            "pid and host that hold it); default: wait, saying whom for after 2 s",
-        )
-
-    sub.add_parser("demo", help="run the end-to-end demo (see `maxent-arrow demo --help`)")
-
-    p = command(
-        "train",
-        "Train a policy from a demo run's stored rollouts through the replay sampler: offline "
-        "(default) or mixed with fresh generation (--replay-ratio), from the run's starting "
-        "checkpoint; --exact replays the run's own updates from its snapshots instead.",
-        run=False,
-    )
-    p.add_argument(
-        "--from-store",
-        required=True,
-        metavar="RUN",
-        help="the demo run directory (its store/ and snapshots/), or its store",
-    )
-    p.add_argument("--out", required=True, type=Path, help="a new or empty directory")
-    p.add_argument("--steps", type=int, default=None, help="updates (default: the run's)")
-    p.add_argument(
-        "--replay-ratio",
-        type=float,
-        default=1.0,
-        help="replayed share of each update's groups (1: offline; the rest generated fresh)",
-    )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--eval-prompts", type=int, default=128, help="held-out prompts (0: none)")
-    p.add_argument("--eval-every", type=int, default=10, help="evaluate every N steps")
-    p.add_argument(
-        "--exact",
-        action="store_true",
-        help="replay the run's updates exactly (stored steps in order, staleness 0, weights "
-        "from its snapshots): exit 1 unless each loss equals the logged one",
-    )
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(func=_cmd_train)
-
-    p = command(
-        "inspect",
-        "Schema version, steps, ranks, rows, sizes and config of a run, from its commit log "
-        "(the counts it keeps of each committed file: the cost does not grow with the step "
-        "rows). Checks that every committed group file is there with the size its commit "
-        "recorded; the bytes are checked by `verify` and by every query that reads them.",
-    )
-    p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(func=_cmd_inspect)
-
-    p = command(
-        "query",
-        "Run DuckDB SQL over the views groups (one row per prompt group, + kind), samples "
-        "(one row per completion) and steps (one row per step and rank).",
-    )
-    p.add_argument("sql", metavar="SQL", help="the query")
-    fmt = p.add_mutually_exclusive_group()
-    fmt.add_argument("--json", action="store_true", help="print the rows as a JSON list")
-    fmt.add_argument("--csv", action="store_true", help="print CSV (nested values as JSON)")
-    p.add_argument("--max-rows", type=int, default=40, help="rows in the readable table")
-    p.add_argument(
-        "--materialize",
-        action="store_true",
-        help="also build the in-memory sample_scalars table (one scan) before the query",
-    )
-    timeout_option(p)
-    p.set_defaults(func=_cmd_query)
-
-    p = command("report", "Plots (PNG), an HTML page and a Markdown summary of a run.")
-    p.add_argument("--out", required=True, metavar="DIR", help="output directory")
-    p.add_argument("--threshold", type=float, default=0.5, help="success: reward > this")
-    p.add_argument("--k", type=int, nargs="+", default=[1, 4], help="pass@k for these k")
-    p.add_argument("--bins", type=int, default=50, help="advantage histogram bins")
-    p.add_argument("--json", action="store_true", help="print what was written as JSON")
-    timeout_option(p)
-    p.set_defaults(func=_cmd_report)
-
-    p = command(
-        "offpolicy",
-        "Per step: the staleness histogram, verl's off-policy diagnostics (KL, k3, chi2, ESS, "
-        "perplexity ratio), the kept-mass bias E[log S], and what each TRL and verl correction "
-        "mode would clip or mask.",
-    )
-    p.add_argument("--kind", default="train", help="the steps of this kind (default train)")
-    p.add_argument("--steps", type=int, nargs="+", default=None, help="only these steps")
-    p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(func=_cmd_offpolicy)
-
-    p = command("verify", "Check every file of a store; exit 1 if any is damaged.")
-    p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(func=_cmd_verify)
-
-    p = command(
-        "repair",
-        "Move leftovers of crashed writes (temp files, uncommitted or replaced files) into "
-        "RUN/quarantine/; prints what it moved. Nothing is deleted.",
-    )
-    p.add_argument("--json", action="store_true", help="print JSON")
-    lock_option(p)
-    p.set_defaults(func=_cmd_repair)
-
-    p = command("compact", "Merge the per-append files of a store (atomic).")
-    p.add_argument("--kind", default=None, help="only this kind (train/eval)")
-    p.add_argument("--max-steps", type=int, default=None, help="steps per merged file")
-    p.add_argument(
-        "--drop-superseded",
-        action="store_true",
-        help="also retire the steps later attempts superseded (a resume, a re-run): they "
-        "leave the history through the commit log",
-    )
-    p.add_argument("--json", action="store_true", help="print JSON")
-    lock_option(p)
-    p.set_defaults(func=_cmd_compact)
-
-    p = command(
-        "checkpoint",
-        "Write a checkpoint of the commit log (RUN/log/_checkpoint.parquet: the live files, "
-        "what plain readers read).",
-    )
-    p.add_argument("--json", action="store_true", help="print JSON")
-    lock_option(p)
-    p.set_defaults(func=_cmd_checkpoint)
-
-    p = command(
-        "upgrade",
-        "Give a store written before the commit log (store format 1.x or 2.x, which every "
-        "reader reads and no writer writes) a commit log over its files as they are; then it "
-        "can be written again. A store that has one is left as it is.",
-    )
-    p.add_argument("--json", action="store_true", help="print JSON")
-    p.add_argument(
-        "--lock-timeout",
-        type=seconds,
-        default=None,
-        metavar="SECONDS",
-        help="wait this long for another process's store lock (default: do not wait)",
-    )
-    p.set_defaults(func=_cmd_upgrade)
-
-    p = command(
-        "files",
-        "List the live files of a table for a plain reader, one per line (a tab and a row "
-        "filter where a file is read in part).",
-    )
-    p.add_argument("--table", default="groups", help="groups (default), steps or records:NAME")
-    p.add_argument(
-        "--attempts",
-        choices=["effective", "all", "superseded"],
-        default="effective",
-        help="which history (default: effective, what the model trained on)",
-    )
-    p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(func=_cmd_files)
-
-    p = command(
-        "tail",
-        "Print each step unit as its commit lands (one line, or JSON with --json), and the "
-        "steps a resumed attempt supersedes; each line starts with its log version, the "
-        "cursor to resume after (--since). Runs until Ctrl-C or --timeout.",
-    )
-    p.add_argument("--kind", default=None, help="only this kind (train/eval)")
-
-    def version(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a log version, got {text!r}") from None
-        if value < 0:
-            raise argparse.ArgumentTypeError(f"expected a log version >= 0, got {value}")
-        return value
-
-    p.add_argument(
-        "--since",
-        type=version,
-        default=None,
-        metavar="VERSION",
-        help="resume after this log version (0: from the first commit; default: from now)",
-    )
-    p.add_argument(
-        "--timeout",
-        type=seconds,
-        default=None,
-        metavar="SECONDS",
-        help="stop (exit 0) when no step came for this long; default: run until Ctrl-C",
-    )
-    p.add_argument(
-        "--poll",
-        type=seconds,
-        default=0.25,
-        metavar="SECONDS",
-        help="read the log's next entry this often when nothing wakes the tail (object "
-        "stores, no inotify; with inotify a safety net); default 0.25",
-    )
-    p.add_argument("--json", action="store_true", help="one JSON object per line")
-    p.set_defaults(func=_cmd_tail)
-
-    p = command("export", "Export a run as Arrow IPC files or a HuggingFace dataset.")
-    p.add_argument("--to", required=True, choices=["ipc", "hf"], help="target format")
-    p.add_argument("dir", metavar="DIR", help="output directory (new or empty)")
-    p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(func=_cmd_export)
-
-    p = command(
-        "view",
-        "Serve a local, read-only web explorer of the run (curves, steps, groups, tokens, "
-        "SQL) on 127.0.0.1 and print its URL; runs until Ctrl-C.",
-    )
-    p.add_argument(
-        "--host",
-        default="127.0.0.1",
-        help="address to listen on (default 127.0.0.1; another one is reachable by others, "
-        "with a warning)",
-    )
-    p.add_argument(
-        "--port", type=int, default=analytics.DEFAULT_VIEW_PORT, help="port (0: any free one)"
-    )
-    p.add_argument(
-        "--compare", default=None, metavar="RUN2", help="a second run for the compare page"
-    )
-    p.add_argument(
-        "--export-dir",
-        default=None,
-        metavar="DIR",
-        help="let a step's selection be exported here as a Hugging Face dataset folder "
-        "(outside the store; default: export is off)",
-    )
-    p.set_defaults(func=_cmd_view)
-    # What exists, for the demo's closing lines (they suggest only commands that exist).
-    parser.set_defaults(subcommands=tuple(sub.choices))
+    for command in COMMANDS:
+        if command.arguments is None:  # its own parser reads what follows (see _run)
+            sub.add_parser(command.name, help=command.help)
+            continue
+        p = sub.add_parser(command.name, help=command.help, description=command.help)
+        _common_arguments(p, store=command.store)
+        command.arguments(p)
     return parser
 
 
@@ -854,25 +1039,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(argv: list[str]) -> int:
-    if argv and argv[0] == "demo":
-        try:
-            main_ = demo.main
-        except ImportError as exc:
-            _error("demo", f"the demo cannot be loaded ({exc})")
-            return EXIT_MISSING_EXTRA
-        try:
-            return int(main_(argv[1:], commands=_parser().get_default("subcommands")) or 0)
-        except SystemExit as exc:  # the demo's own argparse (--help, a usage error)
-            if isinstance(exc.code, int | None):
-                return int(exc.code or 0)
-            # SystemExit("message"): Python would print it; say it as every error is said.
-            _error("demo", str(exc.code).removeprefix("error: "))
-            return EXIT_USAGE
-        except KeyboardInterrupt:
-            _error("demo", "interrupted")
-            return EXIT_INTERRUPTED
-        except Exception as exc:  # one line with its message, as every other command
-            return _exit_code("demo", exc)
+    forwarded = _COMMAND.get(argv[0]) if argv else None
+    if forwarded is not None and forwarded.arguments is None:  # demo: its own parser
+        return forwarded.handler(argparse.Namespace(command=forwarded.name, argv=argv[1:]))
     parser = _parser()
     parser.argv = argv
     try:
@@ -883,7 +1052,7 @@ def _run(argv: list[str]) -> int:
         with warnings.catch_warnings(record=True) as caught, _log_lines(args.command):
             warnings.simplefilter("always")
             try:
-                return args.func(args)
+                return _COMMAND[args.command].handler(args)
             finally:
                 _warn(args.command, caught)
     except KeyboardInterrupt:
