@@ -1,10 +1,11 @@
-"""The command table, ``maxent_arrow.cli.COMMANDS``: the parser, ``maxent-arrow --help`` and
-the module docstring list exactly its commands, in its order, and
+"""The command table, ``maxent_arrow.cli.COMMANDS``: the parser, ``maxent-arrow --help``, the
+module docstring and ``docs/architecture.md`` list exactly its commands, in its order, and
 what a row says of its command (it writes the store, it prints JSON) is what the command does."""
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import re
 import shutil
 from pathlib import Path
@@ -15,6 +16,7 @@ from maxent_arrow import cli
 from maxent_arrow.cli import COMMANDS, EXIT_OK, EXIT_USAGE, main
 from maxent_arrow.testing import write_store
 
+ROOT = Path(__file__).resolve().parents[2]
 NAMES = [c.name for c in COMMANDS]
 PARSED = [c for c in COMMANDS if c.arguments is not None]  # all but demo, which forwards
 
@@ -67,6 +69,33 @@ def test_the_module_docstring_lists_the_table():
     assert [line.split()[0] for line in lines] == NAMES
     for line, c in zip(lines, COMMANDS):
         assert line.endswith(c.summary + (" [writes]" if c.writes else "")), line
+
+
+def _make_commands():
+    spec = importlib.util.spec_from_file_location(
+        "make_commands", ROOT / "docs" / "make_commands.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_architecture_doc_lists_the_table():
+    """``docs/architecture.md`` holds exactly the list ``docs/make_commands.py`` writes."""
+    module = _make_commands()
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    assert module.with_commands(text) == text, "run: python docs/make_commands.py"
+    block = text.split("<!-- commands -->\n", 1)[1].split("<!-- /commands -->", 1)[0]
+    listed = re.findall(r"^- `maxent-arrow (\S+)", block, re.MULTILINE)
+    assert listed == NAMES
+    for c in COMMANDS:
+        assert f"`maxent-arrow {c.synopsis()}`: {c.summary}" in block, c.name
+
+
+def test_the_doc_script_refuses_a_document_without_its_region():
+    with pytest.raises(SystemExit, match="commands"):
+        _make_commands().with_commands("# no markers here\n")
 
 
 def test_help_lists_every_command_in_the_table_s_order(capsys):
