@@ -13,7 +13,7 @@ from maxent_arrow import types as T
 from maxent_arrow.arrow import registry as R
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.store.sql.plan import SAMPLE_ALIASES, samples_view_sql
-from maxent_arrow.store.storage.parquet import group_file_settings
+from maxent_arrow.store.storage.parquet import group_file_layout
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -75,11 +75,11 @@ def test_names_are_unique_per_table_and_samples_aliases_do_not_collide():
 
 
 def test_parquet_settings_and_layouts_come_from_the_registry():
-    settings = group_file_settings(S.group_schema())
-    assert settings["dictionary"] == [c.name for c in R.columns() if c.dictionary]
-    assert settings["statistics"] == ["step", "rank", "kind", "group_index"]
-    assert "ref_token_logp.list.element.list.element" in settings["byte_stream_split"]
-    assert not [p for p in settings["byte_stream_split"] if p.startswith("completion_ids")]
+    layout = group_file_layout(S.group_schema())
+    assert list(layout.dictionary) == [c.name for c in R.columns() if c.dictionary]
+    assert layout.statistics == ("step", "rank", "kind", "group_index")
+    assert "ref_token_logp.list.element.list.element" in layout.byte_stream_split
+    assert not [p for p in layout.byte_stream_split if p.startswith("completion_ids")]
     for families in (("core",), ("core", "maxent"), ("core", "trl"), ("core", "verl")):
         layout = S.group_schema(families=families)
         assert layout.names == [c.name for c in R.columns(families=families)]

@@ -51,7 +51,12 @@ from maxent_arrow.store.storage.names import (
     UNIT_META_KEY,
     with_token,
 )
-from maxent_arrow.store.storage.parquet import group_file_settings, parquet_bytes, write_parquet
+from maxent_arrow.store.storage.parquet import (
+    ParquetLayout,
+    group_file_layout,
+    parquet_bytes,
+    write_parquet,
+)
 
 __all__ = [
     "CommitRequest",
@@ -76,20 +81,12 @@ def write_group_file(
     row_groups: Sequence[int] | None = None,
 ) -> Pending:
     """Encode ``table`` as the group file ``final`` (relative path) into a durable temp file,
-    with the group files' Parquet settings
-    (:func:`~maxent_arrow.store.storage.parquet.group_file_settings`) and
+    with the group files' Parquet layout
+    (:func:`~maxent_arrow.store.storage.parquet.group_file_layout`) and
     ``row_groups`` (row counts; default one row group)."""
+    layout = group_file_layout(table.schema, compression, compression_level, row_groups)
     return backend.write_temp(
-        final,
-        produce=lambda sink: write_parquet(
-            sink,
-            table,
-            metadata,
-            **group_file_settings(table.schema),
-            compression=compression,
-            compression_level=compression_level,
-            row_groups=row_groups,
-        ),
+        final, produce=lambda sink: write_parquet(sink, table, metadata, layout)
     )
 
 
@@ -128,8 +125,7 @@ def step_file_bytes(step_rows: pa.Table, meta: dict[str, Any]) -> bytes:
     return parquet_bytes(
         step_rows,
         {STORE_META_KEY: json.dumps(meta).encode(), S.METADATA_KEY: S.SCHEMA_VERSION.encode()},
-        statistics=["step", "rank"],
-        sealed=True,
+        ParquetLayout(statistics=("step", "rank"), sealed=True),
     )
 
 

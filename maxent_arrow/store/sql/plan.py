@@ -26,6 +26,7 @@ from maxent_arrow.rollout.config import unique_names
 from maxent_arrow.store.storage.backend import DuckSource
 
 __all__ = [
+    "TableSource",
     "GROUP_SCALARS",
     "SAMPLE_ALIASES",
     "UNSCORED_AS_NULL",
@@ -214,29 +215,31 @@ def _union(
     plan.views[name] = " UNION ALL ".join(parts)
 
 
+@dataclass(frozen=True)
+class TableSource:
+    """What a view of one table reads: its unified ``schema``, the file ``sets`` DuckDB reads
+    (one set per schema: DuckDB binds a set to its first file's footer) and the ``rows``
+    decoded by this library instead (``None`` when there are none)."""
+
+    schema: pa.Schema
+    sets: list[FileSet]
+    rows: pa.Table | None = None
+
+
 def plan_views(
-    *,
-    group_schema: pa.Schema,
-    step_schema: pa.Schema,
-    group_sets: list[FileSet],
-    step_sets: list[FileSet],
-    group_rows: pa.Table | None,
-    step_rows: pa.Table | None,
+    groups: TableSource,
+    steps: TableSource,
     reward_names: Sequence[str],
     spell: Speller,
     history: HistoryViews | None = None,
 ) -> ViewPlan:
-    """The plan of the views ``steps``, ``groups`` and ``samples`` (and, for a store with a
-    commit log, those of its :class:`HistoryViews`).
-
-    ``group_sets`` / ``step_sets`` are the files DuckDB reads (one set per schema: DuckDB
-    binds a set to its first file's footer); ``group_rows`` / ``step_rows`` the rows decoded
-    by this library instead (``None`` when there are none). ``spell`` gives DuckDB's name of
-    an Arrow type (asked only for a column some files lack or store with another type).
-    """
+    """The plan of the views ``steps``, ``groups`` and ``samples`` (and the views of the
+    run's :class:`HistoryViews`). ``spell`` gives DuckDB's name of an Arrow type (asked only
+    for a column some files lack or store with another type)."""
     plan = ViewPlan()
-    group_schema, step_schema = group_schema.remove_metadata(), step_schema.remove_metadata()
-    _union("steps", step_schema, step_sets, step_rows, plan, spell)
+    group_schema, step_schema = groups.schema.remove_metadata(), steps.schema.remove_metadata()
+    group_sets, group_rows = groups.sets, groups.rows
+    _union("steps", step_schema, steps.sets, steps.rows, plan, spell)
     if history is None:
         _union("groups", group_schema, group_sets, group_rows, plan, spell)
     else:

@@ -62,7 +62,7 @@ from maxent_arrow.store.history.records import lifecycle_keys, read_records, tra
 from maxent_arrow.store.history.schemas import UnifiedSchemas
 from maxent_arrow.store.io.reader import read_group_file
 from maxent_arrow.store.sql.ledger import ChecksumLedger
-from maxent_arrow.store.sql.plan import FileSet, HistoryViews, ViewPlan, plan_views
+from maxent_arrow.store.sql.plan import FileSet, HistoryViews, TableSource, ViewPlan, plan_views
 from maxent_arrow.store.sql.session import (
     QueryLimits,
     SqlSession,
@@ -532,15 +532,11 @@ class SqlViews:
             return spelled[kind]
 
         self.plan = plan_views(
-            group_schema=self.group_schema,
-            step_schema=self.step_schema,
-            group_sets=group_sets,
-            step_sets=step_sets,
-            group_rows=legacy,
-            step_rows=step_rows,
-            reward_names=self.reward_names,
-            spell=spell,
-            history=history,
+            TableSource(self.group_schema, group_sets, legacy),
+            TableSource(self.step_schema, step_sets, step_rows),
+            self.reward_names,
+            spell,
+            history,
         )
         session.install(self.plan)
         self.signature = views_signature(self.plan)

@@ -12,8 +12,8 @@ filter on; page checksums; the schema version in the file metadata (``docs/arrow
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -26,7 +26,8 @@ __all__ = [
     "COMPRESSIONS",
     "check_compression",
     "footer_value",
-    "group_file_settings",
+    "ParquetLayout",
+    "group_file_layout",
     "parquet_bytes",
     "write_parquet",
 ]
@@ -56,42 +57,62 @@ def _depth(kind: pa.DataType) -> int:
     return depth
 
 
-def group_file_settings(schema: pa.Schema) -> dict[str, Any]:
-    """The writer options of a group file with this schema, from the column registry."""
+@dataclasses.dataclass(frozen=True)
+class ParquetLayout:
+    """How a file is written: the columns with statistics and with a dictionary (``True``:
+    all), the Parquet paths written with byte-stream-split, whether it is sealed with its
+    own CRC-32 (step files), the codec and its level, and its row groups (row counts that
+    add up to the table's; ``None``: one row group)."""
+
+    statistics: tuple[str, ...] = ()
+    dictionary: tuple[str, ...] | bool = False
+    byte_stream_split: tuple[str, ...] = ()
+    sealed: bool = False
+    compression: str = "zstd"
+    compression_level: int | None = 1
+    row_groups: Sequence[int] | None = None
+
+
+def group_file_layout(
+    schema: pa.Schema,
+    compression: str = "zstd",
+    compression_level: int | None = 1,
+    row_groups: Sequence[int] | None = None,
+) -> ParquetLayout:
+    """The layout of a group file with this schema, from the column registry."""
     registered = {c.name: c for c in R.columns(R.GROUP)}
     present = [registered[n] for n in schema.names if n in registered]
-    return {
-        "dictionary": [c.name for c in present if c.dictionary],
-        "statistics": [c.name for c in present if c.statistics],
+    return ParquetLayout(
+        dictionary=tuple(c.name for c in present if c.dictionary),
+        statistics=tuple(c.name for c in present if c.statistics),
         # Parquet paths of the per-token floats (``name.list.element.list.element``) and of
         # the gap-coded kept-token sets (one level deeper).
-        "byte_stream_split": [
+        byte_stream_split=tuple(
             c.name + ".list.element" * _depth(schema.field(c.name).type)
             for c in present
             if c.kept_set
             or (c.byte_stream_split and pa.types.is_floating(_leaf(schema.field(c.name).type)))
-        ],
-    }
+        ),
+        compression=compression,
+        compression_level=compression_level,
+        row_groups=row_groups,
+    )
 
 
 def write_parquet(
-    sink,
-    table: pa.Table,
-    metadata: dict[bytes, bytes],
-    *,
-    statistics: list[str],
-    dictionary: list[str] | bool = False,
-    byte_stream_split: list[str] | None = None,
-    sealed: bool = False,
-    compression: str = "zstd",
-    compression_level: int | None = 1,
-    row_groups: Sequence[int] | None = None,
+    sink, table: pa.Table, metadata: dict[bytes, bytes], layout: ParquetLayout
 ) -> None:
-    """Write ``table`` as one Parquet file to ``sink``: one row group, or one of each row
-    count of ``row_groups`` (they add up to the table's rows; a compacted segment's units)."""
+    """Write ``table`` as one Parquet file to ``sink`` with ``metadata`` in its footer, as
+    ``layout`` says: one row group, or one of each row count of its ``row_groups`` (a
+    compacted segment's units)."""
     table = table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
+    compression, compression_level = layout.compression, layout.compression_level
     if compression in ("none", "uncompressed", None):
         compression, compression_level = "none", None
+    dictionary = layout.dictionary
+    if not isinstance(dictionary, bool):
+        dictionary = list(dictionary)
+    splits = list(layout.byte_stream_split) or False
     with pq.ParquetWriter(
         sink,
         table.schema,
@@ -100,15 +121,15 @@ def write_parquet(
         # pyarrow takes a bool or a list of columns for these three; its defaults make them
         # `bool` to a checker.
         use_dictionary=dictionary,  # pyright: ignore[reportArgumentType]
-        write_statistics=statistics,  # pyright: ignore[reportArgumentType]
+        write_statistics=list(layout.statistics),  # pyright: ignore[reportArgumentType]
         write_page_checksum=True,
         store_schema=True,
-        use_byte_stream_split=byte_stream_split or False,  # pyright: ignore[reportArgumentType]
+        use_byte_stream_split=splits,  # pyright: ignore[reportArgumentType]
     ) as writer:
         # One row group per step: a step is read whole, and one chunk per column means readers
         # get contiguous arrays without a concatenating copy; a reader of one step of a
         # segment decodes (and checks) its row group only.
-        sizes = [n for n in row_groups or () if n > 0]
+        sizes = [n for n in layout.row_groups or () if n > 0]
         if len(sizes) < 2:
             writer.write_table(table, row_group_size=max(table.num_rows, 1))
         else:
@@ -120,15 +141,17 @@ def write_parquet(
             for n in sizes:
                 writer.write_table(table.slice(at, n), row_group_size=n)
                 at += n
-        if sealed:
+        if layout.sealed:
             writer.add_key_value_metadata({SEAL_KEY: SEAL_PLACEHOLDER})
 
 
-def parquet_bytes(table: pa.Table, metadata: dict[bytes, bytes], **options) -> pa.Buffer | bytes:
+def parquet_bytes(
+    table: pa.Table, metadata: dict[bytes, bytes], layout: ParquetLayout
+) -> pa.Buffer | bytes:
     """Parquet bytes in memory; sealed files come back with their own CRC patched in."""
     sink = pa.BufferOutputStream()
-    write_parquet(sink, table, metadata, **options)
-    if options.get("sealed"):
+    write_parquet(sink, table, metadata, layout)
+    if layout.sealed:
         return seal(sink.getvalue().to_pybytes())
     return sink.getvalue()
 
