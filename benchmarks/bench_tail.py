@@ -39,7 +39,7 @@ WRITER = textwrap.dedent(
     """
     import random, sys, time
     sys.path.insert(0, {tests!r})
-    from store_fixtures import make_batch
+    from maxent_arrow.testing import make_batch
     from maxent_arrow import RolloutStore
     store = RolloutStore({root!r})
     rng = random.Random(3)

@@ -22,12 +22,10 @@ from pathlib import Path
 import pyarrow as pa
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests"))
 sys.path.insert(0, str(HERE.parent))
 
-from store_fixtures import make_batch  # noqa: E402
-
 from maxent_arrow import RolloutBatch, RolloutStore  # noqa: E402
+from maxent_arrow.testing import make_batch  # noqa: E402
 
 OUT = HERE / "golden_v1"
 CREATED = dt.datetime(2026, 11, 29, 12, 0, tzinfo=dt.UTC)

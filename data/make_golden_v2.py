@@ -23,13 +23,11 @@ from pathlib import Path
 import pyarrow as pa
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests"))
 sys.path.insert(0, str(HERE.parent))
-
-from store_fixtures import make_parts  # noqa: E402
 
 from maxent_arrow import RolloutBatch, RolloutStore  # noqa: E402
 from maxent_arrow.compute import compute_rewards  # noqa: E402
+from maxent_arrow.testing import make_parts  # noqa: E402
 
 OUT = HERE / "golden_v2"
 CREATED = dt.datetime(2026, 11, 30, 12, 0, tzinfo=dt.UTC)

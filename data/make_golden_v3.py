@@ -38,14 +38,12 @@ from pathlib import Path
 import pyarrow as pa
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests"))
 sys.path.insert(0, str(HERE.parent))
-
-from store_fixtures import make_parts  # noqa: E402
 
 from maxent_arrow import RolloutBatch, RolloutStore  # noqa: E402
 from maxent_arrow.rollout.metrics import trainer_metrics_table  # noqa: E402
 from maxent_arrow.store.upkeep import compaction  # noqa: E402
+from maxent_arrow.testing import make_parts  # noqa: E402
 
 OUT = HERE / "golden_v3"
 CREATED = dt.datetime(2026, 12, 7, 12, 0, tzinfo=dt.UTC)

@@ -11,10 +11,9 @@ import sys
 import textwrap
 from pathlib import Path
 
-from store_fixtures import make_batch
-
 from maxent_arrow import RolloutStore
 from maxent_arrow.store.storage.crashpoints import CRASH_POINTS
+from maxent_arrow.testing import make_batch
 
 TESTS = Path(__file__).parent
 ROOT = TESTS.parent
@@ -31,7 +30,7 @@ def env() -> dict[str, str]:
 WRITER = textwrap.dedent(
     """
     import sys
-    from store_fixtures import make_batch
+    from maxent_arrow.testing import make_batch
     from maxent_arrow import RolloutStore
     root = sys.argv[1]
     rank, first, last, groups = (int(a) for a in sys.argv[2:6])

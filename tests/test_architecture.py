@@ -37,6 +37,7 @@ SUBPACKAGES = [
     "integrations",
     "rollout",
     "store",
+    "testing",
     "train",
     "types",
 ]
@@ -616,9 +617,8 @@ _HEAVY = {
 def test_commands_on_a_real_store_import_only_what_they_need(tmp_path, command):
     """Each command run for real, in a new interpreter, on a store with data: the modules it
     imported (``-X importtime``) include none of the heavy ones it does not need."""
-    from store_fixtures import make_batch
-
     from maxent_arrow import RolloutStore
+    from maxent_arrow.testing import make_batch
 
     store = RolloutStore.create(tmp_path / "store")
     for step in range(3):

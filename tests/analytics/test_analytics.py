@@ -16,14 +16,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from analytics_fixtures import BUCKETS, Written, _name, write_store
-from store_fixtures import unit_path
 
 from maxent_arrow.analytics.run import RunAnalytics
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.errors import LayoutError, QueryError, StoreError
-from maxent_arrow.store.storage.names import unit_of
+from maxent_arrow.store.storage.names import unit_name, unit_of
 from maxent_arrow.store.store import RolloutStore
+from maxent_arrow.testing import Written, unit_path, write_store
+
+BUCKETS = list(S.KL_LENGTH_BUCKETS)
 
 
 @pytest.fixture(scope="module")
@@ -49,12 +50,12 @@ def test_uncommitted_and_temporary_files_are_invisible(tmp_path):
     # An in-flight write and a group file whose commit marker (step file) is missing.
     src = unit_path(RolloutStore(w.root), "groups", 0)
     (tmp_path / "s" / "groups" / ".tmp-abc.parquet").write_bytes(src.read_bytes())
-    temp = f".{_name(2, 0, 'train')}.tmp-host.1.abc"
+    temp = f".{unit_name(2, 0, 'train')}.tmp-host.1.abc"
     (tmp_path / "s" / "groups" / temp).write_bytes(src.read_bytes())
-    (tmp_path / "s" / "groups" / _name(7, 0, "train")).write_bytes(src.read_bytes())
+    (tmp_path / "s" / "groups" / unit_name(7, 0, "train")).write_bytes(src.read_bytes())
     (tmp_path / "s" / "steps" / ".tmp-x.parquet").write_bytes(b"garbage")
     files = RolloutStore(w.root).committed_files("groups")
-    assert [unit_of(f.name) for f in files] == [_name(0, 0, "train"), _name(1, 0, "train")]
+    assert [unit_of(f.name) for f in files] == [unit_name(0, 0, "train"), unit_name(1, 0, "train")]
     with RunAnalytics(w.root) as run:
         got = run.sql("SELECT count(*) AS n FROM groups").column("n")[0].as_py()
         assert got == len(w.groups)

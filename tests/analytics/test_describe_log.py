@@ -17,13 +17,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from fault_harness import flip, truncate
-from store_fixtures import CONFIG, compacted_run, make_batch, unit_path
 
 from maxent_arrow import RolloutStore, StoreError
 from maxent_arrow.analytics import RunAnalytics, describe_run
 from maxent_arrow.store import ReadOnlyStore
 from maxent_arrow.store.history import log as log_module
 from maxent_arrow.store.history.catalog import History
+from maxent_arrow.testing import CONFIG, compacted_run, make_batch, resume_run, unit_path
 
 
 def _run(tmp_path):
@@ -31,9 +31,7 @@ def _run(tmp_path):
     compacted_run(root, steps=24, eval_every=4, merged=20, segment=8)
     # A resume at step 13 supersedes train steps 13-23 of the first attempt (in part the
     # segment of steps 8-15) and eval steps 16 and 20.
-    resumed = RolloutStore(root, resume_from=13, compact_every=None, attempt="second")
-    for step in (13, 14):
-        resumed.append(make_batch(step, seed=300 + step))
+    resume_run(root, resume_from=13, steps=(13, 14), seed=300)
     return root
 
 

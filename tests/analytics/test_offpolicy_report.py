@@ -178,7 +178,7 @@ def test_kept_mass_of_stored_kept_sets_and_raw_top_k_log_probs(tmp_path):
 
 
 def test_a_run_without_off_policy_data_is_reported_without_torch(tmp_path):
-    from store_fixtures import make_batch
+    from maxent_arrow.testing import make_batch
 
     store = RolloutStore.create(tmp_path / "plain")
     store.append(make_batch(0))

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from analytics_fixtures import write_store
 from report_sql import PAGE_SCRIPT, assert_shown, check_page
 
 from maxent_arrow.analytics.report import build_report
 from maxent_arrow.analytics.run import RunAnalytics
 from maxent_arrow.store import ReadOnlyStore
+from maxent_arrow.testing import write_store
 
 FIXTURE_PLOTS = {
     "reward_curve.png", "eval.png", "success.png", "losses.png", "exploration.png",

@@ -136,9 +136,8 @@ def test_recorders_step_rows_and_sql_agree_with_the_one_definition(run, cap):
 def test_the_seed_record_keeps_zero_where_the_stored_statistic_is_null(tmp_path):
     """Every completion clipped: ``LengthStats`` (the seed's) says 0.0 for the terminated
     figures, the stored step row NULL, and the batch read back gives the seed record its 0.0."""
-    from store_fixtures import make_parts
-
     from maxent_arrow.compute import length_stats
+    from maxent_arrow.testing import make_parts
 
     counts = torch.tensor([8.0, 8.0, 9.0])
     seed = length_stats(counts, max_completion_len=8)

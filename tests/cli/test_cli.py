@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
-from analytics_fixtures import write_store
 
 from maxent_arrow.cli import EXIT_DATA, EXIT_OK, EXIT_USAGE, main
+from maxent_arrow.testing import write_store
 
 
 @pytest.fixture(scope="module")

@@ -16,11 +16,11 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from analytics_fixtures import write_store
 
 from maxent_arrow.analytics.run import RunAnalytics
 from maxent_arrow.cli import EXIT_DATA, EXIT_OK, EXIT_USAGE, main
 from maxent_arrow.errors import QueryError, StoreError
+from maxent_arrow.testing import write_store
 
 TOKENIZER = {"class": "ByT5Tokenizer", "name_or_path": "google/byt5-small", "vocab_size": 384}
 

@@ -10,10 +10,9 @@ import sys
 import time
 from pathlib import Path
 
-from store_fixtures import CONFIG, make_batch
-
 from maxent_arrow import RolloutStore
 from maxent_arrow.cli import EXIT_DATA, EXIT_OK, EXIT_USAGE, main
+from maxent_arrow.testing import CONFIG, make_batch
 
 ROOT = Path(__file__).resolve().parents[2]
 

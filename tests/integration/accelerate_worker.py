@@ -21,13 +21,12 @@ from accelerate.utils import gather_object
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 
-from store_fixtures import CONFIG, make_batch  # noqa: E402
-
 from maxent_arrow.store import (  # noqa: E402
     ReplayDataset,
     RolloutStore,  # noqa: E402
     process_shard,
 )
+from maxent_arrow.testing import CONFIG, make_batch  # noqa: E402
 
 
 def group_counts(step: int, rank: int) -> int:

@@ -45,6 +45,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from maxent_arrow import RolloutBatch, RolloutStore
+from maxent_arrow.testing import streamed_batch
 
 TRAIN_BATCH = 6  # groups a trainer step trains
 MAX_STALENESS = 2  # a group of generator step g may train at trainer steps t <= g + 2
@@ -151,33 +152,7 @@ def make_batch(step: int, first: int, size: int) -> RolloutBatch:
             values = [round(rng.random(), 3) for _ in range(K)]
             values[0] = values[1] + 0.5  # never all equal
             utils.append(values)
-    groups = pa.table(
-        {
-            "step": pa.array([step] * size, pa.int64()),
-            "rank": pa.array([0] * size, pa.int32()),
-            "kind": ["train"] * size,
-            "group_index": pa.array(range(size), pa.int32()),
-            "group_id": [f"{step}.0.{g}" for g in range(size)],
-            "group_size": pa.array([K] * size, pa.int32()),
-            "num_completions": pa.array([K] * size, pa.int32()),
-            "prompt": [f"prompt {p}" for p in range(first, first + size)],
-            "completions": [
-                [f"completion {p}.{i}" for i in range(K)] for p in range(first, first + size)
-            ],
-            "total_utils": utils,
-            "stream_index": pa.array(range(first, first + size), pa.int64()),
-        }
-    )
-    row = pa.table(
-        {
-            "step": pa.array([step], pa.int64()),
-            "rank": pa.array([0], pa.int32()),
-            "kind": ["train"],
-            "num_groups": pa.array([size], pa.int32()),
-            "num_samples": pa.array([size * K], pa.int32()),
-        }
-    )
-    return RolloutBatch(groups, row)
+    return streamed_batch(step, first, size, k=K, utils=utils)
 
 
 def generator(root: str, run: Path) -> None:

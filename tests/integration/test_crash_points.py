@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 from fault_harness import COMPACTOR, WRITER, assert_sound, expected, run_script
-from store_fixtures import make_batch
 
 from maxent_arrow import RolloutStore, StoreError
 from maxent_arrow.store import ReadOnlyStore, upgrade
 from maxent_arrow.store.storage.crashpoints import CRASH_POINTS, crash_point
+from maxent_arrow.testing import loose_store, resume_run
 
 KILLED = -signal.SIGKILL
 DATA = Path(__file__).resolve().parents[2] / "data"
@@ -95,12 +95,8 @@ def _compact(root: str, point: str) -> None:
 def _drop(root: str, point: str) -> None:
     """A run resumed at step 2 (steps 2-3 of the first attempt superseded); the compaction
     that drops the superseded files dies."""
-    first = RolloutStore.create(root, attempt="first", compact_every=None)
-    for step in range(4):
-        first.append(make_batch(step, groups=4))
-    second = RolloutStore(root, attempt="second", resume_from=2, compact_every=None)
-    for step in (2, 3):
-        second.append(make_batch(step, groups=4, seed=50 + step))
+    loose_store(root, 4, groups=4, attempt="first")
+    resume_run(root, resume_from=2, steps=(2, 3), seed=50, groups=4)
     want = _rows(ReadOnlyStore(root))
     crashed = run_script(DROPPER, root, crash_at=point)
     assert crashed.returncode == KILLED, crashed.stderr

@@ -20,10 +20,10 @@ pytest.importorskip("accelerate")
 sys.path.insert(0, str(Path(__file__).parents[1]))
 
 from accelerate_worker import group_counts  # noqa: E402
-from store_fixtures import make_batch  # noqa: E402
 
 from maxent_arrow.store import RolloutStore  # noqa: E402
 from maxent_arrow.store.storage.names import unit_name, unit_of  # noqa: E402
+from maxent_arrow.testing import make_batch  # noqa: E402
 
 STEPS = 4
 WORKER = Path(__file__).parent / "accelerate_worker.py"

@@ -16,7 +16,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 from fault_harness import snapshot
-from store_fixtures import make_batch, make_parts
 
 from maxent_arrow import (
     ArgumentError,
@@ -28,6 +27,7 @@ from maxent_arrow import (
     SchemaError,
     StoreError,
 )
+from maxent_arrow.testing import make_batch, make_parts
 
 
 @pytest.fixture

@@ -17,10 +17,10 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from fault_harness import env, snapshot
-from store_fixtures import make_batch
 
 from maxent_arrow import RolloutBatch, RolloutStore, StoreError
 from maxent_arrow.cli import EXIT_DATA, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, main
+from maxent_arrow.testing import make_batch
 
 READ_COMMANDS = [
     ["inspect"],

@@ -17,10 +17,10 @@ import warnings
 
 import pytest
 from fault_harness import COMPACTOR, WRITER, assert_sound, env, expected, run_script
-from store_fixtures import make_batch
 
 from maxent_arrow import RolloutStore, RunAnalytics, StoreError
 from maxent_arrow.cli import EXIT_DATA, main
+from maxent_arrow.testing import make_batch
 
 # Their writers are ranks (and relaunches) of one run: one attempt.
 pytestmark = pytest.mark.usefixtures("one_launch")
@@ -63,7 +63,7 @@ def test_ranks_create_one_store_and_append_at_once(tmp_path, request, where):
 RACE = textwrap.dedent(
     """
     import sys
-    from store_fixtures import make_batch
+    from maxent_arrow.testing import make_batch
     from maxent_arrow import RolloutStore, StoreError
     store = RolloutStore.create(sys.argv[1])
     batch = make_batch(7, seed=int(sys.argv[2]), groups=40, max_tokens=64)
@@ -260,7 +260,7 @@ def test_readers_in_other_processes_while_the_writer_compacts(tmp_path):
 APPEND = textwrap.dedent(
     """
     import sys
-    from store_fixtures import make_batch
+    from maxent_arrow.testing import make_batch
     from maxent_arrow import RolloutStore, StoreError
     root, step, rank, seed = sys.argv[1], *map(int, sys.argv[2:5])
     timeout = float(sys.argv[5]) if len(sys.argv) > 5 else None

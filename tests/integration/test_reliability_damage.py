@@ -20,10 +20,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from fault_harness import env, flip, truncate
-from store_fixtures import make_batch, unit_path
 
 from maxent_arrow import RolloutBatch, RolloutStore, RunAnalytics, StoreError
 from maxent_arrow.cli import EXIT_DATA, EXIT_OK, main
+from maxent_arrow.testing import make_batch, unit_path
 
 STEPS = range(4)
 VICTIM = 1  # the damaged unit's step

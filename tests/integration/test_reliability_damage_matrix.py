@@ -30,10 +30,10 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
-from store_fixtures import make_batch, unit_path
 
 from maxent_arrow import RolloutBatch, RolloutStore, RunAnalytics, StoreError
 from maxent_arrow.cli import main
+from maxent_arrow.testing import make_batch, unit_path
 
 STEPS = range(4)
 VICTIM = 1

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from fault_harness import env
 from fault_harness import snapshot as _snapshot
-from store_fixtures import make_batch
 
 from maxent_arrow import RolloutStore
+from maxent_arrow.testing import make_batch
 
 # Their writers are ranks (and relaunches) of one run: one attempt.
 pytestmark = pytest.mark.usefixtures("one_launch")
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.usefixtures("one_launch")
 FULL_DISK = textwrap.dedent(
     """
     import resource, signal, sys
-    from store_fixtures import make_batch
+    from maxent_arrow.testing import make_batch
     from maxent_arrow import RolloutStore, StoreError
     store = RolloutStore.create(sys.argv[1])
     batch = make_batch(5, groups=64, max_tokens=512)
@@ -66,7 +66,7 @@ def test_full_disk_is_a_clear_error_and_the_store_is_unchanged(tmp_path):
 READ_ONLY = textwrap.dedent(
     """
     import os, sys
-    from store_fixtures import make_batch
+    from maxent_arrow.testing import make_batch
     from maxent_arrow import RolloutStore, StoreError
     import maxent_arrow.store.store, maxent_arrow.store.sql.views, maxent_arrow.rollout.batch
     batch = make_batch(1)

@@ -15,9 +15,9 @@ import textwrap
 
 import pytest
 from fault_harness import env
-from store_fixtures import make_batch, unit_path
 
 from maxent_arrow import RolloutBatch, RolloutStore
+from maxent_arrow.testing import make_batch, unit_path
 
 READERS = textwrap.dedent(
     """

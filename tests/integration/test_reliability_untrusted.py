@@ -15,17 +15,14 @@ from pathlib import Path
 
 import pytest
 from fault_harness import snapshot
-from store_fixtures import make_batch, unit_path
 
 from maxent_arrow import RolloutStore, StoreError
+from maxent_arrow.testing import loose_store, make_batch, unit_path
 
 
 @pytest.fixture
 def store(tmp_path) -> RolloutStore:
-    store = RolloutStore.create(tmp_path / "store", cache=True, compact_every=None)
-    for step in range(3):
-        store.append(make_batch(step))
-    return store
+    return loose_store(tmp_path / "store", cache=True)
 
 
 @pytest.fixture

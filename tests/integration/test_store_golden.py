@@ -207,7 +207,7 @@ def test_golden_trl_v2_takes_appends_in_its_own_layout_once_upgraded(golden_trl)
     naming ``upgrade``); then it keeps one layout: its families are inferred from the columns
     its files carry data in (core and TRL), so a MaxEnt batch is refused and its padding
     stays hidden."""
-    from store_fixtures import make_batch
+    from maxent_arrow.testing import make_batch
 
     assert golden_trl.schemas.families() == ("core",)
     with pytest.raises(ReadOnlyFormatError, match="maxent-arrow upgrade"):

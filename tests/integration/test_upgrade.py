@@ -20,11 +20,11 @@ import pyarrow as pa
 import pytest
 from fault_harness import flip
 from plain_readers import duckdb_groups, polars_groups
-from store_fixtures import make_batch
 
 from maxent_arrow import ReadOnlyFormatError, RolloutStore
 from maxent_arrow.cli import EXIT_OK, EXIT_USAGE, main
 from maxent_arrow.store import ReadOnlyStore, upgrade
+from maxent_arrow.testing import make_batch
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "data"

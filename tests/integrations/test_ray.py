@@ -20,8 +20,6 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 
-from store_fixtures import CONFIG, make_batch, unit_path  # noqa: E402
-
 from maxent_arrow.errors import ComputeError, LayoutError, SchemaError  # noqa: E402
 from maxent_arrow.ingest.collate import GroupCollator  # noqa: E402
 from maxent_arrow.ingest.packing import iter_chunks, sequence_layout  # noqa: E402
@@ -29,6 +27,7 @@ from maxent_arrow.ingest.score_batch import build_score_batch  # noqa: E402
 from maxent_arrow.rollout.checks import rewards_by_name  # noqa: E402
 from maxent_arrow.store.storage.names import unit_of  # noqa: E402
 from maxent_arrow.store.store import RolloutStore  # noqa: E402
+from maxent_arrow.testing import CONFIG, make_batch, unit_path  # noqa: E402
 
 MATH = ("advantages", "q", "weights")
 
@@ -322,15 +321,14 @@ def test_reward_weights_never_wrap_read_only_arrow_memory() -> None:
     process, so the check runs in a fresh one, with every warning an error."""
     script = (
         "import warnings;"
-        "from store_fixtures import CONFIG, make_batch;"
+        "from maxent_arrow.testing import CONFIG, make_batch;"
         "from maxent_arrow.integrations.ray import recompute_group_math;"
         "rows = make_batch(0, groups=4).groups;"
         "warnings.simplefilter('error');"
         "recompute_group_math(rows, config=CONFIG, reward_weights={'accuracy': 2.0, 'format': 0.5})"
     )
-    tests = Path(__file__).resolve().parents[1]  # store_fixtures.py
     done = subprocess.run(
-        [sys.executable, "-c", script], cwd=tests, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr[-2000:]
 

@@ -14,7 +14,6 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from store_fixtures import CONFIG, make_parts
 
 from maxent_arrow import (
     GenerationBatch,
@@ -24,6 +23,7 @@ from maxent_arrow import (
     SchemaError,
 )
 from maxent_arrow.arrow.schema import group_schema, step_schema
+from maxent_arrow.testing import CONFIG, make_parts
 from maxent_arrow.types import records_equal
 
 

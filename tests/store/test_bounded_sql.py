@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import duckdb
 import pytest
-from store_fixtures import compacted_run, make_batch
 
-from maxent_arrow import RolloutStore
 from maxent_arrow.errors import ArgumentError, StoreError
 from maxent_arrow.store import ReadOnlyStore
+from maxent_arrow.testing import compacted_run, resume_run
 
 MEANS = (
     "SELECT step, kind, count(*) AS n, round(avg(total_util), 9) AS reward FROM samples "
@@ -92,9 +91,7 @@ def test_damage_outside_the_bound_is_not_read_and_inside_it_is_refused(tmp_path)
 def test_a_bounded_query_follows_the_history(tmp_path):
     root = _run(tmp_path)
     # A resume at step 25 supersedes steps 25-34 of the first attempt (in part a segment).
-    resumed = RolloutStore(root, resume_from=25, compact_every=None, attempt="second")
-    for step in (25, 26):
-        resumed.append(make_batch(step, seed=500 + step))
+    resume_run(root, resume_from=25, steps=(25, 26), seed=500)
     for history in ("effective", "all", "superseded"):
         store = ReadOnlyStore(root, attempts=history)
         for first, last in ((23, 27), (25, 25), (29, 33)):

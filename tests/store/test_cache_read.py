@@ -18,12 +18,12 @@ import pyarrow.ipc as ipc
 import pytest
 import xxhash
 from fault_harness import env
-from store_fixtures import make_batch
 
 from maxent_arrow import RolloutStore, StoreError
 from maxent_arrow.errors import ArgumentError
 from maxent_arrow.store import ReplaySampler
 from maxent_arrow.store.io.cache import READ_PIECE
+from maxent_arrow.testing import make_batch
 
 COLUMN = "ref_token_logp"
 

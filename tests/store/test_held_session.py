@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from fault_harness import flip_chunk
-from store_fixtures import ADVANTAGE_SUMS, loose_store, make_batch
+from store_fixtures import ADVANTAGE_SUMS
 
 from maxent_arrow import RolloutStore
 from maxent_arrow.errors import QueryError, StoreError
@@ -30,6 +30,7 @@ from maxent_arrow.store.sql.plan import ViewPlan
 from maxent_arrow.store.sql.session import KEPT_FOOTERS_FILES, SqlSession
 from maxent_arrow.store.sql.views import collector_paused
 from maxent_arrow.store.storage import verified
+from maxent_arrow.testing import loose_store, make_batch
 
 QUERY = ADVANTAGE_SUMS
 

@@ -10,7 +10,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from hypothesis import given
 from hypothesis import strategies as st
-from store_fixtures import make_batch
 
 from maxent_arrow import RolloutStore
 from maxent_arrow.store import ReadOnlyStore
@@ -31,6 +30,7 @@ from maxent_arrow.store.history.state import (
     step_runs,
     unit_summary,
 )
+from maxent_arrow.testing import make_batch
 
 
 def _run(tmp_path) -> RolloutStore:

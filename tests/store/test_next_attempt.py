@@ -13,10 +13,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from store_fixtures import make_batch  # noqa: E402
-
 from maxent_arrow import RolloutStore  # noqa: E402
 from maxent_arrow.errors import ArgumentError, StoreError  # noqa: E402
+from maxent_arrow.testing import make_batch  # noqa: E402
 
 
 def figures(store: RolloutStore, steps: list[int]) -> int:

@@ -21,9 +21,9 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 import pytest
-from store_fixtures import make_batch
 
 from maxent_arrow import RolloutStore, StoreError
+from maxent_arrow.testing import make_batch
 
 STEPS = 4
 

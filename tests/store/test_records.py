@@ -19,10 +19,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-from store_fixtures import make_batch
 
 from maxent_arrow import RolloutBatch, RolloutStore
 from maxent_arrow.errors import SchemaError, StoreError
+from maxent_arrow.testing import make_batch
 
 KEY = ["step", "rank", "kind", "group_index"]
 

@@ -5,33 +5,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from maxent_arrow import RolloutBatch, RolloutStore
-
-
-def _batch(step: int, first: int, size: int, k: int = 2) -> RolloutBatch:
-    groups = pa.table(
-        {
-            "step": pa.array([step] * size, pa.int64()),
-            "rank": pa.array([0] * size, pa.int32()),
-            "kind": ["train"] * size,
-            "group_index": pa.array(range(size), pa.int32()),
-            "group_id": [f"{step}.0.{g}" for g in range(size)],
-            "group_size": pa.array([k] * size, pa.int32()),
-            "num_completions": pa.array([k] * size, pa.int32()),
-            "completions": [[f"c{p}.{i}" for i in range(k)] for p in range(first, first + size)],
-            "stream_index": pa.array(range(first, first + size), pa.int64()),
-        }
-    )
-    row = pa.table(
-        {
-            "step": pa.array([step], pa.int64()),
-            "rank": pa.array([0], pa.int32()),
-            "kind": ["train"],
-            "num_groups": pa.array([size], pa.int32()),
-            "num_samples": pa.array([size * k], pa.int32()),
-        }
-    )
-    return RolloutBatch(groups, row)
+from maxent_arrow import RolloutStore
+from maxent_arrow.testing import streamed_batch
 
 
 def _steps(table: pa.Table) -> list[tuple[int, str]]:
@@ -42,7 +17,7 @@ def test_superseded_records_are_only_those_a_later_attempt_superseded(tmp_path):
     root = tmp_path / "store"
     RolloutStore.create(root, if_exists="error")
     generator = RolloutStore(root, role="generator", if_exists="resume", attempt="g")
-    generator.append(_batch(0, 0, 6))
+    generator.append(streamed_batch(0, 0, 6))
     first = RolloutStore(root, role="trainer", resume_from=0, attempt="t1")
     groups = first.frontier().in_flight
     for t in range(3):  # steps 0 and 1 checkpointed; step 2 died before its checkpoint
@@ -73,7 +48,7 @@ def test_the_groups_view_leaves_out_only_what_a_trainer_dropped(tmp_path):
     in ``lifecycle`` and leaves the run's ``groups`` as its trainer trained them."""
     RolloutStore.create(tmp_path / "run")
     trainer = RolloutStore(tmp_path / "run", attempt="run")
-    trainer.append(_batch(0, 0, 3))
+    trainer.append(streamed_batch(0, 0, 3))
     sampler = RolloutStore(tmp_path / "run", role="sampler", attempt="replay")
     sampler.record_lifecycle(sampler.read(steps=[0]).slice(0, 2), step=7, event="dropped",
                              reason="zero_std")  # fmt: skip

@@ -18,13 +18,13 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parents[1]))
 
 from fault_harness import env  # noqa: E402
-from store_fixtures import CONFIG, make_batch, unit_path  # noqa: E402
 
 from maxent_arrow import RolloutStore  # noqa: E402
 from maxent_arrow.analytics import RunAnalytics, describe_run  # noqa: E402
 from maxent_arrow.errors import StoreError  # noqa: E402
 from maxent_arrow.store.storage.backend import ArrowFsBackend, LocalBackend  # noqa: E402
 from maxent_arrow.store.storage.names import unit_of  # noqa: E402
+from maxent_arrow.testing import CONFIG, make_batch, unit_path  # noqa: E402
 
 
 def test_object_store_backend_files_are_local_store_files(tmp_path: Path) -> None:
@@ -270,7 +270,7 @@ def test_a_commit_to_s3_without_boto3_is_refused_naming_the_extra(s3) -> None:
     endpoint, _ = s3
     script = (
         "import sys; sys.modules['boto3'] = None\n"
-        "from store_fixtures import make_batch\n"
+        "from maxent_arrow.testing import make_batch\n"
         "from maxent_arrow import RolloutStore\n"
         "from maxent_arrow.errors import MissingExtraError\n"
         f"store = RolloutStore.create({_uri(endpoint, 'no-boto3')!r})\n"

@@ -15,19 +15,16 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from store_fixtures import make_parts
 
 from maxent_arrow import ArgumentError, RolloutBatch, RolloutStore, StoreError
 from maxent_arrow.store.feed.sampler import ReplaySampler, SamplerOptions, mix_counts
+from maxent_arrow.testing import make_batch
 
 TESTS = Path(__file__).resolve().parents[1]
 
 
 def _batch(step: int, *, rank: int = 0, version: int | None = None, **kw) -> RolloutBatch:
-    parts = make_parts(seed=step * 1000 + rank, **kw)
-    return RolloutBatch.from_parts(
-        step, rank=rank, policy_version=step if version is None else version, **parts
-    )
+    return make_batch(step, rank=rank, policy_version=step if version is None else version, **kw)
 
 
 @pytest.fixture

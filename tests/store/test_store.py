@@ -14,7 +14,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-from store_fixtures import make_batch, make_parts
 
 from maxent_arrow import (
     ArgumentError,
@@ -28,6 +27,7 @@ from maxent_arrow.arrow import registry as R
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.store.history.manifest import STORE_VERSION
 from maxent_arrow.store.storage.names import unit_of
+from maxent_arrow.testing import make_batch, make_parts
 from maxent_arrow.types import records_equal
 
 

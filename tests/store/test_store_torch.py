@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from store_fixtures import CONFIG, derived, make_batch
 
 from maxent_arrow import ArgumentError, ComputeError, RolloutStore
 from maxent_arrow.rollout import recompute
 from maxent_arrow.store import ReplayDataset, process_shard
+from maxent_arrow.testing import CONFIG, expected_group_math, make_batch
 
 TESTS = Path(__file__).parents[1]
 ENV = {**os.environ, "PYTHONPATH": f"{TESTS.parent}{os.pathsep}{TESTS}"}
@@ -143,7 +143,7 @@ def test_recompute_against_the_independent_formulas(store):
     raw = batch.column("ref_logp_sum_raw").flatten().to_numpy()
     counts = batch.column("ref_tok_counts").flatten().to_numpy()
     config = {**CONFIG, "tau": 0.25, "beta": 0.5}
-    adv, q, w = derived(utils, raw / np.maximum(counts, 1), offsets, config)
+    adv, q, w = expected_group_math(utils, raw / np.maximum(counts, 1), offsets, config)
     again = recompute(batch, tau=0.25, beta=0.5)
     assert np.allclose(again["weights"].values.numpy(), w, rtol=1e-9)
     assert np.allclose(again["q"].values.numpy(), q, rtol=1e-9)

@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 import pytest
-from store_fixtures import CONFIG, make_batch
 
 from maxent_arrow import RolloutStore
 from maxent_arrow.errors import ArgumentError, StoreError
@@ -27,6 +26,7 @@ from maxent_arrow.store import ReadOnlyStore
 from maxent_arrow.store.history.log import CommitLog
 from maxent_arrow.store.history.tail import TailEvent, watches
 from maxent_arrow.store.storage.backend import LocalBackend
+from maxent_arrow.testing import CONFIG, make_batch
 
 TESTS = Path(__file__).resolve().parents[1]
 ROOT = TESTS.parent
@@ -37,7 +37,7 @@ WRITER = textwrap.dedent(
     """
     import sys, time
     sys.path.insert(0, {tests!r})
-    from store_fixtures import make_batch
+    from maxent_arrow.testing import make_batch
     from maxent_arrow import RolloutStore
     store = RolloutStore({root!r})
     time.sleep({delay})

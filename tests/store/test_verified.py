@@ -16,11 +16,12 @@ from pathlib import Path
 
 import pytest
 from fault_harness import flip_chunk
-from store_fixtures import ADVANTAGE_SUMS, loose_store
+from store_fixtures import ADVANTAGE_SUMS
 
 from maxent_arrow import RolloutStore
 from maxent_arrow.errors import StoreError
 from maxent_arrow.store.storage import verified
+from maxent_arrow.testing import loose_store
 
 # A chunk checksum mismatch, whichever algorithm the file recorded (CRC32C; CRC-32 in older stores).
 CHECKSUM = re.compile(r"CRC(?:-32|32C) [0-9a-f]+, expected")

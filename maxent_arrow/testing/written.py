@@ -1,14 +1,19 @@
-"""A written run for the analytics and CLI tests: stores built in the test with known values
-(group sizes 1-6, 0/1 and continuous rewards, lengths that hit the cap, eval steps, reward
-functions added mid-run, columns an older writer lacked), so every query can be checked
-against numpy on the data that was generated.
+"""A run written with known values, for checking queries against numpy on the data that was
+generated: group sizes 1-6, 0/1 and continuous rewards, a zero-variance group, lengths that
+hit the cap, eval steps, reward functions added mid-run, columns an older writer lacked.
+
+The groups and step rows are built as Arrow directly (not from seed objects), so a group can
+be of one completion and a column can be missing; :class:`Written` keeps what was written.
 """
 
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -21,7 +26,25 @@ BUCKETS = list(S.KL_LENGTH_BUCKETS)
 
 
 @dataclass
-class Group:
+class WrittenGroup:
+    """One group as :func:`write_store` wrote it (the values of its row).
+
+    Attributes
+    ----------
+    step, rank, kind, index:
+        Where it is (``index``: its ``group_index``).
+    prompt:
+        Its prompt text.
+    utils, adv, q, w:
+        ``[K]`` total utilities, advantages, q and MaxEnt weights.
+    rewards:
+        ``[K]`` values of each reward function, by name.
+    lens, truncated:
+        ``[K]`` completion lengths and whether each hit the cap.
+    completions:
+        The ``K`` completion texts.
+    """
+
     step: int
     rank: int
     kind: str
@@ -39,50 +62,88 @@ class Group:
 
 @dataclass
 class Written:
-    root: Path
-    groups: list[Group] = field(default_factory=list)
-    step_rows: list[dict] = field(default_factory=list)
+    """What :func:`write_store` wrote: the store's root, its groups and its step rows.
 
-    def train(self) -> list[Group]:
+    Attributes
+    ----------
+    root:
+        The store.
+    groups:
+        Every group, in the order written (step, then rank, then group).
+    step_rows:
+        Every step row, as a dict of the step table's columns.
+    """
+
+    root: Path
+    groups: list[WrittenGroup] = field(default_factory=list)
+    step_rows: list[dict[str, Any]] = field(default_factory=list)
+
+    def train(self) -> list[WrittenGroup]:
+        """The train groups."""
         return [g for g in self.groups if g.kind == "train"]
 
-    def by_step(self, kind: str = "train") -> dict[int, list[Group]]:
-        out: dict[int, list[Group]] = {}
+    def by_step(self, kind: str = "train") -> dict[int, list[WrittenGroup]]:
+        """The groups of ``kind`` by step, in step order."""
+        out: dict[int, list[WrittenGroup]] = {}
         for g in self.groups:
             if g.kind == kind:
                 out.setdefault(g.step, []).append(g)
         return dict(sorted(out.items()))
 
 
-def _name(step: int, rank: int, kind: str) -> str:
-    return f"step-{step:010d}.rank-{rank:05d}.{kind}.parquet"
-
-
 def write_store(
-    root: Path,
+    root: str | os.PathLike[str],
     *,
-    steps: range = range(4),
+    steps: Iterable[int] = range(4),
     ranks: int = 2,
     prompts: int = 3,
-    rewards_at=lambda step: ["accuracy"],
-    drop_at=lambda step: (),
-    eval_steps: tuple[int, ...] = (),
+    rewards_at: Callable[[int], Sequence[str]] = lambda step: ["accuracy"],
+    drop_at: Callable[[int], Iterable[str]] = lambda step: (),
+    eval_steps: Iterable[int] = (),
     max_len: int = 24,
     cap_in_config: bool = True,
     seed: int = 0,
     losses: bool = False,
-    collapse_at=lambda step: False,
-    config: dict | None = None,
+    collapse_at: Callable[[int], bool] = lambda step: False,
+    config: Mapping[str, Any] | None = None,
 ) -> Written:
-    """Write a store in the agreed layout with pyarrow; return what was written.
+    """Write a new store at ``root`` through the append API, from Arrow tables of known values;
+    return what was written.
 
-    Group sizes vary by group (K in 1..6); rewards are 0/1 or continuous; lengths hit the cap
-    sometimes. ``rewards_at(step)`` gives the reward functions of a step (schema evolution);
-    ``drop_at(step)`` names columns that step's files lack (an older writer).
-    ``losses``: the step rows carry loss values and a KL (``total_loss``, ``policy_loss``,
-    ``kl_loss``, ``weighted_kl_loss``, ``kl_value``); ``collapse_at(step)``: every group of
-    that train step draws one completion text K times (a collapsed policy); ``config``: more
-    keys of the step rows' run config (the model, the tokenizer...).
+    Parameters
+    ----------
+    root:
+        Where the store is created (its manifest's config: ``max_completion_len=max_len``,
+        ``tau=0.5``).
+    steps, eval_steps:
+        The train steps and the eval steps; each is written by every rank.
+    ranks, prompts:
+        The ranks, and the groups of each step of each rank. Group sizes vary by group
+        (K in 1..6); group 1 of each step is zero-variance (all utilities 0.5); lengths hit the
+        cap ``max_len`` sometimes.
+    rewards_at:
+        The reward functions of a step (schema evolution); the first scores 0 or 1, the others
+        a value in ``[0, 1)``.
+    drop_at:
+        Columns that a step's group files lack (an older writer).
+    cap_in_config:
+        Whether the step rows' config names ``max_completion_len``.
+    seed:
+        The seed of all the values.
+    losses:
+        The train step rows carry loss values and a KL (``total_loss``, ``policy_loss``,
+        ``kl_loss``, ``weighted_kl_loss``, ``kl_value``).
+    collapse_at:
+        Whether every group of a train step draws one completion text K times (a collapsed
+        policy).
+    config:
+        More keys of the step rows' run config (the model, the tokenizer...).
+
+    Returns
+    -------
+    Written
+        The root, every group's values and every step row. Step 1 of rank 1 stores its KL by
+        length bucket without token counts.
     """
     rng = np.random.default_rng(seed)
     root = Path(root)
@@ -116,7 +177,7 @@ def write_store(
                 if kind == "train" and collapse_at(step):
                     comps = [f"s{step}r{rank}g{gi} the same"] * k
                 ids = [list(rng.integers(0, 300, int(n))) for n in lens]
-                g = Group(
+                g = WrittenGroup(
                     step, rank, kind, gi, f"prompt {gi}", utils, rw, adv, q, w, lens, trunc, comps
                 )
                 out.groups.append(g)
@@ -173,7 +234,9 @@ def write_store(
             counts = {b: float(rng.integers(1, 500)) for b in kl}
             if step == 1 and rank == 1:
                 counts = {}  # a rank that stored values without token counts
-            step_row = {f.name: None for f in S.step_schema(families=("core", "maxent"))}
+            step_row: dict[str, Any] = {
+                f.name: None for f in S.step_schema(families=("core", "maxent"))
+            }
             step_row.update(
                 step=step,
                 rank=rank,
