@@ -14,6 +14,7 @@ from .feed.sampler import (
     mix_counts as mix_counts,
 )
 from .sql.views import SqlViews as SqlViews
+from .storage.caches import ProcessCaches as ProcessCaches, process_caches as process_caches
 from .store import RolloutStore as RolloutStore, StoreOptions as StoreOptions
 from .history.tail import TailEvent as TailEvent, watches as watches
 from .upkeep.upgrade import UpgradeReport as UpgradeReport, upgrade as upgrade

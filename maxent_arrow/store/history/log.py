@@ -40,6 +40,7 @@ from maxent_arrow.errors import StoreError
 from maxent_arrow.store.history.checkpoint import checkpoint_bytes, state_from_checkpoint
 from maxent_arrow.store.history.operations import Entry, Operation, crc32, decode_entry
 from maxent_arrow.store.history.state import LogState
+from maxent_arrow.store.storage.caches import CACHES
 from maxent_arrow.store.storage.crashpoints import crash_point
 from maxent_arrow.store.storage.names import LOG
 
@@ -200,15 +201,13 @@ class CommitLog:
         try:
             hint = json.loads(self.backend.read(pointer).to_pybytes())
             key = (self.backend.uri, int(hint["version"]), int(hint["crc32"]))
-            state = _CHECKPOINTS.get(key)
+            state = CACHES.checkpoints.get(key)
             if state is None:
                 data = self.backend.read(checkpoint_name(int(hint["version"]))).to_pybytes()
                 if crc32(data) != hint["crc32"]:
                     raise StoreError("checkpoint CRC-32 differs from the one recorded")
                 state = state_from_checkpoint(data)
-                _CHECKPOINTS[key] = state
-                while len(_CHECKPOINTS) > _CHECKPOINTS_KEPT:
-                    _CHECKPOINTS.pop(next(iter(_CHECKPOINTS)))
+                CACHES.checkpoints.put(key, state)
             # Shared with every reader of this checkpoint in the process: pinned, so this
             # log applies its next entry to a copy (and the records parsed by one reader
             # are parsed for all).
@@ -277,8 +276,3 @@ class CommitLog:
 
 _RACES = 1000
 
-# The states of the checkpoints this process has read, by (store, version, CRC-32): a store
-# opened again in the process (a new store object, a new SQL session) reads no checkpoint.
-# A state at one version never changes (entries after it are applied to a copy).
-_CHECKPOINTS: dict[tuple[str, int, int], LogState] = {}
-_CHECKPOINTS_KEPT = 8

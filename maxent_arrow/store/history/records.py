@@ -40,6 +40,7 @@ from maxent_arrow.store.history.log import CommitLog
 from maxent_arrow.store.history.operations import AppendRecords, crc32
 from maxent_arrow.store.history.state import TRAINER, LogState
 from maxent_arrow.store.storage.backend import Backend
+from maxent_arrow.store.storage.caches import CACHES
 from maxent_arrow.store.storage.crashpoints import crash_point
 from maxent_arrow.store.storage.names import RECORDS
 
@@ -250,12 +251,11 @@ def commit_records(
         backend.discard(pending)
 
 
-# Record files read and checked by this process, by path, size and CRC-32: a committed file is
-# never rewritten (a new commit writes a file of a new name), so a consumer that reads the
-# records every step (``frontier()``) parses each file once. Damage present when this process
-# first reads a file is never served; a file damaged or lost later is ``verify``'s to find.
-_CHECKED: dict[tuple[str, int, int], pa.Table] = {}
-_CHECKED_MAX = 4096
+# Record files read and checked by this process, by path, size and CRC-32 (the process caches'
+# ``records``): a committed file is never rewritten (a new commit writes a file of a new name),
+# so a consumer that reads the records every step (``frontier()``) parses each file once.
+# Damage present when this process first reads a file is never served; a file damaged or lost
+# later is ``verify``'s to find.
 
 
 def _records_file(backend: Backend, name: str, item: Mapping[str, Any]) -> pa.Table:
@@ -263,7 +263,7 @@ def _records_file(backend: Backend, name: str, item: Mapping[str, Any]) -> pa.Ta
     rel = str(item["path"])
     where = backend.path(rel)
     key = (str(where), int(item["size"]), int(item["crc32"]))
-    hit = _CHECKED.get(key)
+    hit = CACHES.records.get(key)
     if hit is not None:
         return hit
     try:
@@ -276,9 +276,7 @@ def _records_file(backend: Backend, name: str, item: Mapping[str, Any]) -> pa.Ta
             "from the log's)"
         )
     table = pq.ParquetFile(pa.BufferReader(data)).read()  # (read_table imports pandas)
-    if len(_CHECKED) >= _CHECKED_MAX:
-        _CHECKED.pop(next(iter(_CHECKED)))
-    _CHECKED[key] = table
+    CACHES.records.put(key, table)
     return table
 
 

@@ -37,6 +37,7 @@ from maxent_arrow.store.history.catalog import (
     locate,
 )
 from maxent_arrow.store.storage.backend import Backend, FileInfo, missing_error
+from maxent_arrow.store.storage.caches import CACHES
 from maxent_arrow.store.storage.checksums import (
     check_chunks,
     covered,
@@ -62,10 +63,8 @@ __all__ = [
 # for 100 steps) and parsing it costs more than decoding one step. Group files are never
 # rewritten, and the footer's bytes are still checked against the CRC on every read: an entry
 # is added only after a read whose checks passed, so it is the parse of the recorded bytes.
-_FOOTERS: dict[tuple[str, tuple[int, int, int]], pq.FileMetaData] = {}
-_FOOTERS_KEPT = 16
-# row_group_labels of the step files read, by name (labels for 100 units cost ~4 ms a read).
-_LABELS: dict[str, list[str]] = {}
+# (The process caches' ``footers``; and ``labels``: row_group_labels of the step files read,
+# by name: labels for 100 units cost ~4 ms a read.)
 
 
 def _kind_of(step: StepFile) -> str:
@@ -150,7 +149,7 @@ def _read_group_file(
     # Parquet page CRCs are checked only where no CRC recorded at commit covers the bytes.
     pages = crc
     pending = None
-    known = None  # the parsed footer's key in _FOOTERS
+    known = None  # the parsed footer's key in the footers cache
     chunks = step.meta.get("chunks")
     # The row groups to decode (None: all) and the file row the first of them starts at.
     groups, first = None, 0
@@ -161,12 +160,10 @@ def _read_group_file(
             first = sum(chunks["row_group_rows"][: picked[0]])
     labels = None
     if chunks and len(chunks["row_groups"]) > 1:
-        labels = _LABELS.get(step.name)  # a committed step file is never rewritten
+        labels = CACHES.labels.get(step.name)  # a committed step file is never rewritten
         if labels is None:
             labels = row_group_labels(step)
-            while len(_LABELS) >= _FOOTERS_KEPT:
-                _LABELS.pop(next(iter(_LABELS)), None)
-            _LABELS[step.name] = labels
+            CACHES.labels.put(step.name, labels)
     try:
         source: Any
         paths = {path for rg in (chunks or {}).get("row_groups", []) for path in rg}
@@ -214,7 +211,7 @@ def _read_group_file(
         reader = pq.ParquetFile(
             source,
             page_checksum_verification=pages,
-            metadata=None if known is None else _FOOTERS.get(known),  # type: ignore[arg-type]
+            metadata=None if known is None else CACHES.footers.get(known),
         )
         present = reader.schema_arrow.names
         if wanted is not None:
@@ -236,10 +233,8 @@ def _read_group_file(
         raise StoreError(f"{path}: unreadable group file ({exc})") from None
     if pending is not None:
         pending()
-        if known is not None and known not in _FOOTERS:
-            while len(_FOOTERS) >= _FOOTERS_KEPT:
-                _FOOTERS.pop(next(iter(_FOOTERS)), None)
-            _FOOTERS[known] = reader.metadata
+        if known is not None and known not in CACHES.footers:
+            CACHES.footers.put(known, reader.metadata)
     S.check_version((table.schema.metadata or {}).get(S.METADATA_KEY), where=str(path))
     if upgrade:
         table = upgrade_groups(table, kind=_kind_of(step))

@@ -39,7 +39,6 @@ import gc
 import hashlib
 import json
 import threading
-from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -70,6 +69,7 @@ from maxent_arrow.store.sql.session import (
     check_timeout,
     duckdb_module,
 )
+from maxent_arrow.store.storage.caches import CACHES
 from maxent_arrow.store.storage.names import GROUPS, STEPS
 
 __all__ = [
@@ -168,11 +168,9 @@ def scanned_columns(plan_json: str | None, known: set[str]) -> set[str] | None:
 
 # Queries tried again after files moved under the views (each retry follows a real move).
 _RETRIES = 8
-# Query plans' scans kept per session, and per process by the views' text (the oldest
-# forgotten first).
+# Query plans' scans kept per session (per process, by the views' text: the process caches'
+# ``plans``).
 _PLANS_KEPT = 256
-_plans: OrderedDict[tuple[bytes, str], tuple[bool, set[str] | None]] = OrderedDict()
-_plans_lock = threading.Lock()
 
 
 # Pauses of the collector by threads building views at once: the first turns it off, the
@@ -672,18 +670,14 @@ class SqlViews:
             return found
         key = None if self.own else (self.signature, query)
         if key is not None:
-            with _plans_lock:
-                found = _plans.get(key)
+            found = CACHES.plans.get(key)
         if found is None:
             plan = self._session().plan_json(query)
             found = plan_scans(plan, self.group_schema.names)
             if plan is None:
                 return found
             if key is not None:
-                with _plans_lock:
-                    _plans[key] = found
-                    while len(_plans) > _PLANS_KEPT:
-                        _plans.popitem(last=False)
+                CACHES.plans.put(key, found)
         if len(self.scans) >= _PLANS_KEPT:
             self.scans.pop(next(iter(self.scans)))
         self.scans[query] = found

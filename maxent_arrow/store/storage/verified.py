@@ -15,47 +15,37 @@ modification time (from the listing or a ``stat``), and the CRC-32 its commit re
   process that checked the file already; ``verify`` (which never consults this cache) and
   every new process find it.
 
-The cache holds keys and names only (no bytes) and is bounded (:data:`LIMIT` files; the
-oldest are forgotten first).
+The cache holds keys and names only (no bytes) and is bounded (the process caches'
+``verified``, :mod:`~maxent_arrow.store.storage.caches`: the oldest are forgotten first).
 """
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from collections.abc import Iterable
 
-__all__ = ["LIMIT", "FileKey", "add", "checked", "forget"]
+from maxent_arrow.store.storage.caches import CACHES
+
+__all__ = ["FileKey", "add", "checked", "forget"]
 
 # (path, size, mtime_ns, recorded CRC-32) of a file
 FileKey = tuple[str, int, int, int | None]
-
-# Files remembered per process (a key and a few names each: a few hundred bytes).
-LIMIT = 1 << 18
-
-_lock = threading.Lock()
-_checked: OrderedDict[FileKey, frozenset[str]] = OrderedDict()
 
 
 def checked(key: FileKey | None) -> frozenset[str]:
     """The parts (column names, a footer marker) of file ``key`` this process has checked."""
     if key is None:
         return frozenset()
-    with _lock:
-        return _checked.get(key, frozenset())
+    return CACHES.verified.get(key) or frozenset()
 
 
 def add(key: FileKey | None, parts: Iterable[str]) -> None:
     """Record that ``parts`` of file ``key`` matched their CRCs in this process."""
     if key is None:
         return
-    with _lock:
-        _checked[key] = _checked.pop(key, frozenset()) | frozenset(parts)
-        while len(_checked) > LIMIT:
-            _checked.popitem(last=False)
+    new = frozenset(parts)
+    CACHES.verified.update(key, lambda old: (old or frozenset()) | new)
 
 
 def forget() -> None:
     """Forget everything (tests; a process that wants every file checked again)."""
-    with _lock:
-        _checked.clear()
+    CACHES.verified.clear()
