@@ -357,15 +357,13 @@ def untouched(bench: harness.Bench, sizes: list[int], repeats: int) -> bool:
         values = rng.normal(size=n)
         grouped = F.grouped(pa.array(values), offsets)
         texts = pa.array(["c"] * n)
-        batch = T.rewards_batch(
-            advantages=grouped,
-            q=grouped,
+        samples = T.SampleColumns(
             total_utils=pa.array(values),
-            rewards={"accuracy": pa.array(values)},
             prompts=pa.array(["p"] * n),
             completions=texts,
-            moments=(0.0, 1.0),
+            rewards={"accuracy": pa.array(values)},
         )
+        batch = T.rewards_batch(advantages=grouped, q=grouped, samples=samples, moments=(0.0, 1.0))
         rc = T.RewardComputation.from_arrow(batch)
         holder = type("Holder", (), {"x": 1})()
         timings = best_of({"ours": rc.to_arrow, "floor": lambda h=holder: h.x}, repeats * 20)

@@ -101,7 +101,7 @@ def scoring_rows(prompts: int, k: int, max_completion: int) -> list[tuple[str, f
     from transformers import GPT2Config, GPT2LMHeadModel
 
     from maxent_arrow.ingest.score_batch import build_score_batch
-    from maxent_arrow.train.scoring import reference_logprobs, supports_packing
+    from maxent_arrow.train.scoring import ScoringOptions, reference_logprobs, supports_packing
 
     torch.manual_seed(0)
     config = GPT2Config(n_layer=12, n_embd=768, n_head=12, vocab_size=50257, n_positions=1024)
@@ -122,11 +122,13 @@ def scoring_rows(prompts: int, k: int, max_completion: int) -> list[tuple[str, f
         table, pad_token_id=0, max_prompt_len=256, slice_size=k, eos_token_id=None, device="cuda"
     )
     tokens = int(sb.completion_attention_mask.sum())
-    padded = reference_logprobs(model, sb, packing="padded")
-    packed = reference_logprobs(model, sb, packing="packed")
+    by_padding = ScoringOptions(packing="padded")
+    by_packing = ScoringOptions(packing="packed")
+    padded = reference_logprobs(model, sb, options=by_padding)
+    packed = reference_logprobs(model, sb, options=by_packing)
     diff = float((padded.ref_logp_sum - packed.ref_logp_sum).abs().max())
-    t_padded = cuda_time(lambda: reference_logprobs(model, sb, packing="padded"), repeats=3)
-    t_packed = cuda_time(lambda: reference_logprobs(model, sb, packing="packed"), repeats=3)
+    t_padded = cuda_time(lambda: reference_logprobs(model, sb, options=by_padding), repeats=3)
+    t_packed = cuda_time(lambda: reference_logprobs(model, sb, options=by_packing), repeats=3)
     name = f"reference_logprobs GPT-2-small bf16, {prompts}x{k}"
     return [
         (f"{name}, padded", t_padded, f"{tokens / t_padded:,.0f} tok/s"),

@@ -11,7 +11,7 @@ from maxent_arrow import Ragged
 from maxent_arrow.demo import tiny_model
 from maxent_arrow.demo.job import load_prompts
 from maxent_arrow.ingest.score_batch import build_score_batch
-from maxent_arrow.train.generation import sample_groups
+from maxent_arrow.train.generation import SamplingOptions, sample_groups
 from maxent_arrow.train.scoring import reference_logprobs, sequence_scores
 
 # 1. A token column in Arrow (list<int32>), viewed by torch without a copy.
@@ -29,9 +29,7 @@ rollouts = sample_groups(
     tokenizer,
     [r["prompt"] for r in rows],
     [r["answer"] for r in rows],
-    k=4,
-    max_new_tokens=8,
-    generator_seed=0,
+    options=SamplingOptions(k=4, max_new_tokens=8, generator_seed=0),
 )
 
 # 3. The seed's ScoreBatch, built from the ragged ids (prompt-major, EOS-aware mask).

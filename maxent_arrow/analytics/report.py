@@ -37,6 +37,7 @@ from maxent_arrow.analytics.offpolicy import offpolicy_html, offpolicy_markdown,
 from maxent_arrow.analytics.page import render_html, render_markdown
 from maxent_arrow.analytics.run import RunAnalytics
 from maxent_arrow.analytics.summary import Summary, summarize
+from maxent_arrow.arguments import check_int
 from maxent_arrow.errors import ArgumentError, ComputeError, LayoutError, SchemaError, StoreError
 
 __all__ = ["Report", "build_report"]
@@ -100,13 +101,10 @@ MAX_K = 1024
 def check_report_options(*, threshold: float, k: Sequence[int], bins: int) -> tuple[int, ...]:
     """The report's options checked (an :class:`ArgumentError` naming the bad one); the
     pass@k values as ints."""
-    if isinstance(bins, bool) or not isinstance(bins, int) or not 1 <= bins <= MAX_BINS:
-        raise ArgumentError(f"report: bins must be an int in [1, {MAX_BINS}], got {bins!r}")
-    ks = tuple(k)
-    if not ks or any(
-        isinstance(x, bool) or not isinstance(x, int) or not 1 <= x <= MAX_K for x in ks
-    ):
-        raise ArgumentError(f"report: k must be ints in [1, {MAX_K}], got {list(ks)!r}")
+    check_int(bins, "report: bins", low=1, high=MAX_BINS)
+    ks = tuple(check_int(x, "report: k", low=1, high=MAX_K) for x in k)
+    if not ks:
+        raise ArgumentError(f"report: k: expected at least one int in 1..{MAX_K}, got none")
     if not isinstance(threshold, int | float) or not math.isfinite(threshold):
         raise ArgumentError(f"report: threshold must be a finite number, got {threshold!r}")
     return ks

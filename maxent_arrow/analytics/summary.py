@@ -19,6 +19,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from maxent_arrow.arguments import is_int
+
 __all__ = [
     "PEAK_RTOL",
     "Fact",
@@ -163,7 +165,7 @@ def tokenizer_text(value: Any) -> str | None:
         name = value.get("name_or_path") or value.get("name")
         words = [str(w) for w in dict.fromkeys((kind, name)) if w]
         size = value.get("vocab_size")
-        if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+        if is_int(size) and int(size) > 0:
             words.append(f"(vocabulary {size:,})")
         return " ".join(words) or None
     if isinstance(value, str) and value:

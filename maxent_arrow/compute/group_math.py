@@ -30,6 +30,7 @@ from typing import Any, Literal, overload
 
 import torch
 
+from maxent_arrow.arguments import is_int
 from maxent_arrow.arrow import Ragged
 from maxent_arrow.arrow import registry as R
 from maxent_arrow.compute.segments import (
@@ -752,14 +753,11 @@ def length_stats(token_counts: Any, *, max_completion_len: int) -> LengthStats:
     the original; the stored step statistic is ``NULL`` there: :func:`length_summary`)."""
     where = "length_stats: token_counts"
     t = flat_values(token_counts, where).to(torch.float64)
-    if isinstance(max_completion_len, bool) or not isinstance(max_completion_len, int):
+    if not is_int(max_completion_len) or int(max_completion_len) < 1:
         raise ComputeError(
-            f"length_stats: max_completion_len: expected an int, got {max_completion_len!r}"
+            f"length_stats: max_completion_len: expected an int >= 1, got {max_completion_len!r}"
         )
-    if max_completion_len <= 0:
-        raise ComputeError(
-            f"length_stats: max_completion_len must be > 0, got {max_completion_len}"
-        )
+    max_completion_len = int(max_completion_len)
     check_finite(t, None, where)
     if bool((t < 0).any()):
         i = int(torch.nonzero(t < 0)[0, 0])

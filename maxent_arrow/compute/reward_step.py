@@ -32,6 +32,8 @@ from maxent_arrow.types import (
     GenerationBatch,
     QDistribution,
     RewardComputation,
+    SampleColumns,
+    SeedColumns,
     rewards_batch,
     sample_messages,
 )
@@ -234,29 +236,30 @@ def compute_rewards(
         truncated=None if truncated is None else truncated.to(device),
         offsets=offsets,
     )
-    seed = _seed_statistics(gen, inputs, seed_grpo, offsets, device)
+    samples = inputs.samples(
+        gen,
+        total_utils=torch_to_arrow(utils.values),
+        rewards={k: torch_to_arrow(v) for k, v in raw.items()},
+    )
     return _assemble(
         utils,
-        {k: torch_to_arrow(v) for k, v in raw.items()},
-        pairs=inputs.pairs(gen),
-        ref_meta=_flat_ref_meta(_column(gen, "ref_meta")),
+        samples,
         scale_rewards=scale_rewards,
         q_temperature=q_temperature,
         q_epsilon=q_epsilon,
-        seed_scales=None if seed is None else seed.scales,
-        seed=None if seed is None else _seed_columns(seed),
+        seed=_seed_statistics(gen, inputs, seed_grpo, offsets, device),
     )
 
 
-def _seed_columns(seed: SeedGrpoStats) -> dict[str, Any]:
+def _seed_columns(seed: SeedGrpoStats) -> SeedColumns:
     """SEED-GRPO's results as the RewardComputation record batch holds them: the per-group
     columns and the two scalars."""
-    columns: dict[str, Any] = {}
-    columns["seed_semantic_entropy"] = torch_to_arrow(seed.semantic_entropy.cpu())
-    columns["seed_advantage_scale"] = torch_to_arrow(seed.scales.cpu())
-    columns["seed_alpha_effective"] = seed.alpha_effective
-    columns["seed_max_possible_entropy"] = seed.max_possible_entropy
-    return columns
+    return SeedColumns(
+        semantic_entropy=torch_to_arrow(seed.semantic_entropy.cpu()),
+        advantage_scale=torch_to_arrow(seed.scales.cpu()),
+        alpha_effective=seed.alpha_effective,
+        max_possible_entropy=seed.max_possible_entropy,
+    )
 
 
 def _group_offsets(gen: pa.RecordBatch) -> np.ndarray:
@@ -323,19 +326,27 @@ class _RewardInputs:
         info = _column(gen, "completion_info")
         return cls(completions_arrow, group_of_sample, messages, completions, answers, info)
 
-    def pairs(self, gen: pa.RecordBatch) -> dict[str, pa.Array | None]:
-        """The flat prompt/completion pairs of ``RewardComputation.pairs``."""
+    def samples(
+        self, gen: pa.RecordBatch, *, total_utils: pa.Array, rewards: dict[str, pa.Array]
+    ) -> SampleColumns:
+        """The flat ``[N]`` columns of the ``RewardComputation``: the prompt/completion pairs
+        of ``pairs`` (the completion info their metadata, and ``completion_metadata`` the
+        same object, as in the seed), the utilities, the per-reward values, the ref meta."""
         prompt_messages = _column(gen, "prompt_messages")
-        return {
+        return SampleColumns(
+            total_utils=total_utils,
             # Each group's prompt for its samples: a dictionary over the group prompts.
-            "prompts": pa.DictionaryArray.from_arrays(self.group_of_sample, gen.column("prompt")),
-            "prompt_messages": None
+            prompts=pa.DictionaryArray.from_arrays(self.group_of_sample, gen.column("prompt")),
+            completions=self.completions_arrow,
+            rewards=rewards,
+            prompt_messages=None
             if prompt_messages is None
             else prompt_messages.take(self.group_of_sample),
-            "completions": self.completions_arrow,
-            "completion_messages": self.messages,
-            "pairs_metadata": None if self.info is None else self.info.flatten(),
-        }
+            completion_messages=self.messages,
+            pairs_metadata=None if self.info is None else self.info.flatten(),
+            ref_meta=_flat_ref_meta(_column(gen, "ref_meta")),
+            completion_metadata_is_pairs_metadata=self.info is not None,
+        )
 
 
 def _seed_statistics(
@@ -392,15 +403,12 @@ def _advantages_and_q(
 
 def _assemble(
     utils: Ragged,
-    per_reward: dict[str, pa.Array],
+    samples: SampleColumns,
     *,
-    pairs: dict[str, pa.Array | None],
-    ref_meta: pa.Array | None,
     scale_rewards: bool,
     q_temperature: float,
     q_epsilon: float,
-    seed_scales: torch.Tensor | None,
-    seed: dict[str, Any] | None,
+    seed: SeedGrpoStats | None,
 ) -> RewardComputation:
     """The ``RewardComputation``, Arrow-born: its lists are made only when read."""
     moments, adv_arrow, q_arrow = _advantages_and_q(
@@ -408,18 +416,14 @@ def _assemble(
         scale_rewards=scale_rewards,
         q_temperature=q_temperature,
         q_epsilon=q_epsilon,
-        seed_scales=seed_scales,
+        seed_scales=None if seed is None else seed.scales,
     )
     batch = rewards_batch(
         advantages=adv_arrow,
         q=q_arrow,
-        total_utils=torch_to_arrow(utils.values),
-        rewards=per_reward,
-        ref_meta=ref_meta,
-        completion_metadata_is_pairs_metadata=pairs["pairs_metadata"] is not None,
+        samples=samples,
         moments=(moments.mean, moments.std),
-        **pairs,
-        **(seed or {}),
+        seed=None if seed is None else _seed_columns(seed),
     )
     return RewardComputation.from_arrow(batch)
 

@@ -9,6 +9,7 @@ from .job import (
 )
 from .model import tiny_model as tiny_model
 from .offline import (
+    OfflineOptions as OfflineOptions,
     OfflineRun as OfflineRun,
     eval_accuracy as eval_accuracy,
     run_directory as run_directory,

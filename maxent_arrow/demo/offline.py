@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,7 +52,50 @@ from maxent_arrow.types import (
     ValidationContext,
 )
 
-__all__ = ["OfflineRun", "eval_accuracy", "run_directory", "train_offline", "validation_context"]
+__all__ = [
+    "OfflineOptions",
+    "OfflineRun",
+    "eval_accuracy",
+    "run_directory",
+    "train_offline",
+    "validation_context",
+]
+
+
+@dataclass(frozen=True, kw_only=True)
+class OfflineOptions:
+    """How :func:`train_offline` trains its second policy.
+
+    Parameters
+    ----------
+    steps:
+        Updates (default: as many as the run has train steps).
+    replay_ratio:
+        The replayed share of each update's groups, in (0, 1] (1: offline; below 1 the rest
+        is generated fresh from the RL prompts).
+    seed:
+        Seeds the sampler, the prompts' order and torch.
+    eval_prompts, eval_every:
+        Held-out prompts evaluated greedily (0: none), every ``eval_every`` updates.
+    exact:
+        The exact replay of the run (module docstring); not with a ``replay_ratio``.
+    threads:
+        torch's CPU threads while it trains.
+    """
+
+    steps: int | None = None
+    replay_ratio: float = 1.0
+    seed: int = 0
+    eval_prompts: int = 128
+    eval_every: int = 10
+    exact: bool = False
+    threads: int = 1
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.replay_ratio <= 1.0:
+            raise ArgumentError(f"train: --replay-ratio must be in (0, 1], got {self.replay_ratio}")
+        if self.exact and self.replay_ratio != 1.0:
+            raise ArgumentError("train: --exact replays the stored steps alone (no --replay-ratio)")
 
 
 @dataclass(frozen=True)
@@ -132,42 +176,41 @@ def run_directory(path: str | Path) -> Path:
 def train_offline(
     run_dir: Path,
     out: Path,
+    options: OfflineOptions | None = None,
     *,
-    steps: int | None = None,
-    replay_ratio: float = 1.0,
-    seed: int = 0,
-    eval_prompts: int = 128,
-    eval_every: int = 10,
-    exact: bool = False,
-    threads: int = 1,
-    on_step: Any = None,
+    on_step: Callable[[StoreStep], object] | None = None,
+    **keywords: Any,
 ) -> OfflineRun:
     """Train a second policy from the demo run in ``run_dir`` (its ``store/`` and
     ``snapshots/``) into ``out`` (new or empty; its store goes to ``out/store``).
 
-    ``steps``: updates (default: as many as the run has train steps). ``replay_ratio``: the
-    replayed share of each update's groups (1: offline; below 1 the rest is generated fresh
-    from the RL prompts). ``exact``: the exact replay of the run (module docstring).
+    ``options``: how (:class:`OfflineOptions`), as one object or as its fields' keywords
+    (``steps=``, ``replay_ratio=``, ...), not both. ``on_step(step)`` after each update.
     """
-    if not 0.0 < replay_ratio <= 1.0:
-        raise ArgumentError(f"train: --replay-ratio must be in (0, 1], got {replay_ratio}")
-    if exact and replay_ratio != 1.0:
-        raise ArgumentError("train: --exact replays the stored steps alone (no --replay-ratio)")
+    if options is None:
+        options = OfflineOptions(**keywords)
+    elif keywords:
+        raise ArgumentError("train_offline: pass an OfflineOptions or keywords, not both")
     first = snapshot_path(run_dir, 0)
     if not first.is_file():
         raise StoreError(f"{run_dir}: no policy snapshot of step 0 (not a demo run directory?)")
     hf_logging.set_verbosity_error()
     before = torch.get_num_threads()
-    torch.set_num_threads(threads)
+    torch.set_num_threads(options.threads)
     try:
-        return _train(run_dir, out, steps, replay_ratio, seed, eval_prompts, eval_every, exact,
-                      on_step)  # fmt: skip
+        return _train(run_dir, out, options, on_step)
     finally:
         torch.set_num_threads(before)
 
 
-def _train(run_dir, out, steps, replay_ratio, seed, eval_prompts, eval_every, exact, on_step):
+def _train(
+    run_dir: Path,
+    out: Path,
+    options: OfflineOptions,
+    on_step: Callable[[StoreStep], object] | None,
+) -> OfflineRun:
     started = time.perf_counter()
+    seed, exact = options.seed, options.exact
     # The sampler writes its lifecycle records into the run's store as a role of its own (a
     # consumer of the stored groups, not a re-run of the trainer that wrote them).
     source = RolloutStore(run_dir / "store", role="sampler")
@@ -175,7 +218,7 @@ def _train(run_dir, out, steps, replay_ratio, seed, eval_prompts, eval_every, ex
     stored_steps = source.steps(kind="train")
     if not stored_steps:
         raise StoreError(f"{source.uri}: no train steps to train from")
-    total = len(stored_steps) if steps is None else steps
+    total = len(stored_steps) if options.steps is None else options.steps
     torch.manual_seed(seed)
     model = tiny_model(config.seed)
     load_model(model, str(snapshot_path(run_dir, 0)))  # the run's starting checkpoint
@@ -192,13 +235,13 @@ def _train(run_dir, out, steps, replay_ratio, seed, eval_prompts, eval_every, ex
     ctx = validation_context(
         trainer,
         store,
-        eval_prompts=0 if exact else eval_prompts,
-        eval_every=eval_every,
+        eval_prompts=0 if exact else options.eval_prompts,
+        eval_every=options.eval_every,
         max_new_tokens=config.max_completion_len,
         k=config.num_generations,
     )
     groups = config.prompts_per_step
-    fresh, replayed = mix_counts(groups, replay_ratio)
+    fresh, replayed = mix_counts(groups, options.replay_ratio)
     if exact:
         sampler = ReplaySampler(source, sampling="sequential", max_staleness=0, epochs=1)
     else:
@@ -224,21 +267,8 @@ def _train(run_dir, out, steps, replay_ratio, seed, eval_prompts, eval_every, ex
                 break
             done.extend(got)
         else:
-            sampled = sampler.sample(current_version=step, step=step)
             chunk = [rows[(step * fresh + i) % len(rows)] for i in range(fresh)]
-            batch = trainer.step(step, chunk, replayed=sampled)
-            done.append(
-                StoreStep(
-                    step=step,
-                    loss=float(trainer.metrics_records[-1]["loss"]),
-                    logged_loss=float("nan"),
-                    stored_steps=sampled.stored_steps if sampled is not None else (),
-                    num_groups=batch.num_groups + (sampled.num_groups if sampled else 0),
-                    num_samples=batch.num_samples + (sampled.num_samples if sampled else 0),
-                    staleness=sampled.staleness(step) if sampled is not None else 0.0,
-                    dropped=dict(sampled.dropped) if sampled else {},
-                )
-            )
+            done.append(_mixed_step(trainer, sampler, step, chunk))
         if on_step is not None:
             on_step(done[-1])
     if ctx.evaluation.enabled:
@@ -246,3 +276,21 @@ def _train(run_dir, out, steps, replay_ratio, seed, eval_prompts, eval_every, ex
     store.checkpoint()
     accuracy = eval_accuracy(store) if ctx.evaluation.enabled else []
     return OfflineRun(store, done, accuracy, time.perf_counter() - started)
+
+
+def _mixed_step(
+    trainer: MaxEntTrainer, sampler: ReplaySampler, step: int, rows: list[dict[str, str]]
+) -> StoreStep:
+    """One update of fresh groups (generated from ``rows``) mixed with the sampler's."""
+    sampled = sampler.sample(current_version=step, step=step)
+    batch = trainer.step(step, rows, replayed=sampled)
+    return StoreStep(
+        step=step,
+        loss=float(trainer.metrics_records[-1]["loss"]),
+        logged_loss=float("nan"),
+        stored_steps=sampled.stored_steps if sampled is not None else (),
+        num_groups=batch.num_groups + (sampled.num_groups if sampled else 0),
+        num_samples=batch.num_samples + (sampled.num_samples if sampled else 0),
+        staleness=sampled.staleness(step) if sampled is not None else 0.0,
+        dropped=dict(sampled.dropped) if sampled else {},
+    )

@@ -37,7 +37,12 @@ from transformers.utils import logging as hf_logging
 
 from maxent_arrow.analytics import build_report
 from maxent_arrow.demo.model import tiny_model
-from maxent_arrow.demo.offline import OfflineRun, train_offline, validation_context
+from maxent_arrow.demo.offline import (
+    OfflineOptions,
+    OfflineRun,
+    train_offline,
+    validation_context,
+)
 from maxent_arrow.demo.prompts import load_prompts
 from maxent_arrow.demo.rewards import accuracy_reward, format_reward
 from maxent_arrow.errors import StoreError
@@ -46,6 +51,7 @@ from maxent_arrow.store import RolloutStore
 from maxent_arrow.train import (
     MaxEntTrainer,
     ReplayedStep,
+    WarmStartOptions,
     evaluate,
     replay_losses,
     should_evaluate,
@@ -168,11 +174,13 @@ def warm_start(args: argparse.Namespace, model: Any, tokenizer: Any) -> dict[str
             tokenizer,
             [r["prompt"] for r in rows],
             [r["completion"] for r in rows],
-            steps=args.sft_steps,
-            batch_size=SFT_BATCH,
-            learning_rate=SFT_LEARNING_RATE,
-            max_prompt_len=16,
-            seed=args.seed,
+            options=WarmStartOptions(
+                steps=args.sft_steps,
+                batch_size=SFT_BATCH,
+                learning_rate=SFT_LEARNING_RATE,
+                max_prompt_len=16,
+                seed=args.seed,
+            ),
             on_step=on_step,
         )
     return {
@@ -259,17 +267,15 @@ def _offline(args: argparse.Namespace, out: Path) -> OfflineRun | None:
         n += 1
         target = out / f"offline-{n}"
     with _bar(args, steps, "from the store") as bar:
-        return train_offline(
-            out,
-            target,
+        options = OfflineOptions(
             steps=steps,
             replay_ratio=getattr(args, "replay_ratio", 1.0),
             seed=args.seed,
             eval_prompts=args.eval_prompts,
             eval_every=args.eval_every,
             threads=args.threads,
-            on_step=lambda _: bar.update(1),
         )
+        return train_offline(out, target, options, on_step=lambda _: bar.update(1))
 
 
 def run_stages(args: argparse.Namespace, out: Path) -> dict[str, Any]:

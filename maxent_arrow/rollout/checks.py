@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from maxent_arrow.arguments import is_int
 from maxent_arrow.arrow import (
     decode_gaps,
     find_in_sets,
@@ -144,9 +145,9 @@ def config_json(config: Mapping[str, Any] | None) -> str:
 
 
 def int_arg(name: str, value: Any, *, minimum: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+    if not is_int(value):
         raise SchemaError(f"RolloutBatch.{name}: expected an int, got {type(value).__name__}")
-    if value < minimum:
+    if int(value) < minimum:
         raise LayoutError(f"RolloutBatch.{name}: expected >= {minimum}, got {value}")
     return int(value)
 

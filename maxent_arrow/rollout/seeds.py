@@ -146,27 +146,33 @@ def reward_computation(batch: RolloutBatch):
     prompt_messages = batch.column("prompt_messages")
     info = completion_info(batch)
     rewards = {name: pa.array(values) for name, values in rewards_by_name(batch.groups).items()}
-    source = T.rewards_batch(
-        advantages=advantages,
-        q=q,
+    samples = T.SampleColumns(
         total_utils=_flat(batch.column("total_utils")),
-        rewards=rewards,
         prompts=pa.DictionaryArray.from_arrays(group_of, _raw(batch, "prompt")),
-        prompt_messages=None if prompt_messages is None else prompt_messages.take(group_of),
         completions=cast(pa.Array, _raw(batch, "completions")).flatten(),  # a required column
+        rewards=rewards,
+        prompt_messages=None if prompt_messages is None else prompt_messages.take(group_of),
         completion_messages=T.sample_messages(batch.column("completion_messages"), offsets),
         pairs_metadata=_flat(info),
         ref_meta=_flat(batch.column("ref_meta")),
         completion_metadata_is_pairs_metadata=info is not None,
-        seed_semantic_entropy=batch.column("seed_semantic_entropy"),
-        seed_advantage_scale=batch.column("seed_advantage_scale"),
+    )
+    seed = T.SeedColumns(
+        semantic_entropy=batch.column("seed_semantic_entropy"),
+        advantage_scale=batch.column("seed_advantage_scale"),
+        alpha_effective=_scalar(batch, "seed_alpha_effective"),
+        max_possible_entropy=_scalar(batch, "seed_max_possible_entropy"),
+    )
+    source = T.rewards_batch(
+        advantages=advantages,
+        q=q,
+        samples=samples,
         moments=(
             _nan_if_none(_scalar(batch, "reward_mean")),
             _nan_if_none(_scalar(batch, "reward_std")),
         ),
         entropy_bonus_scale=_scalar(batch, "entropy_bonus_scale"),
-        seed_alpha_effective=_scalar(batch, "seed_alpha_effective"),
-        seed_max_possible_entropy=_scalar(batch, "seed_max_possible_entropy"),
+        seed=seed,
     )
     return T.RewardComputation.from_arrow(source)
 
@@ -204,16 +210,18 @@ def reference_logprobs(batch: RolloutBatch):
         ref_logp_mean=_nan_if_none(_scalar(batch, "ref_logp_mean")),
         avg_completion_tokens=_nan_if_none(_scalar(batch, "avg_completion_tokens")),
         ref_token_logp=None if per_token is None else per_token.flatten(),
-        width=meta.get("widths", {}).get("ref_token_logp"),
-        has_mask=per_token is not None and meta.get("has_ref_mask", True),
-        dtypes={
-            "ref_logp_sum": str(mean.dtype).removeprefix("torch."),
-            "ref_tok_counts": str(counts.dtype).removeprefix("torch."),
-            "ref_logp_sum_raw": str(raw.dtype).removeprefix("torch."),
-            "ref_token_logp": dtypes.get("ref_token_logp"),
-            "ref_token_mask": dtypes.get("ref_token_mask", "int64"),
-        },
-        kinds=meta.get("kinds", {}),
+        given=T.GivenForm(
+            dtypes={
+                "ref_logp_sum": str(mean.dtype).removeprefix("torch."),
+                "ref_tok_counts": str(counts.dtype).removeprefix("torch."),
+                "ref_logp_sum_raw": str(raw.dtype).removeprefix("torch."),
+                "ref_token_logp": dtypes.get("ref_token_logp"),
+                "ref_token_mask": dtypes.get("ref_token_mask", "int64"),
+            },
+            kinds=meta.get("kinds", {}),
+            width=meta.get("widths", {}).get("ref_token_logp"),
+            has_mask=per_token is not None and meta.get("has_ref_mask", True),
+        ),
     )
     return T.ReferenceLogprobs.from_arrow(source)
 

@@ -8,6 +8,7 @@ from .evaluation import (
 )
 from .generation import (
     Rollouts as Rollouts,
+    SamplingOptions as SamplingOptions,
     decode_completions as decode_completions,
     sample_groups as sample_groups,
 )
@@ -19,6 +20,7 @@ from .offline import (
     train_from_store as train_from_store,
 )
 from .scoring import (
+    ScoringOptions as ScoringOptions,
     TokenScores as TokenScores,
     reference_logprobs as reference_logprobs,
     score_tokens as score_tokens,
@@ -26,5 +28,8 @@ from .scoring import (
     supports_packing as supports_packing,
 )
 from .snapshots import snapshot_loader as snapshot_loader, snapshot_path as snapshot_path
-from .supervised import supervised_warm_start as supervised_warm_start
-from .trainer import MaxEntTrainer as MaxEntTrainer
+from .supervised import (
+    WarmStartOptions as WarmStartOptions,
+    supervised_warm_start as supervised_warm_start,
+)
+from .trainer import MaxEntTrainer as MaxEntTrainer, TrainerOptions as TrainerOptions

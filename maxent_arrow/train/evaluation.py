@@ -14,7 +14,7 @@ from typing import Any
 from maxent_arrow.compute import compute_rewards, length_stats
 from maxent_arrow.errors import LayoutError
 from maxent_arrow.rollout import RolloutBatch
-from maxent_arrow.train.generation import sample_groups
+from maxent_arrow.train.generation import SamplingOptions, sample_groups
 from maxent_arrow.types import GenerationBatch, RewardComputation, ValidationContext
 
 __all__ = ["evaluate", "should_evaluate", "greedy_generator"]
@@ -36,10 +36,12 @@ def greedy_generator(model: Any, tokenizer: Any, *, max_new_tokens: int, max_pro
             tokenizer,
             list(prompts),
             [""] * len(prompts),
-            k=num_samples,
-            max_new_tokens=max_new_tokens,
-            max_prompt_len=max_prompt_len,
-            greedy=True,
+            options=SamplingOptions(
+                k=num_samples,
+                max_new_tokens=max_new_tokens,
+                max_prompt_len=max_prompt_len,
+                greedy=True,
+            ),
         )
         gen = rollouts.generation
         return gen.grouped_completions, gen.grouped_completion_info

@@ -1,10 +1,11 @@
 """Sampling K completions per prompt with a ``transformers`` causal LM, into a ``GenerationBatch``.
 
-``sample_groups`` runs ``model.generate`` once for all prompts (left-padded,
-``num_return_sequences = K``), cuts each completion after its first EOS (inclusive), and keeps
-what a replayable step needs (``docs/formulas.md`` §4.2): the exact generated token ids, finish
-reason, token count, and the behaviour policy's per-token log-probs under the sampling
-temperature, as a ``Ragged`` (one row per completion, prompt-major).
+``sample_groups`` runs ``model.generate`` once for all prompts, as its :class:`SamplingOptions`
+say (left-padded, ``num_return_sequences = K``), cuts each completion after its first EOS
+(inclusive), and keeps what a replayable step needs (``docs/formulas.md`` §4.2): the exact
+generated token ids, finish reason, token count, and the behaviour policy's per-token
+log-probs under the sampling temperature, as a ``Ragged`` (one row per completion,
+prompt-major).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import torch
 from maxent_arrow.arrow import Ragged
 from maxent_arrow.types import GenerationBatch
 
-__all__ = ["Rollouts", "decode_completions", "sample_groups"]
+__all__ = ["Rollouts", "SamplingOptions", "decode_completions", "sample_groups"]
 
 
 @dataclass
@@ -33,6 +34,35 @@ class Rollouts:
     prompt_ids: Ragged
     completion_ids: Ragged
     behavior_token_logp: Ragged
+
+
+@dataclass(frozen=True, kw_only=True)
+class SamplingOptions:
+    """How :func:`sample_groups` samples.
+
+    Parameters
+    ----------
+    k:
+        Completions per prompt (1 with ``greedy``, for evaluation).
+    max_new_tokens:
+        The completion cap.
+    max_prompt_len:
+        Prompts are cut to their first ``max_prompt_len`` tokens (the seed's head truncation).
+    temperature, top_p:
+        The sampler's; no top-k cut. Ignored with ``greedy``.
+    greedy:
+        Greedy decoding instead of sampling.
+    generator_seed:
+        Seeds torch's generator before sampling (a reproducible step); ``None`` leaves it.
+    """
+
+    k: int
+    max_new_tokens: int
+    max_prompt_len: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    greedy: bool = False
+    generator_seed: int | None = None
 
 
 def _eos_cut_lengths(
@@ -59,35 +89,30 @@ def sample_groups(
     prompts: list[str],
     answers: list[str],
     *,
-    k: int,
-    max_new_tokens: int,
-    max_prompt_len: int = 256,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    greedy: bool = False,
-    generator_seed: int | None = None,
+    options: SamplingOptions,
 ) -> Rollouts:
-    """Generate ``k`` completions for each prompt (``k`` = 1 with ``greedy`` for evaluation).
+    """Generate ``options.k`` completions for each prompt (:class:`SamplingOptions`).
 
     Prompts are tokenized without special tokens and cut to their first ``max_prompt_len``
     tokens (the seed's head truncation). ``behavior_token_logp`` is ``log_softmax(logits /
     temperature)`` at each sampled token: the distribution the tokens were drawn from.
     """
+    k, greedy, temperature = options.k, options.greedy, options.temperature
     device = next(model.parameters()).device
-    prompt_rows = _encode_prompts(tokenizer, prompts, max_prompt_len)
+    prompt_rows = _encode_prompts(tokenizer, prompts, options.max_prompt_len)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     input_ids, mask = prompt_rows.to_padded(pad_id, side="left")
-    if generator_seed is not None:
-        torch.manual_seed(generator_seed)
+    if options.generator_seed is not None:
+        torch.manual_seed(options.generator_seed)
     output = model.generate(
         input_ids=input_ids.to(device),
         attention_mask=mask.to(device=device, dtype=torch.int64),
         do_sample=not greedy,
         temperature=temperature if not greedy else None,
-        top_p=top_p if not greedy else None,
+        top_p=options.top_p if not greedy else None,
         top_k=0 if not greedy else None,
         num_return_sequences=k,
-        max_new_tokens=max_new_tokens,
+        max_new_tokens=options.max_new_tokens,
         min_new_tokens=1,
         pad_token_id=pad_id,
         eos_token_id=tokenizer.eos_token_id,

@@ -22,7 +22,7 @@ from maxent_arrow.errors import StoreError
 from maxent_arrow.ingest import build_score_batch
 from maxent_arrow.rollout import RolloutBatch, RunConfig, recompute
 from maxent_arrow.store import ReplaySampler, RolloutStore
-from maxent_arrow.train.scoring import sequence_scores
+from maxent_arrow.train.scoring import ScoringOptions, sequence_scores
 from maxent_arrow.train.trainer import MaxEntTrainer
 
 __all__ = ["ReplayedStep", "StoreStep", "recompute_errors", "replay_losses", "train_from_store"]
@@ -109,7 +109,7 @@ def replay_losses(
                 score_batch,
                 reference,
                 behavior_token_logp=batch.ragged("behavior_token_logp"),
-                temperature=cfg.gen_temperature,
+                options=ScoringOptions(temperature=cfg.gen_temperature),
             )
             loss, _ = evaluate_losses(
                 scores,

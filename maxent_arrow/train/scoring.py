@@ -13,8 +13,8 @@ What differs from the original pipeline (``docs/formulas.md`` §3.7-3.8, ``docs/
   output head, log-softmax and entropy run on chunks of ``token_chunk`` predicted positions
   (recomputed in backward under gradient checkpointing, so memory stays one chunk wide);
 - per-token values are float32 and per-sequence sums accumulate in float64 (seed-bugs §6);
-- one ``temperature`` argument divides the logits the same way for policy and reference
-  (the seed divided only the reference's, seed-bugs §7);
+- one ``temperature`` (of :class:`ScoringOptions`) divides the logits the same way for policy
+  and reference (the seed divided only the reference's, seed-bugs §7);
 - per-token outputs are left-aligned on the scored completion tokens, and stored behaviour
   per-token log-probs are aligned the same way (the seed right-aligned them, seed-bugs §4).
 """
@@ -37,6 +37,7 @@ from maxent_arrow.ingest import ModelChunk, SequenceLayout, iter_chunks, sequenc
 from maxent_arrow.types import ReferenceLogprobs, ScoreBatch, SequenceScores
 
 __all__ = [
+    "ScoringOptions",
     "TokenScores",
     "score_tokens",
     "reference_logprobs",
@@ -49,6 +50,44 @@ Packing = Literal["auto", "packed", "padded"]
 # Attention implementations whose transformers mask/varlen code turns position_ids that restart
 # at 0 into per-sequence attention (masking_utils.find_packed_sequence_indices, flash varlen).
 _PACKABLE_ATTENTION = ("sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScoringOptions:
+    """How a scoring pass runs its forwards: the same for the policy and the reference
+    (:func:`score_tokens`, :func:`reference_logprobs`, :func:`sequence_scores`).
+
+    Parameters
+    ----------
+    temperature:
+        Logits are divided by it before the softmax (the generation temperature, to score
+        what the sampler sampled); the same for policy and reference.
+    packing:
+        ``"auto"`` packs when :func:`supports_packing` says the model can, ``"packed"``
+        insists (``ComputeError`` otherwise), ``"padded"`` never packs.
+    pack_tokens:
+        Token budget of a packed forward (default: ``slice_size`` x the longest sequence).
+    padding_side:
+        Padding of padded slices; both give the same scores (positions count real tokens).
+    token_chunk:
+        Predicted positions per output-head chunk: the logits held at once are at most
+        ``token_chunk x V``.
+    """
+
+    temperature: float = 1.0
+    packing: Packing | bool = "auto"
+    pack_tokens: int | None = None
+    padding_side: Literal["right", "left"] = "right"
+    token_chunk: int = 1024
+
+    def __post_init__(self) -> None:
+        if not self.temperature > 0:
+            raise ComputeError(f"temperature: expected > 0, got {self.temperature}")
+        if self.token_chunk < 1:
+            raise ComputeError(f"token_chunk: expected >= 1, got {self.token_chunk}")
+
+
+_DEFAULT = ScoringOptions()
 
 
 @dataclass
@@ -170,12 +209,8 @@ def score_tokens(
     model: Any,
     score_batch: ScoreBatch,
     *,
-    temperature: float = 1.0,
+    options: ScoringOptions = _DEFAULT,
     return_entropy: bool = False,
-    packing: Packing | bool = "auto",
-    pack_tokens: int | None = None,
-    padding_side: Literal["right", "left"] = "right",
-    token_chunk: int = 1024,
     layout: SequenceLayout | None = None,
 ) -> TokenScores:
     """Log-probs of every scored completion token of ``score_batch`` under ``model``.
@@ -185,32 +220,20 @@ def score_tokens(
 
     Parameters
     ----------
-    temperature:
-        Logits are divided by it before the softmax (the generation temperature, to score
-        what the sampler sampled); the same for policy and reference.
-    packing:
-        ``"auto"`` packs when :func:`supports_packing` says the model can, ``"packed"``
-        insists (``ComputeError`` otherwise), ``"padded"`` never packs.
-    pack_tokens:
-        Token budget of a packed forward (default: ``slice_size`` x the longest sequence).
-    padding_side:
-        Padding of padded slices; both give the same scores (positions count real tokens).
-    token_chunk:
-        Predicted positions per output-head chunk: the logits held at once are at most
-        ``token_chunk x V``.
+    options:
+        How the forwards run (:class:`ScoringOptions`: temperature, packing, padding, the
+        output head's chunk).
+    return_entropy:
+        Also sum the predictive entropy over each sample's scored positions.
     layout:
         A precomputed :func:`~maxent_arrow.ingest.sequence_layout` (to share between the
         policy and reference passes).
     """
-    if not temperature > 0:
-        raise ComputeError(f"temperature: expected > 0, got {temperature}")
-    if token_chunk < 1:
-        raise ComputeError(f"token_chunk: expected >= 1, got {token_chunk}")
     device = _model_device(model)
     if layout is None:
         layout = sequence_layout(score_batch, device=device)
-    packed = _resolve_packing(model, packing)
-    scorer = _ChunkScorer.of(model, temperature, return_entropy, token_chunk)
+    packed = _resolve_packing(model, options.packing)
+    scorer = _ChunkScorer.of(model, options.temperature, return_entropy, options.token_chunk)
     targets_all = layout.tokens.values
     scored_all = layout.scored
     offsets = layout.tokens.offsets.tolist()
@@ -220,8 +243,8 @@ def score_tokens(
         slice_size=score_batch.slice_size,
         pad_token_id=score_batch.pad_token_id,
         mode="packed" if packed else "padded",
-        padding_side=padding_side,
-        pack_tokens=pack_tokens,
+        padding_side=options.padding_side,
+        pack_tokens=options.pack_tokens,
     )
     for chunk in chunks:
         lo, hi = offsets[chunk.start], offsets[chunk.stop]
@@ -358,12 +381,8 @@ def reference_logprobs(
     model: Any,
     score_batch: ScoreBatch,
     *,
-    temperature: float = 1.0,
+    options: ScoringOptions = _DEFAULT,
     return_token_logp: bool = False,
-    packing: Packing | bool = "auto",
-    pack_tokens: int | None = None,
-    padding_side: Literal["right", "left"] = "right",
-    token_chunk: int = 1024,
 ) -> ReferenceLogprobs:
     """Frozen-reference log-probs, with the seed's field meanings (``docs/formulas.md`` §2.10,
     §3.7).
@@ -374,17 +393,10 @@ def reference_logprobs(
     ``avg_completion_tokens`` the mean of T_i. With ``return_token_logp``, ``ref_token_logp``
     ``[N, L_c]`` float32 and ``ref_token_mask`` int64 hold the per-token values, left-aligned
     on the scored tokens. Runs under ``torch.no_grad``; tensors stay on the model's device.
+    ``options``: how the forwards run (:class:`ScoringOptions`), as for the policy's scores.
     """
     with torch.no_grad():
-        scores = score_tokens(
-            model,
-            score_batch,
-            temperature=temperature,
-            packing=packing,
-            pack_tokens=pack_tokens,
-            padding_side=padding_side,
-            token_chunk=token_chunk,
-        )
+        scores = score_tokens(model, score_batch, options=options)
     return reference_from_scores(
         scores, width=score_batch.completion_ids.shape[1] if return_token_logp else None
     )
@@ -419,11 +431,7 @@ def sequence_scores(
     behavior_token_logp: Any = None,
     return_token_logp: bool = False,
     return_entropy: bool = False,
-    temperature: float = 1.0,
-    packing: Packing | bool = "auto",
-    pack_tokens: int | None = None,
-    padding_side: Literal["right", "left"] = "right",
-    token_chunk: int = 1024,
+    options: ScoringOptions = _DEFAULT,
 ) -> SequenceScores:
     """Policy scores with gradients, combined with ``reference`` as the seed does
     (``docs/formulas.md`` §3.8).
@@ -447,22 +455,16 @@ def sequence_scores(
     return_entropy:
         Also return ``policy_entropy_sum`` (exact entropy summed over scored positions,
         detached).
+    options:
+        How the forwards run (:class:`ScoringOptions`): the same as the reference's, so the
+        log-ratio compares like with like.
     """
     n = score_batch.total_sequences
     ref_n = reference.ref_logp_sum_raw.shape[0]
     if ref_n != n:
         raise LayoutError(f"sequence_scores: reference has {ref_n} samples, expected {n}")
     need_tokens = return_token_logp or behavior_token_logp is not None
-    scores = score_tokens(
-        model,
-        score_batch,
-        temperature=temperature,
-        return_entropy=return_entropy,
-        packing=packing,
-        pack_tokens=pack_tokens,
-        padding_side=padding_side,
-        token_chunk=token_chunk,
-    )
+    scores = score_tokens(model, score_batch, options=options, return_entropy=return_entropy)
     device = scores.logp_sum.device
     cur = scores.logp_sum
     behavior = _behavior_sums(behavior_logp_sum, cur.detach(), n)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -19,7 +20,39 @@ import torch
 from maxent_arrow.arrow import Ragged
 from maxent_arrow.errors import ComputeError
 
-__all__ = ["supervised_warm_start"]
+__all__ = ["WarmStartOptions", "supervised_warm_start"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class WarmStartOptions:
+    """How :func:`supervised_warm_start` trains.
+
+    Parameters
+    ----------
+    steps:
+        Optimizer steps (0: no update, an empty list).
+    batch_size:
+        Demonstrations per step.
+    learning_rate:
+        AdamW's, decayed linearly to 0 over ``steps``.
+    max_prompt_len:
+        Prompts are cut to their first ``max_prompt_len`` tokens, as generation cuts them.
+    seed:
+        Seeds the shuffle; with the model's own seeded weights the pass is reproducible.
+    """
+
+    steps: int
+    batch_size: int = 64
+    learning_rate: float = 3e-3
+    max_prompt_len: int = 32
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.steps < 0 or self.batch_size < 1:
+            raise ComputeError(
+                f"WarmStartOptions: expected steps >= 0 and batch_size >= 1, got {self.steps} "
+                f"and {self.batch_size}"
+            )
 
 
 def _encode(
@@ -45,11 +78,7 @@ def supervised_warm_start(
     prompts: Sequence[str],
     completions: Sequence[str],
     *,
-    steps: int,
-    batch_size: int = 64,
-    learning_rate: float = 3e-3,
-    max_prompt_len: int = 32,
-    seed: int = 0,
+    options: WarmStartOptions,
     on_step: Callable[[int, float], None] | None = None,
 ) -> list[float]:
     """Fine-tune ``model`` in place on ``(prompt, completion)`` pairs; the loss of each step.
@@ -57,8 +86,8 @@ def supervised_warm_start(
     Batches are drawn without replacement from a seeded shuffle of the pairs (reshuffled each
     epoch), right-padded, and scored in one forward; the loss is the mean NLL over the
     completion tokens and their EOS (the prompt is context, never a target). AdamW with a
-    linear decay of the learning rate to 0 over ``steps``, so the last updates are small and
-    the model handed to RL is not mid-jump. The model is left in eval mode.
+    linear decay of the learning rate to 0 over ``options.steps``, so the last updates are
+    small and the model handed to RL is not mid-jump. The model is left in eval mode.
 
     Parameters
     ----------
@@ -68,12 +97,8 @@ def supervised_warm_start(
     prompts, completions:
         The demonstrations, as texts; the completion follows the prompt directly (include a
         leading space if the task wants one).
-    steps:
-        Optimizer steps (0: no update, an empty list).
-    max_prompt_len:
-        Prompts are cut to their first ``max_prompt_len`` tokens, as generation cuts them.
-    seed:
-        Seeds the shuffle; with the model's own seeded weights the pass is reproducible.
+    options:
+        Steps, batch size, learning rate, prompt cut and seed (:class:`WarmStartOptions`).
     on_step:
         ``on_step(step, loss)`` after each update (a progress bar).
     """
@@ -81,19 +106,15 @@ def supervised_warm_start(
         raise ComputeError(
             f"supervised_warm_start: {len(prompts)} prompts but {len(completions)} completions"
         )
-    if steps < 0 or batch_size < 1:
-        raise ComputeError(
-            f"supervised_warm_start: expected steps >= 0 and batch_size >= 1, got {steps} "
-            f"and {batch_size}"
-        )
+    steps, batch_size = options.steps, options.batch_size
     if steps and not prompts:
         raise ComputeError("supervised_warm_start: no demonstrations to learn from")
-    ids, targets = _encode(tokenizer, prompts, completions, max_prompt_len)
+    ids, targets = _encode(tokenizer, prompts, completions, options.max_prompt_len)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     device = next(model.parameters()).device
-    optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=options.learning_rate)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 - s / max(steps, 1))
-    rng = random.Random(seed)
+    rng = random.Random(options.seed)
     order: list[int] = []
     losses: list[float] = []
     model.train()

@@ -26,7 +26,7 @@ import copy
 import dataclasses
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypedDict, Unpack, cast
 
 import torch
 
@@ -44,8 +44,8 @@ from maxent_arrow.ingest import build_score_batch, tokenizer_identity
 from maxent_arrow.rollout import METRICS_KEY, RolloutBatch, RunConfig, trainer_metrics_table
 from maxent_arrow.store import RolloutStore, SampledBatch
 from maxent_arrow.store.history.attempts import IfExists
-from maxent_arrow.train.generation import Rollouts, sample_groups
-from maxent_arrow.train.scoring import reference_logprobs, sequence_scores
+from maxent_arrow.train.generation import Rollouts, SamplingOptions, sample_groups
+from maxent_arrow.train.scoring import ScoringOptions, reference_logprobs, sequence_scores
 from maxent_arrow.train.snapshots import snapshot_path
 from maxent_arrow.types import (
     BatchDiagnostics,
@@ -56,7 +56,18 @@ from maxent_arrow.types import (
     SequenceScores,
 )
 
-__all__ = ["MaxEntTrainer"]
+__all__ = ["MaxEntTrainer", "TrainerOptions"]
+
+
+class TrainerOptions(TypedDict, total=False):
+    """The optional keywords of :class:`MaxEntTrainer` (each ``None`` when not given; its
+    docstring says what each does)."""
+
+    accelerator: Any
+    run_dir: Path | None
+    resume_from: int | None
+    if_exists: IfExists | None
+    reference: Any
 
 
 class MaxEntTrainer:
@@ -76,6 +87,8 @@ class MaxEntTrainer:
         step, completed with the tokenizer's identity and ids, as the replay contract.
     reward_funcs:
         ``f(completions, answers) -> list[float]``, one per ``config.reward_names``.
+    options:
+        The optional keywords (:class:`TrainerOptions`), below.
     accelerator:
         An ``accelerate.Accelerator``; it decides the device and runs the backward pass.
     run_dir:
@@ -102,21 +115,27 @@ class MaxEntTrainer:
         *,
         config: RunConfig,
         reward_funcs: Sequence[Callable],
-        accelerator: Any = None,
-        run_dir: Path | None = None,
-        resume_from: int | None = None,
-        if_exists: IfExists | None = None,
-        reference: Any = None,
+        **options: Unpack[TrainerOptions],
     ):
         from accelerate import Accelerator
 
+        unknown = sorted(options.keys() - TrainerOptions.__optional_keys__)
+        if unknown:  # as Python refuses an unknown keyword
+            raise TypeError(f"MaxEntTrainer() got an unexpected keyword argument {unknown[0]!r}")
         self.config = config
         self.tokenizer = tokenizer
         # A trainer is a run of its own: the store object of its attempt.
-        self.store = store.next_attempt(resume_from=resume_from, if_exists=if_exists)
+        self.store = store.next_attempt(
+            resume_from=options.get("resume_from"), if_exists=options.get("if_exists")
+        )
         self.reward_funcs = list(reward_funcs)
+        run_dir = options.get("run_dir")
         self.run_dir = Path(run_dir) if run_dir is not None else None
+        accelerator = options.get("accelerator")
         self.accelerator = accelerator or Accelerator(cpu=not torch.cuda.is_available())
+        # Policy and reference are scored alike: the sampler's temperature.
+        self.scoring = ScoringOptions(temperature=config.gen_temperature)
+        reference = options.get("reference")
         base = model if reference is None else reference
         self.reference = copy.deepcopy(base).eval().requires_grad_(False)
         optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate)
@@ -180,7 +199,7 @@ class MaxEntTrainer:
             accelerator=self.accelerator,
         )
         reference = reference_logprobs(
-            self.reference, score_batch, temperature=cfg.gen_temperature, return_token_logp=True
+            self.reference, score_batch, options=self.scoring, return_token_logp=True
         )
         # The weights this step's loss is computed with, saved before they change.
         self.save_snapshot(step)
@@ -192,7 +211,7 @@ class MaxEntTrainer:
             return_token_logp=True,
             # The logits are there anyway; their entropy fills the policy_entropy_sum column.
             return_entropy=True,
-            temperature=cfg.gen_temperature,
+            options=self.scoring,
         )
         weights = self.weights(rewards, reference)
         loss, diagnostics = self.losses(scores, reference, weights)
@@ -257,7 +276,7 @@ class MaxEntTrainer:
             score_batch,
             reference,
             behavior_token_logp=batch.ragged("behavior_token_logp"),
-            temperature=cfg.gen_temperature,
+            options=self.scoring,
         )
         return self.losses(scores, reference, weights)
 
@@ -335,12 +354,14 @@ class MaxEntTrainer:
             self.tokenizer,
             [r["prompt"] for r in rows],
             [r["answer"] for r in rows],
-            k=cfg.num_generations,
-            max_new_tokens=cfg.max_completion_len,
-            max_prompt_len=cfg.max_prompt_len,
-            temperature=cfg.gen_temperature,
-            top_p=cfg.top_p,
-            generator_seed=cfg.seed * 1_000_003 + step,
+            options=SamplingOptions(
+                k=cfg.num_generations,
+                max_new_tokens=cfg.max_completion_len,
+                max_prompt_len=cfg.max_prompt_len,
+                temperature=cfg.gen_temperature,
+                top_p=cfg.top_p,
+                generator_seed=cfg.seed * 1_000_003 + step,
+            ),
         )
 
     def rewards(self, generation: GenerationBatch) -> RewardComputation:

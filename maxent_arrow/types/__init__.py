@@ -1,8 +1,8 @@
 """The 15 seed records of ``maxent_grpo.training.types.rewards`` (:mod:`.rewards` is the
 seed-compatible import path), the settings types ``ValidationContext`` names
 (:mod:`.settings`), and the helpers of code that makes records from Arrow columns or reads
-their batches (``rewards_batch``, ``reference_batch``, ``sample_messages``,
-``record_scalars``).
+their batches (``rewards_batch`` with its ``SampleColumns`` and ``SeedColumns``,
+``reference_batch`` with its ``GivenForm``, ``sample_messages``, ``record_scalars``).
 
 Names load on first use; importing this package imports no torch.
 """

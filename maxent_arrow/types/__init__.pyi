@@ -3,7 +3,11 @@
 
 from .base import evolve as evolve, records_equal as records_equal
 from .columns import record_scalars as record_scalars
-from .computation import rewards_batch as rewards_batch
+from .computation import (
+    SampleColumns as SampleColumns,
+    SeedColumns as SeedColumns,
+    rewards_batch as rewards_batch,
+)
 from .records import sample_messages as sample_messages
 from .rewards import (
     AdvantageStats as AdvantageStats,
@@ -32,4 +36,4 @@ from .settings import (
     RuntimeHandles as RuntimeHandles,
     ScoringSettings as ScoringSettings,
 )
-from .tensors import reference_batch as reference_batch
+from .tensors import GivenForm as GivenForm, reference_batch as reference_batch

@@ -11,6 +11,9 @@ step, the rollout batch).
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
@@ -33,7 +36,7 @@ from maxent_arrow.types.columns import (
 )
 from maxent_arrow.types.records import BoundLayout, GroupedPairLayout, PairsLayout, same_groups
 
-__all__ = ["RewardsLayout", "rewards_batch"]
+__all__ = ["RewardsLayout", "SampleColumns", "SeedColumns", "rewards_batch"]
 
 _FLOAT_LIST = is_list_of(is_float)
 _PAIR_COLUMNS = ("prompts", "prompt_messages", "completions", "completion_messages")
@@ -318,64 +321,88 @@ def _article(name: str) -> str:
 
 
 # ---------------------------------------------------------------------------- builders
+@dataclass(frozen=True, kw_only=True)
+class SampleColumns:
+    """The per-completion columns of a ``RewardComputation`` batch, each flat ``[N]`` in group
+    order (:func:`rewards_batch` regroups them by the advantages' offsets, without copying
+    their values).
+
+    ``prompts`` / ``completions`` (with ``prompt_messages`` / ``completion_messages`` where
+    the pairs are chats, and ``pairs_metadata``) are ``pairs``; ``rewards`` maps each reward's
+    name to its values; ``completion_metadata_is_pairs_metadata`` stores the seed's aliasing
+    (``completion_metadata`` is ``pairs.metadata``) once instead of a second column.
+    """
+
+    total_utils: pa.Array
+    prompts: pa.Array
+    completions: pa.Array
+    rewards: Mapping[str, pa.Array] = dataclasses.field(default_factory=dict)
+    prompt_messages: pa.Array | None = None
+    completion_messages: pa.Array | None = None
+    pairs_metadata: pa.Array | None = None
+    ref_meta: pa.Array | None = None
+    completion_metadata: pa.Array | None = None
+    completion_metadata_is_pairs_metadata: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class SeedColumns:
+    """SEED-GRPO's results in a ``RewardComputation`` batch: the ``[P]`` group columns
+    ``seed_semantic_entropies`` / ``seed_advantage_scales`` (one value per group, not
+    regrouped) and the two scalars."""
+
+    semantic_entropy: pa.Array | None = None
+    advantage_scale: pa.Array | None = None
+    alpha_effective: float | None = None
+    max_possible_entropy: float | None = None
+
+
 def rewards_batch(
     *,
     advantages: pa.Array,
     q: pa.Array,
-    total_utils: pa.Array,
-    prompts: pa.Array,
-    completions: pa.Array,
-    rewards: dict[str, pa.Array] | None = None,
-    prompt_messages: pa.Array | None = None,
-    completion_messages: pa.Array | None = None,
-    pairs_metadata: pa.Array | None = None,
-    ref_meta: pa.Array | None = None,
-    completion_metadata: pa.Array | None = None,
-    completion_metadata_is_pairs_metadata: bool = False,
-    seed_semantic_entropy: pa.Array | None = None,
-    seed_advantage_scale: pa.Array | None = None,
+    samples: SampleColumns,
     moments: tuple[float | None, float | None] = (None, None),
     entropy_bonus_scale: float | None = None,
-    seed_alpha_effective: float | None = None,
-    seed_max_possible_entropy: float | None = None,
+    seed: SeedColumns | None = None,
 ) -> pa.RecordBatch:
     """A ``RewardComputation`` record batch from Arrow columns (no Python values made), for
     ``RewardComputation.from_arrow``: how the reward step and the rollout batch give their
     results back lazily.
 
-    ``advantages`` and ``q`` are ``list<double>`` by group; every per-sample argument is flat
-    ``[N]`` in group order (``rewards`` maps names to such arrays) and is regrouped by the
-    advantages' offsets without copying its values.
+    ``advantages`` and ``q`` are ``list<double>`` by group; ``samples`` the flat ``[N]``
+    columns (:class:`SampleColumns`), regrouped by the advantages' offsets; ``seed`` the
+    SEED-GRPO results, if any (:class:`SeedColumns`).
     """
     offsets = list_offsets(advantages)
 
     def by_group(array: pa.Array | None) -> pa.Array | None:
         return None if array is None else F.grouped(array, offsets)
 
-    rewards = rewards or {}
-    pairs = (prompts, prompt_messages, completions, completion_messages)
+    s, seed = samples, seed or SeedColumns()
+    rewards = dict(s.rewards)
+    pairs = (s.prompts, s.prompt_messages, s.completions, s.completion_messages)
     columns = {c: by_group(v) for c, v in zip(_PAIR_COLUMNS, pairs)}
-    columns["pairs_metadata"] = by_group(pairs_metadata)
-    columns["total_utils"] = by_group(total_utils)
+    columns["pairs_metadata"] = by_group(s.pairs_metadata)
+    columns["total_utils"] = by_group(s.total_utils)
     columns["rewards"] = (
         pa.StructArray.from_arrays([by_group(v) for v in rewards.values()], names=list(rewards))
         if rewards
         else None
     )
     columns["advantages"], columns["q"] = advantages, q
-    columns["ref_meta"] = by_group(ref_meta)
-    columns["completion_metadata"] = (
-        None if completion_metadata_is_pairs_metadata else by_group(completion_metadata)
-    )
+    columns["ref_meta"] = by_group(s.ref_meta)
+    shared = s.completion_metadata_is_pairs_metadata
+    columns["completion_metadata"] = None if shared else by_group(s.completion_metadata)
     # The SEED-GRPO group columns ([P] values, not regrouped).
-    columns["seed_semantic_entropy"] = seed_semantic_entropy
-    columns["seed_advantage_scale"] = seed_advantage_scale
+    columns["seed_semantic_entropy"] = seed.semantic_entropy
+    columns["seed_advantage_scale"] = seed.advantage_scale
     scalars = {
         "moments": list(moments),
         "reward_keys": list(rewards),
-        "completion_metadata_is_pairs_metadata": completion_metadata_is_pairs_metadata,
+        "completion_metadata_is_pairs_metadata": shared,
         "entropy_bonus_scale": entropy_bonus_scale,
-        "seed_alpha_effective": seed_alpha_effective,
-        "seed_max_possible_entropy": seed_max_possible_entropy,
+        "seed_alpha_effective": seed.alpha_effective,
+        "seed_max_possible_entropy": seed.max_possible_entropy,
     }
     return make_batch("RewardComputation", columns, scalars, len(advantages))

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from maxent_arrow.arguments import is_int
 from maxent_arrow.arrow import first_null, list_offsets
 from maxent_arrow.arrow import schema as S
 from maxent_arrow.errors import LayoutError, SchemaError
@@ -74,11 +75,7 @@ _INFO_CHECKS = {
     "finish_reason": lambda v: type(v) is str,
     "stop_reason": lambda v: type(v) is str,
     "truncated": lambda v: type(v) is bool,
-    "token_count": lambda v: (
-        isinstance(v, int | np.integer)
-        and not isinstance(v, bool | np.bool_)
-        and _INT32[0] <= v <= _INT32[1]
-    ),
+    "token_count": lambda v: is_int(v) and _INT32[0] <= int(v) <= _INT32[1],
     "token_ids": lambda v: type(v) is list or type(v) is tuple,
 }
 
@@ -190,9 +187,7 @@ def int_array(
             got = value.type  # pyright: ignore[reportAttributeAccessIssue]
             raise SchemaError(f"{field}: expected integers, got an Arrow array of {got}")
         for i, item in enumerate(value):
-            if item is not None and (
-                isinstance(item, bool | np.bool_) or not isinstance(item, numbers.Integral)
-            ):
+            if item is not None and not is_int(item):
                 raise SchemaError(f"{field}: expected an int at {where(i)}, got {item!r}")
         raise SchemaError(f"{field}: expected ints, got {array.type if array else 'other'}")
     if array.null_count:
@@ -461,10 +456,8 @@ def _split_info(field: str, item: Mapping, where: str, *, ids_typed: bool = True
 
 def _is_int32_list(value: Any) -> bool:
     return all(
-        isinstance(t, numbers.Integral)
-        and not isinstance(t, bool)
         # typeshed's numbers.Integral declares no `>=` (the reflection of `int <= t`).
-        and _INT32[0] <= t <= _INT32[1]  # pyright: ignore[reportOperatorIssue]
+        is_int(t) and _INT32[0] <= t <= _INT32[1]  # pyright: ignore[reportOperatorIssue]
         for t in value
     )
 

@@ -11,6 +11,7 @@ prefix mask.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any, cast
 
 import numpy as np
@@ -47,6 +48,7 @@ __all__ = [
     "ScoresLayout",
     "ReferenceLayout",
     "LossLayout",
+    "GivenForm",
     "reference_batch",
 ]
 
@@ -613,6 +615,19 @@ class LossLayout(_TensorLayout):
 
 
 # ---------------------------------------------------------------------------- builders
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GivenForm:
+    """How a ``ReferenceLogprobs``' tensors were given, so that ``from_arrow`` gives them back
+    the same way: ``dtypes`` (field -> tensor dtype name, ``None``: the default), ``kinds``
+    (field -> ``"tensor"``, ``"numpy"``, ``"list"``), and the per-token matrix's ``width``
+    (``ref_token_logp`` is padded back to it) and whether it had a mask (``has_mask``)."""
+
+    dtypes: Mapping[str, str | None] = dataclasses.field(default_factory=dict)
+    kinds: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    width: int | None = None
+    has_mask: bool = False
+
+
 def reference_batch(
     *,
     ref_logp_sum: pa.Array,
@@ -621,18 +636,16 @@ def reference_batch(
     ref_logp_mean: float | None,
     avg_completion_tokens: float | None,
     ref_token_logp: pa.Array | None = None,
-    width: int | None = None,
-    has_mask: bool = False,
-    dtypes: dict[str, str | None] | None = None,
-    kinds: dict[str, str] | None = None,
+    given: GivenForm | None = None,
 ) -> pa.RecordBatch:
     """A ``ReferenceLogprobs`` record batch from Arrow columns, for ``from_arrow``.
 
     The ``[N]`` columns are primitive (zero-copy tensors when their type is the dtype to give
-    back); ``ref_token_logp`` is ragged ``list<float>``, padded back to ``width`` with a mask
-    when ``has_mask``. ``dtypes`` / ``kinds`` say how each field was given (tensor dtype;
-    ``"numpy"``, ``"list"``).
+    back); ``ref_token_logp`` is ragged ``list<float>``, padded back to ``given.width`` with a
+    mask when ``given.has_mask``. ``given`` says how each field was given
+    (:class:`GivenForm`; default: tensors of the default dtypes, no per-token mask).
     """
+    given = given or GivenForm()
     columns = {
         "ref_logp_sum": ref_logp_sum,
         "ref_tok_counts": ref_tok_counts,
@@ -642,9 +655,9 @@ def reference_batch(
     scalars = {
         "ref_logp_mean": ref_logp_mean,
         "avg_completion_tokens": avg_completion_tokens,
-        "dtypes": dict(dtypes or {}),
-        "kinds": dict(kinds or {}),
-        "width": width,
-        "has_mask": has_mask,
+        "dtypes": dict(given.dtypes),
+        "kinds": dict(given.kinds),
+        "width": given.width,
+        "has_mask": given.has_mask,
     }
     return make_batch("ReferenceLogprobs", columns, scalars, len(ref_logp_sum))

@@ -422,7 +422,9 @@ def test_errors_name_the_argument_and_group():
         r"sample, got an empty batch",
     ):
         C.reward_moments(torch.zeros(0))
-    with pytest.raises(ComputeError, match=r"length_stats: max_completion_len must be > 0"):
+    with pytest.raises(
+        ComputeError, match=r"length_stats: max_completion_len: expected an int >= 1, got 0"
+    ):
         C.length_stats(torch.tensor([1.0]), max_completion_len=0)
     with pytest.raises(
         ComputeError,

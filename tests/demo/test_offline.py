@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from maxent_arrow.demo import main
+from maxent_arrow.demo import OfflineOptions, main, train_offline
+from maxent_arrow.errors import ArgumentError
 from maxent_arrow.store import RolloutStore
 
 TINY = ["--steps", "2", "--prompts", "4", "--k", "3", "--sft-steps", "3"]
@@ -110,3 +111,14 @@ def test_train_help_imports_no_torch():
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("usage: maxent-arrow train")
     assert "--from-store RUN" in done.stdout and "--replay-ratio" in done.stdout
+
+
+def test_offline_options_come_as_one_object_or_as_keywords(tmp_path):
+    with pytest.raises(ArgumentError, match=r"--replay-ratio must be in \(0, 1\], got 0"):
+        OfflineOptions(replay_ratio=0)
+    with pytest.raises(ArgumentError, match="--exact replays the stored steps alone"):
+        OfflineOptions(exact=True, replay_ratio=0.5)
+    with pytest.raises(ArgumentError, match="an OfflineOptions or keywords, not both"):
+        train_offline(tmp_path, tmp_path / "out", OfflineOptions(), steps=2)
+    with pytest.raises(TypeError, match="stepz"):
+        train_offline(tmp_path, tmp_path / "out", stepz=2)

@@ -10,7 +10,7 @@ from maxent_arrow.demo import tiny_model
 from maxent_arrow.errors import LayoutError
 from maxent_arrow.ingest.score_batch import build_score_batch
 from maxent_arrow.rollout.batch import RolloutBatch
-from maxent_arrow.train.generation import sample_groups
+from maxent_arrow.train.generation import SamplingOptions, sample_groups
 from maxent_arrow.train.scoring import reference_logprobs, sequence_scores
 
 
@@ -22,9 +22,7 @@ def scored():
         tok,
         ["Q: 1 + 1 = ? A:", "Q: 22 + 2 = ? A:"],
         ["2", "24"],
-        k=3,
-        max_new_tokens=6,
-        generator_seed=0,
+        options=SamplingOptions(k=3, max_new_tokens=6, generator_seed=0),
     )
     batch = build_score_batch(
         rollouts.generation, pad_token_id=0, max_prompt_len=32, slice_size=0, tokenizer=tok

@@ -8,8 +8,13 @@ from transformers import ByT5Tokenizer
 
 from maxent_arrow.demo import tiny_model
 from maxent_arrow.ingest.score_batch import build_score_batch
-from maxent_arrow.train.generation import _eos_cut_lengths, decode_completions, sample_groups
-from maxent_arrow.train.scoring import reference_logprobs
+from maxent_arrow.train.generation import (
+    SamplingOptions,
+    _eos_cut_lengths,
+    decode_completions,
+    sample_groups,
+)
+from maxent_arrow.train.scoring import ScoringOptions, reference_logprobs
 
 PROMPTS = ["Q: 1 + 2 = ? A:", "Q: 12 * 3 = ? A:", "Q: 7 - 9 = ? A:"]
 ANSWERS = ["3", "36", "-2"]
@@ -29,7 +34,8 @@ def test_eos_cut_keeps_the_first_eos_and_marks_rows_without_one():
 
 def test_groups_are_prompt_major_with_exact_ids_and_info(model_and_tokenizer):
     model, tok = model_and_tokenizer
-    out = sample_groups(model, tok, PROMPTS, ANSWERS, k=4, max_new_tokens=10, generator_seed=0)
+    options = SamplingOptions(k=4, max_new_tokens=10, generator_seed=0)
+    out = sample_groups(model, tok, PROMPTS, ANSWERS, options=options)
     gen = out.generation
     assert gen.prompts == PROMPTS and gen.answers == ANSWERS
     assert [len(g) for g in gen.grouped_completions] == [4, 4, 4]
@@ -49,9 +55,8 @@ def test_behaviour_logprobs_equal_teacher_forced_scores_of_the_sampled_tokens(
     model_and_tokenizer,
 ):
     model, tok = model_and_tokenizer
-    out = sample_groups(
-        model, tok, PROMPTS, ANSWERS, k=3, max_new_tokens=8, temperature=0.7, generator_seed=1
-    )
+    options = SamplingOptions(k=3, max_new_tokens=8, temperature=0.7, generator_seed=1)
+    out = sample_groups(model, tok, PROMPTS, ANSWERS, options=options)
     batch = build_score_batch(
         out.generation,
         pad_token_id=tok.pad_token_id,
@@ -59,15 +64,17 @@ def test_behaviour_logprobs_equal_teacher_forced_scores_of_the_sampled_tokens(
         slice_size=0,
         tokenizer=tok,
     )
-    ref = reference_logprobs(model, batch, temperature=0.7, return_token_logp=True)
+    tempered = ScoringOptions(temperature=0.7)
+    ref = reference_logprobs(model, batch, options=tempered, return_token_logp=True)
     sums = torch.stack([row.sum() for row in out.behavior_token_logp]).double()
     assert torch.allclose(sums, ref.ref_logp_sum_raw.double(), rtol=1e-4, atol=1e-4)
 
 
 def test_greedy_generation_is_deterministic(model_and_tokenizer):
     model, tok = model_and_tokenizer
-    a = sample_groups(model, tok, PROMPTS, ANSWERS, k=1, max_new_tokens=6, greedy=True)
-    b = sample_groups(model, tok, PROMPTS, ANSWERS, k=1, max_new_tokens=6, greedy=True)
+    greedy = SamplingOptions(k=1, max_new_tokens=6, greedy=True)
+    a = sample_groups(model, tok, PROMPTS, ANSWERS, options=greedy)
+    b = sample_groups(model, tok, PROMPTS, ANSWERS, options=greedy)
     assert a.completion_ids.equal(b.completion_ids)
 
 

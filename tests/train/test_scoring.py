@@ -13,6 +13,7 @@ from maxent_arrow.errors import ComputeError, LayoutError
 from maxent_arrow.ingest.packing import iter_chunks, sequence_layout
 from maxent_arrow.ingest.score_batch import build_score_batch
 from maxent_arrow.train.scoring import (
+    ScoringOptions,
     reference_logprobs,
     score_tokens,
     sequence_scores,
@@ -110,7 +111,8 @@ def test_each_sample_scores_as_if_alone(model, slice_size, how):
     table, flat = make_groups()
     sb = build_score_batch(table, pad_token_id=PAD, max_prompt_len=64, slice_size=slice_size)
     with torch.no_grad():
-        scores = score_tokens(model, sb, packing=how[0], padding_side=how[1])
+        options = ScoringOptions(packing=how[0], padding_side=how[1])
+        scores = score_tokens(model, sb, options=options)
     assert scores.packed == (how[0] == "packed")
     assert_matches_alone(scores, flat, model)
 
@@ -121,7 +123,8 @@ def test_eager_attention_left_padding_and_packing(eager_model, slice_size):
     sb = build_score_batch(table, pad_token_id=PAD, max_prompt_len=64, slice_size=slice_size)
     with torch.no_grad():
         for packing, side in (("padded", "left"), ("packed", "right")):
-            scores = score_tokens(eager_model, sb, packing=packing, padding_side=side)
+            options = ScoringOptions(packing=packing, padding_side=side)
+            scores = score_tokens(eager_model, sb, options=options)
             assert_matches_alone(scores, flat, eager_model)
 
 
@@ -142,8 +145,10 @@ def test_packed_rows_hold_several_sequences_and_match_padded(model, budget):
     for c in chunks:
         assert c.cu_seqlens[-1] == c.input_ids.shape[1]
     with torch.no_grad():
-        packed = score_tokens(model, sb, packing="packed", pack_tokens=budget)
-        padded = score_tokens(model, sb, packing="padded")
+        packed = score_tokens(
+            model, sb, options=ScoringOptions(packing="packed", pack_tokens=budget)
+        )
+        padded = score_tokens(model, sb, options=ScoringOptions(packing="padded"))
     torch.testing.assert_close(packed.logp_sum, padded.logp_sum, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(
         packed.token_logp.values, padded.token_logp.values, rtol=1e-5, atol=1e-6
@@ -177,11 +182,11 @@ def test_model_without_packing_support_falls_back_to_padded(model):
     table, flat = make_groups(seed=3)
     sb = build_score_batch(table, pad_token_id=PAD, max_prompt_len=64, slice_size=K + 1)
     with torch.no_grad():
-        scores = score_tokens(wrapper, sb, padding_side="left")
+        scores = score_tokens(wrapper, sb, options=ScoringOptions(padding_side="left"))
         assert not scores.packed
         assert_matches_alone(scores, flat, model)
         with pytest.raises(ComputeError, match="cannot score packed rows"):
-            score_tokens(wrapper, sb, packing="packed")
+            score_tokens(wrapper, sb, options=ScoringOptions(packing="packed"))
 
 
 def test_eos_inside_completion_stops_scoring(model):
@@ -223,7 +228,7 @@ def test_head_truncation_to_max_prompt_len(model):
     table, flat = make_groups(seed=6)
     sb = build_score_batch(table, pad_token_id=PAD, max_prompt_len=4, slice_size=N)
     with torch.no_grad():
-        scores = score_tokens(model, sb, packing="padded")
+        scores = score_tokens(model, sb, options=ScoringOptions(packing="padded"))
     assert_matches_alone(scores, flat, model, truncate=lambda p, c: (p[:4], c))
 
 
@@ -256,13 +261,16 @@ def test_reference_logprobs_has_the_seeds_meanings(model):
 def test_temperature_is_applied_to_policy_and_reference_alike(model):
     table, flat = make_groups(seed=8)
     sb = build_score_batch(table, pad_token_id=PAD, max_prompt_len=64, slice_size=N)
-    ref = reference_logprobs(model, sb, temperature=0.7)
-    ss = sequence_scores(model, sb, ref, temperature=0.7)
+    tempered = ScoringOptions(temperature=0.7)
+    ref = reference_logprobs(model, sb, options=tempered)
+    ss = sequence_scores(model, sb, ref, options=tempered)
     raw = torch.stack([alone(model, p, c, 0.7).double().sum() for p, c in flat]).float()
     torch.testing.assert_close(ref.ref_logp_sum_raw, raw, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(ss.log_ratio_train.detach(), torch.zeros(N), rtol=0, atol=1e-5)
     with pytest.raises(ComputeError, match="temperature"):
-        reference_logprobs(model, sb, temperature=0.0)
+        ScoringOptions(temperature=0.0)
+    with pytest.raises(ComputeError, match="token_chunk"):
+        ScoringOptions(token_chunk=0)
 
 
 def test_gradient_flows_from_cur_logp_sum_to_the_model():
@@ -270,7 +278,8 @@ def test_gradient_flows_from_cur_logp_sum_to_the_model():
     table, flat = make_groups(seed=9)
     sb = build_score_batch(table, pad_token_id=PAD, max_prompt_len=64, slice_size=K)
     ref = reference_logprobs(model, sb)
-    ss = sequence_scores(model, sb, ref, token_chunk=5)  # several checkpointed head chunks
+    chunked = ScoringOptions(token_chunk=5)  # several checkpointed head chunks
+    ss = sequence_scores(model, sb, ref, options=chunked)
     assert isinstance(ss, SequenceScores) and ss.cur_logp_sum.requires_grad
     assert not ss.behavior_logp_sum.requires_grad
     ss.cur_logp_sum.sum().backward()
@@ -356,13 +365,13 @@ def test_logits_are_computed_one_token_chunk_at_a_time(model):
     hook = model.lm_head.register_forward_hook(lambda m, a, out: seen.append(out.shape))
     try:
         with torch.no_grad():
-            small = score_tokens(model, sb, token_chunk=7)
+            small = score_tokens(model, sb, options=ScoringOptions(token_chunk=7))
     finally:
         hook.remove()
     assert seen and all(s[0] <= 7 and len(s) == 2 for s in seen)  # never [rows, T, V]
     assert sum(s[0] for s in seen) == int(small.counts.sum())  # only scored positions
     with torch.no_grad():
-        big = score_tokens(model, sb, token_chunk=4096)
+        big = score_tokens(model, sb, options=ScoringOptions(token_chunk=4096))
     torch.testing.assert_close(small.logp_sum, big.logp_sum, rtol=1e-6, atol=1e-6)
 
 

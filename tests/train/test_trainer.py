@@ -77,3 +77,9 @@ def test_the_entropy_column_is_queryable_and_never_null(stepped):
         "WHERE kind = 'train'"
     ).to_pylist()[0]
     assert got == {"n": 6, "filled": 6}
+
+
+def test_an_unknown_keyword_is_refused_as_python_refuses_one():
+    # The optional keywords are a TypedDict (TrainerOptions): a misspelt one is not dropped.
+    with pytest.raises(TypeError, match="unexpected keyword argument 'run_dri'"):
+        MaxEntTrainer(None, None, None, config=None, reward_funcs=[], run_dri="run")
