@@ -19,12 +19,14 @@ the trainer restored from that step's checkpoint, gives back the loss TRL logged
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from typing import Any
 
 import torch
 
 from maxent_arrow.errors import ArgumentError, MissingExtraError, StoreError
+from maxent_arrow.integrations.trl_contract import TOKEN_COLUMNS, TrlOutput, concat_outputs
 from maxent_arrow.store import (
     ReadOnlyStore,
     ReplaySampler,
@@ -50,11 +52,17 @@ def trl_inputs(
     ref: bool = True,
     old: bool = True,
 ) -> dict[str, Any]:
-    """The dict ``GRPOTrainer._generate_and_score_completions`` returns, from stored groups:
-    ``prompt_ids``/``prompt_mask`` (left-padded, one row per completion),
-    ``completion_ids``/``completion_mask`` (right-padded with ``pad_token_id``),
-    ``advantages``, ``num_items_in_batch`` and, when stored and asked, ``ref_per_token_logps``
-    and ``old_per_token_logps`` (right-padded with 0, TRL's widths)."""
+    """The dict ``GRPOTrainer._generate_and_score_completions`` returns, from stored groups
+    (written by :meth:`~.trl_contract.TrlOutput.to_dict`): ``prompt_ids``/``prompt_mask``
+    (left-padded, one row per completion), ``completion_ids``/``completion_mask``
+    (right-padded with ``pad_token_id``), ``advantages``, ``num_items_in_batch`` and, when
+    stored and asked, ``old_per_token_logps`` and ``ref_per_token_logps`` (right-padded with
+    0, TRL's widths)."""
+    return _stored_output(sampled, pad_token_id=pad_token_id, ref=ref, old=old).to(device).to_dict()
+
+
+def _stored_output(sampled: SampledBatch, *, pad_token_id: int, ref: bool, old: bool) -> TrlOutput:
+    """:func:`trl_inputs` as a :class:`~.trl_contract.TrlOutput` (on the host)."""
     batch = sampled.rollout_batch()
     completions = batch.ragged("completion_ids")
     prompts = batch.ragged("prompt_ids")
@@ -68,57 +76,38 @@ def trl_inputs(
     rows = torch.repeat_interleave(torch.arange(len(per_group)), per_group)
     prompt_ids, prompt_mask = prompts.to_padded(pad_token_id, side="left")
     completion_ids, completion_mask = completions.to_padded(pad_token_id)
-    out: dict[str, Any] = {
-        "prompt_ids": prompt_ids[rows].long(),
-        "prompt_mask": prompt_mask[rows].long(),
-        "completion_ids": completion_ids.long(),
-        "completion_mask": completion_mask.long(),
-        "advantages": advantages.values.float(),
-        "num_items_in_batch": completion_mask.sum(),
-    }
     width = completion_ids.shape[1]
-    for name, key, wanted in (
-        ("ref_token_logp", "ref_per_token_logps", ref),
-        ("behavior_token_logp", "old_per_token_logps", old),
-    ):
-        stored = batch.ragged(name) if wanted else None
-        if stored is not None:
-            padded, _ = stored.to_padded(0.0, max_len=width)
-            out[key] = padded.float()
-    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in out.items()}
+
+    def logps(key: str, asked: bool) -> torch.Tensor | None:
+        """TRL's ``key`` from its stored column (right-padded with 0), when asked and stored."""
+        stored = batch.ragged(TOKEN_COLUMNS[key]) if asked else None
+        return None if stored is None else stored.to_padded(0.0, max_len=width)[0].float()
+
+    return TrlOutput(
+        prompt_ids=prompt_ids[rows].long(),
+        prompt_mask=prompt_mask[rows].long(),
+        completion_ids=completion_ids.long(),
+        completion_mask=completion_mask.long(),
+        advantages=advantages.values.float(),
+        num_items_in_batch=completion_mask.sum(),
+        old_per_token_logps=logps("old_per_token_logps", old),
+        ref_per_token_logps=logps("ref_per_token_logps", ref),
+    )
 
 
-def _concat(fresh: dict[str, Any], stored: dict[str, Any], pad_token_id: int) -> dict[str, Any]:
-    """TRL's generation output of fresh groups and of stored ones, as one batch (prompts
-    re-padded on the left, completions on the right, to the wider of the two). A key only one
-    part has is left out, with a warning that names it: TRL then computes without it (no
-    ``old_per_token_logps``: the whole batch on-policy, the stored log-probs unused)."""
-    only = sorted(fresh.keys() ^ stored.keys())
+def _concat(fresh: TrlOutput, stored: TrlOutput, pad_token_id: int) -> TrlOutput:
+    """TRL's generation output of fresh groups and of stored ones, as one batch
+    (:func:`~.trl_contract.concat_outputs`). A key only one part has is left out, with a
+    warning that names it: TRL then computes without it (no ``old_per_token_logps``: the
+    whole batch on-policy, the stored log-probs unused)."""
+    batch, only = concat_outputs(fresh, stored, pad_token_id=pad_token_id)
     if only:
         warnings.warn(
             f"StoreFedGRPOTrainer: {only} only in the fresh or only in the stored groups of a "
             "mixed batch: left out (TRL computes without them)",
             stacklevel=3,
         )
-    out: dict[str, Any] = {}
-    # In TRL's key order, not a set's (hash-seeded): TRL takes the batch size from the first
-    # value (``shuffle_sequence_dict``), which a 0-d ``num_items_in_batch`` first would break.
-    for key in (k for k in fresh if k in stored):
-        a, b = fresh[key], stored[key]
-        if key == "num_items_in_batch":
-            out[key] = a + b
-        elif not isinstance(a, torch.Tensor) or a.dim() == 1:
-            out[key] = torch.cat([a, b.to(a.device)])
-        else:
-            width = max(a.shape[1], b.shape[1])
-            left = key.startswith("prompt")
-            pad = pad_token_id if key.endswith("_ids") else 0
-            parts = []
-            for t in (a, b.to(a.device)):
-                fill = t.new_full((t.shape[0], width - t.shape[1]), pad)
-                parts.append(torch.cat([fill, t] if left else [t, fill], dim=1))
-            out[key] = torch.cat(parts)
-    return out
+    return batch
 
 
 class StoreFedGRPOTrainer(GRPOTrainer):
@@ -187,31 +176,26 @@ class StoreFedGRPOTrainer(GRPOTrainer):
         self.last_replayed = sampled
         processor: Any = self.processing_class
         pad = int(getattr(processor, "tokenizer", processor).pad_token_id)
-        stored = trl_inputs(
-            sampled,
-            pad_token_id=pad,
-            device=self.accelerator.device,
-            ref=self.beta != 0.0,
-            old=self.use_behavior_logps,
-        )
+        stored = _stored_output(
+            sampled, pad_token_id=pad, ref=self.beta != 0.0, old=self.use_behavior_logps
+        ).to(self.accelerator.device)
         if self.fresh_groups == 0:
-            return stored
-        fresh = super()._generate_and_score_completions(
-            inputs[: self.fresh_groups * self.group_size]
+            return stored.to_dict()
+        fresh = TrlOutput.read(
+            super()._generate_and_score_completions(inputs[: self.fresh_groups * self.group_size])
         )
-        if "old_per_token_logps" in stored and "old_per_token_logps" not in fresh:
-            fresh["old_per_token_logps"] = self._old_logps(fresh)
-        return _concat(fresh, stored, pad)
+        if stored.old_per_token_logps is not None and fresh.old_per_token_logps is None:
+            fresh = dataclasses.replace(fresh, old_per_token_logps=self._old_logps(fresh))
+        return _concat(fresh, stored, pad).to_dict()
 
-    def _old_logps(self, fresh: dict[str, Any]) -> torch.Tensor:
+    def _old_logps(self, fresh: TrlOutput) -> torch.Tensor:
         """The fresh groups' ``old_per_token_logps``, which TRL leaves out when generation and
         optimisation steps line up (its ratio is then 1): computed as TRL computes them when it
         needs them (``num_iterations > 1``), with the model that generated them, so that the
         stored groups of a mixed batch keep their behaviour log-probs (their ratio's
         denominator) and the fresh ones stay on-policy."""
-        prompt_ids, completion_ids = fresh["prompt_ids"], fresh["completion_ids"]
-        ids = torch.cat([prompt_ids, completion_ids], dim=1)
-        mask = torch.cat([fresh["prompt_mask"], fresh["completion_mask"]], dim=1)
+        ids = torch.cat([fresh.prompt_ids, fresh.completion_ids], dim=1)
+        mask = torch.cat([fresh.prompt_mask, fresh.completion_mask], dim=1)
         trl_args: Any = self.args
         model: Any = self.model
         with (
@@ -222,7 +206,7 @@ class StoreFedGRPOTrainer(GRPOTrainer):
                 model,
                 ids,
                 mask,
-                completion_ids.size(1),
+                fresh.completion_ids.size(1),
                 batch_size=trl_args.per_device_train_batch_size,
             )
         return logps

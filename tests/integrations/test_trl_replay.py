@@ -194,26 +194,41 @@ def test_a_mixed_batch_is_padded_together_and_a_key_one_part_lacks_is_named():
     warning names it (TRL would otherwise train the replayed groups on-policy unnoticed)."""
     import torch
 
+    from maxent_arrow.integrations.trl_contract import TrlOutput
     from maxent_arrow.integrations.trl_replay import _concat
 
-    fresh = {
-        "prompt_ids": torch.tensor([[5, 6]]),
-        "completion_ids": torch.tensor([[7, 8, 9]]),
-        "advantages": torch.tensor([0.5]),
-        "num_items_in_batch": torch.tensor(3),
-    }
-    stored = {
-        "prompt_ids": torch.tensor([[1, 2, 3]]),
-        "completion_ids": torch.tensor([[4]]),
-        "advantages": torch.tensor([-0.5]),
-        "num_items_in_batch": torch.tensor(1),
-        "old_per_token_logps": torch.tensor([[-1.0]]),
-    }
+    fresh = TrlOutput(
+        prompt_ids=torch.tensor([[5, 6]]),
+        prompt_mask=torch.tensor([[1, 1]]),
+        completion_ids=torch.tensor([[7, 8, 9]]),
+        completion_mask=torch.tensor([[1, 1, 1]]),
+        advantages=torch.tensor([0.5]),
+        num_items_in_batch=torch.tensor(3),
+    )
+    stored = TrlOutput(
+        prompt_ids=torch.tensor([[1, 2, 3]]),
+        prompt_mask=torch.tensor([[1, 1, 1]]),
+        completion_ids=torch.tensor([[4]]),
+        completion_mask=torch.tensor([[1]]),
+        advantages=torch.tensor([-0.5]),
+        num_items_in_batch=torch.tensor(1),
+        old_per_token_logps=torch.tensor([[-1.0]]),
+    )
     with pytest.warns(UserWarning, match=r"\['old_per_token_logps'\] only in the fresh or"):
-        out = _concat(fresh, stored, pad_token_id=0)
+        out = _concat(fresh, stored, pad_token_id=2).to_dict()
     # TRL's order (it takes the batch size from the first value), whatever the hash seed.
-    assert list(out) == ["prompt_ids", "completion_ids", "advantages", "num_items_in_batch"]
-    assert out["prompt_ids"].tolist() == [[0, 5, 6], [1, 2, 3]]
-    assert out["completion_ids"].tolist() == [[7, 8, 9], [4, 0, 0]]
+    assert list(out) == [
+        "prompt_ids",
+        "prompt_mask",
+        "completion_ids",
+        "completion_mask",
+        "advantages",
+        "num_items_in_batch",
+    ]
+    # Token ids padded with the pad token, masks with 0.
+    assert out["prompt_ids"].tolist() == [[2, 5, 6], [1, 2, 3]]
+    assert out["prompt_mask"].tolist() == [[0, 1, 1], [1, 1, 1]]
+    assert out["completion_ids"].tolist() == [[7, 8, 9], [4, 2, 2]]
+    assert out["completion_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
     assert out["advantages"].tolist() == [0.5, -0.5]
     assert int(out["num_items_in_batch"]) == 4
