@@ -14,9 +14,8 @@ from .trl import (
     RecordingGRPOTrainer as RecordingGRPOTrainer,
     RolloutRecorder as RolloutRecorder,
     trl_group_table as trl_group_table,
-    trl_offpolicy as trl_offpolicy,
-    trl_run_config as trl_run_config,
 )
+from .trl_config import trl_offpolicy as trl_offpolicy, trl_run_config as trl_run_config
 from .trl_replay import StoreFedGRPOTrainer as StoreFedGRPOTrainer, trl_inputs as trl_inputs
 from .verl import (
     from_dataproto as from_dataproto,

@@ -34,10 +34,10 @@ from maxent_arrow import RolloutStore, RunAnalytics, RunConfig, build_report  # 
 from maxent_arrow.arrow import registry as R  # noqa: E402
 from maxent_arrow.errors import LayoutError  # noqa: E402
 from maxent_arrow.integrations.steps import step_row  # noqa: E402
-from maxent_arrow.integrations.trl import (  # noqa: E402
+from maxent_arrow.integrations.trl import trl_group_table  # noqa: E402
+from maxent_arrow.integrations.trl_contract import (  # noqa: E402
     ALWAYS_OUTPUT_KEYS,
     OPTIONAL_OUTPUT_KEYS,
-    trl_group_table,
 )
 from maxent_arrow.rollout import RolloutBatch, reassemble, recompute, recompute_kl  # noqa: E402
 

@@ -309,7 +309,7 @@ def test_a_resumed_recorder_keeps_the_runs_user_columns(context_run):
         "extra_read",
         "extra_verdict",
     ]
-    assert resumed._rollout_extras == ["read", "verdict"]
+    assert resumed.rollout_state.extras == ["read", "verdict"]
 
 
 @pytest.mark.slow
