@@ -1,13 +1,12 @@
 """The TRL recorder (maxent_arrow.integrations.trl) on real ``trl.GRPOTrainer`` runs on CPU:
 every generated completion stored once with the tokens TRL trained on, rewards and advantages
 equal to TRL's own ``completions_*.parquet``, chat prompts as typed messages, eval rounds,
-two processes writing their own ranks with groups split between them, TRL's advantages
-recomputed under each ``scale_rewards``, and a loud failure when TRL's private surface moves.
+two processes writing their own ranks with groups split between them, and TRL's advantages
+recomputed under each ``scale_rewards`` (TRL's private surface: test_trl_contract.py).
 """
 
 from __future__ import annotations
 
-import inspect
 import json
 import math
 import os
@@ -28,17 +27,13 @@ pytest.importorskip("trl")
 sys.path.insert(0, str(Path(__file__).parent))
 
 import trl_runs  # noqa: E402
-from trl import GRPOTrainer  # noqa: E402
 
 from maxent_arrow import RolloutStore, RunAnalytics, RunConfig, build_report  # noqa: E402
 from maxent_arrow.arrow import registry as R  # noqa: E402
 from maxent_arrow.errors import LayoutError  # noqa: E402
 from maxent_arrow.integrations.steps import step_row  # noqa: E402
 from maxent_arrow.integrations.trl import trl_group_table  # noqa: E402
-from maxent_arrow.integrations.trl_contract import (  # noqa: E402
-    ALWAYS_OUTPUT_KEYS,
-    OPTIONAL_OUTPUT_KEYS,
-)
+from maxent_arrow.integrations.trl_contract import ALWAYS_OUTPUT_KEYS  # noqa: E402
 from maxent_arrow.rollout import RolloutBatch, reassemble, recompute, recompute_kl  # noqa: E402
 
 WORKER = Path(__file__).parent / "trl_worker.py"
@@ -88,49 +83,9 @@ def assert_matches_trl_log(step_rows: pa.Table, log: pd.DataFrame, names: list[s
     assert flat(step_rows, "completions") == [trl_runs.text(c) for c in log["completion"]]
 
 
-# ---------------------------------------------------------------------------- TRL's surface
-def test_trl_private_methods_have_the_signatures_the_recorder_overrides():
-    # The recorder extends these two private methods; a change in TRL must fail here first.
-    assert list(inspect.signature(GRPOTrainer._generate_and_score_completions).parameters) == [
-        "self",
-        "inputs",
-    ]
-    assert list(inspect.signature(GRPOTrainer._calculate_rewards).parameters) == [
-        "self",
-        "inputs",
-        "prompts",
-        "completions",
-        "completion_ids_list",
-    ]
-
-
 # ---------------------------------------------------------------------------- end to end
-@pytest.fixture(scope="module")
-def plain_run(tmp_path_factory: pytest.TempPathFactory):
-    """Three optimizer steps, β > 0 and two iterations per generation round (so TRL computes
-    old and reference log-probs): rounds at steps 0 and 2."""
-    root = tmp_path_factory.mktemp("trl_plain")
-    probe = trl_runs.trainer(root)
-    probe.train()
-    return root, probe
-
-
-def test_trl_keeps_what_reward_functions_log_where_the_recorder_reads_it(plain_run):
-    """The recorder reads TRL's ``_pending_extra_logs`` / ``_pending_metrics`` after
-    ``_calculate_rewards`` (TRL gathers and clears them right after) and counts the entries
-    of ``_metrics`` before TRL's ``log`` averages them."""
-    _, probe = plain_run
-    assert isinstance(probe._pending_extra_logs, dict) and isinstance(probe._pending_metrics, dict)
-    assert set(probe._metrics) == {"train", "eval"}
-    source = inspect.getsource(GRPOTrainer._generate_and_score_completions)
-    assert source.index("_calculate_rewards(") < source.index("self._pending_extra_logs.clear()")
-
-
-def test_output_keys_are_the_known_ones(plain_run):
-    _, probe = plain_run
-    for _step, _kind, output in probe.generated:
-        assert set(output) == ALWAYS_OUTPUT_KEYS | {"old_per_token_logps", "ref_per_token_logps"}
-    assert {"old_per_token_logps", "ref_per_token_logps"} <= OPTIONAL_OUTPUT_KEYS
+# `plain_run` (tests/integrations/conftest.py): the run test_trl_contract.py checks TRL's
+# surface on; TRL's surface itself is tested there.
 
 
 def test_every_generated_completion_is_stored_once_with_the_tokens_trl_trained_on(plain_run):
