@@ -16,6 +16,7 @@ only add optional columns) and refuses a newer major with :class:`SchemaVersionE
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable
 
@@ -101,8 +102,7 @@ def group_schema(
 ) -> pa.Schema:
     """The group table of :data:`SCHEMA_VERSION`: of a run of ``families`` (default: every
     registered column)."""
-    fields = [c.field for c in R.columns(R.GROUP, families=families)]
-    return pa.schema(fields, metadata=_metadata(metadata))
+    return pa.schema(_fields(R.GROUP, _tuple(families)), metadata=_metadata(metadata))
 
 
 def step_schema(
@@ -110,8 +110,18 @@ def step_schema(
 ) -> pa.Schema:
     """The step table of :data:`SCHEMA_VERSION`: of a run of ``families`` (default: every
     registered column)."""
-    fields = [c.field for c in R.columns(R.STEP, families=families)]
-    return pa.schema(fields, metadata=_metadata(metadata))
+    return pa.schema(_fields(R.STEP, _tuple(families)), metadata=_metadata(metadata))
+
+
+def _tuple(families: Iterable[str] | None) -> tuple[str, ...] | None:
+    return None if families is None else tuple(families)
+
+
+@functools.lru_cache(maxsize=64)
+def _fields(level: str, families: tuple[str, ...] | None) -> tuple[pa.Field, ...]:
+    """The registered fields of ``level`` in a run of ``families`` (one tuple per set: the
+    registry never changes, and an append asks for them twice)."""
+    return tuple(c.field for c in R.columns(level, families=families))
 
 
 def visible(schema: pa.Schema, families: Iterable[str], table: str) -> pa.Schema:

@@ -98,6 +98,16 @@ class RolloutBatch:
         return self.step_row.column(name)[0].as_py()
 
     @property
+    def unit(self) -> tuple[int, int, str]:
+        """``(step, rank, kind)``: the unit of the store this batch is (one read of each)."""
+        row = self.step_row
+        return (
+            int(row.column("step")[0].as_py()),
+            int(row.column("rank")[0].as_py()),
+            str(row.column("kind")[0].as_py()),
+        )
+
+    @property
     def step(self) -> int:
         return int(self._scalar("step"))
 

@@ -28,10 +28,10 @@ how a checkpoint encodes it, :mod:`~maxent_arrow.store.history.checkpoint`.
 from __future__ import annotations
 
 import contextlib
-import errno
+import itertools
 import json
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -64,13 +64,6 @@ def entry_name(version: int) -> str:
 
 def checkpoint_name(version: int) -> str:
     return f"{LOG}/checkpoint-{version:020d}.parquet"
-
-
-def versions_after(start: int) -> Iterator[int]:
-    version = start + 1
-    while True:
-        yield version
-        version += 1
 
 
 # What a commit asks the log to write: an operation, or a builder that makes it from the
@@ -117,7 +110,7 @@ class CommitLog:
             self._state = state  # (a state shared with other readers is copied on write)
         elif not fresh:
             return state
-        for version in versions_after(state.version):
+        for version in itertools.count(state.version + 1):
             data = self._read_entry(version)
             if data is None:
                 break
@@ -186,12 +179,8 @@ class CommitLog:
     def _read_entry(self, version: int) -> bytes | None:
         """The entry of ``version`` (``None``: not committed yet). One read, no listing: on
         an object store one GET per poll."""
-        try:
-            return self.backend.read(entry_name(version)).to_pybytes()
-        except StoreError as exc:
-            if exc.errno == errno.ENOENT:
-                return None
-            raise
+        data = self.backend.read_if_present(entry_name(version))
+        return None if data is None else data.to_pybytes()
 
     def _from_checkpoint(self) -> LogState | None:
         """The state of the newest readable checkpoint (``None``: none yet)."""
@@ -252,6 +241,8 @@ class CommitLog:
                 crash_point("log:entry-written")
                 if self.backend.put_if_absent(entry_name(version), data):
                     state = self._own(state)
+                    # The state is what the entry's bytes say (JSON: keys in one order, the
+                    # same state a reader replaying the log builds).
                     decode_entry(data, version, entry_name(version)).apply(state)
                     if version % CHECKPOINT_EVERY == 0:
                         with contextlib.suppress(OSError, StoreError):

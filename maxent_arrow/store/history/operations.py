@@ -47,7 +47,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from maxent_arrow.errors import StoreError
-from maxent_arrow.store.history.state import Attempt, LogState, UnitEntry, summary_text
+from maxent_arrow.store.history.state import Attempt, LogState, UnitEntry
 
 __all__ = [
     "LOG_FORMAT",
@@ -156,12 +156,14 @@ class UnitOperation(Operation):
         )
 
     def apply(self, state: LogState, version: int, attempt: str) -> None:
-        state.leave(self.replaces, version)
+        if self.replaces:
+            state.leave(self.replaces, version)
+        # (its counts, what inspect reads, are computed from the record when first asked for
+        # and kept by the next checkpoint)
         entry = UnitEntry(
             self.step_file, self.record, attempt, version, self.step_size, self.step_crc32
         )
-        # Its counts, once (the next checkpoint keeps them): inspect's reading.
-        state.add_unit(self.step_file, dataclasses.replace(entry, summary=summary_text(entry)))
+        state.add_unit(self.step_file, entry)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -321,7 +323,7 @@ class Entry:
             "time": self.time or dt.datetime.now(dt.UTC).isoformat(),
             "run": self.run,
             "attempt": self.attempt,
-            "op": self.op,
+            "op": self.operation.OP,
             # (an attempt entry's own ``attempt`` field is the attempt, not its id)
             **self.operation.fields(),
         }
@@ -331,7 +333,8 @@ class Entry:
 
 
 def _canonical(entry: Mapping[str, Any]) -> bytes:
-    body = {k: v for k, v in entry.items() if k != "crc32"}
+    """The JSON of ``entry`` without its ``crc32``, as its CRC-32 is computed over."""
+    body = entry if "crc32" not in entry else {k: v for k, v in entry.items() if k != "crc32"}
     return json.dumps(body, sort_keys=True, allow_nan=True, separators=(",", ":")).encode()
 
 

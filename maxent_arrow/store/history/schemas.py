@@ -8,6 +8,7 @@ the schema they are read as (the current layout).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 
 import pyarrow as pa
@@ -49,8 +50,14 @@ def file_schema(catalog: Catalog, rel: str, where: str | None = None) -> pa.Sche
 
 def schema_key(schema: pa.Schema) -> str:
     """A short digest of a file's Arrow schema (names, types, nullability; no metadata),
-    recorded in its step file at append."""
-    text = schema.remove_metadata().to_string(show_field_metadata=False)
+    recorded in its step file at append (one digest per schema: a run appends one again and
+    again)."""
+    return _digest(schema.remove_metadata())
+
+
+@functools.lru_cache(maxsize=256)
+def _digest(schema: pa.Schema) -> str:
+    text = schema.to_string(show_field_metadata=False)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

@@ -149,9 +149,14 @@ class LogState:
         for key in zip(rows.get("step", ()), rows.get("rank", ()), rows.get("kind", ())):
             self.indexed.setdefault(key, []).append(rel)
 
-    def writes_of(self, step: int, rank: int, kind: str) -> list[UnitEntry]:
-        """The committed writes of one unit (several when attempts rewrote it)."""
-        return [self.units[rel] for rel in self.writes.get((step, rank, kind), ())]
+    def effective_write(self, step: int, rank: int, kind: str) -> UnitEntry | None:
+        """The committed write of one unit that is in the run's history (of its writes,
+        several when attempts rewrote it, the one not superseded), or ``None``."""
+        for rel in self.writes.get((step, rank, kind), ()):
+            entry = self.units[rel]
+            if self.is_effective(step, entry.attempt, kind):
+                return entry
+        return None
 
     def add_unit(self, rel: str, entry: UnitEntry) -> None:
         self.units[rel] = entry

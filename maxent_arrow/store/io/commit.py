@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -84,10 +85,10 @@ def write_group_file(
     with the group files' Parquet layout
     (:func:`~maxent_arrow.store.storage.parquet.group_file_layout`) and
     ``row_groups`` (row counts; default one row group)."""
-    layout = group_file_layout(table.schema, compression, compression_level, row_groups)
-    return backend.write_temp(
-        final, produce=lambda sink: write_parquet(sink, table, metadata, layout)
-    )
+    groups = None if row_groups is None else tuple(row_groups)
+    layout = group_file_layout(table.schema, compression, compression_level, groups)
+    produce = functools.partial(write_parquet, table=table, metadata=metadata, layout=layout)
+    return backend.write_temp(final, produce=produce)
 
 
 def group_file_meta(backend: Backend, pending: Pending, **extra: Any) -> dict[str, Any]:
@@ -118,15 +119,22 @@ def group_file_meta(backend: Backend, pending: Pending, **extra: Any) -> dict[st
     }
 
 
-def step_file_bytes(step_rows: pa.Table, meta: dict[str, Any]) -> bytes:
+def step_file_bytes(
+    step_rows: pa.Table, meta: dict[str, Any], rows: dict[str, list] | None = None
+) -> bytes:
     """A sealed step file: the step rows, with the store metadata (and the rows again, as
-    JSON, for the catalog) in the file metadata."""
-    meta = {**meta, "rows": step_rows_json(step_rows)}
+    JSON, for the catalog: ``rows``, made from ``step_rows`` when not given) in the file
+    metadata."""
+    meta = {**meta, "rows": step_rows_json(step_rows) if rows is None else rows}
     return parquet_bytes(
         step_rows,
         {STORE_META_KEY: json.dumps(meta).encode(), S.METADATA_KEY: S.SCHEMA_VERSION.encode()},
-        ParquetLayout(statistics=("step", "rank"), sealed=True),
+        STEP_FILE_LAYOUT,
     )
+
+
+# Step files: statistics on the unit's key, sealed with their own CRC-32.
+STEP_FILE_LAYOUT = ParquetLayout(statistics=("step", "rank"), sealed=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,9 +213,10 @@ def commit_unit(log: CommitLog, unit: UnitFiles, request: CommitRequest) -> Comm
         row_groups=unit.row_groups,
     )
     crash_point(f"{op}:group-written")
+    rows = step_rows_json(unit.step_rows)
     try:
         meta = group_file_meta(backend, group, **record)
-        step = backend.write_temp(f"{STEPS}/{name}", step_file_bytes(unit.step_rows, meta))
+        step = backend.write_temp(f"{STEPS}/{name}", step_file_bytes(unit.step_rows, meta, rows))
     except BaseException:
         backend.discard(group)
         raise
@@ -216,10 +225,10 @@ def commit_unit(log: CommitLog, unit: UnitFiles, request: CommitRequest) -> Comm
         f"{STEPS}/{name}",
         # The commit record, as the step file holds it, and its rows: readers read the log,
         # never the step files (plain readers do).
-        {**meta, "rows": step_rows_json(unit.step_rows), "schema_version": S.SCHEMA_VERSION},
+        {**meta, "rows": rows, "schema_version": S.SCHEMA_VERSION},
         step.size,
         step.crc,
-        tuple(f"{STEPS}/{r}" for r in request.replaces),
+        tuple(f"{STEPS}/{r}" for r in request.replaces) if request.replaces else (),
     )
     published = False
 

@@ -9,9 +9,11 @@ commit).
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import warnings
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
 
@@ -33,12 +35,29 @@ from maxent_arrow.store.storage.padding import pad_to_layout
 
 __all__ = ["Writer"]
 
+CURRENT = S.SCHEMA_VERSION.encode()
+
 
 def _reward_names(groups: pa.RecordBatch | pa.Table) -> list[str]:
     if "reward_names" not in groups.schema.names:
         return []
     column = groups.column("reward_names")
-    return sorted({n for n in column.flatten().unique().to_pylist() if n is not None})
+    return sorted(set(column.flatten().unique().to_pylist()) - {None})
+
+
+@dataclasses.dataclass
+class _Seen:
+    """The store as a writer saw it at log ``version``: its unified group and step schemas,
+    its layout families (``None``: nothing committed yet) and their padded layouts; and the
+    schemas of the batch last appended with this view (``None``: none), since a batch of the
+    same schemas unifies to the same (a run appends one schema again and again)."""
+
+    version: int
+    groups: pa.Schema
+    steps: pa.Schema
+    families: tuple[str, ...] | None
+    layouts: tuple[pa.Schema, pa.Schema] | None = None
+    batch: tuple[pa.Schema, pa.Schema] | None = None
 
 
 class Writer:
@@ -62,25 +81,29 @@ class Writer:
         self.backend = catalog.backend
         self.schemas = schemas
         self.cache = cache
+        self._seen: _Seen | None = None
+        self._log: CommitLog | None = None
 
     def append(self, batch: RolloutBatch) -> Any:
         if not isinstance(batch, RolloutBatch):
             raise SchemaError(
                 f"RolloutStore.append: expected a RolloutBatch, got {type(batch).__name__}"
             )
-        name = unit_name(batch.step, batch.rank, batch.kind)
+        key = batch.unit
+        name = unit_name(*key)
         version = (batch.groups.schema.metadata or {}).get(S.METADATA_KEY)
-        S.check_version(version or S.SCHEMA_VERSION.encode(), where=f"batch for {name}")
-        log = self.catalog.writable("append")
-        self._check_conflicts(batch)
-        families = self._run_families(batch)
+        if version not in (None, CURRENT):  # (this library's own version needs no check)
+            S.check_version(version, where=f"batch for {name}")
+        log = self._log or self.catalog.writable("append")
+        self._log = log
+        seen, view = self._view(batch, log.state().version)
+        families = cast(tuple[str, ...], view.families)
+        layouts = cast(tuple[pa.Schema, pa.Schema], view.layouts)
         unit = UnitFiles(
             name,
-            pad_to_layout(pa.Table.from_batches([batch.groups]), S.group_schema(families=families)),
+            pad_to_layout(pa.Table.from_batches([batch.groups]), layouts[0]),
             self._group_metadata(batch),
-            pad_to_layout(
-                pa.Table.from_batches([batch.step_row]), S.step_schema(families=families)
-            ),
+            pad_to_layout(pa.Table.from_batches([batch.step_row]), layouts[1]),
             {
                 "reward_names": _reward_names(batch.groups),
                 # the rest is padding (store/storage/padding.py)
@@ -90,12 +113,23 @@ class Writer:
         )
         request = CommitRequest(
             AppendUnit,
-            self.begin_attempt(),
-            lambda state: self._refuse_duplicate(name, batch, state),
+            self._begun or self.begin_attempt(),
+            functools.partial(self._refuse_duplicate, name, key),
             self.settings,
         )
         committed = commit_unit(log, unit, request)
         self.committed += 1
+        # What this writer knows of the store is true at its own commit's version: the next
+        # append, if nothing commits meanwhile, reads no file to check its columns.
+        if seen.batch != view.batch:  # (else the padded files' schemas were unified too)
+            where = "the writer's view"
+            view = dataclasses.replace(
+                view,
+                groups=S.unify_schemas([view.groups, unit.groups.schema], where=where),
+                steps=S.unify_schemas([view.steps, unit.step_rows.schema], where=where),
+            )
+        view.version = committed.version
+        self._seen = view
         if self.cache and self.backend.can_mmap:
             try:
                 write_cache(self.backend, batch, name, committed.group.crc)
@@ -145,16 +179,34 @@ class Writer:
         self._begun = spec.id
         return spec.id
 
-    def _run_families(self, batch: RolloutBatch) -> tuple[str, ...]:
-        """The run's layout families: the store's (fixed at its first append), which must
-        hold every family the batch has; the batch's own for the first append."""
-        mine = batch.families
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # a damaged file is verify's to report
-            run = self.schemas.families("skip")
+    def _view(self, batch: RolloutBatch, version: int) -> tuple[_Seen, _Seen]:
+        """The store as of log ``version`` (as this writer left it at its last commit when
+        that is the version, no other commit since; else from the committed files, where a
+        damaged file does not block an append: ``verify`` reports it), and the same with
+        ``batch`` in it: the store's schemas unified with the batch's (a column whose type
+        conflicts with the store's is refused) and the run's families (the store's, fixed at
+        its first append, which must hold every family the batch has)."""
+        seen = self._seen
+        if seen is None or seen.version != version:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                seen = _Seen(
+                    version,
+                    self.schemas.get("groups", "skip"),
+                    self.schemas.get("steps", "skip"),
+                    self.schemas.families("skip"),
+                )
+        schemas = (batch.groups.schema, batch.step_row.schema)
+        unified = (seen.groups, seen.steps)
+        if seen.batch != schemas:
+            unified = (
+                self._unify(batch.step, "groups", seen.groups, schemas[0]),
+                self._unify(batch.step, "steps", seen.steps, schemas[1]),
+            )
+        mine, run = batch.families, seen.families
         if run is None:
-            return mine
-        extra = [f for f in mine if f not in run]
+            run = mine
+        extra = sorted(set(mine) - set(run), key=R.FAMILIES.index)
         if extra:
             own = sorted(
                 c.name
@@ -167,35 +219,31 @@ class Writer:
                 f"layout, fixed at its first append, is {', '.join(run)}; a run keeps one "
                 "layout (write it to a store of its own)"
             )
-        return run
+        layouts = seen.layouts
+        if layouts is not None and seen.families == run and seen.batch == schemas:
+            return seen, seen  # (the store as the last append left it, this batch in it)
+        if layouts is None or seen.families != run:
+            layouts = (S.group_schema(families=run), S.step_schema(families=run))
+        return seen, _Seen(seen.version, unified[0], unified[1], run, layouts, schemas)
 
-    def _refuse_duplicate(self, name: str, batch: RolloutBatch, state: LogState) -> None:
+    def _unify(self, step: int, table: str, current: pa.Schema, schema: pa.Schema) -> pa.Schema:
+        """``current`` (the store's ``table`` schema) unified with a batch's ``schema``; a
+        column whose type conflicts is refused."""
+        try:
+            where = f"append of step {step} to {self.backend.path(table)}"
+            return S.unify_schemas([current, schema], where=where)
+        except SchemaError as exc:
+            raise SchemaError(f"{exc}; the store's files keep the first type") from None
+
+    def _refuse_duplicate(self, name: str, key: tuple[int, int, str], state: LogState) -> None:
         """Refuse a (step, rank, kind) the store holds already as effective history (a
         superseded write of a resumed run's step is no duplicate)."""
-        taken = any(
-            state.is_effective(batch.step, e.attempt, batch.kind)
-            for e in state.writes_of(batch.step, batch.rank, batch.kind)
-        )
-        if taken:
+        if state.effective_write(*key) is not None:
+            step, rank, kind = key
             raise StoreError(
-                f"{self.backend.path(f'{STEPS}/{name}')}: step {batch.step} of rank "
-                f"{batch.rank} ({batch.kind}) is already in the store; each (step, rank, kind) "
-                "is appended once"
+                f"{self.backend.path(f'{STEPS}/{name}')}: step {step} of rank {rank} ({kind}) "
+                "is already in the store; each (step, rank, kind) is appended once"
             )
-
-    def _check_conflicts(self, batch: RolloutBatch) -> None:
-        for table, schema in (("groups", batch.groups.schema), ("steps", batch.step_row.schema)):
-            # A damaged file must not block appends; verify() reports it.
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                current = self.schemas.get(table, "skip")
-            try:
-                S.unify_schemas(
-                    [current, schema],
-                    where=f"append of step {batch.step} to {self.backend.path(table)}",
-                )
-            except SchemaError as exc:
-                raise SchemaError(f"{exc}; the store's files keep the first type") from None
 
     @staticmethod
     def _group_metadata(batch: RolloutBatch) -> dict[bytes, bytes]:

@@ -341,6 +341,16 @@ class Backend(abc.ABC):
     def read(self, rel: str) -> pa.Buffer:
         """All bytes of ``rel``."""
 
+    def read_if_present(self, rel: str) -> pa.Buffer | None:
+        """All bytes of ``rel``, or ``None`` when there is no such file (one read: the log's
+        probe for its next entry, on an object store one GET)."""
+        try:
+            return self.read(rel)
+        except StoreError as exc:
+            if exc.errno == errno.ENOENT:
+                return None
+            raise
+
     def read_ranges(self, rel: str, ranges: list[tuple[int, int]]) -> list[bytes]:
         """The bytes of each ``(offset, length)`` range of ``rel``."""
         with self.open(rel) as f:
@@ -542,10 +552,19 @@ class LocalBackend(Backend):
         return (self.root / rel).is_dir()
 
     def read(self, rel: str) -> pa.Buffer:
+        data = self.read_if_present(rel)
+        if data is None:
+            path = Path(self.fs_path(rel))
+            raise os_error("cannot read", path, FileNotFoundError(errno.ENOENT, "", str(path)))
+        return data
+
+    def read_if_present(self, rel: str) -> pa.Buffer | None:
         path = self.fs_path(rel)
         try:
             with open(path, "rb") as f:
                 return pa.py_buffer(f.read())
+        except FileNotFoundError:
+            return None
         except OSError as exc:
             raise os_error("cannot read", Path(path), exc) from exc
 

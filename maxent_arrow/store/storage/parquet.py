@@ -13,6 +13,7 @@ filter on; page checksums; the schema version in the file metadata (``docs/arrow
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 
 import pyarrow as pa
@@ -73,13 +74,15 @@ class ParquetLayout:
     row_groups: Sequence[int] | None = None
 
 
+@functools.lru_cache(maxsize=64)
 def group_file_layout(
     schema: pa.Schema,
     compression: str = "zstd",
     compression_level: int | None = 1,
-    row_groups: Sequence[int] | None = None,
+    row_groups: tuple[int, ...] | None = None,
 ) -> ParquetLayout:
-    """The layout of a group file with this schema, from the column registry."""
+    """The layout of a group file with this schema, from the column registry (one answer
+    per schema and settings: a run appends one schema again and again)."""
     registered = {c.name: c for c in R.columns(R.GROUP)}
     present = [registered[n] for n in schema.names if n in registered]
     return ParquetLayout(
@@ -129,7 +132,7 @@ def write_parquet(
         # One row group per step: a step is read whole, and one chunk per column means readers
         # get contiguous arrays without a concatenating copy; a reader of one step of a
         # segment decodes (and checks) its row group only.
-        sizes = [n for n in layout.row_groups or () if n > 0]
+        sizes = [n for n in layout.row_groups if n > 0] if layout.row_groups else []
         if len(sizes) < 2:
             writer.write_table(table, row_group_size=max(table.num_rows, 1))
         else:
