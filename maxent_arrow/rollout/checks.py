@@ -253,6 +253,7 @@ def _check_groups(groups: pa.RecordBatch, step_row: pa.RecordBatch) -> None:
             f"got {row['num_samples']}"
         )
     sizes = np.diff(offsets)
+    _check_group_index(groups)
     _check_counts(groups, sizes)
     _check_prompts(groups)
     for name in S.PER_COMPLETION_COLUMNS:
@@ -284,6 +285,26 @@ def _check_prompts(groups: pa.RecordBatch) -> None:
         raise LayoutError(
             f"RolloutBatch columns 'prompt' and 'prompt_messages': group {int(bad[0])} has "
             "both; a prompt is text or chat messages"
+        )
+
+
+def _check_group_index(groups: pa.RecordBatch) -> None:
+    """A ``group_index`` names one group of its append: a lifecycle record addresses a
+    group by it (step, rank, kind, ``group_index``), so two rows sharing one would be
+    trained, dropped and counted as one."""
+    column = groups.column("group_index")
+    if column.null_count:
+        g = int(np.flatnonzero(~column.is_valid().to_numpy(zero_copy_only=False))[0])
+        raise LayoutError(f"RolloutBatch column 'group_index': null at group {g}")
+    values = np.asarray(column.to_numpy(zero_copy_only=False))
+    order = np.argsort(values, kind="stable")
+    repeated = np.flatnonzero(values[order][1:] == values[order][:-1])
+    if repeated.size:
+        value = values[order[repeated[0]]]
+        rows = np.flatnonzero(values == value).tolist()
+        raise LayoutError(
+            f"RolloutBatch column 'group_index': expected one group per index, got "
+            f"group_index {int(value)} at groups {rows}"
         )
 
 

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, TypedDict, Unpack, cast
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from maxent_arrow.arguments import is_int
 from maxent_arrow.arrow import registry as R
@@ -38,16 +39,20 @@ from maxent_arrow.store.history.catalog import (
     check_history,
     check_on_error,
 )
-from maxent_arrow.store.history.records import lifecycle_rows
+from maxent_arrow.store.history.records import (
+    check_lifecycle_groups,
+    lifecycle_rows,
+    prepare_records,
+)
 from maxent_arrow.store.io.cache import unit_group_crc32, write_cache
 from maxent_arrow.store.io.commit import WriteSettings
-from maxent_arrow.store.io.reader import check_known_columns, read_group_file
+from maxent_arrow.store.io.reader import check_known_columns, read_group_file, read_table
 from maxent_arrow.store.io.replay import ReplayOptions, replay
 from maxent_arrow.store.io.writer import Writer
 from maxent_arrow.store.readonly import ReadOnlyStore
 from maxent_arrow.store.sql.session import check_timeout
 from maxent_arrow.store.storage.backend import Backend, open_backend
-from maxent_arrow.store.storage.names import MANIFEST, cache_name, parse_name
+from maxent_arrow.store.storage.names import GROUPS, MANIFEST, cache_name, parse_name
 from maxent_arrow.store.storage.padding import strip_padding
 from maxent_arrow.store.storage.parquet import check_compression
 from maxent_arrow.store.upkeep.compaction import Compaction, compact
@@ -333,8 +338,24 @@ class RolloutStore(ReadOnlyStore):
         a table of the user's own (``[a-z][a-z0-9_]*``; each column keeps its first type).
         Committed through the log as this object's attempt
         (:mod:`~maxent_arrow.store.history.records`); returns the log version. Bad rows raise
-        :class:`SchemaError` naming the column and row, and nothing is written."""
+        :class:`SchemaError` naming the column and row, and nothing is written. A
+        ``lifecycle`` record addresses exactly one stored group of the effective history
+        (else a :class:`ShapeError` naming it)."""
+        if name == R.LIFECYCLE:
+            rows = prepare_records(name, rows)
+            self._check_lifecycle(rows)
         return self.writer.append_records(name, rows)
+
+    def _check_lifecycle(self, records: pa.Table) -> None:
+        """Refuse ``lifecycle`` records that do not each address one stored group: the key
+        columns of the steps they name are read (the effective history) and matched."""
+        steps = pc.unique(records.column("rollout_step")).to_pylist()
+        with self.catalog.snapshot():
+            catalog = self.catalog.with_history("effective")
+            unified = self.schemas.visible(GROUPS, self.on_error)
+            selection = Selection(steps, columns=list(R.ROW_KEY), on_error=self.on_error)
+            stored = read_table(catalog, unified, GROUPS, selection, crc=self.check_crc)
+        check_lifecycle_groups(records, stored)
 
     def checkpoint(self) -> int:
         """Write a checkpoint of the commit log now (also ``log/_checkpoint.parquet``: what

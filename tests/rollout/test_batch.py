@@ -20,6 +20,7 @@ from maxent_arrow import (
     LayoutError,
     RewardComputation,
     RolloutBatch,
+    RolloutStore,
     SchemaError,
 )
 from maxent_arrow.arrow.schema import group_schema, step_schema
@@ -223,6 +224,22 @@ def test_constructor_checks_the_layout(batch):
     typed = groups.set_column(0, "step", pa.array(["x"] * 4))
     with pytest.raises(SchemaError, match="'step'"):
         RolloutBatch(typed, row)
+
+
+def test_two_groups_of_one_append_with_one_group_index_are_refused(batch, tmp_path):
+    """Fault probe F02: a lifecycle record addresses a group by (step, rank, kind,
+    group_index); two groups of one append sharing an index would be dropped (and counted)
+    as one, so the batch is refused, naming the index and its rows, and nothing is written."""
+    groups, row = batch.groups, batch.step_row
+    where = groups.schema.get_field_index("group_index")
+    twice = groups.set_column(where, "group_index", pa.array([0, 1, 1, 3], pa.int32()))
+    with pytest.raises(LayoutError, match=r"group_index 1 at groups \[1, 2\]"):
+        RolloutBatch(twice, row)
+    store = RolloutStore.create(tmp_path / "s")
+    before = sorted((tmp_path / "s").rglob("*"))
+    with pytest.raises(LayoutError, match="group_index"):
+        store.append(RolloutBatch(twice, row))
+    assert store.steps() == [] and sorted((tmp_path / "s").rglob("*")) == before
 
 
 @given(

@@ -21,7 +21,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from maxent_arrow import RolloutBatch, RolloutStore
-from maxent_arrow.errors import SchemaError, StoreError
+from maxent_arrow.errors import SchemaError, ShapeError, StoreError
+from maxent_arrow.store.history.records import lifecycle_rows
 from maxent_arrow.testing import make_batch
 
 KEY = ["step", "rank", "kind", "group_index"]
@@ -359,3 +360,33 @@ def test_verify_names_a_lost_log_entry_and_live_files_checks_its_table(tmp_path)
     problems = RolloutStore(root).verify().problems
     assert [p.path.name for p in problems] == [entries[1].name]
     assert f"{len(entries) - 2} later entries" in problems[0].problem
+
+
+def test_a_lifecycle_record_addresses_exactly_one_stored_group(tmp_path):
+    """Fault probe F02 and F07: a lifecycle record whose key (step, rank, kind,
+    group_index) matches no stored group, or several (a store written before group_index
+    was checked unique: here a batch built without validation), is refused naming its row
+    and key, and nothing is written; a drop of one of two groups that share a key would
+    have left both out of ``groups``."""
+    store = RolloutStore.create(tmp_path / "s", compact_every=None)
+    batch = make_batch(0)
+    where = batch.groups.schema.get_field_index("group_index")
+    shared = pa.array([0, 0, 2], pa.int32())
+    groups = batch.groups.set_column(where, "group_index", shared)
+    store.append(RolloutBatch(groups, batch.step_row, validate=False))
+    store.append(make_batch(1))
+    rows = store.read(columns=KEY)
+    log = sorted(p.name for p in (tmp_path / "s" / "log").iterdir())
+    with pytest.raises(ShapeError, match=r"row 0: .*step 0, rank 0, kind 'train', group_index 0"
+                       r"\) matches 2 stored groups"):  # fmt: skip
+        store.record_lifecycle(rows.slice(0, 1), step=0, event="dropped", reason="zero_std")
+    never = rows.slice(3, 2).set_column(3, "group_index", pa.array([1, 7], pa.int32()))
+    with pytest.raises(ShapeError, match=r"row 1: .*step 1, .*group_index 7\) matches no stored"):
+        store.record_lifecycle(never, step=0, event="trained")
+    later = rows.slice(3, 1).set_column(0, "step", pa.array([9], pa.int64()))
+    with pytest.raises(ShapeError, match="step 9, .* matches no stored group"):
+        store.append_records("lifecycle", lifecycle_rows(later, step=0, event="trained"))
+    assert sorted(p.name for p in (tmp_path / "s" / "log").iterdir()) == log
+    assert store.lifecycle().num_rows == 0
+    store.record_lifecycle(rows.slice(2, 2), step=0, event="dropped", reason="zero_std")
+    assert store.sql("SELECT count(*) AS n FROM groups").column("n")[0].as_py() == 4

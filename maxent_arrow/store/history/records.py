@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 from maxent_arrow.arrow import lists as L
 from maxent_arrow.arrow import registry as R
 from maxent_arrow.arrow import schema as S
-from maxent_arrow.errors import SchemaError, StoreError
+from maxent_arrow.errors import SchemaError, ShapeError, StoreError
 from maxent_arrow.store.history.catalog import History
 from maxent_arrow.store.history.log import CommitLog
 from maxent_arrow.store.history.operations import AppendRecords, crc32
@@ -47,6 +47,7 @@ from maxent_arrow.store.storage.names import RECORDS
 __all__ = [
     "RESERVED",
     "Frontier",
+    "check_lifecycle_groups",
     "check_record_name",
     "commit_records",
     "frontier_of",
@@ -400,6 +401,40 @@ def lifecycle_rows(
     now = dt.datetime.now(dt.UTC)
     table = table.append_column("created_at", _repeat(now, pa.timestamp("us", tz="UTC"), n))
     return prepare_records(R.LIFECYCLE, table)
+
+
+def _key_text(table: pa.Table, columns: tuple[str, ...]) -> pa.Array:
+    """One text key per row of a group's key ``columns`` (step, rank, kind, group_index; a
+    kind is an identifier, so ``/`` never occurs in one)."""
+    parts = [pc.cast(table.column(c), pa.string()) for c in columns]
+    return pc.binary_join_element_wise(*parts, "/").combine_chunks()
+
+
+def check_lifecycle_groups(records: pa.Table, stored: pa.Table) -> None:
+    """Each ``lifecycle`` record (:func:`prepare_records`' rows) addresses exactly one of the
+    ``stored`` groups (their :data:`~maxent_arrow.arrow.registry.ROW_KEY` columns: the
+    effective history of the steps the records name): a record of a group never stored, or
+    of a key several stored groups share (a store written before ``group_index`` was checked
+    unique), is a :class:`ShapeError` naming its row and key; a drop of it would leave out
+    none, or all, of them."""
+    wanted = _key_text(records, R.LIFECYCLE_KEY)
+    have = _key_text(stored, R.ROW_KEY)
+    missing = pc.invert(pc.is_in(wanted, value_set=have))
+    counts = pc.value_counts(have)
+    shared = counts.field("values").filter(pc.greater(counts.field("counts"), 1))
+    several = pc.is_in(wanted, value_set=shared)
+    for bad, what in ((missing, "matches no stored group"), (several, "matches several")):
+        if pc.any(bad).as_py():
+            row = pc.index(bad, True).as_py()
+            step, rank, kind, index = (records.column(c)[row].as_py() for c in R.LIFECYCLE_KEY)
+            where = f"step {step}, rank {rank}, kind {kind!r}, group_index {index}"
+            if what == "matches several":
+                n = pc.sum(pc.equal(have, wanted[row])).as_py()
+                what = f"matches {n} stored groups (they share one group_index)"
+            raise ShapeError(
+                f"records of 'lifecycle', row {row}: the group ({where}) {what} of the run's "
+                "effective history; a record addresses exactly one stored group"
+            )
 
 
 def _repeat(value: Any, kind: pa.DataType, n: int) -> pa.Array:
