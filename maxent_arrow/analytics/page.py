@@ -220,15 +220,29 @@ def _extremes_rows(extremes: pa.Table) -> list[dict[str, Any]]:
     return rows
 
 
+# What a Markdown renderer would read as markup in a stored value, beside HTML: a backslash
+# (it escapes what follows), a table's column separator, a code span and a link's brackets.
+_MD_ESCAPES = str.maketrans({"\\": "\\\\", "|": "\\|", "`": "\\`", "[": "\\[", "]": "\\]"})
+
+
+def _md(value: Any) -> str:
+    """``value`` as one line of Markdown text that shows as written: HTML-escaped (a stored
+    ``<img onerror=...>`` would run where a renderer allows HTML; the HTML page escapes it
+    too), every run of whitespace (newlines included) one space, and ``\\``, ``|``, a
+    backtick and ``[ ]`` escaped, so a value never ends its table cell or opens markup."""
+    text = " ".join(str(value).split())
+    return html.escape(text, quote=False).translate(_MD_ESCAPES)
+
+
 def _md_cell(value: Any, kind: str) -> str:
     text = format_value(value) if kind == "num" else ("–" if value is None else _cut(value))
-    return " ".join(str(text).split()).replace("|", "\\|")
+    return _md(text)
 
 
 def _md_table(
     rows: Sequence[Mapping[str, Any]], columns: Sequence[tuple[str, str, str]]
 ) -> list[str]:
-    out = ["| " + " | ".join(h for _, h, _ in columns) + " |"]
+    out = ["| " + " | ".join(_md(h) for _, h, _ in columns) + " |"]
     out.append("|" + "---|" * len(columns))
     for row in rows:
         out.append("| " + " | ".join(_md_cell(row.get(k), kind) for k, _, kind in columns) + " |")
@@ -322,17 +336,17 @@ def render_markdown(
     extremes: pa.Table | None,
 ) -> str:
     """``summary.md``: the same sections as the page, as Markdown."""
-    md = [f"# Run report: {summary.fact('run').value}", ""]
+    md = [f"# Run report: {_md(summary.fact('run').value)}", ""]
     if summary.left_out:
         md += [f"> **Data left out: {len(summary.left_out)} damaged file(s) were skipped** "
                "(on_error='skip'); every figure is computed without them:", ">"]  # fmt: skip
-        md += [f"> - {m}" for m in summary.left_out] + [""]
+        md += [f"> - {_md(m)}" for m in summary.left_out] + [""]
     if summary.absent:
-        md += ["**Not recorded by this run:** "
-               + "; ".join(f"{k} ({v})" for k, v in summary.absent.items()), ""]  # fmt: skip
+        absent = "; ".join(f"{_md(k)} ({_md(v)})" for k, v in summary.absent.items())
+        md += [f"**Not recorded by this run:** {absent}", ""]
     md += ["## Summary", "", "| | |", "|---|---|"]
     md += [
-        f"| {f.label} | {_md_cell(format_value(f.value, f.unit), 'plain')} |"
+        f"| {_md(f.label)} | {_md_cell(format_value(f.value, f.unit), 'plain')} |"
         for f in summary.facts
         if f.key != "run"
     ]
@@ -340,18 +354,20 @@ def render_markdown(
         md += ["", "| figure | unit | start | peak | end |", "|---|---|---|---|---|"]
         for t in summary.trends:
             cells = [
-                f"{format_value(v, t.unit)} (step {s})"
+                _md(f"{format_value(v, t.unit)} (step {s})")
                 for v, s in ((t.start, t.start_step), (t.peak, t.peak_step), (t.end, t.end_step))
             ]
-            md.append(f"| {t.label} | {_unit_text(t.unit)} | " + " | ".join(cells) + " |")
+            head = f"| {_md(t.label)} | {_md(_unit_text(t.unit))} | "
+            md.append(head + " | ".join(cells) + " |")
     if summary.config:
         md += ["", "## Run config", "", "| key | value |", "|---|---|"]
         for key, value in config_items(summary.config):
-            md.append(f"| {key} | {_md_cell(_config_text(value), 'plain')} |")
+            md.append(f"| {_md(key)} | {_md_cell(_config_text(value), 'plain')} |")
     md += ["", "## Curves", ""]
-    md += [f"![{captions[name]}]({path.name})" for name, path in plots.items()]
+    md += [f"![{_md(captions[name])}]({path.name})" for name, path in plots.items()]
     if not_plotted:
-        md += ["", "Not plotted: " + "; ".join(f"{k} ({v})" for k, v in not_plotted.items())]
+        items = "; ".join(f"{_md(k)} ({_md(v)})" for k, v in not_plotted.items())
+        md += ["", f"Not plotted: {items}"]
     _, eval_md = _eval_section(evals)
     if eval_md:
         md += [""] + eval_md

@@ -10,12 +10,15 @@ import re
 import warnings
 
 import numpy as np
+import pyarrow as pa
 import pytest
 from matplotlib.image import imread
 from test_analytics import write_store
 
+from maxent_arrow import RolloutBatch, RolloutStore
 from maxent_arrow.analytics.report import build_report
 from maxent_arrow.store import ReadOnlyStore
+from maxent_arrow.testing import CONFIG, make_batch
 
 EXPECTED_PLOTS = {
     "reward curve": "reward_curve.png",
@@ -232,3 +235,59 @@ def test_a_report_with_skipped_damage_says_what_was_left_out(tmp_path):
         'id="left-out"'
         not in build_report(clean.root, tmp_path / "o2", progress=False).html.read_text()
     )
+
+
+_HOSTILE = "<img src=x onerror=alert(1)>|`x`\nnext [a](javascript:b) \\|"
+
+
+def _hostile_batch(step: int, kind: str = "train") -> RolloutBatch:
+    """A step whose prompts, answers, completions, a reward name and the config hold HTML
+    and Markdown table syntax."""
+    config = {**CONFIG, "note": _HOSTILE, "<b>key|</b>": 1}
+    batch = make_batch(step, kind=kind, reward_names=("accuracy", "<img src=y onerror=z>|r"),
+                       config=config)  # fmt: skip
+    groups = batch.groups
+    for name in ("prompt", "answer"):
+        groups = groups.set_column(
+            groups.schema.get_field_index(name), name, pa.array([_HOSTILE] * groups.num_rows)
+        )
+    completions = groups.column("completions")
+    texts = pa.array([_HOSTILE] * len(completions.flatten()))
+    groups = groups.set_column(
+        groups.schema.get_field_index("completions"),
+        "completions",
+        pa.ListArray.from_arrays(completions.offsets, texts),
+    )
+    return RolloutBatch(groups, batch.step_row)
+
+
+def _cells(line: str) -> list[str]:
+    """A Markdown table row's cells (a ``|`` after a backslash is the cell's text)."""
+    return re.split(r"(?<!\\)\|", re.sub(r"\\\\", "", line.strip()))[1:-1]
+
+
+def test_summary_md_escapes_stored_html_and_markdown(tmp_path):
+    """Fault probe F08: values of the store (prompts, completions, answers, a reward name,
+    config keys and values) are text in ``summary.md``: no raw HTML a renderer would run,
+    and every table row keeps its columns."""
+    store = RolloutStore.create(tmp_path / "run", config={"note": _HOSTILE}, compact_every=None)
+    for step in range(3):
+        store.append(_hostile_batch(step))
+    store.append(_hostile_batch(2, "eval"))
+    report = build_report(store.root, tmp_path / "out", progress=False)
+    md = report.markdown.read_text(encoding="utf-8")
+    assert "<img" not in md and "<b>" not in md and "\\](javascript" in md
+    assert "&lt;img src=x onerror=alert(1)&gt;\\|\\`x\\` next" in md
+    widths: list[int] = []
+    for line in md.splitlines():
+        if line.startswith("|"):
+            widths.append(len(_cells(line)))
+        elif widths:
+            assert len(set(widths)) == 1, widths  # every row of a table: its header's columns
+            widths = []
+    markdown_it = pytest.importorskip("markdown_it")
+    page = markdown_it.MarkdownIt("commonmark").enable("table").render(md)  # HTML allowed
+    assert "<img src=x" not in page and "<img src=y" not in page and "<b>" not in page
+    assert not any("javascript" in href for href in re.findall(r'href="([^"]*)"', page))
+    separators = [line for line in md.splitlines() if line.startswith("|---")]
+    assert page.count("<table>") == len(separators) >= 4
