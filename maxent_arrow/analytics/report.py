@@ -39,6 +39,7 @@ from maxent_arrow.analytics.run import RunAnalytics
 from maxent_arrow.analytics.summary import Summary, summarize
 from maxent_arrow.arguments import check_int
 from maxent_arrow.errors import ArgumentError, ComputeError, LayoutError, SchemaError, StoreError
+from maxent_arrow.store import ReadOnlyStore
 
 __all__ = ["Report", "build_report"]
 
@@ -137,9 +138,18 @@ def build_report(
         A tqdm bar over the reading and plotting tasks.
     compare
         Other runs (label -> store) whose eval reward curves are plotted beside this run's.
+
+    Raises
+    ------
+    ArgumentError
+        ``out`` is a store's directory or inside one (this run's or a compared run's), and
+        nothing is written.
     """
     ks = check_report_options(threshold=threshold, k=k, bins=bins)
     out = Path(out)
+    root = root if isinstance(root, ReadOnlyStore) else ReadOnlyStore(root)
+    for store in (root, *(compare or {}).values()):
+        _check_out(out, store)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -186,6 +196,23 @@ def build_report(
                 report.skipped["compare"] = result
     _write_pages(report, tables)
     return report
+
+
+def _check_out(out: Path, store: Any) -> None:
+    """Refuse an ``out`` that is the directory of ``store`` (a store or where one is) or
+    inside it: a store holds only what its commits write, and its readers write nothing
+    there (``docs/commit-protocol.md``)."""
+    root = (store if isinstance(store, ReadOnlyStore) else ReadOnlyStore(store)).root
+    if not isinstance(root, Path):
+        return  # a store on an object store: ``out`` is a local directory
+    where, inside = out.resolve(), root.resolve()
+    if where == inside or inside in where.parents:
+        what = "the store's directory" if where == inside else "inside the store"
+        raise ArgumentError(
+            f"report: out {str(out)!r} is {what} {str(root)!r}; a report writes its plots and "
+            "pages there, among the files only the store's commits write: choose a directory "
+            "outside the store"
+        )
 
 
 def _build(

@@ -120,6 +120,24 @@ def test_report_json(capsys, store, tmp_path):
     one_line_error(err, "report")
 
 
+def test_report_out_in_the_store_is_refused_and_writes_nothing(capsys, store, tmp_path):
+    """Fault probe F06: ``report RUN --out RUN`` (or a directory inside the store, or a
+    link to one) would write its plots and pages among the store's files: a usage error
+    naming the store, and nothing is written."""
+
+    def files():
+        return sorted(p.relative_to(store.root) for p in store.root.rglob("*"))
+
+    before = files()
+    (tmp_path / "link").symlink_to(store.root)
+    for out in (store.root, store.root / "report", store.root / "log" / "r", tmp_path / "link"):
+        code, _, err = run(capsys, "report", store.root, "--out", out)
+        assert code == EXIT_USAGE, (out, err)
+        line = one_line_error(err, "report")
+        assert str(store.root) in line and "outside the store" in line
+    assert files() == before
+
+
 def test_verify_ok_then_damaged(capsys, tmp_path):
     w = write_store(tmp_path / "s", steps=range(3), ranks=1)
     code, out, _ = run(capsys, "verify", w.root, "--json")
