@@ -5,6 +5,7 @@ as it was, byte for byte; opening a read-only store to read works.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -18,7 +19,7 @@ import pytest
 from fault_harness import env
 from fault_harness import snapshot as _snapshot
 
-from maxent_arrow import RolloutStore
+from maxent_arrow import RolloutStore, StoreError
 from maxent_arrow.testing import make_batch
 
 # Their writers are ranks (and relaunches) of one run: one attempt.
@@ -61,6 +62,41 @@ def test_full_disk_is_a_clear_error_and_the_store_is_unchanged(tmp_path):
     assert "file size limit" in done.stdout and "step-0000000005" in done.stdout
     assert _snapshot(store.root) == before
     assert RolloutStore(store.root).steps() == [0]
+
+
+# No write at all succeeds: the first is the lock's holder record of the writer's first commit.
+NO_WRITE = FULL_DISK.replace("64 * 1024", "0").replace("groups=64, max_tokens=512", "groups=2")
+
+
+def test_a_full_disk_at_a_new_writers_first_commit_is_a_store_error(tmp_path, monkeypatch):
+    """Fault probe F04: the lock holder record a new writer writes before its first commit
+    fails on a full disk with a StoreError in os_error's words (a real limit: RLIMIT_FSIZE
+    in a subprocess gives EFBIG; a full disk's ENOSPC, from the same system call, reads
+    "the disk is full"), not a raw OSError, and the store is unchanged."""
+    store = RolloutStore.create(tmp_path / "store")
+    store.append(make_batch(0))
+    before = _snapshot(store.root)
+    done = subprocess.run(
+        [sys.executable, "-c", NO_WRITE, str(store.root)],
+        capture_output=True,
+        text=True,
+        env=env(),
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("ERROR 27"), done.stdout  # EFBIG
+    assert "lock's holder" in done.stdout and "file size limit" in done.stdout
+    assert _snapshot(store.root) == before
+    assert RolloutStore(store.root).steps() == [0]
+
+    def full(fd, data, offset):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "pwrite", full)
+    with pytest.raises(StoreError, match=r"lock's holder in .*\.lock: the disk is full"):
+        RolloutStore(store.root).append(make_batch(1))
+    monkeypatch.undo()
+    assert _snapshot(store.root) == before
 
 
 READ_ONLY = textwrap.dedent(

@@ -763,8 +763,11 @@ class LocalBackend(Backend):
             _acquire(fd, path, timeout)
             try:
                 holder = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}
-                os.ftruncate(fd, 0)
-                os.pwrite(fd, json.dumps(holder).encode(), 0)
+                try:
+                    os.ftruncate(fd, 0)
+                    os.pwrite(fd, json.dumps(holder).encode(), 0)
+                except OSError as exc:  # a full disk, a quota: before anything is committed
+                    raise os_error("cannot record the lock's holder in", path, exc) from exc
                 yield
             finally:
                 with contextlib.suppress(OSError):
