@@ -17,6 +17,7 @@ from .trl import (
 )
 from .trl_config import trl_offpolicy as trl_offpolicy, trl_run_config as trl_run_config
 from .trl_replay import StoreFedGRPOTrainer as StoreFedGRPOTrainer, trl_inputs as trl_inputs
+from .trl_tables import RoundContext as RoundContext, RoundValues as RoundValues
 from .verl import (
     from_dataproto as from_dataproto,
     to_dataproto as to_dataproto,

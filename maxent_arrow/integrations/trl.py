@@ -134,64 +134,31 @@ __all__ = [
 # ---------------------------------------------------------------------------- one round
 def trl_group_table(
     outputs: Mapping[str, Any],
+    context: RoundContext,
+    values: RoundValues,
     *,
-    prompts: Sequence[Any],
-    completions: Sequence[Any],
-    rewards: Any,
-    reward_names: Sequence[str],
-    reward_weights: Sequence[float],
-    step: int,
-    rank: int,
-    kind: str,
-    group_size: int,
     first_index: int,
-    round_index: int = 0,
-    answers: Sequence[Any] | None = None,
-    eos_token_ids: Sequence[int] = (),
-    pad_token_id: int | None = None,
+    rewards: Any,
     completion_lengths: Any = None,
-    example_ids: Sequence[Any] | None = None,
-    dataset_columns: Mapping[str, Sequence[Any]] | None = None,
-    extras: Mapping[str, Sequence[Any]] | None = None,
-    user_columns: UserColumns | None = None,
-    offpolicy: Mapping[str, Any] | None = None,
 ) -> pa.Table:
     """The group rows of one generation round of one process, from TRL's tensors: the
     recorder's path (:func:`~.trl_tables.host_round`, then :func:`~.trl_tables.round_table`)
     as one call, for a round held outside a trainer.
 
     ``outputs`` is the dict ``_generate_and_score_completions`` returned on this process (B
-    rows; read by :class:`~.trl_contract.TrlOutput`); ``rewards``, ``first_index`` and
-    ``completion_lengths`` are :func:`~.trl_tables.host_round`'s; every other argument is the
-    field of that name of :class:`~.trl_tables.RoundContext` (where the round is stored, what
-    holds for all its completions) or of :class:`~.trl_tables.RoundValues` (the per-row Python
-    values: prompts, completions, answers, example ids, dataset and ``log_extra`` columns).
+    rows, B = ``len(values.prompts)``; read by :class:`~.trl_contract.TrlOutput`);
+    ``context`` (:class:`~.trl_tables.RoundContext`) is where the round is stored and what
+    holds for all its completions; ``values`` (:class:`~.trl_tables.RoundValues`) the per-row
+    Python values: prompts, completions, answers, example ids, dataset and ``log_extra``
+    columns. ``first_index`` (the global row of this process's first row in the round's
+    generation batch), ``rewards`` (the raw ``[B, F]`` per-function rewards) and
+    ``completion_lengths`` (token counts, for when TRL's mask zeroes truncated rows) are
+    :func:`~.trl_tables.host_round`'s.
     """
-    context = RoundContext(
-        step=step,
-        rank=rank,
-        kind=kind,
-        group_size=group_size,
-        reward_names=reward_names,
-        reward_weights=reward_weights,
-        round_index=round_index,
-        eos_token_ids=eos_token_ids,
-        pad_token_id=pad_token_id,
-        user_columns=user_columns if user_columns is not None else UserColumns(),
-        offpolicy=offpolicy or {},
-    )
-    values = RoundValues(
-        prompts=prompts,
-        completions=completions,
-        answers=answers,
-        example_ids=example_ids,
-        dataset_columns=dataset_columns or {},
-        extras=extras or {},
-    )
     host = host_round(
         TrlOutput.read(outputs, where="trl_group_table: outputs"),
         context,
-        rows=len(prompts),
+        rows=len(values.prompts),
         first_index=first_index,
         rewards=rewards,
         completion_lengths=completion_lengths,

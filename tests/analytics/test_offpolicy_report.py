@@ -20,8 +20,8 @@ from transformers import GPT2Config, GPT2LMHeadModel
 from maxent_arrow import GenerationBatch, RolloutBatch, RolloutStore
 from maxent_arrow.analytics import build_report, offpolicy_steps, offpolicy_text
 from maxent_arrow.arrow.registry import CORE, TRL
+from maxent_arrow.integrations import RoundContext, RoundValues, trl_group_table
 from maxent_arrow.integrations.steps import step_row
-from maxent_arrow.integrations.trl import trl_group_table
 from maxent_arrow.rollout.checks import declare_families
 
 P, K, T, V = 4, 4, 6, 384  # prompts, completions per prompt, tokens, vocabulary
@@ -76,13 +76,16 @@ def trl_store(tmp_path_factory):
             "advantages": torch.zeros(B), "num_items_in_batch": torch.tensor(B * T),
             "old_per_token_logps": r["pi"].float(), "sampling_per_token_logps": r["mu"].float(),
         }  # fmt: skip
-        groups = trl_group_table(
-            outputs, prompts=[f"p{i // K}" for i in range(B)], completions=["c"] * B,
-            rewards=torch.rand(B, 1, generator=torch.Generator().manual_seed(step)),
-            reward_names=["r"], reward_weights=[1.0], step=step, rank=0, kind="train",
-            group_size=K, first_index=0,
+        context = RoundContext(
+            step=step, rank=0, kind="train", group_size=K, reward_names=["r"],
+            reward_weights=[1.0],
             offpolicy={"policy_version": 0, "temperature": 1.0, "top_p": 0.8, "top_k": 0,
                        "min_p": 0.0, "logp_semantics": "processed"},
+        )  # fmt: skip
+        values = RoundValues(prompts=[f"p{i // K}" for i in range(B)], completions=["c"] * B)
+        groups = trl_group_table(
+            outputs, context, values, first_index=0,
+            rewards=torch.rand(B, 1, generator=torch.Generator().manual_seed(step)),
         )  # fmt: skip
         groups = declare_families(groups, (CORE, TRL))
         store.append(RolloutBatch(groups, step_row(groups, step=step, rank=0, kind="train",

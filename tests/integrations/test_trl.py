@@ -7,6 +7,7 @@ recomputed under each ``scale_rewards`` (TRL's private surface: test_trl_contrac
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -31,8 +32,12 @@ import trl_runs  # noqa: E402
 from maxent_arrow import RolloutStore, RunAnalytics, RunConfig, build_report  # noqa: E402
 from maxent_arrow.arrow import registry as R  # noqa: E402
 from maxent_arrow.errors import LayoutError  # noqa: E402
+from maxent_arrow.integrations import (  # noqa: E402
+    RoundContext,
+    RoundValues,
+    trl_group_table,
+)
 from maxent_arrow.integrations.steps import step_row  # noqa: E402
-from maxent_arrow.integrations.trl import trl_group_table  # noqa: E402
 from maxent_arrow.integrations.trl_contract import ALWAYS_OUTPUT_KEYS  # noqa: E402
 from maxent_arrow.rollout import RolloutBatch, reassemble, recompute, recompute_kl  # noqa: E402
 
@@ -488,18 +493,22 @@ def test_group_table_keeps_the_optional_tensors_trl_gives_with_vllm_and_tools():
     chat = [[{"role": "user", "content": [{"type": "image", "image": object()}, "x"]}]] * b
     table = trl_group_table(
         outputs,
-        prompts=chat,
-        completions=[[{"role": "assistant", "content": f"c{i}"}] for i in range(b)],
-        rewards=torch.tensor([[1.0, math.nan]] * b),
-        reward_names=["a", "b"],
-        reward_weights=[1.0, 1.0],
-        step=3,
-        rank=1,
-        kind="train",
-        group_size=4,
+        RoundContext(
+            step=3,
+            rank=1,
+            kind="train",
+            group_size=4,
+            reward_names=["a", "b"],
+            reward_weights=[1.0, 1.0],
+            eos_token_ids=[1],
+            pad_token_id=0,
+        ),
+        RoundValues(
+            prompts=chat,
+            completions=[[{"role": "assistant", "content": f"c{i}"}] for i in range(b)],
+        ),
         first_index=2,  # rows 2..5 of the generation batch: end of group 0, start of group 1
-        eos_token_ids=[1],
-        pad_token_id=0,
+        rewards=torch.tensor([[1.0, math.nan]] * b),
     )
     assert table.column("group_id").to_pylist() == ["3.0.0", "3.0.1"]
     assert table.column("num_completions").to_pylist() == [2, 2]
@@ -524,34 +533,26 @@ def test_group_table_keeps_the_optional_tensors_trl_gives_with_vllm_and_tools():
 def test_group_table_uses_given_lengths_when_trl_masks_truncated_rows():
     outputs = _outputs(2, 4, [4, 2])
     outputs["completion_mask"][0] = 0  # mask_truncated_completions zeroes a whole row
+    context = RoundContext(
+        step=0, rank=0, kind="train", group_size=2, reward_names=["r"], reward_weights=[1.0]
+    )
+    values = RoundValues(prompts=["p", "p"], completions=["x", "y"])
     table = trl_group_table(
         outputs,
-        prompts=["p", "p"],
-        completions=["x", "y"],
-        rewards=torch.zeros(2, 1),
-        reward_names=["r"],
-        reward_weights=[1.0],
-        step=0,
-        rank=0,
-        kind="train",
-        group_size=2,
+        context,
+        values,
         first_index=0,
+        rewards=torch.zeros(2, 1),
         completion_lengths=[4, 2],
     )
     assert [len(c) for c in flat(table, "completion_ids")] == [4, 2]
     with pytest.raises(LayoutError, match="rewards: expected 2 columns"):
         trl_group_table(
             outputs,
-            prompts=["p", "p"],
-            completions=["x", "y"],
-            rewards=torch.zeros(2, 1),
-            reward_names=["r", "s"],
-            reward_weights=[1.0, 1.0],
-            step=0,
-            rank=0,
-            kind="train",
-            group_size=2,
+            dataclasses.replace(context, reward_names=["r", "s"], reward_weights=[1.0, 1.0]),
+            values,
             first_index=0,
+            rewards=torch.zeros(2, 1),
         )
 
 
@@ -614,21 +615,21 @@ def test_group_table_from_gpu_tensors_equals_the_host_one():
     b, width, lengths = 4, 5, [5, 2, 3, 1]
     host = _outputs(b, width, lengths, ref_per_token_logps=torch.randn(b, width))
     device = {k: v.cuda() for k, v in host.items()}
-    common = dict(
-        prompts=["p"] * b,
-        completions=["c"] * b,
-        rewards=torch.ones(b, 1),
-        reward_names=["r"],
-        reward_weights=[1.0],
+    context = RoundContext(
         step=0,
         rank=0,
         kind="train",
         group_size=2,
-        first_index=0,
+        reward_names=["r"],
+        reward_weights=[1.0],
         eos_token_ids=[1],
         pad_token_id=0,
     )
-    assert trl_group_table(device, **common).equals(trl_group_table(host, **common))
+    values = RoundValues(prompts=["p"] * b, completions=["c"] * b)
+    rewards = torch.ones(b, 1)
+    assert trl_group_table(device, context, values, first_index=0, rewards=rewards).equals(
+        trl_group_table(host, context, values, first_index=0, rewards=rewards)
+    )
 
 
 # ---------------------------------------------------------------------------- unscored (NaN)

@@ -11,6 +11,7 @@ import math
 import sys
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -29,12 +30,12 @@ from transformers import ByT5Tokenizer  # noqa: E402
 from maxent_arrow import RolloutStore, RunAnalytics  # noqa: E402
 from maxent_arrow.arrow import registry as R  # noqa: E402
 from maxent_arrow.errors import LayoutError, SchemaError  # noqa: E402
+from maxent_arrow.integrations import RoundContext, RoundValues, trl_group_table  # noqa: E402
 from maxent_arrow.integrations.context import UserColumns  # noqa: E402
 from maxent_arrow.integrations.trl import (  # noqa: E402
     logged_kind,
     register_trl_log,
     rollout_step,
-    trl_group_table,
     trl_trainer_metrics,
 )
 from maxent_arrow.rollout import trainer_metrics_table  # noqa: E402
@@ -368,25 +369,26 @@ def test_a_log_extra_column_of_the_wrong_length_or_a_non_json_answer_is_refused(
         "advantages": torch.zeros(b),
         "num_items_in_batch": 4,
     }
-    common = dict(
-        prompts=["p", "p"],
-        completions=["a", "b"],
-        rewards=torch.zeros(b, 1),
-        reward_names=["r"],
-        reward_weights=[1.0],
-        step=0,
-        rank=0,
-        kind="train",
-        group_size=2,
-        first_index=0,
+    context = RoundContext(
+        step=0, rank=0, kind="train", group_size=2, reward_names=["r"], reward_weights=[1.0]
     )
-    table = trl_group_table(outputs, **common, extras={"verdict": ["x", None]}, answers=[[1], [1]])
+
+    def table_of(**values: Any) -> pa.Table:
+        return trl_group_table(
+            outputs,
+            context,
+            RoundValues(prompts=["p", "p"], completions=["a", "b"], **values),
+            first_index=0,
+            rewards=torch.zeros(b, 1),
+        )
+
+    table = table_of(extras={"verdict": ["x", None]}, answers=[[1], [1]])
     assert table.column("extra_verdict").to_pylist() == [["x", None]]
     assert table.column("answer").to_pylist() == ["[1]"]
     with pytest.raises(LayoutError, match="log_extra column 'verdict': expected 2 values"):
-        trl_group_table(outputs, **common, extras={"verdict": ["x"]})
+        table_of(extras={"verdict": ["x"]})
     with pytest.raises(SchemaError, match="answer of row 0: expected JSON-able"):
-        trl_group_table(outputs, **common, answers=[object(), object()])
+        table_of(answers=[object(), object()])
 
 
 def test_a_trainer_metrics_record_is_checked_before_anything_is_written():

@@ -304,8 +304,8 @@ def test_a_verl_store_has_the_lengths_and_truncation_flags_of_a_trl_store(data, 
     group table (``trl_group_table``, from the tensors TRL would hold) give the same
     per-sample token counts and truncation flags, and the same ``length_stats``."""
     from maxent_arrow import RunAnalytics
+    from maxent_arrow.integrations import RoundContext, RoundValues, trl_group_table
     from maxent_arrow.integrations.steps import step_row
-    from maxent_arrow.integrations.trl import trl_group_table
     from maxent_arrow.rollout import declare_families
 
     tok = ByT5Tokenizer()
@@ -326,18 +326,19 @@ def test_a_verl_store_has_the_lengths_and_truncation_flags_of_a_trl_store(data, 
     }
     table = trl_group_table(
         outputs,
-        prompts=["q"] * len(order),
-        completions=["c"] * len(order),
-        rewards=torch.zeros(len(order), 1),
-        reward_names=["r"],
-        reward_weights=[1.0],
-        step=0,
-        rank=0,
-        kind="train",
-        group_size=N,
+        RoundContext(
+            step=0,
+            rank=0,
+            kind="train",
+            group_size=N,
+            reward_names=["r"],
+            reward_weights=[1.0],
+            eos_token_ids=[tok.eos_token_id],
+            pad_token_id=tok.pad_token_id,
+        ),
+        RoundValues(prompts=["q"] * len(order), completions=["c"] * len(order)),
         first_index=0,
-        eos_token_ids=[tok.eos_token_id],
-        pad_token_id=tok.pad_token_id,
+        rewards=torch.zeros(len(order), 1),
     )
     trl = RolloutStore.create(tmp_path / "trl")
     table = declare_families(table, ("core", "trl"))
