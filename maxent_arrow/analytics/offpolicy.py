@@ -40,6 +40,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from maxent_arrow.analytics.jsonsafe import finite
+from maxent_arrow.arguments import int_set
 from maxent_arrow.arrow import (
     find_in_sets,
     float_values,
@@ -51,6 +52,7 @@ from maxent_arrow.arrow import (
     token_sets,
 )
 from maxent_arrow.arrow import registry as R
+from maxent_arrow.errors import ArgumentError
 from maxent_arrow.store import ReadOnlyStore
 
 __all__ = [
@@ -87,8 +89,13 @@ def offpolicy_steps(
     """One report per step of ``kind`` (see the module): ``{"step", "completions", "tokens",
     "staleness": {k: count} | None, "diagnostics": {...} | None, "ess": float | None,
     "corrections": {mode: {"unit", "fraction", "threshold"}} | None, "kept_mass": {...} |
-    None, "notes": [...]}``. ``root``: a store path or URI, or an open store."""
+    None, "notes": [...]}``. ``root``: a store path or URI, or an open store.
+
+    A ``kind`` the store has no steps of (a store with steps), or ``steps`` it has none of,
+    is an :class:`~maxent_arrow.errors.ArgumentError` naming the kinds or the steps there
+    are; a store without steps gives none."""
     store = root if isinstance(root, ReadOnlyStore) else ReadOnlyStore(root)
+    chosen = None if steps is None else int_set(steps, what="offpolicy: steps")
     present = _present(store)
     # Bulk columns only where they serve: the trainer's log-probs with the sampler's, top-k
     # log-probs with kept sets (a MaxEnt run's behaviour log-probs alone are not read).
@@ -100,8 +107,21 @@ def offpolicy_steps(
     wanted = [n for n in R.OFFPOLICY_READS if n in present and n not in skip]
     step_rows = store.read_steps(kind=kind)
     all_steps = sorted(set(step_rows.column("step").to_pylist()))
-    if steps is not None:
-        chosen = {int(s) for s in steps}
+    if not all_steps:
+        kinds = sorted({u.kind for u in store.units()})
+        if kinds:
+            raise ArgumentError(
+                f"offpolicy: kind {kind!r}: the store has no steps of it (its kinds: "
+                f"{', '.join(kinds)})"
+            )
+    if chosen is not None:
+        missing = sorted(chosen - set(all_steps))
+        if missing:
+            have = f"{all_steps[0]}..{all_steps[-1]}" if all_steps else "none"
+            raise ArgumentError(
+                f"offpolicy: steps {missing}: the store has no {kind} steps of them (its "
+                f"{len(all_steps)} {kind} steps: {have})"
+            )
         all_steps = [s for s in all_steps if s in chosen]
     trained = _trained_at(store, kind)
     # One version per (step, rank): the step row's (the larger, were a step row there twice:

@@ -168,7 +168,8 @@ def build_report(
                 # stored sampler log-probs or kept sets).
                 try:
                     report.offpolicy = offpolicy_steps(run.store)
-                except (SchemaError, LayoutError, ComputeError) as exc:
+                except (SchemaError, LayoutError, ComputeError, ArgumentError) as exc:
+                    # (ArgumentError: a run without train steps)
                     report.run_summary.absent["off-policy"] = str(exc)
     finally:
         # Shown to the caller as they would have been without the report's recording (out

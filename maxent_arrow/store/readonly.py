@@ -35,7 +35,7 @@ from maxent_arrow.store.history.catalog import (
 from maxent_arrow.store.history.formats import open_catalog
 from maxent_arrow.store.history.records import (
     Frontier,
-    check_record_name,
+    check_record_table,
     frontier_of,
     read_records,
     record_filter,
@@ -364,7 +364,8 @@ class ReadOnlyStore:
         ``"records:<name>"``) in the history this store reads (``attempts`` overrides it):
         each live file's path and the row filter it needs (``"step < 7"``: a segment a
         resumed run superseded in part), or ``None``. The same list as the log checkpoint's
-        (``docs/commit-protocol.md``, "Plain readers")."""
+        (``docs/commit-protocol.md``, "Plain readers"). A record table the store has none of
+        is an :class:`~maxent_arrow.errors.ArgumentError` naming those it has."""
         if table not in (GROUPS, STEPS) and not table.startswith("records:"):
             raise StoreError(
                 f"live_files: table must be 'groups', 'steps' or 'records:<name>', got {table!r}"
@@ -375,7 +376,7 @@ class ReadOnlyStore:
             state = catalog.state()
             out: list[tuple[Any, str | None]] = []
             if table.startswith("records:"):
-                name = check_record_name(table.partition(":")[2])
+                name = check_record_table(state, table.partition(":")[2])
                 for item in state.records.get(name, []):
                     where = record_filter(state, item, history)
                     if where is not False:
@@ -403,11 +404,13 @@ class ReadOnlyStore:
     def read_records(self, name: str, *, attempts: History | None = None) -> pa.Table:
         """The rows of record table ``name`` (:mod:`~maxent_arrow.store.history.records`) in the
         history this store reads (``attempts`` overrides it), checked against the log; an
-        ``attempt`` column says which attempt wrote each row. A table never appended reads
-        as the registry's layout, empty (or a table without columns)."""
-        check_record_name(name)
+        ``attempt`` column says which attempt wrote each row. A table the registry declares
+        (``trainer_metrics``, ``lifecycle``) never appended reads as its layout, empty; a
+        name the store has no table of is an :class:`~maxent_arrow.errors.ArgumentError`
+        naming the tables it has."""
         history = self.catalog.history if attempts is None else check_history(attempts)
-        return read_records(self.backend, self.catalog.state(), name, history)
+        state = self.catalog.state()
+        return read_records(self.backend, state, check_record_table(state, name), history)
 
     def lifecycle(self, *, attempts: History | None = None) -> pa.Table:
         """What became of the stored groups: the ``lifecycle`` records (trained at a step, or

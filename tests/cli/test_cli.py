@@ -138,6 +138,29 @@ def test_report_out_in_the_store_is_refused_and_writes_nothing(capsys, store, tm
     assert files() == before
 
 
+def test_unknown_kinds_steps_and_record_tables_are_usage_errors(capsys, store):
+    """Fault probe F07: a kind, a step or a record table the store has none of is a usage
+    error naming it and what there is, never exit 0 with an empty answer; a registered
+    record table with no rows stays an empty answer."""
+    for argv, named in (
+        (("offpolicy", store.root, "--kind", "nope"), "'nope': the store has no steps of it"),
+        (("offpolicy", store.root, "--steps", 999, 2), "steps [999]"),
+        (("files", store.root, "--table", "records:nope"), "record table 'nope'"),
+    ):
+        code, out, err = run(capsys, *argv)
+        assert code == EXIT_USAGE and out == "", (argv, out, err)
+        line = one_line_error(err, argv[0])
+        assert named in line, line
+    assert "its kinds: eval, train" in run(capsys, "offpolicy", store.root, "--kind", "x")[2]
+    assert "its 4 train steps: 0..3" in run(capsys, "offpolicy", store.root, "--steps", 9)[2]
+    _, _, err = run(capsys, "files", store.root, "--table", "records:x")
+    assert "its record tables: lifecycle, trainer_metrics" in err
+    code, out, _ = run(capsys, "files", store.root, "--table", "records:lifecycle")
+    assert (code, out) == (EXIT_OK, "")  # registered, no rows
+    code, out, _ = run(capsys, "offpolicy", store.root, "--steps", 2, "--json")
+    assert code == EXIT_OK and [r["step"] for r in json.loads(out)] == [2]
+
+
 def test_verify_ok_then_damaged(capsys, tmp_path):
     w = write_store(tmp_path / "s", steps=range(3), ranks=1)
     code, out, _ = run(capsys, "verify", w.root, "--json")

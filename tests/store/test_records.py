@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from maxent_arrow import RolloutBatch, RolloutStore
-from maxent_arrow.errors import SchemaError, ShapeError, StoreError
+from maxent_arrow.errors import ArgumentError, SchemaError, ShapeError, StoreError
 from maxent_arrow.store.history.records import lifecycle_rows
 from maxent_arrow.testing import make_batch
 
@@ -358,8 +358,10 @@ def test_verify_names_a_lost_log_entry_and_live_files_checks_its_table(tmp_path)
     entries = sorted((root / "log").glob("0*.json"))
     entries[1].unlink()  # readers stop before it: every later commit hidden
     problems = RolloutStore(root).verify().problems
-    assert [p.path.name for p in problems] == [entries[1].name]
+    assert problems[0].path.name == entries[1].name
     assert f"{len(entries) - 2} later entries" in problems[0].problem
+    # The files of the later commits are committed, hidden by it (never leftovers).
+    assert all("hidden from readers by the lost entry 2" in p.problem for p in problems[1:])
 
 
 def test_a_lifecycle_record_addresses_exactly_one_stored_group(tmp_path):
@@ -390,3 +392,22 @@ def test_a_lifecycle_record_addresses_exactly_one_stored_group(tmp_path):
     assert store.lifecycle().num_rows == 0
     store.record_lifecycle(rows.slice(2, 2), step=0, event="dropped", reason="zero_std")
     assert store.sql("SELECT count(*) AS n FROM groups").column("n")[0].as_py() == 4
+
+
+def test_read_records_of_a_name_never_appended_is_refused_naming_the_tables(tmp_path):
+    """Fault probe F07: ``read_records('nope')`` and ``live_files('records:nope')`` (a name
+    never appended, that the registry does not declare) are an ArgumentError naming the
+    store's record tables; a registered table with no rows is an empty answer, and a kind
+    that is not a name is refused too."""
+    store = RolloutStore.create(tmp_path / "s")
+    store.append(make_batch(0))
+    store.append_records("judge", pa.table({"step": [0], "score": [0.5]}))
+    for read in (lambda: store.read_records("nope"), lambda: store.live_files("records:nope")):
+        with pytest.raises(ArgumentError, match=r"'nope'.*judge, lifecycle, trainer_metrics"):
+            read()
+    assert store.read_records("lifecycle").num_rows == 0  # registered, no rows
+    assert store.read_records("trainer_metrics").num_rows == 0
+    assert store.live_files("records:lifecycle") == []
+    assert store.read_records("judge").num_rows == 1
+    with pytest.raises(ArgumentError, match="kind: expected a kind name"):
+        store.read(kind=5)

@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 from maxent_arrow.arrow import lists as L
 from maxent_arrow.arrow import registry as R
 from maxent_arrow.arrow import schema as S
-from maxent_arrow.errors import SchemaError, ShapeError, StoreError
+from maxent_arrow.errors import ArgumentError, SchemaError, ShapeError, StoreError
 from maxent_arrow.store.history.catalog import History
 from maxent_arrow.store.history.log import CommitLog
 from maxent_arrow.store.history.operations import AppendRecords, crc32
@@ -49,6 +49,7 @@ __all__ = [
     "Frontier",
     "check_lifecycle_groups",
     "check_record_name",
+    "check_record_table",
     "commit_records",
     "frontier_of",
     "lifecycle_keys",
@@ -359,6 +360,26 @@ def record_filter(state: LogState, item: Mapping[str, Any], history: History) ->
 def record_names(state: LogState) -> list[str]:
     """The record tables of the store, by name."""
     return sorted(state.records)
+
+
+# The record tables the column registry declares: each exists in every store (empty until
+# its first append).
+REGISTERED = tuple(sorted({c.table for c in R.REGISTRY if c.level == "record"}))
+
+
+def check_record_table(state: LogState, name: object) -> str:
+    """``name`` when it names a record table of the store (one appended to, or one the
+    registry declares: :data:`REGISTERED`, empty until its first append), else an
+    :class:`ArgumentError` naming the store's tables: an unknown name is a mistake, never
+    an empty answer."""
+    name = check_record_name(name)
+    if name not in state.records and name not in REGISTERED:
+        known = sorted({*state.records, *REGISTERED})
+        raise ArgumentError(
+            f"record table {name!r}: the store has none of that name (its record tables: "
+            f"{', '.join(known)})"
+        )
+    return name
 
 
 def lifecycle_keys(table: pa.Table, event: str, *, attempts: list[str] | None = None) -> pa.Table:
