@@ -515,6 +515,16 @@ def _log_version(text: str) -> int:
     return value
 
 
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port in 0..65535, got {value}")
+    return value
+
+
 def _json_option(p: argparse.ArgumentParser, help_text: str = "print JSON") -> None:
     p.add_argument("--json", action="store_true", help=help_text)
 
@@ -680,7 +690,7 @@ def _view_arguments(p: argparse.ArgumentParser) -> None:
         "with a warning)",
     )
     p.add_argument(
-        "--port", type=int, default=analytics.DEFAULT_VIEW_PORT, help="port (0: any free one)"
+        "--port", type=_port, default=analytics.DEFAULT_VIEW_PORT, help="port (0: any free one)"
     )
     p.add_argument(
         "--compare", default=None, metavar="RUN2", help="a second run for the compare page"

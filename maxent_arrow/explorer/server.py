@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from maxent_arrow.analytics import DEFAULT_VIEW_PORT
+from maxent_arrow.arguments import check_int
 from maxent_arrow.errors import MissingExtraError
 from maxent_arrow.explorer.app import make_app
 from maxent_arrow.explorer.data import RunData
@@ -64,6 +65,7 @@ class Viewer:
         on_error: str = "raise",
         export_dir: Any = None,
     ):
+        port = check_int(port, "view: port", low=0, high=65535)
         try:
             import uvicorn  # noqa: F401
             from starlette.applications import Starlette  # noqa: F401

@@ -15,6 +15,7 @@ import pyarrow as pa
 import pytest
 
 from maxent_arrow.cli import EXIT_DATA, EXIT_OK, EXIT_USAGE, main
+from maxent_arrow.errors import ArgumentError
 from maxent_arrow.testing import write_store
 
 
@@ -159,6 +160,24 @@ def test_unknown_kinds_steps_and_record_tables_are_usage_errors(capsys, store):
     assert (code, out) == (EXIT_OK, "")  # registered, no rows
     code, out, _ = run(capsys, "offpolicy", store.root, "--steps", 2, "--json")
     assert code == EXIT_OK and [r["step"] for r in json.loads(out)] == [2]
+
+
+@pytest.mark.parametrize("port", ["-1", "70000", "http"])
+def test_view_port_out_of_range_is_a_usage_error(capsys, store, port):
+    """Fault probe F03: ``view --port -1`` (or 70000) was exit 4, "unexpected
+    OverflowError"; it is argparse's usage error naming the option, before the store is
+    opened, and the Viewer refuses it too (an ArgumentError naming the port)."""
+    code, _, err = run(capsys, "view", store.root, f"--port={port}")
+    assert code == EXIT_USAGE
+    assert "argument --port: expected a port" in err and "OverflowError" not in err
+    if port != "http":
+        pytest.importorskip("starlette")
+        from maxent_arrow.explorer.server import Viewer
+
+        with pytest.raises(
+            ArgumentError, match=f"view: port: expected an int in 0..65535, got {port}"
+        ):
+            Viewer(store.root, port=int(port))
 
 
 def test_verify_ok_then_damaged(capsys, tmp_path):
