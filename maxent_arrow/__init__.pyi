@@ -10,6 +10,7 @@ from .errors import (
     ArgumentError as ArgumentError,
     ComputeError as ComputeError,
     LayoutError as LayoutError,
+    LostEntryError as LostEntryError,
     MaxentArrowError as MaxentArrowError,
     MissingExtraError as MissingExtraError,
     QueryError as QueryError,

@@ -21,6 +21,7 @@ __all__ = [
     "StoreError",
     "SchemaVersionError",
     "ReadOnlyFormatError",
+    "LostEntryError",
     "QueryError",
     "MissingExtraError",
 ]
@@ -66,6 +67,17 @@ class ReadOnlyFormatError(StoreError):
     """A write (an append, records, a compaction, a repair, a resume) to a store written
     before the commit log: every reader reads it, no writer writes it. The message names
     ``maxent-arrow upgrade``, which gives the store a log over the same files."""
+
+
+class LostEntryError(StoreError):
+    """A commit log entry is missing (or damaged) while the evidence says it was committed: a
+    later entry, the log's head or a checkpoint of a later version. Every reader raises it
+    rather than serve a shorter history, and no writer commits after it; ``maxent-arrow
+    repair`` rebuilds the entry from what survives. ``version`` is the lost version."""
+
+    def __init__(self, message: str, version: int):
+        super().__init__(message)
+        self.version = version
 
 
 class QueryError(MaxentArrowError, ValueError):

@@ -53,6 +53,7 @@ PUBLIC_SURFACE = [
     "LengthStats",
     "LossOutputs",
     "LossScalarBundle",
+    "LostEntryError",
     "MaxentArrowError",
     "MissingExtraError",
     "PromptCacheEntry",

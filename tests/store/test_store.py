@@ -25,6 +25,7 @@ from maxent_arrow import (
 )
 from maxent_arrow.arrow import registry as R
 from maxent_arrow.arrow import schema as S
+from maxent_arrow.store import ReadOnlyStore
 from maxent_arrow.store.history.manifest import STORE_VERSION
 from maxent_arrow.store.storage.names import unit_of
 from maxent_arrow.testing import make_batch, make_parts
@@ -62,10 +63,12 @@ def test_layout_on_disk(store):
     assert store.committed_files("groups") == [root / "groups" / n for n in names]
     assert store.committed_files("steps") == [root / "steps" / n for n in names]
     # One log entry per commit: the attempt, then the four appends.
-    entries = sorted(p.name for p in (root / "log").glob("*.json"))
+    entries = sorted(p.name for p in (root / "log").glob("0*.json"))
     assert entries == [f"{v:020d}.json" for v in range(1, 6)]
     ops = [json.loads((root / "log" / e).read_text())["op"] for e in entries]
     assert ops == ["attempt", "append", "append", "append", "append"]
+    # and the log's head: the newest version committed (the evidence of a lost entry)
+    assert json.loads((root / "log" / "_head.json").read_text()) == {"version": 5}
 
 
 def test_parquet_file_properties(store):
@@ -471,6 +474,25 @@ def test_append_refuses_non_batches(tmp_path):
     store = RolloutStore.create(tmp_path / "s")
     with pytest.raises(SchemaError, match="RolloutBatch"):
         store.append({"step": 1})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("root", [None, 5, b"/tmp/s"])
+def test_a_root_that_is_not_a_path_is_an_argument_error(tmp_path, root):
+    """Fault probe F05: ``RolloutStore(None)`` and ``RolloutStore(5)`` were a raw TypeError
+    of ``os.fspath``; they are an ArgumentError naming the argument (creating one too)."""
+    for open_store in (RolloutStore, RolloutStore.create, ReadOnlyStore):
+        with pytest.raises(ArgumentError, match=rf"root: expected a store's path .*got {root!r}"):
+            open_store(root)  # type: ignore[arg-type]
+
+
+def test_replay_with_a_negative_seed_is_an_argument_error(tmp_path):
+    """Fault probe F05: ``replay(shuffle=True, seed=-1)`` was numpy's ValueError at the
+    first batch; it is an ArgumentError naming the seed when the options are made."""
+    store = RolloutStore.create(tmp_path / "s")
+    store.append(make_batch(0))
+    with pytest.raises(ArgumentError, match="replay: seed: expected an int >= 0, got -1"):
+        store.replay(shuffle=True, seed=-1)
+    assert len(list(store.replay(shuffle=True, seed=2**70))) == 1  # any int >= 0
 
 
 def test_store_root_path_types(tmp_path):

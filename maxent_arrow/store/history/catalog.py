@@ -513,8 +513,17 @@ class Catalog(abc.ABC):
         self._files[name] = (entry.record, step)
         return step
 
+    def losses(self) -> list[StoreError]:
+        """What this catalog cannot serve of what was committed: a lost log entry (and the
+        commits it hides), an unreadable step file of an older store. Every read of the
+        committed files raises the first (``on_error="skip"``: warns of each): never a
+        shorter history in silence."""
+        return []
+
     def committed(self, on_error: OnError = "raise", history: History | None = None) -> list[str]:
         """The step files of ``history`` (default this catalog's)."""
+        for exc in self.losses():
+            fail(on_error, exc)
         state = self.state()
         which = check_history(history or self.history)
         if which == "all":

@@ -248,6 +248,18 @@ def checkpoint_table(state: LogState) -> pa.Table:
                 "item": json.dumps(a.to_json()),
             }
         )
+    for version, why in state.notes.items():
+        rows.append(
+            {
+                "kind": "note",
+                "path": None,
+                "effective": False,
+                "cutoff": None,
+                "attempt": None,
+                "version": version,
+                "item": json.dumps({"why": why}),
+            }
+        )
     for path, version in state.retiring.items():
         gone = state.replaced.get(path)
         raw = state.replaced_raw.get(path)
@@ -386,6 +398,8 @@ def state_from_table(
             state.add_unit(item["step_file"], unit_from_item(item, row))
         elif kind == "attempt":
             state.attempts.append(Attempt.from_json(item))
+        elif kind == "note":
+            state.notes[int(row["version"])] = str(item.get("why") or "")
         elif kind.startswith("records:"):
             state.records.setdefault(kind.partition(":")[2], []).append(item)
     state.attempts.sort(key=lambda a: a.version)

@@ -28,9 +28,7 @@ from maxent_arrow.store.history.catalog import (
     Audit,
     Catalog,
     History,
-    OnError,
     StepFile,
-    fail,
     is_missing,
     locate,
     step_rows_json,
@@ -63,7 +61,7 @@ from maxent_arrow.store.storage.names import (
 )
 from maxent_arrow.store.storage.parquet import footer_value
 
-__all__ = ["ListingCatalog", "read_only_error"]
+__all__ = ["ListingCatalog", "read_only_error", "read_step_file"]
 
 
 def read_only_error(backend: Backend, what: str, version: str) -> ReadOnlyFormatError:
@@ -210,19 +208,8 @@ class ListingCatalog(Catalog):
             return []
         return [kind.field(i).name for i in range(kind.num_fields)]
 
-    def _report(self, on_error: OnError) -> None:
-        """Raise (or warn of) each damaged step file: no reader serves a shorter history
-        without saying so."""
-        for exc in self._derive()[1].values():
-            fail(on_error, exc)
-
-    def committed(self, on_error: OnError = "raise", history: History | None = None) -> list[str]:
-        self._report(on_error)
-        return super().committed(on_error, history)
-
-    def committed_between(self, first: int, last: int, on_error: OnError = "raise") -> list[str]:
-        self._report(on_error)
-        return super().committed_between(first, last, on_error)
+    def losses(self) -> list[StoreError]:
+        return list(self._derive()[1].values())  # each damaged step file
 
     # ------------------------------------------------------------------ step files
     def step_file(self, name: str) -> StepFile:
@@ -249,57 +236,11 @@ class ListingCatalog(Catalog):
             if moved is None or moved[0] == where:
                 raise
             step, size, crc = self._read_step_file(moved[0], name)
-        self._check_identity(step, self.backend.path(rel))
         self._steps[name] = (key, step, size, crc)
         return step, size, crc
 
-    def _check_identity(self, step: StepFile, path: Any) -> None:
-        """Refuse a step file that is not this store's commit of its own name."""
-        recorded = step.meta.get("unit", step.group_file)
-        if step.group_file != step.name or recorded != step.name:
-            raise StoreError(
-                f"{path}: the commit record inside is of {recorded}, not of this file's name "
-                "(a copied or renamed step file); not read"
-            )
-        run = step.meta.get("run")
-        if run is not None and run != self.run_id:
-            ours = f"run {self.run_id}" if self.run_id else "a store without a run id"
-            raise StoreError(
-                f"{path}: a step file of another run ({run}; this store is {ours}), copied "
-                "or synced in by mistake; not read"
-            )
-
     def _read_step_file(self, rel: str, name: str) -> tuple[StepFile, int, int]:
-        path = self.backend.path(rel)
-        data = self.backend.read(rel).to_pybytes()
-        seal = (len(data), zlib.crc32(data) & 0xFFFFFFFF)
-        sealed = check_seal(data)
-        if sealed is False:
-            raise StoreError(f"{path}: CRC-32 differs from the one sealed in the file (corrupt)")
-        if sealed:
-            fast = _fast_step_file(data, name, str(path))
-            if fast is not None:
-                return (fast, *seal)
-        try:
-            table = pq.ParquetFile(pa.BufferReader(data), page_checksum_verification=True).read()
-        except (pa.ArrowException, OSError, ValueError) as exc:  # damaged bytes
-            raise StoreError(f"{path}: unreadable step file ({exc})") from None
-        raw = (table.schema.metadata or {}).get(S.METADATA_KEY)
-        version = S.check_version(raw, where=str(path))
-        meta_text = (table.schema.metadata or {}).get(STORE_META_KEY)
-        try:
-            meta = json.loads(meta_text) if meta_text else {}
-        except ValueError:
-            meta = {}
-        if "group_file" not in meta:
-            raise StoreError(f"{path}: step file without store metadata (not written by append?)")
-        for column in S.STEP_REQUIRED:
-            if column not in table.column_names:
-                raise StoreError(f"{path}: step file without the {column!r} column")
-        if needs_upgrade(version):
-            table = upgrade_steps(table)
-        meta.pop("rows", None)  # the decoded table is the one used
-        return (StepFile(name, meta, version, table), *seal)
+        return read_step_file(self.backend, rel, name, self.run_id)
 
     # ------------------------------------------------------------------ checking
     def audit(self, live: set[str]) -> Audit:
@@ -403,3 +344,62 @@ def _fast_step_file(data: bytes, name: str, where: str) -> StepFile | None:
         return None
     return StepFile(name, meta, version)
 
+
+def read_step_file(
+    backend: Backend, rel: str, name: str, run_id: str | None
+) -> tuple[StepFile, int, int]:
+    """The step file at ``rel`` (whose name is ``name``), read and checked: its seal, its
+    readability and version, and that it is this store's commit of its own name (of run
+    ``run_id``); with its size and CRC-32. Also what ``repair`` rebuilds a lost log entry
+    from."""
+    path = backend.path(rel)
+    data = backend.read(rel).to_pybytes()
+    seal = (len(data), zlib.crc32(data) & 0xFFFFFFFF)
+    sealed = check_seal(data)
+    if sealed is False:
+        raise StoreError(f"{path}: CRC-32 differs from the one sealed in the file (corrupt)")
+    step = _fast_step_file(data, name, str(path)) if sealed else None
+    if step is None:
+        step = _decoded_step_file(data, name, str(path))
+    _check_identity(step, backend.path(f"{STEPS}/{name}"), run_id)
+    return (step, *seal)
+
+
+def _decoded_step_file(data: bytes, name: str, path: str) -> StepFile:
+    try:
+        table = pq.ParquetFile(pa.BufferReader(data), page_checksum_verification=True).read()
+    except (pa.ArrowException, OSError, ValueError) as exc:  # damaged bytes
+        raise StoreError(f"{path}: unreadable step file ({exc})") from None
+    raw = (table.schema.metadata or {}).get(S.METADATA_KEY)
+    version = S.check_version(raw, where=path)
+    meta_text = (table.schema.metadata or {}).get(STORE_META_KEY)
+    try:
+        meta = json.loads(meta_text) if meta_text else {}
+    except ValueError:
+        meta = {}
+    if "group_file" not in meta:
+        raise StoreError(f"{path}: step file without store metadata (not written by append?)")
+    for column in S.STEP_REQUIRED:
+        if column not in table.column_names:
+            raise StoreError(f"{path}: step file without the {column!r} column")
+    if needs_upgrade(version):
+        table = upgrade_steps(table)
+    meta.pop("rows", None)  # the decoded table is the one used
+    return StepFile(name, meta, version, table)
+
+
+def _check_identity(step: StepFile, path: Any, run_id: str | None) -> None:
+    """Refuse a step file that is not this store's commit of its own name."""
+    recorded = step.meta.get("unit", step.group_file)
+    if step.group_file != step.name or recorded != step.name:
+        raise StoreError(
+            f"{path}: the commit record inside is of {recorded}, not of this file's name "
+            "(a copied or renamed step file); not read"
+        )
+    run = step.meta.get("run")
+    if run is not None and run != run_id:
+        ours = f"run {run_id}" if run_id else "a store without a run id"
+        raise StoreError(
+            f"{path}: a step file of another run ({run}; this store is {ours}), copied "
+            "or synced in by mistake; not read"
+        )

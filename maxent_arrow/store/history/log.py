@@ -28,15 +28,16 @@ how a checkpoint encodes it, :mod:`~maxent_arrow.store.history.checkpoint`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import json
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
 
-from maxent_arrow.errors import StoreError
+from maxent_arrow.errors import LostEntryError, StoreError
 from maxent_arrow.store.history.checkpoint import checkpoint_bytes, state_from_checkpoint
 from maxent_arrow.store.history.operations import Entry, Operation, crc32, decode_entry
 from maxent_arrow.store.history.state import LogState
@@ -55,6 +56,35 @@ __all__ = [
 CHECKPOINT_EVERY = 100
 CHECKPOINT = "_checkpoint.parquet"
 LAST_CHECKPOINT = "_last_checkpoint.json"
+# The log's head: ``{"version": v}``, the newest version committed, replaced after each
+# entry is created (not made durable: a crash may leave it older, never newer). Evidence
+# that versions up to it were taken: a reader that finds an entry missing below it reports a
+# lost entry instead of serving a shorter history.
+HEAD = f"{LOG}/_head.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class LostEntry:
+    """A gap in the log: the entry of ``version`` is missing (or damaged: ``damage`` says
+    how) although the evidence says versions up to ``evidence`` were committed (the log's
+    head, a later entry, a checkpoint); ``where`` is the store."""
+
+    version: int
+    evidence: int
+    where: str
+    damage: str = ""
+
+    def error(self, hidden: str = "") -> LostEntryError:
+        """The error readers raise (``hidden``: what the commits after it hold, in words)."""
+        what = f"damaged ({self.damage})" if self.damage else "missing"
+        return LostEntryError(
+            f"{self.where}: commit log entry {self.version} is {what}, but the log says "
+            f"versions up to {self.evidence} were committed: the commits from version "
+            f"{self.version} on{hidden} are hidden rather than served as a shorter history; "
+            "`maxent-arrow repair` rebuilds the lost entry from what survives "
+            "(`maxent-arrow verify` names it)",
+            self.version,
+        )
 
 
 def entry_name(version: int) -> str:
@@ -80,6 +110,10 @@ class CommitLog:
         self.backend = backend
         self.run = run
         self._state: LogState | None = None
+        # The gap found by the last fresh read (``None``: the log is whole as far as the
+        # evidence goes) and the version of the newest checkpoint the pointer names.
+        self.lost: LostEntry | None = None
+        self.pointed = 0
         # Whether a reader holds :attr:`_state` pinned (:meth:`pin`): the next entry is then
         # applied to a copy (copy on write: pinning costs nothing while nothing commits).
         self._pinned = False
@@ -110,13 +144,35 @@ class CommitLog:
             self._state = state  # (a state shared with other readers is copied on write)
         elif not fresh:
             return state
+        self.lost = None
         for version in itertools.count(state.version + 1):
             data = self._read_entry(version)
             if data is None:
+                # The end of the log, or a lost entry: what the head (or, before heads, the
+                # entry after it) says was committed decides.
+                evidence = self.evidence(version)
+                if evidence < version:
+                    break
+                data = self._read_entry(version)  # (committed since the first read?)
+                if data is None:
+                    self.lost = LostEntry(version, evidence, str(self.backend.uri))
+                    break
+            try:
+                entry = decode_entry(data, version, str(self.backend.path(entry_name(version))))
+            except StoreError as exc:
+                # A damaged entry with anything committed after it is a lost entry too.
+                evidence = self.evidence(version)
+                if evidence <= version:
+                    raise  # the newest entry, damaged: a damaged commit, named
+                self.lost = LostEntry(version, evidence, str(self.backend.uri), str(exc))
                 break
             if state is self._state:
                 state = self._own(state)
-            decode_entry(data, version, str(self.backend.path(entry_name(version)))).apply(state)
+            entry.apply(state)
+        if self.lost is None and self.pointed > state.version:
+            # A checkpoint of a later version exists (it could not be read) and the entries
+            # stop before it.
+            self.lost = LostEntry(state.version + 1, self.pointed, str(self.backend.uri))
         self._state = state
         return state
 
@@ -139,6 +195,9 @@ class CommitLog:
         while state.version < version:
             nxt = state.version + 1
             entry = self.entry(nxt)
+            if entry is None and self.evidence(nxt) >= nxt:
+                self.lost = LostEntry(nxt, self.evidence(nxt), str(self.backend.uri))
+                raise cast(LostEntryError, self.lost_error())
             if entry is None:
                 raise StoreError(
                     f"{self.backend.uri}: the commit log ends at version {state.version}, "
@@ -176,6 +235,42 @@ class CommitLog:
                 return state
         return None
 
+    def lost_error(self) -> LostEntryError | None:
+        """The error of the gap the last read found, naming the steps of the commits it hides
+        (read from the entries after it that survive); ``None``: no gap."""
+        lost = self.lost
+        if lost is None:
+            return None
+        steps: set[int] = set()
+        for entry in self.surviving_after(lost.version, lost.evidence):
+            record = getattr(entry.operation, "record", None)
+            if record is not None:
+                steps.update(record.get("rows", {}).get("step", ()))
+        shown = sorted(steps)
+        hidden = f" (the later commits hold steps {shown[0]}..{shown[-1]})" if shown else ""
+        return lost.error(hidden)
+
+    def surviving_after(self, version: int, last: int) -> list[Entry]:
+        """The entries of versions ``version + 1 .. last`` that can be read (those after a
+        gap: what ``verify`` and ``repair`` must not take for leftovers)."""
+        out = []
+        for v in range(version + 1, last + 1):
+            with contextlib.suppress(StoreError):
+                entry = self.entry(v)
+                if entry is not None:
+                    out.append(entry)
+        return out
+
+    def evidence(self, version: int) -> int:
+        """The newest version the log's evidence says was committed, looking from a read
+        that found ``version`` missing or damaged: its head, the checkpoint its pointer
+        names, and (a store written before heads) the entry after ``version``."""
+        raw = self.backend.read_if_present(HEAD)
+        found = json.loads(raw.to_pybytes()).get("version", 0) if raw is not None else 0
+        if raw is None and self._read_entry(version + 1) is not None:
+            found = version + 1
+        return max(found, self.pointed)
+
     def _read_entry(self, version: int) -> bytes | None:
         """The entry of ``version`` (``None``: not committed yet). One read, no listing: on
         an object store one GET per poll."""
@@ -189,6 +284,7 @@ class CommitLog:
             return None
         try:
             hint = json.loads(self.backend.read(pointer).to_pybytes())
+            self.pointed = int(hint["version"])
             key = (self.backend.uri, int(hint["version"]), int(hint["crc32"]))
             state = CACHES.checkpoints.get(key)
             if state is None:
@@ -226,10 +322,14 @@ class CommitLog:
         is made from that state (``None``: nothing to commit; ``None`` is returned). Then the
         next entry is created exclusively. A writer that loses a race for a version (object
         stores: no lock) reads the winner's entry, checks again and takes the next version.
-        ``locked``: the caller holds the store lock already (``repair``)."""
+        ``locked``: the caller holds the store lock already (``repair``). A log with a lost
+        entry takes no commit (it would reuse a version the evidence says was taken): a
+        :class:`~maxent_arrow.errors.LostEntryError` names it."""
         for _ in range(_RACES):
             with contextlib.nullcontext() if locked else self.backend.lock(lock_timeout):
                 state = self.state()
+                if self.lost is not None:
+                    raise self.lost.error()  # (a writer: fast, the steps are not named)
                 if check is not None:
                     check(state)
                 made = operation if isinstance(operation, Operation) else operation(state)
@@ -239,7 +339,8 @@ class CommitLog:
                 entry = Entry(version, made, attempt, state.run or self.run)
                 data = entry.encode()
                 crash_point("log:entry-written")
-                if self.backend.put_if_absent(entry_name(version), data):
+                head = (HEAD, b'{"version": %d}' % version)
+                if self.backend.put_if_absent(entry_name(version), data, hint=head):
                     state = self._own(state)
                     # The state is what the entry's bytes say (JSON: keys in one order, the
                     # same state a reader replaying the log builds).

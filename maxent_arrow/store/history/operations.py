@@ -34,7 +34,8 @@ with, by ``op`` (the encoding is frozen: ``data/golden_v3`` holds one of each):
 ``"retire"`` (:class:`RetireFiles`)
     files no reader may need any more (superseded or replaced, past the grace period).
 ``"noop"`` (:class:`Noop`)
-    nothing (read for logs that hold one; never written).
+    nothing; ``why`` says what it stands for (``repair``'s mark of a lost version that
+    nothing survived to rebuild).
 """
 
 from __future__ import annotations
@@ -273,19 +274,22 @@ class RetireFiles(Operation):
 
 @dataclasses.dataclass(frozen=True)
 class Noop(Operation):
-    """An entry that changes nothing."""
+    """An entry that changes nothing; ``why``: what it stands for (``repair`` fills a lost
+    version that nothing survived to rebuild with one that says so)."""
 
     OP: ClassVar[str] = "noop"
+    why: str = ""
 
     def fields(self) -> dict[str, Any]:
-        return {}
+        return {"why": self.why} if self.why else {}
 
     @classmethod
     def decode(cls, entry: Mapping[str, Any]) -> Noop:
-        return cls()
+        return cls(str(entry.get("why") or ""))
 
     def apply(self, state: LogState, version: int, attempt: str) -> None:
-        pass
+        if self.why:
+            state.notes[version] = self.why
 
 
 # ---------------------------------------------------------------------------- entries
@@ -334,7 +338,10 @@ class Entry:
 
 def _canonical(entry: Mapping[str, Any]) -> bytes:
     """The JSON of ``entry`` without its ``crc32``, as its CRC-32 is computed over."""
-    body = entry if "crc32" not in entry else {k: v for k, v in entry.items() if k != "crc32"}
+    body = entry
+    if "crc32" in body:
+        body = dict(body)
+        del body["crc32"]
     return json.dumps(body, sort_keys=True, allow_nan=True, separators=(",", ":")).encode()
 
 

@@ -133,6 +133,9 @@ class LogState:
     effective_at: dict[int, dict[str, UnitEntry]] = dataclasses.field(
         default_factory=dict, repr=False, compare=False
     )
+    # version -> what a noop entry stands for (``repair``'s mark of a lost version nothing
+    # survived to rebuild: ``verify`` names each)
+    notes: dict[int, str] = dataclasses.field(default_factory=dict)
 
     @property
     def writes(self) -> dict[tuple[int, int, str], list[str]]:
@@ -191,6 +194,7 @@ class LogState:
             replaced=dict(self.replaced),
             replaced_raw=dict(self.replaced_raw),
             indexed=None if self.indexed is None else {k: list(v) for k, v in self.indexed.items()},
+            notes=dict(self.notes),
         )
 
 

@@ -48,7 +48,7 @@ from typing import Any, Literal
 
 from maxent_arrow.arrow import registry as R
 from maxent_arrow.errors import ArgumentError, StoreError
-from maxent_arrow.store.history.log import CommitLog
+from maxent_arrow.store.history.log import CommitLog, LostEntry
 from maxent_arrow.store.history.operations import AppendUnit, BeginAttempt, Entry
 from maxent_arrow.store.history.state import LogState
 from maxent_arrow.store.storage.backend import Backend
@@ -181,6 +181,17 @@ def _follow(
                 if time.monotonic() - torn > _TORN_GRACE:
                     raise
                 entry = None
+            if entry is None and log.evidence(state.version + 1) > state.version:
+                # The head (or a later entry) says it was committed: read once more (it may
+                # have landed between the two reads), else the tail stops at a lost entry,
+                # naming it, rather than wait at it in silence.
+                entry = log.entry(state.version + 1)
+                if entry is None:
+                    evidence = log.evidence(state.version + 1)
+                    log.lost = LostEntry(state.version + 1, evidence, str(log.backend.uri))
+                    error = log.lost_error()
+                    assert error is not None
+                    raise error
             if entry is None:
                 left = None if timeout is None else timeout - (time.monotonic() - idle)
                 if left is not None and left <= 0:

@@ -383,14 +383,20 @@ class Backend(abc.ABC):
     def open_pending(self, pending: Pending) -> Any:
         """A random-access reader of a pending write's bytes (to read its Parquet footer)."""
 
-    def put_if_absent(self, rel: str, data: bytes) -> bool:
+    def put_if_absent(
+        self, rel: str, data: bytes, *, hint: tuple[str, bytes] | None = None
+    ) -> bool:
         """Create ``rel`` holding ``data`` only if no file of that name exists; whether it did.
         Atomic against a concurrent writer of the same name where :attr:`exclusive_create`
         holds (a local ``link``, an S3 conditional PUT); elsewhere a check, then a write:
-        safe with one writer only (``docs/commit-protocol.md``)."""
+        safe with one writer only (``docs/commit-protocol.md``). ``hint``: ``(name, bytes)``
+        written in place of that file once ``rel`` is created, replaced whole but not made
+        durable (what it says is a lower bound a crash may leave older: the log's head)."""
         if self.stat(rel) is not None:
             return False
         self.write_file(rel, data)
+        if hint is not None:
+            self.write_file(*hint)
         return True
 
     def write_file(self, final: str, data: Any, *, exclusive: bool = False) -> None:
@@ -732,7 +738,9 @@ class LocalBackend(Backend):
                     out.append((rel, os.path.realpath(entry.path)))
         return out
 
-    def put_if_absent(self, rel: str, data: bytes) -> bool:
+    def put_if_absent(
+        self, rel: str, data: bytes, *, hint: tuple[str, bytes] | None = None
+    ) -> bool:
         pending = self.write_temp(rel, data)
         try:
             self.publish(pending, exclusive=True)
@@ -742,6 +750,18 @@ class LocalBackend(Backend):
             raise
         finally:
             self.discard(pending)
+        if hint is not None:
+            # Replaced whole (a rename), not fsynced: a crash may leave the older hint.
+            name, content = hint
+            final, temp = self.fs_path(name), self.fs_path(self._temp_name(name))
+            try:
+                with open(temp, "wb") as f:
+                    f.write(content)
+                os.replace(temp, final)
+            except OSError as exc:
+                with contextlib.suppress(OSError):
+                    os.unlink(temp)
+                raise os_error("cannot write", Path(final), exc) from exc
         return True
 
     @contextlib.contextmanager
@@ -885,14 +905,16 @@ class ArrowFsBackend(Backend):
             )
         return self._s3
 
-    def put_if_absent(self, rel: str, data: bytes) -> bool:
+    def put_if_absent(
+        self, rel: str, data: bytes, *, hint: tuple[str, bytes] | None = None
+    ) -> bool:
         if not self.exclusive_create:
             if self._fs.type_name == "s3":
                 # Check-then-write would let two ranks both take a log version on S3, and
                 # ranks commit at the same instant: never fall back to it silently.
                 # (Committing to S3 needs boto3's conditional create: pyarrow.fs has none.)
                 raise MissingExtraError("boto3", "s3")
-            return super().put_if_absent(rel, data)
+            return super().put_if_absent(rel, data, hint=hint)
         bucket, _, key = str(self.root / rel).partition("/")
         client = self._s3_client()
         try:
@@ -903,6 +925,13 @@ class ArrowFsBackend(Backend):
             if code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412):
                 return False
             raise StoreError(f"cannot write {self.root / rel}: {exc}") from None
+        if hint is not None:
+            name, content = hint
+            bucket, _, key = str(self.root / name).partition("/")
+            try:
+                client.put_object(Bucket=bucket, Key=key, Body=bytes(content))
+            except client.exceptions.ClientError as exc:
+                raise StoreError(f"cannot write {self.root / name}: {exc}") from None
         return True
 
     def __reduce__(self):

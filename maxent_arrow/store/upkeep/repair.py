@@ -24,7 +24,7 @@ from maxent_arrow.arrow import schema as S
 from maxent_arrow.arrow.registry import UNIT_KEY
 from maxent_arrow.errors import StoreError
 from maxent_arrow.store.history.catalog import Catalog, StepFile
-from maxent_arrow.store.history.log import CommitLog
+from maxent_arrow.store.history.log import CommitLog, entry_name
 from maxent_arrow.store.history.operations import RestoreUnit, RewriteStepFile
 from maxent_arrow.store.history.state import LogState, UnitEntry
 from maxent_arrow.store.io.cache import read_cache, unit_group_crc32
@@ -50,6 +50,7 @@ from maxent_arrow.store.storage.names import (
 )
 from maxent_arrow.store.storage.padding import pad_to_layout
 from maxent_arrow.store.upkeep.compaction import retire
+from maxent_arrow.store.upkeep.rebuild import rebuild_lost
 from maxent_arrow.store.upkeep.verify import StoreProblem, describe_units
 
 __all__ = ["RepairReport", "repair"]
@@ -65,9 +66,15 @@ class RepairReport:
     # Lost committed files written again (stores with a commit log): from the log's record
     # (a step file) or from IPC cache copies (a group file).
     restored: list[StoreProblem] = field(default_factory=list)
+    # Lost commit log entries rebuilt from what survived (``rebuild``).
+    rebuilt: list[StoreProblem] = field(default_factory=list)
 
     def __str__(self) -> str:
-        lines = [f"{len(self.moved)} files moved to quarantine/, {len(self.restored)} restored"]
+        lines = [
+            f"{len(self.moved)} files moved to quarantine/, {len(self.restored)} restored, "
+            f"{len(self.rebuilt)} lost log entries rebuilt"
+        ]
+        lines += [f"  rebuilt {p}" for p in self.rebuilt]
         lines += [f"  restored {p}" for p in self.restored]
         lines += [f"  moved {p}" for p in self.moved]
         lines += [f"  kept {p}" for p in self.kept]
@@ -85,6 +92,22 @@ def repair(catalog: Catalog, *, lock_timeout: float | None = None) -> RepairRepo
     report = RepairReport()
     stamp = time.strftime("%Y%m%dT%H%M%S")
     with backend.lock(lock_timeout):
+        for done in rebuild_lost(catalog, log):
+            path = backend.path(entry_name(done.version))
+            if done.how is None:
+                report.kept.append(StoreProblem(path, f"lost entry, not rebuilt: {done.why}"))
+            else:
+                shown = f" ({', '.join(done.files)})" if done.files else ""
+                report.rebuilt.append(StoreProblem(path, f"lost entry rebuilt {done.how}{shown}"))
+        if log.lost is not None:
+            # A version still lost: any file no entry names may be its, so nothing moves.
+            report.kept.append(
+                StoreProblem(
+                    backend.path(entry_name(log.lost.version)),
+                    "still lost: no file was moved aside (any may be the lost commit's)",
+                )
+            )
+            return report
         _repair_logged(catalog, log, report, stamp, lock_timeout)
     return report
 
