@@ -31,6 +31,10 @@ Rows:
 - **``maxent-arrow query`` end to end** (moved here from ``bench_analytics.py``): a new
   process against a ``python -c`` DuckDB script running the same query on the same files
   (target <= 1.3x), on the 200-file store and the policy store.
+- **``maxent-arrow [COMMAND] --help``** in a new process (moved here from the unit tests,
+  which check what it imports, not how long it takes): each command's help against a
+  ``python -c`` that imports what a naive CLI loads before parsing (torch, pyarrow.parquet,
+  DuckDB; the baseline) and ``python -c pass`` (the floor); target under 1 s.
 
 - **synthetic store build** of the largest size (target <= 300 s on 2 cores), beside its
   CPU time spread over the cores, with its file counts (``synthetic_store.py``).
@@ -72,6 +76,9 @@ from maxent_arrow.store.sql.session import KEPT_FOOTERS_FILES  # noqa: E402
 TARGET_GROWTH = 1.5
 TARGET_VS_DUCKDB = 1.1
 TARGET_CLI = 1.3
+TARGET_HELP = 1.0  # seconds: --help loads no torch, pyarrow or DuckDB (measured ~0.05-0.1 s)
+HELP_COMMANDS = ("", "demo", "inspect", "query", "report", "verify", "repair", "compact",
+                 "export", "tail", "view")  # fmt: skip
 TARGET_BUILD = 300.0  # seconds for the 10^5-step store (issue 23, item 8)
 RANKS = 8
 BOUNDED = (
@@ -432,6 +439,28 @@ def cli_rows(bench: harness.Bench, label: str, root: Path, repeats: int) -> None
         )
 
 
+def help_rows(bench: harness.Bench, repeats: int) -> None:
+    """``maxent-arrow [COMMAND] --help`` end to end, each command in a new process."""
+    runs: dict[str, Callable[[], object]] = {
+        command: (lambda c=command: _wall([*_exe(), *filter(None, [c]), "--help"]))
+        for command in HELP_COMMANDS
+    }
+    naive = "import torch, pyarrow.parquet, duckdb"
+    runs["baseline"] = lambda: _wall([sys.executable, "-c", naive])
+    runs["python"] = lambda: _wall([sys.executable, "-c", "pass"])
+    t = harness.measure(runs, repeats=max(3, repeats // 2))
+    for command in HELP_COMMANDS:
+        bench.row(
+            f"maxent-arrow {command + ' ' if command else ''}--help, end to end",
+            ours=Figure(t[command], "the console script: import, parse, print the help"),
+            baseline=Figure(t["baseline"], f"python -c '{naive}' (a CLI that loads first)"),
+            floor=Figure(t["python"], "python -c pass"),
+            targets=[custom("seconds", t[command].median, "<=", TARGET_HELP)],
+            note="no torch, pyarrow, numpy or DuckDB is imported (tests/cli/test_first_hour.py)",
+            detail=bool(command),
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     harness.add_arguments(parser)
@@ -468,6 +497,7 @@ def main(argv: list[str] | None = None) -> int:
         for label, root in stores:
             analytics_rows(bench, label, root, repeats)
     if "cli" in parts:
+        help_rows(bench, repeats)
         cli_rows(bench, stores[0][0], stores[0][1], repeats)
         cli_rows(bench, stores[2][0], stores[2][1], repeats)
     print(json.dumps({"sizes": sizes}))

@@ -7,8 +7,9 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+import pytest
 
 from maxent_arrow import RolloutStore
 from maxent_arrow.cli import EXIT_DATA, EXIT_OK, EXIT_USAGE, main
@@ -78,6 +79,7 @@ def test_tail_lines_the_cursor_and_the_kind(capsys, tmp_path):
     assert [x.split()[0] for x in capsys.readouterr().out.splitlines()] == ["v5"]
 
 
+@pytest.mark.timeout(120)
 def test_tail_errors(capsys, tmp_path):
     store = RolloutStore.create(tmp_path / "store", config=CONFIG)
     store.append(make_batch(0))
@@ -88,6 +90,5 @@ def test_tail_errors(capsys, tmp_path):
     assert "error: " in err and "ends at version 2, before version 7" in err
     assert main(["tail", str(ROOT / "data" / "golden_v1"), "--timeout", "0.1"]) == EXIT_DATA
     assert "has no tail" in capsys.readouterr().err
-    started = time.monotonic()
-    assert main(["tail", str(store.root), "--timeout", "0.2"]) == EXIT_OK  # idle: ends
-    assert time.monotonic() - started < 5
+    # Idle, it ends (the test's own timeout fails it, rather than hang, if it did not).
+    assert main(["tail", str(store.root), "--timeout", "0.2"]) == EXIT_OK

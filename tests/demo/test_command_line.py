@@ -1,11 +1,10 @@
 """``maxent-arrow demo`` as a command: where a run goes, what it refuses (and never deletes),
-and a ``--help`` that answers at once."""
+and a ``--help`` that answers loading no torch (how fast: ``benchmarks/bench_scale.py``)."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -103,24 +102,13 @@ def test_a_root_that_cannot_be_created_is_a_run_directory_error(tmp_path):
     assert blocker.read_text() == "a file where the runs directory would go"
 
 
-def _best_wall_time(argv: list[str], tries: int = 3) -> tuple[float, subprocess.CompletedProcess]:
-    """The fastest of ``tries`` runs of the console script (a busy machine slows some)."""
-    best, done = float("inf"), None
-    for _ in range(tries):
-        started = time.perf_counter()
-        done = subprocess.run([*CLI, *argv], capture_output=True, text=True, timeout=60)
-        best = min(best, time.perf_counter() - started)
-    assert done is not None
-    return best, done
-
-
 @pytest.mark.parametrize("argv", [["--help"], ["demo", "--help"]], ids=" ".join)
-def test_help_answers_in_under_a_second(argv):
-    # Measured: about 0.1 s (the demo's parser loads neither torch nor transformers).
-    seconds, done = _best_wall_time(argv)
+def test_help_answers_from_the_console_script(argv):
+    # The demo's parser loads neither torch nor transformers (the next test); the time it
+    # takes (about 0.1 s) is benchmarks/bench_scale.py's measure, not a unit test's.
+    done = subprocess.run([*CLI, *argv], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("usage: maxent-arrow")
-    assert seconds < 1.0, f"maxent-arrow {' '.join(argv)} took {seconds:.2f}s"
 
 
 def test_demo_help_imports_no_torch():

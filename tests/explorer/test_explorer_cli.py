@@ -7,7 +7,6 @@ import socket
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -17,10 +16,9 @@ import stores  # noqa: E402
 CLI = [sys.executable, "-m", "maxent_arrow.cli"]
 
 
-def test_help_is_fast_and_names_the_default_address():
-    start = time.perf_counter()
+def test_help_names_the_default_address():
+    # (How fast a --help answers is benchmarks/bench_scale.py's measure.)
     out = subprocess.run([*CLI, "view", "--help"], capture_output=True, text=True, check=True)
-    assert time.perf_counter() - start < 10
     assert "127.0.0.1" in out.stdout and "--host" in out.stdout and "--port" in out.stdout
     listed = subprocess.run([*CLI, "--help"], capture_output=True, text=True, check=True)
     assert " view " in listed.stdout  # so `make demo` suggests it (demo.job's closing lines)

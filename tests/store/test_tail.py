@@ -5,12 +5,10 @@ with SIGKILL and resumed from their cursor."""
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
 import random
 import signal
-import statistics
 import subprocess
 import sys
 import textwrap
@@ -66,11 +64,6 @@ def _store(tmp_path: Path, name: str = "store", **kwargs) -> RolloutStore:
     return RolloutStore.create(tmp_path / name, config=CONFIG, **kwargs)
 
 
-def _age_ms(event: TailEvent) -> float:
-    committed = dt.datetime.fromisoformat(event.time)
-    return (dt.datetime.now(dt.UTC) - committed).total_seconds() * 1000
-
-
 # ---------------------------------------------------------------------------- live delivery
 def test_tail_delivers_each_unit_a_writer_process_commits_as_it_lands(tmp_path, monkeypatch):
     store = _store(tmp_path)
@@ -83,10 +76,9 @@ def test_tail_delivers_each_unit_a_writer_process_commits_as_it_lands(tmp_path, 
     monkeypatch.setattr(
         LocalBackend, "list", lambda self, d: listing.append(d) or original(self, d)
     )
-    events, ages = [], []
+    events = []
     try:
         for event in reader.tail(since=0, timeout=30):
-            ages.append(_age_ms(event))
             events.append(event)
             if len(events) == 8 + 3:
                 break
@@ -109,10 +101,8 @@ def test_tail_delivers_each_unit_a_writer_process_commits_as_it_lands(tmp_path, 
         assert (store.root / event.step_file).is_file()
         assert (store.root / event.group_file).is_file()
         assert set(event.figures) >= {"num_samples", "reward_mean", "total_loss"}
-    # Live: commit to delivery, with inotify, on a loaded 2-core machine (the benchmark
-    # measures it properly); the units committed after the tail caught up arrive fast.
-    print(f"commit to delivery: p50 {statistics.median(ages):.1f} ms, max {max(ages):.1f} ms")
-    assert statistics.median(ages[-4:]) < 1000
+    # How fast (commit to delivery, against polling and a bare inotify watcher) is
+    # benchmarks/bench_tail.py's measure, not a unit test's.
 
 
 def test_polling_delivers_what_inotify_delivers(tmp_path):
