@@ -136,6 +136,20 @@ def test_state_dict_resumes_the_same_stream(store):
         other.load_state_dict(state)
 
 
+def test_a_state_that_is_not_json_or_a_negative_seed_is_an_argument_error(store):
+    """Fault probe F05: ``load_state_dict("x")`` was json's JSONDecodeError, a seed of -1
+    numpy's ValueError at the first batch; each is an ArgumentError naming the argument."""
+    sampler = ReplaySampler(store, batch_groups=2, record=False)
+    with pytest.raises(ArgumentError, match="sampler: state: expected a state_dict or its JSON"):
+        sampler.load_state_dict("x")
+    with pytest.raises(ArgumentError, match="sampler: seed: expected an int >= 0, got -1"):
+        ReplaySampler(store, seed=-1, record=False)
+    _next(sampler)
+    again = ReplaySampler(store, batch_groups=2, record=False)
+    again.load_state_dict(json.dumps(sampler.state_dict()))  # its JSON still resumes
+    assert _keys(_next(again)) == _keys(_next(sampler))
+
+
 def test_whole_steps_when_batch_groups_is_none(store):
     batches = list(ReplaySampler(store, sampling="sequential", record=False))
     assert [sorted({k[0] for k in _keys(b)}) for b in batches] == [[s] for s in range(6)]

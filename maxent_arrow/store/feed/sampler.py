@@ -31,7 +31,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import numbers
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
@@ -40,7 +39,7 @@ from typing import Any, Literal
 import numpy as np
 import pyarrow as pa
 
-from maxent_arrow.arguments import int_set
+from maxent_arrow.arguments import check_int, int_set
 from maxent_arrow.arrow import Ragged, list_offsets
 from maxent_arrow.arrow import registry as R
 from maxent_arrow.errors import ArgumentError, StoreError
@@ -168,8 +167,8 @@ class SamplerOptions:
         e = self.epochs
         if e is not None and (isinstance(e, bool) or not isinstance(e, int) or e < 1):
             raise ArgumentError(f"sampler: epochs must be a positive int or None, got {e!r}")
-        if not isinstance(self.seed, numbers.Integral) or isinstance(self.seed, bool):
-            raise ArgumentError(f"sampler: seed must be an int, got {self.seed!r}")
+        # (numpy seeds its generators with ints >= 0 only)
+        check_int(self.seed, "sampler: seed", low=0)
         w = self.max_staleness
         if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 0):
             raise ArgumentError(f"sampler: max_staleness must be an int >= 0 or None, got {w!r}")
@@ -504,7 +503,12 @@ class ReplaySampler:
         """Continue the stream after the batch whose ``state`` this is (made by a sampler
         over the same store contents and options)."""
         if isinstance(state, str):
-            state = json.loads(state)
+            try:
+                state = json.loads(state)
+            except ValueError:
+                raise ArgumentError(
+                    f"sampler: state: expected a state_dict or its JSON, got {state[:80]!r}"
+                ) from None
         if not isinstance(state, dict) or not {"epoch", "position", "batches"} <= state.keys():
             raise ArgumentError(f"sampler: not a sampler state_dict: {state!r}")
         if state.get("fingerprint") not in (None, self.fingerprint):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import numbers
 import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -18,7 +17,7 @@ from typing import Any, Literal
 import numpy as np
 import pyarrow as pa
 
-from maxent_arrow.arguments import int_set
+from maxent_arrow.arguments import check_int, int_set
 from maxent_arrow.arrow import list_offsets
 from maxent_arrow.arrow import registry as R
 from maxent_arrow.errors import ArgumentError, StoreError
@@ -137,8 +136,8 @@ class ReplayOptions:
             or not all(isinstance(c, str) for c in columns)
         ):
             raise ArgumentError(f"replay: columns must be a list of column names, got {columns!r}")
-        if not isinstance(self.seed, numbers.Integral) or isinstance(self.seed, bool):
-            raise ArgumentError(f"replay: seed must be an int, got {self.seed!r}")
+        # (numpy seeds its generators with ints >= 0 only)
+        check_int(self.seed, "replay: seed", low=0)
         if self.rank is not None or self.world_size is not None:
             if self.shard is not None:
                 raise ArgumentError("replay: give shard=(index, count), not also rank/world_size")

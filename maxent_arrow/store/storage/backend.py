@@ -48,7 +48,7 @@ import pyarrow as pa
 if TYPE_CHECKING:
     import pyarrow.fs as pafs
 
-from maxent_arrow.errors import MissingExtraError, StoreError
+from maxent_arrow.errors import ArgumentError, MissingExtraError, StoreError
 from maxent_arrow.store.storage.checksums import crc32c_of
 
 __all__ = [
@@ -1064,7 +1064,11 @@ def open_backend(
     on an explicit ``filesystem``."""
     if isinstance(root, Backend):
         return root
-    text = os.fspath(root)
+    text = os.fspath(root) if isinstance(root, str | os.PathLike) else None
+    if not isinstance(text, str):
+        raise ArgumentError(
+            f"root: expected a store's path (str or os.PathLike) or URI, got {root!r}"
+        )
     if not text or "\x00" in text:
         raise StoreError(f"invalid store root {text!r}")
     if filesystem is not None:
