@@ -83,10 +83,12 @@ def scripts(only: list[str] | None, where: Path = HERE) -> list[Path]:
 
 
 def run_one(script: Path, out: Path, *, quick: bool, timeout: float) -> dict[str, Any]:
-    """Run one script; its JSON document with ``rc``, ``wall_s`` and the load added."""
+    """Run one script, with the package of its own tree first on the path; its JSON
+    document with ``rc``, ``wall_s`` and the load added."""
     env = os.environ | {harness.ENV_OUT: str(out)}
+    tree = script.resolve().parent.parent
     env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(HERE.parent), os.environ.get("PYTHONPATH")) if p
+        p for p in (str(tree), os.environ.get("PYTHONPATH")) if p
     )
     command = [sys.executable, str(script), *(["--quick"] if quick else [])]
     print(f"\n######## {script.name} {'--quick' if quick else ''}", flush=True)
