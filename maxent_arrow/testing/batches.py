@@ -268,12 +268,8 @@ def make_batch(
     rank: int = 0,
     kind: str = "train",
     seed: int | None = None,
-    groups: int = 3,
-    k: tuple[int, int] = (2, 4),
-    max_tokens: int = 12,
-    reward_names: Sequence[str] = ("accuracy", "format"),
-    config: Mapping[str, Any] | None = None,
     policy_version: int | None = None,
+    **shape: Any,
 ) -> RolloutBatch:
     """A complete :class:`~maxent_arrow.rollout.RolloutBatch` of ``step``, from
     :func:`make_parts`.
@@ -286,24 +282,18 @@ def make_batch(
         The data's seed; by default ``step * 1000 + rank``, so each step and rank of a run
         differs (the ``kind`` does not change the default: pass a seed for an eval step
         that should differ from its train step).
-    groups, k, max_tokens, reward_names, config:
-        As :func:`make_parts`.
     policy_version:
         The policy version that generated the batch (none by default).
+    shape:
+        Any of :func:`make_parts`'s ``groups``, ``k``, ``max_tokens``, ``reward_names`` and
+        ``config``.
 
     Returns
     -------
     RolloutBatch
         A batch that validates, with every column family of the seed objects.
     """
-    parts = make_parts(
-        seed=step * 1000 + rank if seed is None else seed,
-        groups=groups,
-        k=k,
-        max_tokens=max_tokens,
-        reward_names=reward_names,
-        config=config,
-    )
+    parts = make_parts(seed=step * 1000 + rank if seed is None else seed, **shape)
     return RolloutBatch.from_parts(
         step, rank=rank, kind=kind, policy_version=policy_version, **parts
     )

@@ -8,6 +8,7 @@ be of one completion and a column can be missing; :class:`Written` keeps what wa
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -91,21 +92,26 @@ class Written:
         return dict(sorted(out.items()))
 
 
+@dataclass(frozen=True)
+class RunSpec:
+    """What :func:`write_store` writes (each field as its parameter of that name says)."""
+
+    steps: Iterable[int] = range(4)
+    ranks: int = 2
+    prompts: int = 3
+    rewards_at: Callable[[int], Sequence[str]] = lambda step: ["accuracy"]
+    drop_at: Callable[[int], Iterable[str]] = lambda step: ()
+    eval_steps: Iterable[int] = ()
+    max_len: int = 24
+    cap_in_config: bool = True
+    seed: int = 0
+    losses: bool = False
+    collapse_at: Callable[[int], bool] = lambda step: False
+    config: Mapping[str, Any] | None = None
+
+
 def write_store(
-    root: str | os.PathLike[str],
-    *,
-    steps: Iterable[int] = range(4),
-    ranks: int = 2,
-    prompts: int = 3,
-    rewards_at: Callable[[int], Sequence[str]] = lambda step: ["accuracy"],
-    drop_at: Callable[[int], Iterable[str]] = lambda step: (),
-    eval_steps: Iterable[int] = (),
-    max_len: int = 24,
-    cap_in_config: bool = True,
-    seed: int = 0,
-    losses: bool = False,
-    collapse_at: Callable[[int], bool] = lambda step: False,
-    config: Mapping[str, Any] | None = None,
+    root: str | os.PathLike[str], spec: RunSpec | None = None, **fields: Any
 ) -> Written:
     """Write a new store at ``root`` through the append API, from Arrow tables of known values;
     return what was written.
@@ -115,6 +121,8 @@ def write_store(
     root:
         Where the store is created (its manifest's config: ``max_completion_len=max_len``,
         ``tau=0.5``).
+    spec, fields:
+        A :class:`RunSpec`, with ``fields`` (any of its fields, by name) replaced; the fields:
     steps, eval_steps:
         The train steps and the eval steps; each is written by every rank.
     ranks, prompts:
@@ -145,7 +153,12 @@ def write_store(
         The root, every group's values and every step row. Step 1 of rank 1 stores its KL by
         length bucket without token counts.
     """
-    rng = np.random.default_rng(seed)
+    spec = dataclasses.replace(spec or RunSpec(), **fields)
+    steps, ranks, prompts, eval_steps = spec.steps, spec.ranks, spec.prompts, spec.eval_steps
+    rewards_at, drop_at, collapse_at = spec.rewards_at, spec.drop_at, spec.collapse_at
+    max_len, cap_in_config, losses = spec.max_len, spec.cap_in_config, spec.losses
+    config = spec.config
+    rng = np.random.default_rng(spec.seed)
     root = Path(root)
     store = RolloutStore.create(root, config={"max_completion_len": max_len, "tau": 0.5})
     out = Written(root)

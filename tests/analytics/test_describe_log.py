@@ -20,8 +20,7 @@ from fault_harness import flip, truncate
 
 from maxent_arrow import RolloutStore, StoreError
 from maxent_arrow.analytics import RunAnalytics, describe_run
-from maxent_arrow.store import ReadOnlyStore
-from maxent_arrow.store.history import log as log_module
+from maxent_arrow.store import ReadOnlyStore, process_caches
 from maxent_arrow.store.history.catalog import History
 from maxent_arrow.testing import CONFIG, compacted_run, make_batch, resume_run, unit_path
 
@@ -186,7 +185,7 @@ def test_describe_reads_no_step_rows_and_no_commit_record(tmp_path):
             store.append(make_batch(step, rank=rank))
     store.compact(kind="train", max_steps=4)
     store.checkpoint()
-    log_module._CHECKPOINTS.clear()  # as a new process reads it
+    process_caches().checkpoints.clear()  # as a new process reads it
     reader = ReadOnlyStore(root)
     info = describe_run(reader)
     units = reader.catalog.state().units.values()  # type: ignore[attr-defined]
