@@ -15,7 +15,9 @@ to carry: GRPO has a signal in every carry group and held-out accuracy rises, wh
 teacher would leave no room for, and a random model no signal for. Every sum is two digits
 (20..98), so a carry changes a digit, never the length of the answer.
 
-Seeded, so re-running writes the same files (the repository ships them)::
+They are package data of ``maxent_arrow.demo`` (``maxent_arrow/demo/data/``: the wheel ships
+them; the demo reads them with ``importlib.resources``). Seeded, so re-running writes the same
+files::
 
     python data/make_prompts.py
 """
@@ -27,6 +29,8 @@ import random
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+# Package data of maxent_arrow.demo (pyproject.toml's package-data): the wheel ships them.
+OUT = HERE.parent / "maxent_arrow" / "demo" / "data"
 LOW, HIGH = 10, 49
 SPLITS = {"eval": 128, "train": 400}  # the SFT split takes what is left
 FORGET_CARRY = 0.7
@@ -79,7 +83,7 @@ def make_splits(seed: int = SEED) -> dict[str, list[dict[str, str]]]:
 
 def main() -> None:
     for name, rows in make_splits().items():
-        path = HERE / f"arithmetic_{name}.jsonl"
+        path = OUT / f"arithmetic_{name}.jsonl"
         with open(path, "w", encoding="utf-8") as out:
             for row in rows:
                 out.write(json.dumps(row) + "\n")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from maxent_arrow.demo.job import main
-from maxent_arrow.demo.prompts import DATA_DIR, load_prompts
+from maxent_arrow.demo.prompts import load_prompts
 from maxent_arrow.store.store import RolloutStore
 
 TINY = ["--steps", "2", "--prompts", "4", "--k", "3", "--sft-steps", "3"]
@@ -22,7 +22,7 @@ TINY += ["--eval-every", "1", "--eval-prompts", "4", "--quiet"]
 @pytest.fixture
 def make_prompts(monkeypatch):
     """``data/make_prompts.py``, the script that wrote the shipped files, imported."""
-    monkeypatch.syspath_prepend(str(DATA_DIR))
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "data"))
     return importlib.import_module("make_prompts")
 
 
