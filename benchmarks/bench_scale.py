@@ -1,13 +1,16 @@
 """Benchmark: the store at 10^3, 10^4 and 10^5 steps, analytics against DuckDB, and the CLI.
 
-Stores come from ``benchmarks/synthetic_store.py`` (compacted segments of 100 steps x 8 ranks,
-train every step and eval every 10th, 16 groups of 4 completions of up to 64 tokens per unit;
-kept under the bench cache keyed by their parameters, so only the first run builds them).
+The scale stores are built by the writer (``benchmarks/writer_stores.py``: one real
+``append`` per step and the writer's default compaction, one rank, 16 groups x 4
+completions x 32-64 tokens a step; kept in the bench cache by store format and shape, so
+only the first run builds them). A size not built yet is skipped as a miss naming the
+reason, unless ``--build`` builds it (``--quick`` builds its small sizes).
 
 Rows:
 
-- **open, append, inspect, step-bounded sql() at 10^3 / 10^4 / 10^5 steps** (8 ranks): the
-  cost per call at each size, and the growth from 10^3 to 10^5 (target <= 1.5x).
+- **open, append, inspect, step-bounded sql() at 10^3 / 10^4 / 10^5 steps** (one rank): the
+  cost per call at each size, and the growth from the smallest to the largest size built
+  (target <= 1.5x).
   ``open``: a new ``ReadOnlyStore`` and its commit log's state (the checkpoint and the
   entries after it). ``append``: one 16-group unit to a hard-linked copy of the store (fsync
   on, as a run appends). ``inspect``: ``maxent-arrow inspect RUN --json`` in a new process
@@ -19,7 +22,6 @@ Rows:
   ``sql``: a new store object's ``sql(query, steps=(first, last))`` of per-step means over
   ten steps (only the files holding them are named to DuckDB and checked), in a process that
   has read the store before (its files' checks are remembered: ``store/storage/verified.py``).
-  Context rows: 10^3 steps x 64 ranks, and 100 steps x 8 ranks as loose one-unit files (880).
 - **analytics against DuckDB on the 200-file, 1000-file and policy stores** of
   ``bench_analytics.py`` (the same stores, the same query: per-step mean reward and length
   over ``samples``), checks on, in two rows each: **cold** (a new process: import, open,
@@ -36,18 +38,19 @@ Rows:
   ``python -c`` that imports what a naive CLI loads before parsing (torch, pyarrow.parquet,
   DuckDB; the baseline) and ``python -c pass`` (the floor); target under 1 s.
 
-- **synthetic store build** of the largest size (target <= 300 s on 2 cores), beside its
-  CPU time spread over the cores, with its file counts (``synthetic_store.py``).
+- **the writer's build rate** of each scale store (context): its appends per second over
+  the whole build, fsync off (``writer_stores.py``), which shows how append grows with the
+  run's history.
 
-Run ``python benchmarks/bench_scale.py [--quick] [--rows scale,analytics,cli]`` (``--quick``:
-10^2 / 10^3 / 10^4 steps; ``--rows``: only those rows).
+Run ``python benchmarks/bench_scale.py [--quick] [--build] [--rows scale,analytics,cli]``
+(``--quick``: 150 / 300 steps; ``--rows``: only those rows).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
+import math
 import shutil
 import subprocess
 import sys
@@ -57,8 +60,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
-
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
@@ -66,10 +67,9 @@ sys.path.insert(0, str(HERE))
 
 import bench_analytics as BA  # noqa: E402
 import harness  # noqa: E402
-import synthetic_store as SS  # noqa: E402
+import writer_stores as W  # noqa: E402
 from harness import Figure, custom, within  # noqa: E402
 
-from maxent_arrow.rollout import RolloutBatch  # noqa: E402
 from maxent_arrow.store import ReadOnlyStore, RolloutStore  # noqa: E402
 from maxent_arrow.store.sql.session import KEPT_FOOTERS_FILES  # noqa: E402
 
@@ -79,12 +79,12 @@ TARGET_CLI = 1.3
 TARGET_HELP = 1.0  # seconds: --help loads no torch, pyarrow or DuckDB (measured ~0.05-0.1 s)
 HELP_COMMANDS = ("", "demo", "inspect", "query", "report", "verify", "repair", "compact",
                  "export", "tail", "view")  # fmt: skip
-TARGET_BUILD = 300.0  # seconds for the 10^5-step store (issue 23, item 8)
-RANKS = 8
 BOUNDED = (
     "SELECT step, avg(total_util) AS reward, avg(ref_tok_count) AS length FROM samples "
     "WHERE kind = 'train' AND step BETWEEN {lo} AND {hi} GROUP BY step ORDER BY step"
 )
+SIZES = (1000, 10_000, 100_000)
+QUICK_SIZES = (150, 300)
 
 
 def _exe() -> list[str]:
@@ -111,16 +111,11 @@ OPEN_COLD = textwrap.dedent(
 )
 
 
-def _unit(step: int, steps: int, seed: int) -> RolloutBatch:
-    rng = np.random.default_rng(seed)
-    groups, rows, _ = SS._tables([(step, 0)], "train", steps, groups=16, k=4, tokens=64, rng=rng)
-    return RolloutBatch(groups.combine_chunks().to_batches()[0], rows)
-
-
-def scale_figures(built: SS.Built, repeats: int) -> dict[str, harness.Timing]:
-    """open, append, inspect and a step-bounded sql() on one synthetic store."""
+def scale_figures(built: W.Built, repeats: int) -> dict[str, harness.Timing]:
+    """open, append and a step-bounded sql() on one writer-built store."""
     root = built.path
-    mid = built.steps // 2
+    steps = built.shape.steps
+    mid = steps // 2
     query = BOUNDED.format(lo=mid, hi=mid + 9)
     bound = (mid, mid + 9)
     ReadOnlyStore(root).sql(query, steps=bound)  # this process has read it (checks remembered)
@@ -147,7 +142,8 @@ def scale_figures(built: SS.Built, repeats: int) -> dict[str, harness.Timing]:
                 target.unlink()
                 shutil.copy2(root / name, target)
         store = RolloutStore(copy, compact_every=None, if_exists="resume")
-        batches = iter([_unit(built.steps + i, built.steps, i) for i in range(repeats + 2)])
+        shape = built.shape
+        batches = iter([W.step_batch(shape, steps + i) for i in range(repeats + 2)])
         store.append(next(batches))  # the writer's first append builds its state once
         t |= harness.measure({"append": lambda: store.append(next(batches))}, repeats=repeats,
                              warmup=1)  # fmt: skip
@@ -155,7 +151,7 @@ def scale_figures(built: SS.Built, repeats: int) -> dict[str, harness.Timing]:
 
 
 def new_process_figures(
-    built: dict[int, SS.Built], repeats: int
+    built: dict[int, W.Built], repeats: int
 ) -> dict[int, dict[str, harness.Timing]]:
     """``inspect`` and the cold open in a new process, at every size in one round-robin (a
     burst of load on the shared cores hits each size alike, so the growth from the smallest
@@ -170,37 +166,46 @@ def new_process_figures(
     return {steps: {op: t[f"{op} {steps}"] for op in ("open_cold", "inspect")} for steps in built}
 
 
-def scale_rows(bench: harness.Bench, sizes: list[int], repeats: int) -> None:
-    built = {}
+def scale_rows(bench: harness.Bench, sizes: list[int], repeats: int, build: bool) -> None:
+    built: dict[int, W.Built] = {}
     for steps in sizes:
         t0 = time.perf_counter()
-        built[steps] = SS.cached(steps=steps, ranks=RANKS, layout="compacted")
-        print(f"store: {built[steps].describe()} (ready in {time.perf_counter() - t0:.1f} s)",
-              flush=True)  # fmt: skip
+        got = W.cached(W.Shape(steps), build_missing=build)
+        if isinstance(got, str):
+            print(f"skipped {steps:,} steps: {got}", flush=True)
+            bench.row(
+                f"open, append, inspect, sql at {steps:,} steps",
+                ours=Figure(math.nan, "not measured"),
+                targets=[custom("store built", 0, ">=", 1)],
+                reason=f"skipped: {got}",
+            )
+            continue
+        built[steps] = got
+        print(f"store: {got.describe()} (ready in {time.perf_counter() - t0:.1f} s)", flush=True)
+    if not built:
+        return
+    sizes = sorted(built)
     figures = {steps: scale_figures(b, repeats) for steps, b in built.items()}
     for steps, cold in new_process_figures(built, max(3, repeats // 2)).items():
         figures[steps] |= cold
     small, large = sizes[0], sizes[-1]
-    b = built[large]
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    cores = cores or 1
-    spread = f"its CPU, {b.cpu_seconds:.0f} s, over {cores} cores"
-    late = "built while other work held the cores (its CPU over the cores is the floor column)"
-    bench.row(
-        f"synthetic store build, {large:,} steps x {RANKS} ranks",
-        ours=Figure(b.seconds, "wall: segments written directly, one process per core"),
-        floor=Figure(b.cpu_seconds / cores, spread) if b.cpu_seconds else None,
-        targets=[custom("build seconds", b.seconds, "<=", TARGET_BUILD)],
-        note=f"{b.group_files:,} group files and as many step files, {b.log_entries:,} log "
-        f"entries, {b.group_rows:,} group rows, {b.bytes / 2**30:.1f} GiB; a cached store "
-        "keeps the time of its build",
-        reason="" if b.seconds <= TARGET_BUILD else late,
-    )
+    for steps, b in built.items():
+        bench.row(
+            f"the writer's build, {b.shape.describe()}",
+            ours=Figure(
+                b.seconds / b.appends,
+                f"seconds per append over the build ({b.appends:,} "
+                "appends, fsync off, compaction every 100 steps)",
+            ),  # fmt: skip
+            note=f"{b.rate:.1f} appends/s; {b.group_files:,} live group files, "
+            f"{b.bytes / 2**20:,.0f} MiB; a cached store keeps the time of its build",
+            detail=steps != large,
+        )
     labels = {
         "open": "ReadOnlyStore(root) + the log's state, in a process that opened it before",
         "open_cold": "the same in a new process, after importing the store (its first "
         "use's lazy imports counted)",
-        "append": "RolloutStore.append of one 16-group unit (fsync'd)",
+        "append": "RolloutStore.append of one 16-group step (fsync'd)",
         "inspect": "maxent-arrow inspect RUN --json, a new process",
         "sql": "sql(steps=(first, last)) of per-step means over 10 steps, a new store object",
     }
@@ -210,32 +215,16 @@ def scale_rows(bench: harness.Bench, sizes: list[int], repeats: int) -> None:
             growth = figures[steps][op].median / figures[small][op].median
             targets = (
                 [custom(f"{op} at {steps:,} / at {small:,} steps", growth, "<=", TARGET_GROWTH)]
-                if steps == large
+                if steps == large and large != small
                 else []
             )
             bench.row(
-                f"{op} at {steps:,} steps x {RANKS} ranks",
+                f"{op} at {steps:,} steps",
                 ours=Figure(figures[steps][op], label),
                 targets=targets,
                 detail=steps != large,
-                note=f"{b.group_files:,} group files, {b.group_rows:,} group rows, "
-                f"{b.log_entries:,} log entries; built in {b.seconds:.0f} s",
+                note=f"{b.shape.describe()}; {b.group_files:,} live group files",
                 reason=_scale_reason(op) if targets and growth > TARGET_GROWTH else "",
-            )
-    # Context: 64 ranks, and loose one-unit files.
-    for params, label in (
-        ({"steps": small, "ranks": 64, "layout": "compacted"}, f"{small:,} steps x 64 ranks"),
-        # (loose: one commit per unit, ~25 ms each on 2 shared cores: 100 steps, 880 files)
-        ({"steps": 100, "ranks": RANKS, "layout": "loose"}, "100 steps x 8 ranks, loose"),
-    ):
-        b = SS.cached(**params)
-        print(f"store: {b.describe()}", flush=True)
-        f = scale_figures(b, max(3, repeats // 2))
-        for op in ("open", "sql", "append"):
-            bench.row(
-                f"{op} at {label}",
-                ours=Figure(f[op], labels[op]),
-                note=f"context; {b.group_files:,} group files, {b.group_rows:,} group rows",
             )
 
 
@@ -469,14 +458,15 @@ def main(argv: list[str] | None = None) -> int:
         default="scale,analytics,cli",
         help="which rows to run, comma-separated (default: scale,analytics,cli)",
     )
+    parser.add_argument("--build", action="store_true", help="build the stores not built yet")
     args = parser.parse_args(argv)
     parts = set(vars(args).pop("rows").split(","))
+    build = bool(vars(args).pop("build"))
     bench = harness.Bench("scale", args)
     repeats = bench.repeats(7, quick=3)
-    sizes = [100, 1000, 10_000] if bench.quick else [1000, 10_000, 100_000]
-    os.environ.setdefault("MAXENT_ARROW_BENCH_CACHE", str(SS.cache_dir()))
+    sizes = list(QUICK_SIZES if bench.quick else SIZES)
     if "scale" in parts:
-        scale_rows(bench, sizes, repeats)
+        scale_rows(bench, sizes, repeats, build or bench.quick)
     small, large = (40, 100) if bench.quick else (200, 1000)
     cache = BA._cache_dir()
     stores = [
