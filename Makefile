@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# The benchmarks' peers (the bench extra: Lance, Delta, Polars, lance-context), installed by
+# `make bench` and `make bench-quick` only: `make test` needs none of them.
+BENCH_STAMP := $(VENV)/.installed-bench
 # The CPU wheel of torch lies on this machine's disk for exactly this pin; an open `torch`
 # requirement with no torch installed would pull a multi-GB CUDA build.
 TORCH_PIN := torch==2.13.0
@@ -20,6 +23,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e ".[models,analytics,dev,ray,s3,trl,verl,browser,view,view-wandb]" "$(TORCH_PIN)"
 	touch $(STAMP)
 
+$(BENCH_STAMP): $(STAMP) pyproject.toml
+	$(PY) -m pip install -q -e ".[bench]" "$(TORCH_PIN)"
+	touch $(BENCH_STAMP)
+
 demo: $(STAMP)
 	$(VENV)/bin/maxent-arrow demo
 
@@ -36,10 +43,10 @@ test-fast: $(STAMP)
 
 # Every benchmarks/bench_*.py, all of them even after a miss; a summary, benchmarks/results.json
 # and the README's table regenerated from it; fails at the end if any script missed a target.
-bench: $(STAMP)
+bench: $(BENCH_STAMP)
 	$(PY) benchmarks/run_all.py --readme README.md
 
-bench-quick: $(STAMP)
+bench-quick: $(BENCH_STAMP)
 	$(PY) benchmarks/run_all.py --quick
 
 lint: $(STAMP)
