@@ -46,8 +46,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
-import shutil
 import sys
 import tempfile
 from collections.abc import Callable
@@ -81,20 +79,9 @@ TARGET_BUILD_SMALL, TARGET_BUILD_LARGE = 0.1, 1.0
 
 # ---------------------------------------------------------------------------- the stores
 def writable_copy(root: Path, where: Path) -> Path:
-    """A copy of the store at ``root`` that a sampler may record into: its data files hard
-    links (a commit never changes a committed file), its log, manifest and lock copied."""
-    copy = where / root.name
-    for src in root.rglob("*"):
-        dst = copy / src.relative_to(root)
-        if src.is_dir():
-            dst.mkdir(parents=True, exist_ok=True)
-            continue
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        if src.parts[len(root.parts)] in ("groups", "steps", "records", "cache"):
-            os.link(src, dst)
-        else:
-            shutil.copy2(src, dst)
-    return copy
+    """A copy of the store at ``root`` that a sampler may record into (its committed files
+    hard-linked: ``writer_stores.linked_copy``)."""
+    return W.linked_copy(root, where / root.name)
 
 
 def store_or_miss(bench: harness.Bench, shape: W.Shape, build: bool, rows: list[str]):

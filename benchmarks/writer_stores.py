@@ -51,6 +51,7 @@ import functools
 import hashlib
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -81,6 +82,7 @@ __all__ = [
     "cached",
     "file_layout",
     "format_key",
+    "linked_copy",
     "quick",
     "store_layout",
 ]
@@ -429,6 +431,31 @@ def _complete(shape: Shape) -> Built | None:
     return None
 
 
+# A committed file is never written again (its name is new, or a version never reused), so a
+# copy may share it; the log's head, its latest checkpoint's alias, the manifest and the lock
+# are rewritten or replaced by the writer and are copied.
+_IMMUTABLE_DIRS = ("groups", "steps", "records", "cache", "retired")
+_LOG_ENTRY = re.compile(r"^(\d{20}\.json|checkpoint-\d{20}\.parquet)$")
+
+
+def linked_copy(src: Path, dst: Path) -> Path:
+    """A copy of the store at ``src`` at ``dst`` that a writer may commit to without
+    changing ``src``: committed files hard-linked, the files the writer replaces copied."""
+    for path in src.rglob("*"):
+        rel = path.relative_to(src)
+        target = dst / rel
+        if path.is_dir():
+            target.mkdir(parents=True, exist_ok=True)
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        top = rel.parts[0]
+        if top in _IMMUTABLE_DIRS or (top == "log" and _LOG_ENTRY.match(path.name)):
+            os.link(path, target)
+        else:
+            shutil.copy2(path, target)
+    return dst
+
+
 def _start_from_prefix(shape: Shape, root: Path) -> tuple[int, float]:
     """Copy the largest complete store of ``shape`` with fewer steps to ``root`` (group,
     step and record files hard-linked: the writer never changes a committed file; the log,
@@ -446,16 +473,7 @@ def _start_from_prefix(shape: Shape, root: Path) -> tuple[int, float]:
     if best is None or not best.path.exists():
         return 0, 0.0
     print(f"  starting from a copy of {best.path.name} ({best.shape.steps:,} steps)", flush=True)
-    for src in best.path.rglob("*"):
-        dst = root / src.relative_to(best.path)
-        if src.is_dir():
-            dst.mkdir(parents=True, exist_ok=True)
-        elif src.parts[len(best.path.parts)] in ("groups", "steps", "records", "cache"):
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            os.link(src, dst)
-        else:
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dst)
+    linked_copy(best.path, root)
     return best.appends, best.seconds
 
 
