@@ -27,7 +27,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from maxent_arrow.arguments import is_int
+from maxent_arrow.arrow import lists as L
 from maxent_arrow.arrow import registry as R
+from maxent_arrow.arrow import schema as S
 from maxent_arrow.errors import ArgumentError, StoreError
 from maxent_arrow.rollout import RolloutBatch
 from maxent_arrow.store.history import manifest
@@ -52,6 +54,7 @@ from maxent_arrow.store.io.writer import Writer
 from maxent_arrow.store.readonly import ReadOnlyStore
 from maxent_arrow.store.sql.session import check_timeout
 from maxent_arrow.store.storage.backend import Backend, open_backend
+from maxent_arrow.store.storage.caches import Cache
 from maxent_arrow.store.storage.names import GROUPS, MANIFEST, cache_name, parse_name
 from maxent_arrow.store.storage.padding import strip_padding
 from maxent_arrow.store.storage.parquet import check_compression
@@ -348,14 +351,45 @@ class RolloutStore(ReadOnlyStore):
 
     def _check_lifecycle(self, records: pa.Table) -> None:
         """Refuse ``lifecycle`` records that do not each address one stored group: the key
-        columns of the steps they name are read (the effective history) and matched."""
+        columns of the effective units of the steps they name, matched. A unit's keys are
+        read once per store object (:attr:`_unit_keys`: a committed unit's rows never
+        change), so a consumer that records every batch (the replay sampler) reads each
+        unit's keys once, not once per batch."""
         steps = pc.unique(records.column("rollout_step")).to_pylist()
         with self.catalog.snapshot():
             catalog = self.catalog.with_history("effective")
-            unified = self.schemas.visible(GROUPS, self.on_error)
-            selection = Selection(steps, columns=list(R.ROW_KEY), on_error=self.on_error)
-            stored = read_table(catalog, unified, GROUPS, selection, crc=self.check_crc)
+            units = catalog.units(Selection(steps, on_error=self.on_error))
+            keys = {u: (u.group_file, u.start, u.num_groups, u.step, u.rank, u.kind) for u in units}
+            found = {u: hit for u in units if (hit := self._unit_keys.get(keys[u])) is not None}
+            missing = [u for u in units if u not in found]
+            if missing:
+                unified = self.schemas.visible(GROUPS, self.on_error)
+                selection = Selection(
+                    {u.step for u in missing}, columns=list(R.ROW_KEY), on_error=self.on_error
+                )
+                rows = read_table(catalog, unified, GROUPS, selection, crc=self.check_crc)
+                for u in missing:  # (scalars from buffers: a Python value imports pandas)
+                    step = pc.equal(rows["step"], L.int64_scalar(u.step))
+                    rank = pc.equal(rows["rank"], L.int64_scalar(u.rank))
+                    kind = pc.equal(rows["kind"], L.text_scalar(u.kind))
+                    found[u] = rows.filter(pc.and_(pc.and_(step, rank), kind))
+                    self._unit_keys.put(keys[u], found[u])
+        if found:
+            stored = pa.concat_tables([found[u] for u in units], promote_options="permissive")
+        else:
+            stored = S.empty(pa.schema([f for f in S.group_schema() if f.name in R.ROW_KEY]))
         check_lifecycle_groups(records, stored)
+
+    @functools.cached_property
+    def _unit_keys(self) -> Cache[tuple[Any, ...], pa.Table]:
+        """The keys (step, rank, kind, group_index) of the committed units this object
+        checked lifecycle records against, by group file, rows and unit (bounded)."""
+        return Cache("unit keys", 4096, "the group keys of units lifecycle records named")
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state.pop("_unit_keys", None)  # (holds a lock; filled again on use)
+        return state
 
     def checkpoint(self) -> int:
         """Write a checkpoint of the commit log now (also ``log/_checkpoint.parquet``: what

@@ -411,3 +411,25 @@ def test_read_records_of_a_name_never_appended_is_refused_naming_the_tables(tmp_
     assert store.read_records("judge").num_rows == 1
     with pytest.raises(ArgumentError, match="kind: expected a kind name"):
         store.read(kind=5)
+
+
+def test_lifecycle_records_read_each_units_keys_once_per_store_object(tmp_path, monkeypatch):
+    """The check that a record addresses one stored group reads a unit's keys once per store
+    object (a committed unit's rows never change): a consumer that records every batch (the
+    replay sampler) does not read the group files again for each batch."""
+    import maxent_arrow.store.store as facade
+
+    store = RolloutStore.create(tmp_path / "s", compact_every=None)
+    for step in range(3):
+        store.append(make_batch(step))
+    rows = store.read(columns=KEY)
+    reads = []
+    original = facade.read_table
+    monkeypatch.setattr(
+        facade, "read_table", lambda *a, **k: reads.append(a[3]) or original(*a, **k)
+    )
+    store.record_lifecycle(rows.slice(0, 4), step=0, event="trained")  # steps 0 and 1
+    store.record_lifecycle(rows.slice(4, 2), step=1, event="trained")  # step 1: known
+    store.record_lifecycle(rows.slice(6, 3), step=2, event="trained")  # step 2: new
+    assert [sorted(s.steps) for s in reads] == [[0, 1], [2]]
+    assert store.lifecycle().num_rows == 9

@@ -428,7 +428,8 @@ def _key_text(table: pa.Table, columns: tuple[str, ...]) -> pa.Array:
     """One text key per row of a group's key ``columns`` (step, rank, kind, group_index; a
     kind is an identifier, so ``/`` never occurs in one)."""
     parts = [pc.cast(table.column(c), pa.string()) for c in columns]
-    return pc.binary_join_element_wise(*parts, "/").combine_chunks()
+    # (the separator a scalar from buffers: a Python value given to pyarrow imports pandas)
+    return pc.binary_join_element_wise(*parts, L.text_scalar("/")).combine_chunks()
 
 
 def check_lifecycle_groups(records: pa.Table, stored: pa.Table) -> None:
@@ -442,7 +443,7 @@ def check_lifecycle_groups(records: pa.Table, stored: pa.Table) -> None:
     have = _key_text(stored, R.ROW_KEY)
     missing = pc.invert(pc.is_in(wanted, value_set=have))
     counts = pc.value_counts(have)
-    shared = counts.field("values").filter(pc.greater(counts.field("counts"), 1))
+    shared = counts.field("values").filter(pc.greater(counts.field("counts"), L.int64_scalar(1)))
     several = pc.is_in(wanted, value_set=shared)
     for bad, what in ((missing, "matches no stored group"), (several, "matches several")):
         if pc.any(bad).as_py():
