@@ -38,6 +38,15 @@ layout the writer writes for a few steps (codecs, encodings, page indexes, row-g
 sizes, after a compaction), so a change of the writer's layout builds the stores again.
 A complete store has a ``.json`` beside it with its build time and rate.
 
+Measured builds (the 2 shared cores, fsync off, store format 3.0 as the writer of December
+2026 writes it): ``take`` 1,000 steps in 21 s (21 ms an append); ``analytics`` 1,000 steps
+in 19 s, 10,000 in 286 s (28.6 ms an append on average); ``million`` 62,500 steps in 4,434
+s (70.9 ms on average, ~100 ms an append near its end: append grows with the history).
+That store holds 2.4 GB of live group files and 30.5 GB of log: 1,253 checkpoints (one
+every 100 versions and one after each compaction), each the whole state (41 MB at the
+end), all kept, so the log grows with the square of the steps; 100,000 steps would need
+~78 GB of log and were not built on this machine's disk.
+
 Run ``python benchmarks/writer_stores.py [take|million|analytics-1000|...] [--quick]`` to
 build (or resume) a store and print its counts.
 """
