@@ -297,18 +297,22 @@ def _cmd_offpolicy(args: argparse.Namespace) -> int:
 
 def _cmd_train(args: argparse.Namespace) -> int:
     """``train --from-store RUN``: a policy trained from a demo run's stored rollouts
-    (:func:`maxent_arrow.demo.train_offline`; torch loads here, when it runs)."""
-    result = demo.train_offline(
-        demo.run_directory(args.from_store),
-        demo.prepare_run_dir(args.out),
-        steps=args.steps,
-        replay_ratio=args.replay_ratio,
-        seed=args.seed,
-        eval_prompts=args.eval_prompts,
-        eval_every=args.eval_every,
-        exact=args.exact,
-        threads=args.threads,
-    )
+    (:func:`maxent_arrow.demo.train_offline`; torch loads here, when it runs). It reads RUN
+    and writes only under ``--out`` (what it consumed: its store's ``source_lifecycle``)."""
+    source = demo.run_directory(args.from_store)
+    new = demo.create_run_dir(args.out)
+    with demo.removed_on_failure(new):  # a failed run leaves no directory of its own behind
+        result = demo.train_offline(
+            source,
+            new.path,
+            steps=args.steps,
+            replay_ratio=args.replay_ratio,
+            seed=args.seed,
+            eval_prompts=args.eval_prompts,
+            eval_every=args.eval_every,
+            exact=args.exact,
+            threads=args.threads,
+        )
     errors = [s.loss_error for s in result.steps if s.logged_loss == s.logged_loss]
     summary = {
         "out": str(args.out),
@@ -358,18 +362,39 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return EXIT_OK if report.ok else EXIT_DATA
 
 
+def _live_files(run: Any) -> set[str]:
+    """The committed group and step files of ``run`` (what a compaction replaces and writes)."""
+    return {str(p) for table in ("groups", "steps") for p in run.committed_files(table)}
+
+
 def _cmd_compact(args: argparse.Namespace) -> int:
+    """Merge; then say what it wrote and what that replaced, counted from the committed
+    files before and after (a segment is a group file and a step file)."""
+    run = _writable_store(args)
+    before = _live_files(run)
     with _files_bar("compacting", _progress(args)) as progress:
-        made = _writable_store(args).compact(
+        made = run.compact(
             kind=args.kind,
             max_steps=args.max_steps,
             drop_superseded=args.drop_superseded,
             progress=progress,
         )
+    after = _live_files(run)
+    written, replaced = sorted(after - before), sorted(before - after)
     if args.json:
-        _print_json({"compacted": [str(p) for p in made]})
+        _print_json(
+            {
+                "compacted": [str(p) for p in made],
+                "written": written,
+                "replaced": len(replaced),
+            }
+        )
     else:
-        sys.stdout.write(f"{len(made)} compacted files\n" + "".join(f"  {p}\n" for p in made))
+        sys.stdout.write(
+            f"{len(made)} segment{'s' * (len(made) != 1)} written ({len(written)} "
+            f"file{'s' * (len(written) != 1)}), replacing {len(replaced)} "
+            f"file{'s' * (len(replaced) != 1)}\n" + "".join(f"  {p}\n" for p in written)
+        )
     return EXIT_OK
 
 
@@ -462,13 +487,26 @@ def _tail_line(event: Any) -> str:
     )
 
 
+def _tail_banner(run: Any, args: argparse.Namespace) -> str:
+    """What ``tail`` says first, on stderr: what it follows and from where. Without
+    ``--since`` it prints only what is committed from now on, which on a finished run is
+    nothing: the banner says so, and how to see the steps already there."""
+    how = store.watches(run.backend)
+    start = f"following {run.uri} ({how})"
+    account = run.catalog.account() if args.since is None else None
+    if account is not None:
+        start += (
+            f" from log version {account['log_version']}, its last commit: only what is "
+            "committed from now on is printed (a finished run prints nothing more; --since 0 "
+            "prints its steps so far)"
+        )
+    return f"maxent-arrow tail: {start}; resume with --since VERSION\n"
+
+
 def _cmd_tail(args: argparse.Namespace) -> int:
     run = _store(args)
     events = run.tail(kind=args.kind, since=args.since, poll=args.poll, timeout=args.timeout)
-    how = store.watches(run.backend)
-    sys.stderr.write(
-        f"maxent-arrow tail: following {run.uri} ({how}); resume with --since VERSION\n"
-    )
+    sys.stderr.write(_tail_banner(run, args))
     sys.stderr.flush()
     try:
         for event in events:
@@ -693,7 +731,10 @@ def _view_arguments(p: argparse.ArgumentParser) -> None:
         "--port", type=_port, default=analytics.DEFAULT_VIEW_PORT, help="port (0: any free one)"
     )
     p.add_argument(
-        "--compare", default=None, metavar="RUN2", help="a second run for the compare page"
+        "--compare",
+        default=None,
+        metavar="RUN2",
+        help="a second run (its directory or its store) for the compare page",
     )
     p.add_argument(
         "--export-dir",
@@ -708,7 +749,11 @@ def _common_arguments(p: argparse.ArgumentParser, *, store: bool) -> None:
     """What every command but ``demo`` takes: the store (``RUN``, ``--on-error``) where it
     reads one, and ``--progress``."""
     if store:
-        p.add_argument("run", metavar="RUN", help="the store (a directory or a URI)")
+        p.add_argument(
+            "run",
+            metavar="RUN",
+            help="the run directory or its store (RUN/store; a directory or a URI)",
+        )
         p.add_argument(
             "--on-error",
             choices=["raise", "skip"],
@@ -1062,6 +1107,7 @@ def _run(argv: list[str]) -> int:
         with warnings.catch_warnings(record=True) as caught, _log_lines(args.command):
             warnings.simplefilter("always")
             try:
+                _name_the_run(args)
                 return _COMMAND[args.command].handler(args)
             finally:
                 _warn(args.command, caught)
@@ -1070,6 +1116,14 @@ def _run(argv: list[str]) -> int:
         return EXIT_INTERRUPTED
     except Exception as exc:
         return _exit_code(args.command, exc)
+
+
+def _name_the_run(args: argparse.Namespace) -> None:
+    """``RUN`` (and ``view --compare RUN2``) as the store: a run directory or its store
+    (:func:`maxent_arrow.demo.store_of`; anything else is a usage error, exit 2)."""
+    for name in ("run", "compare"):
+        if getattr(args, name, None) is not None:
+            setattr(args, name, demo.store_of(getattr(args, name)))
 
 
 def _exit_code(command: str, exc: Exception) -> int:

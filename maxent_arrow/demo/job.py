@@ -6,12 +6,14 @@ stages: :mod:`.stages`). This module is the command line around them: the argume
 directory, and the closing lines. It imports neither torch nor transformers (the stages do,
 when a run starts), so ``maxent-arrow demo --help`` answers at once.
 
-The run directory: without ``--out`` each run gets a fresh ``runs/demo/run-NNN``; an
-explicit ``--out`` must be new or empty. The demo never deletes or overwrites anything: a
-non-empty ``--out`` (or a store) is refused with one line on stderr and exit code 2, before
-anything is written. ``--resume`` continues the run in ``--out`` (a killed or shorter run)
-from its last policy snapshot, as a resumed attempt of the run: the stored steps from there on
-are superseded, readable as such (``docs/commit-protocol.md``, "Attempts").
+The run directory (:mod:`.runs`): without ``--out`` each run gets a fresh
+``runs/demo/run-NNN``, linked as ``runs/demo/latest`` once it has run; an explicit ``--out``
+must be new or empty. The demo never overwrites anything, and deletes only what a failed run
+of its own created (its run directory, unless it can be resumed): a non-empty ``--out`` (or
+a store) is refused with one line on stderr and exit code 2, before anything is written.
+``--resume`` continues the run in ``--out`` (a killed or shorter run) from its last policy
+snapshot, as a resumed attempt of the run: the stored steps from there on are superseded,
+readable as such (``docs/commit-protocol.md``, "Attempts").
 """
 
 from __future__ import annotations
@@ -25,7 +27,14 @@ from pathlib import Path
 from typing import Any
 
 from maxent_arrow.demo.prompts import load_prompts
-from maxent_arrow.errors import MaxentArrowError
+from maxent_arrow.demo.runs import (
+    DEFAULT_ROOT,
+    RunDirectoryError,
+    create_run_dir,
+    link_latest,
+    prepare_run_dir,
+    removed_on_failure,
+)
 
 __all__ = [
     "DEFAULT_ROOT",
@@ -38,14 +47,9 @@ __all__ = [
     "run",
 ]
 
-DEFAULT_ROOT = Path("runs") / "demo"
 REPLAY_TOLERANCE = 1e-5
 EXIT_REPLAY = 1  # the offline replay differs from the logged run
 EXIT_USAGE = 2  # a bad argument, an --out that is not empty or is a store
-
-
-class RunDirectoryError(MaxentArrowError, ValueError):
-    """``--out`` names something the demo must not write into (nothing was written)."""
 
 
 def _count(minimum: int):
@@ -79,7 +83,7 @@ def _parser() -> argparse.ArgumentParser:
         epilog="Exit codes: 0 ok; 1 the offline replay differs from the logged run, or a "
         "data error; 2 usage error, including an --out that is not empty or is a store "
         "(nothing is written); 3, 4 and 130 as for every maxent-arrow command. The demo "
-        "never deletes or overwrites files.",
+        "never overwrites files; a run that fails removes the directory it created.",
     )
     parser.add_argument(
         "--out",
@@ -126,72 +130,13 @@ def _parser() -> argparse.ArgumentParser:
         "rollouts alone; 0.5: half replayed, half generated fresh)",
     )
     parser.add_argument("--no-report", action="store_true", help="skip the plotted report")
-    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    parser.add_argument(
+        "--quiet",
+        action="store_true",
+        help="print one summary line at the end, nothing else (progress bars are drawn only "
+        "on a terminal in any case)",
+    )
     return parser
-
-
-def _next_numbered(root: Path) -> Path:
-    """Create and return ``root/run-NNN`` with the next number no existing entry has."""
-    taken = (
-        [int(p.name[4:]) for p in root.glob("run-*") if p.name[4:].isdigit()]
-        if root.is_dir()
-        else []
-    )
-    number = max(taken, default=0) + 1
-    while True:
-        candidate = root / f"run-{number:03d}"
-        try:
-            candidate.mkdir(parents=True)
-        except FileExistsError:  # another run took it meanwhile
-            number += 1
-            continue
-        return candidate
-
-
-def prepare_run_dir(out: Path | None, *, root: Path = DEFAULT_ROOT, resume: bool = False) -> Path:
-    """The directory this run writes into, created now.
-
-    Without ``out``: a fresh numbered directory under ``root`` (``run-001``, ``run-002``,
-    ...). With ``out``: it must not exist yet or be an empty directory; a file, a rollout
-    store or a non-empty directory raises :class:`RunDirectoryError` and nothing is created.
-    ``resume``: ``out`` must be a demo run (its store and policy snapshots), which goes on.
-    """
-    if resume:
-        if out is None:
-            raise RunDirectoryError("--resume needs --out: the run directory to continue")
-        if not (out / "store" / "manifest.json").is_file() or not any(
-            (out / "snapshots").glob("step-*.safetensors")
-        ):
-            raise RunDirectoryError(
-                f"--resume: {out} is not a demo run (no store/ with policy snapshots/ beside "
-                "it); give the run directory a demo wrote"
-            )
-        return out
-    if out is None:
-        try:
-            return _next_numbered(root)
-        except OSError as exc:
-            raise RunDirectoryError(f"cannot create a run directory under {root}: {exc}") from None
-    fresh = (
-        f"give a new or empty directory, or leave out --out (each run then goes to a fresh "
-        f"{root}/run-NNN)"
-    )
-    if out.exists() and not out.is_dir():
-        raise RunDirectoryError(f"--out {out} is a file; {fresh}")
-    if (out / "manifest.json").exists():
-        raise RunDirectoryError(
-            f"--out {out} is a rollout store; the demo writes a whole run (store, snapshots, "
-            f"report) and never into an existing one: {fresh}"
-        )
-    if out.is_dir() and any(out.iterdir()):
-        raise RunDirectoryError(
-            f"--out {out} is not empty; the demo never overwrites or deletes files: {fresh}"
-        )
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise RunDirectoryError(f"--out {out}: cannot create it ({exc})") from None
-    return out
 
 
 def run(args: argparse.Namespace, *, out: Path | None = None) -> dict[str, Any]:
@@ -211,33 +156,67 @@ def main(argv: list[str] | None = None, *, commands: Collection[str] | None = No
     """``maxent-arrow demo``: parse ``argv``, run, print the closing lines; the exit code.
 
     ``commands`` are the ``maxent-arrow`` subcommands this installation has (the CLI passes
-    its own): the closing lines suggest ``view`` only when it is one of them.
+    its own): the closing lines suggest ``view`` only when it is one of them. A run that
+    raises (Ctrl-C included) before its first policy snapshot removes the directories it
+    created (:func:`.runs.removed_on_failure`; a later one is kept for ``--resume``); a
+    numbered run that ran is linked as ``runs/demo/latest``. ``--quiet``: one summary line.
     """
     args = _parser().parse_args(argv)
     try:
-        out = prepare_run_dir(args.out, resume=args.resume)
+        new = create_run_dir(args.out, resume=args.resume)
     except RunDirectoryError as exc:
         sys.stderr.write(f"maxent-arrow demo: error: {exc}\n")
         return EXIT_USAGE
-    print(f"run directory: {out}", flush=True)
-    result = run(args, out=out)
-    for line in closing_lines(args, result, commands=commands or ()):
-        print(line)
-    replayed = result["replayed"]
-    worst = max((r.loss_error for r in replayed), default=0.0)
-    worst_weight = max((r.max_weight_error for r in replayed), default=0.0)
-    if worst > REPLAY_TOLERANCE or worst_weight > REPLAY_TOLERANCE:
+    if not args.quiet:
+        print(f"run directory: {new.path}", flush=True)
+    with removed_on_failure(new, keep=True):
+        result = run(args, out=new.path)
+    result["latest"] = link_latest(new.path)
+    if args.quiet:
+        print(summary_line(result))
+    else:
+        for line in closing_lines(args, result, commands=commands or ()):
+            print(line)
+    if max(_replay_errors(result)) > REPLAY_TOLERANCE:
         print(f"error: offline replay differs from the logged run (> {REPLAY_TOLERANCE})")
         return EXIT_REPLAY
     return 0
 
 
+def _replay_errors(result: dict[str, Any]) -> tuple[float, float]:
+    """The offline replay's largest relative loss error and weight error."""
+    replayed = result["replayed"]
+    return (
+        max((r.loss_error for r in replayed), default=0.0),
+        max((r.max_weight_error for r in replayed), default=0.0),
+    )
+
+
+def summary_line(result: dict[str, Any]) -> str:
+    """What ``--quiet`` prints: the run, its held-out accuracy from the warm start to the end,
+    the replay check and the report, on one line."""
+    figures, out = result["figures"], result["out"]
+    parts = [f"demo: {_shown(out)}"]
+    if figures.eval:
+        first, last = figures.eval[0][1], figures.eval[-1][1]
+        parts.append(
+            f"held-out accuracy {first:.3f} -> {last:.3f} ({100 * (last - first):+.1f} points)"
+        )
+    loss_error, _ = _replay_errors(result)
+    parts.append(f"{len(result['replayed'])} steps replayed (max loss error {loss_error:.1e})")
+    if result["report"] is not None:
+        parts.append(f"report {_shown(result['report'].html)}")
+    return "; ".join(parts)
+
+
 def _shown(path: Path) -> str:
-    """``path`` as a shell word: relative to the working directory when it lies inside it."""
+    """``path`` as a shell word: relative to the working directory when it lies inside it
+    (symbolic links kept as they are: ``runs/demo/latest`` is shown as itself)."""
+    path = Path(os.path.abspath(path))
     try:
-        path = path.resolve().relative_to(Path.cwd().resolve())
+        path = path.relative_to(os.path.abspath(Path.cwd()))
     except ValueError:
-        path = path.resolve()
+        pass
     return shlex.quote(str(path))
 
 
@@ -256,7 +235,7 @@ def closing_lines(
     """The demo's closing lines: warm start and end accuracy, the peak, the split of the
     held-out answers, the training diagnostics, the replay check, and commands to look
     further."""
-    figures, timings, out = result["figures"], result["timings"], result["out"]
+    figures, timings = result["figures"], result["timings"]
     lines = [""]
     sft, config = result["warm_start"], result["config"]
     if result.get("resumed_at") is not None:
@@ -301,8 +280,7 @@ def closing_lines(
             f"{last[4]:.3f} (max {kl_peak:.3f})"
         )
     replayed = result["replayed"]
-    worst = max((r.loss_error for r in replayed), default=0.0)
-    worst_weight = max((r.max_weight_error for r in replayed), default=0.0)
+    worst, worst_weight = _replay_errors(result)
     lines.append(
         f"replayed {len(replayed)} steps offline in {timings['replay']:.1f}s: recomputed losses "
         f"equal the logged ones (max relative error {worst:.2e}; advantages, q and weights "
@@ -323,26 +301,45 @@ def closing_lines(
             f"{offline.seconds:.1f}s (replay sampler; {dropped} groups with no reward spread "
             f"dropped): held-out accuracy {a0:.3f} -> {a1:.3f} ({100 * (a1 - a0):+.1f} points)"
         )
-    lines.append("")
-    store = out / "store"
-    lines.append(
-        f"run:      {_shown(out)}  (store {_shown(store)}, snapshots {_shown(out / 'snapshots')})"
-    )
+    return [*lines, "", *where_to_look(result, commands=commands)]
+
+
+def _fresh(path: Path) -> Path:
+    """``path``, or ``path-2``, ``path-3``, ... : the first that does not exist (a printed
+    command that writes must not overwrite what the run wrote)."""
+    n, candidate = 1, path
+    while candidate.exists() or candidate.is_symlink():
+        n += 1
+        candidate = path.with_name(f"{path.name}-{n}")
+    return candidate
+
+
+def where_to_look(result: dict[str, Any], *, commands: Collection[str] = ()) -> list[str]:
+    """The closing lines' paths (the run, its store, its report, ``runs/demo/latest``) and
+    commands to look further, runnable as printed from this directory: each takes the run
+    directory, and the one that writes (``report``) writes to a new directory."""
+    out = result["out"]
+    lines = [
+        f"run:      {_shown(out)}  (store {_shown(out / 'store')}, snapshots "
+        f"{_shown(out / 'snapshots')})"
+    ]
+    if result.get("latest") is not None:
+        lines.append(f"latest:   {_shown(result['latest'])} (a link to the newest run)")
     if result["report"] is not None:
         lines.append(f"report:   {_shown(result['report'].html)}")
-    exe = _console_script()
+    exe, run = _console_script(), _shown(out)
     lines.append("")
     lines.append("look further (from this directory):")
-    lines.append(f"  {exe} inspect {_shown(store)}")
+    lines.append(f"  {exe} inspect {run}")
     query = (
         "SELECT step, avg(reward_accuracy) AS accuracy, avg(reward_format) AS format "
         "FROM samples WHERE kind = 'eval' GROUP BY step ORDER BY step"
     )
     # Double quotes: the SQL holds single quotes and nothing a shell expands in double quotes.
-    lines.append(f'  {exe} query {_shown(store)} "{query}"')
-    lines.append(f"  {exe} report {_shown(store)} --out {_shown(out / 'report')}")
+    lines.append(f'  {exe} query {run} "{query}"')
+    lines.append(f"  {exe} report {run} --out {_shown(_fresh(out / 'report'))}")
     if "view" in commands:
-        lines.append(f"  {exe} view {_shown(store)}")
+        lines.append(f"  {exe} view {run}")
     return lines
 
 

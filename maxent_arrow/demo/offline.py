@@ -5,8 +5,10 @@ The policy starts from the run's first snapshot (the warm-started model the onli
 from), with the same reference and settings (the run's stored config), and takes its groups
 from the run's store through the replay sampler (:class:`~maxent_arrow.store.ReplaySampler`):
 all of them replayed (offline), or mixed with fresh generation at ``replay_ratio``. It writes a
-store of its own (its trainer figures, its eval steps and, when mixed, its fresh steps); the
-sampler records each consumption and drop in the source store's ``lifecycle``.
+store of its own (its trainer figures, its eval steps and, when mixed, its fresh steps) and
+nothing into the run it reads (opened read-only): each group it consumed or dropped is a row
+of its own store's ``source_lifecycle`` records (:data:`SOURCE_LIFECYCLE`: the source's
+group key, as in a ``lifecycle`` record, and the source store).
 
 ``exact=True`` is the exact replay of the run instead: whole stored steps in order, staleness
 window 0, the weights of each step loaded from the run's snapshots before its update; each
@@ -24,17 +26,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import torch
 from safetensors.torch import load_model
 from transformers import ByT5Tokenizer
 from transformers.utils import logging as hf_logging
 
+from maxent_arrow.arrow import registry as R
 from maxent_arrow.demo.model import tiny_model
 from maxent_arrow.demo.prompts import load_prompts
 from maxent_arrow.demo.rewards import accuracy_reward, format_reward
 from maxent_arrow.errors import ArgumentError, StoreError
 from maxent_arrow.rollout import RunConfig
-from maxent_arrow.store import ReplaySampler, RolloutStore, mix_counts
+from maxent_arrow.store import (
+    ReadOnlyStore,
+    ReplaySampler,
+    RolloutStore,
+    SampledBatch,
+    mix_counts,
+)
+from maxent_arrow.store.history.records import lifecycle_rows
 from maxent_arrow.train import (
     MaxEntTrainer,
     StoreStep,
@@ -53,13 +64,18 @@ from maxent_arrow.types import (
 )
 
 __all__ = [
+    "SOURCE_LIFECYCLE",
     "OfflineOptions",
     "OfflineRun",
     "eval_accuracy",
-    "run_directory",
     "train_offline",
     "validation_context",
 ]
+
+
+# This run's record table of the source run's groups it consumed or dropped (the source's own
+# ``lifecycle`` is its trainer's: a reader of a run writes nothing into it).
+SOURCE_LIFECYCLE = "source_lifecycle"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -160,19 +176,6 @@ def eval_accuracy(store: RolloutStore) -> list[tuple[int, float]]:
     return [(int(r["step"]), float(r["accuracy"])) for r in rows]
 
 
-def run_directory(path: str | Path) -> Path:
-    """The demo run directory of ``path``: the directory itself, or the one holding it when
-    ``path`` is the run's store; it must have ``store/`` and ``snapshots/``."""
-    path = Path(path)
-    if (path / "manifest.json").is_file() and not (path / "store").is_dir():
-        path = path.parent
-    if not (path / "store" / "manifest.json").is_file() or not (path / "snapshots").is_dir():
-        raise StoreError(
-            f"{path}: not a demo run directory (a store/ with policy snapshots/ beside it)"
-        )
-    return path
-
-
 def train_offline(
     run_dir: Path,
     out: Path,
@@ -211,9 +214,9 @@ def _train(
 ) -> OfflineRun:
     started = time.perf_counter()
     seed, exact = options.seed, options.exact
-    # The sampler writes its lifecycle records into the run's store as a role of its own (a
-    # consumer of the stored groups, not a re-run of the trainer that wrote them).
-    source = RolloutStore(run_dir / "store", role="sampler")
+    # Read-only: the sampler records nothing in the run it reads (record=False); what it
+    # consumed and dropped goes to this run's store (_record_consumption).
+    source = ReadOnlyStore(run_dir / "store")
     config = RunConfig.from_dict(source.config)
     stored_steps = source.steps(kind="train")
     if not stored_steps:
@@ -243,12 +246,18 @@ def _train(
     groups = config.prompts_per_step
     fresh, replayed = mix_counts(groups, options.replay_ratio)
     if exact:
-        sampler = ReplaySampler(source, sampling="sequential", max_staleness=0, epochs=1)
+        sampler = ReplaySampler(
+            source, sampling="sequential", max_staleness=0, epochs=1, record=False
+        )
     else:
         # Groups with no reward spread carry no signal: dropped (and recorded as such).
         sampler = ReplaySampler(
-            source, batch_groups=replayed, seed=seed, epochs=None, drop_zero_std=True
+            source, batch_groups=replayed, seed=seed, epochs=None, drop_zero_std=True, record=False
         )
+
+    def record(step: int, sampled: SampledBatch) -> None:
+        _record_consumption(store, source.uri, step, sampled)
+
     rows = load_prompts("train")
     random.Random(seed + 1).shuffle(rows)
     done: list[StoreStep] = []
@@ -261,14 +270,19 @@ def _train(
             evaluate(ctx, step=step)
         if fresh == 0:
             got = train_from_store(
-                trainer, sampler, steps=1, start=step, load_policy=load if exact else None
+                trainer,
+                sampler,
+                steps=1,
+                start=step,
+                load_policy=load if exact else None,
+                on_batch=record,
             )
             if not got:
                 break
             done.extend(got)
         else:
             chunk = [rows[(step * fresh + i) % len(rows)] for i in range(fresh)]
-            done.append(_mixed_step(trainer, sampler, step, chunk))
+            done.append(_mixed_step(trainer, sampler, step, chunk, on_batch=record))
         if on_step is not None:
             on_step(done[-1])
     if ctx.evaluation.enabled:
@@ -279,10 +293,17 @@ def _train(
 
 
 def _mixed_step(
-    trainer: MaxEntTrainer, sampler: ReplaySampler, step: int, rows: list[dict[str, str]]
+    trainer: MaxEntTrainer,
+    sampler: ReplaySampler,
+    step: int,
+    rows: list[dict[str, str]],
+    *,
+    on_batch: Callable[[int, SampledBatch], None],
 ) -> StoreStep:
     """One update of fresh groups (generated from ``rows``) mixed with the sampler's."""
     sampled = sampler.sample(current_version=step, step=step)
+    if sampled is not None:
+        on_batch(step, sampled)
     batch = trainer.step(step, rows, replayed=sampled)
     return StoreStep(
         step=step,
@@ -294,3 +315,22 @@ def _mixed_step(
         staleness=sampled.staleness(step) if sampled is not None else 0.0,
         dropped=dict(sampled.dropped) if sampled else {},
     )
+
+
+def _record_consumption(store: RolloutStore, source: str, step: int, sampled: SampledBatch) -> None:
+    """The groups of ``sampled`` the update at ``step`` trained on, and those the sampler
+    dropped on the way, as ``source_lifecycle`` records of this run's ``store`` (one commit):
+    ``lifecycle`` records of the ``source`` store's groups, with its URI."""
+    parts = [
+        lifecycle_rows(groups, step=step, event="dropped", reason=reason)
+        for reason, groups in sampled.dropped_groups.items()
+    ]
+    if sampled.num_groups:
+        keys = [c for c in (*R.ROW_KEY, "stream_index") if c in sampled.groups.schema.names]
+        taken = pa.Table.from_batches([sampled.groups.select(keys)])
+        parts.append(lifecycle_rows(taken, step=step, event="trained"))
+    if not parts:
+        return
+    rows = pa.concat_tables(parts, promote_options="default")
+    rows = rows.append_column("source", pa.repeat(pa.scalar(source, pa.string()), rows.num_rows))
+    store.append_records(SOURCE_LIFECYCLE, rows)

@@ -154,8 +154,15 @@ def demo_config(args: argparse.Namespace) -> RunConfig:
     )
 
 
+def _progress(args: argparse.Namespace, stream: Any) -> bool:
+    """Progress bars on ``stream`` only where a person watches it: a terminal, without
+    ``--quiet`` (into a pipe or a file tqdm would write every redraw)."""
+    return not args.quiet and stream.isatty()
+
+
 def _bar(args: argparse.Namespace, total: int, desc: str) -> Any:
-    return tqdm(total=total, desc=desc, unit="step", disable=args.quiet, file=sys.stdout)
+    shown = _progress(args, sys.stdout)
+    return tqdm(total=total, desc=desc, unit="step", disable=not shown, file=sys.stdout)
 
 
 def warm_start(args: argparse.Namespace, model: Any, tokenizer: Any) -> dict[str, Any]:
@@ -330,7 +337,10 @@ def run_stages(args: argparse.Namespace, out: Path) -> dict[str, Any]:
             started = time.perf_counter()
             compare = None if offline is None else {_offline_label(args): offline.store.root}
             report = build_report(
-                out / "store", out / "report", progress=not args.quiet, compare=compare
+                out / "store",
+                out / "report",
+                progress=_progress(args, sys.stderr),
+                compare=compare,
             )
             timings["report"] = time.perf_counter() - started
     finally:

@@ -21,7 +21,7 @@ from maxent_arrow.compute import ClipSettings, evaluate_losses
 from maxent_arrow.errors import StoreError
 from maxent_arrow.ingest import build_score_batch
 from maxent_arrow.rollout import RolloutBatch, RunConfig, recompute
-from maxent_arrow.store import ReplaySampler, RolloutStore
+from maxent_arrow.store import ReplaySampler, RolloutStore, SampledBatch
 from maxent_arrow.train.scoring import ScoringOptions, sequence_scores
 from maxent_arrow.train.trainer import MaxEntTrainer
 
@@ -160,6 +160,7 @@ def train_from_store(
     start: int = 0,
     load_policy: Callable[[Any, int], None] | None = None,
     on_step: Callable[[StoreStep], None] | None = None,
+    on_batch: Callable[[int, SampledBatch], None] | None = None,
 ) -> list[StoreStep]:
     """Train ``trainer`` offline on the batches of ``sampler`` (``maxent-arrow train
     --from-store``): one :meth:`~MaxEntTrainer.step_from_store` per batch, trainer steps
@@ -169,6 +170,9 @@ def train_from_store(
     ``load_policy(model, stored_step)``: before each update, load into the policy the weights
     that produced the batch's stored step (the run's snapshots): the exact replay of the run,
     where each update's loss is the loss the run logged (staleness 0, whole-step batches).
+    ``on_batch(step, batch)``: each batch the sampler gave, before the update at trainer step
+    ``step`` (also one whose groups were all dropped): to record what was consumed where the
+    caller keeps it (a sampler with ``record=False`` writes nothing into the sampled store).
     """
     done: list[StoreStep] = []
     step = start
@@ -176,6 +180,8 @@ def train_from_store(
         sampled = sampler.sample(current_version=step, step=step)
         if sampled is None:
             break
+        if on_batch is not None:
+            on_batch(step, sampled)
         if sampled.num_groups == 0:  # every group of this draw was dropped
             continue
         stored = sampled.stored_steps

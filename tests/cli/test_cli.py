@@ -98,8 +98,8 @@ def test_query_errors(capsys, store, tmp_path):
     assert code == EXIT_USAGE  # a column the views lack: the user's mistake
     assert "nope" in one_line_error(err, "query")
     code, _, err = run(capsys, "query", tmp_path / "missing", "SELECT 1")
-    assert code == EXIT_DATA
-    assert "missing" in one_line_error(err, "query")
+    assert code == EXIT_USAGE  # neither a run directory nor a store: the user's mistake
+    assert "missing: not a run" in one_line_error(err, "query")
     code, _, err = run(capsys, "query", store.root, "SELECT 1", "--json", "--csv")
     assert code == EXIT_USAGE and "not allowed with" in err
 
@@ -198,8 +198,9 @@ def test_verify_ok_then_damaged(capsys, tmp_path):
 def test_verify_refuses_a_directory_that_is_not_a_store(capsys, tmp_path):
     (tmp_path / "empty").mkdir()
     code, _, err = run(capsys, "verify", tmp_path / "empty")
-    assert code == EXIT_DATA
-    assert "not a rollout store" in one_line_error(err, "verify")
+    assert code == EXIT_USAGE
+    line = one_line_error(err, "verify")
+    assert "not a run: expected a run directory (its store in store/) or a store" in line
     assert not (tmp_path / "empty" / "manifest.json").exists()  # nothing created
 
 
@@ -220,7 +221,8 @@ def test_compact_keeps_every_answer(capsys, tmp_path):
     # The command line takes what the library takes (max_steps >= 1) and reports the
     # library's refusal of the rest as a usage error.
     code, out, _ = run(capsys, "compact", w.root, "--max-steps", 1, "--json")
-    assert code == EXIT_OK and json.loads(out) == {"compacted": []}
+    assert code == EXIT_OK
+    assert json.loads(out) == {"compacted": [], "written": [], "replaced": 0}
     code, _, err = run(capsys, "compact", w.root, "--max-steps", 0)
     assert code == EXIT_USAGE and "max_steps: expected None or an int >= 1" in err
 
@@ -294,10 +296,16 @@ def test_console_script_exit_codes(store, tmp_path):
     )
     assert ok.returncode == 0, ok.stderr
     assert json.loads(ok.stdout)["ranks"] == [0, 1]
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "manifest.json").write_text("{")  # a store whose manifest is damaged
     bad = subprocess.run(
-        [*cmd, "verify", str(tmp_path / "nope")], capture_output=True, text=True, timeout=120
+        [*cmd, "verify", str(tmp_path / "bad")], capture_output=True, text=True, timeout=120
     )
     assert bad.returncode == 1
     assert bad.stderr.strip().count("\n") == 0 and "Traceback" not in bad.stderr
+    nope = subprocess.run(
+        [*cmd, "verify", str(tmp_path / "nope")], capture_output=True, text=True, timeout=120
+    )
+    assert nope.returncode == 2 and "not a run" in nope.stderr
     usage = subprocess.run([*cmd, "query"], capture_output=True, text=True, timeout=120)
     assert usage.returncode == 2

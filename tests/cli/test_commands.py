@@ -118,7 +118,7 @@ def test_each_command_s_help_is_its_row_s(capsys, command):
     assert ("--lock-timeout" in out) == command.writes
     # Every command that prints data prints it as JSON on request; view serves a page.
     assert ("--json" in out) == (command.name != "view")
-    assert ("the store (a directory or a URI)" in out) == command.store
+    assert ("the run directory or its store" in " ".join(out.split())) == command.store
 
 
 def test_demo_gets_what_follows_it_and_the_table_s_names(capsys, monkeypatch):

@@ -42,13 +42,16 @@ def test_the_demo_trains_a_second_policy_from_its_store(demo_run, capsys):
     # Offline: no rollout of its own; its updates are trainer_metrics records.
     assert offline.steps(kind="train") == []
     assert len(offline.read_records("trainer_metrics")) == 2
-    # What it consumed and dropped is in the run's lifecycle, each group once per step.
-    events = source.lifecycle().to_pylist()
+    # What it consumed and dropped is in its own store's source_lifecycle (the run it read
+    # has no lifecycle record of it), each group once per step, naming the source store.
+    assert source.lifecycle().num_rows == 0
+    events = offline.read_records("source_lifecycle").to_pylist()
     trained = [(e["step"], e["rollout_step"], e["group_index"]) for e in events
                if e["event"] == "trained"]  # fmt: skip
     assert trained and len(trained) == len(set(trained))
     assert {e["reason"] for e in events if e["event"] == "dropped"} <= {"zero_std"}
     assert len(trained) + sum(e["event"] == "dropped" for e in events) >= 2 * 4 - 4
+    assert {e["source"] for e in events} == {source.uri}
     # The report compares the two runs' eval curves.
     assert (demo_run / "report" / "compare.png").stat().st_size > 10_000
     assert "compare.png" in (demo_run / "report" / "index.html").read_text()
@@ -94,9 +97,18 @@ def test_train_refuses_what_is_not_a_demo_run(tmp_path):
         [*CLI, "train", "--from-store", str(tmp_path), "--out", str(tmp_path / "o")],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
-    assert done.returncode == 1
+    # Neither a run directory nor a store: a usage error.
+    assert done.returncode == 2
     assert done.stderr.startswith("maxent-arrow train: error: ")
-    assert "not a demo run directory" in done.stderr
+    assert "not a run" in done.stderr
+    assert not (tmp_path / "o").exists()
+    # A store without the demo's policy snapshots beside it: not a demo run (a data error).
+    RolloutStore.create(tmp_path / "plain" / "store", config={})
+    done = subprocess.run(
+        [*CLI, "train", "--from-store", str(tmp_path / "plain"), "--out", str(tmp_path / "o")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 1 and "not a demo run directory" in done.stderr
     assert not (tmp_path / "o").exists()
 
 

@@ -193,7 +193,10 @@ class SampledBatch:
     ``policy_version``, the step where none was stored); ``completion_versions``: per
     completion (``completion_policy_version`` where stored, else the group's). ``step``: the
     trainer step that consumed it. ``dropped``: ``{reason: count}`` of the groups the sampler
-    dropped on the way to this batch. ``state``: the sampler's ``state_dict()`` after it.
+    dropped on the way to this batch; ``dropped_groups``: their keys by reason (the
+    ``step``, ``rank``, ``kind``, ``group_index`` and, where stored, ``stream_index``
+    columns), for a consumer that records them elsewhere than in the sampled store.
+    ``state``: the sampler's ``state_dict()`` after it.
     """
 
     groups: pa.RecordBatch
@@ -203,6 +206,7 @@ class SampledBatch:
     step: int
     dropped: dict[str, int] = field(default_factory=dict)
     state: dict[str, Any] = field(default_factory=dict)
+    dropped_groups: dict[str, pa.Table] = field(default_factory=dict)
 
     @property
     def num_groups(self) -> int:
@@ -607,6 +611,7 @@ class ReplaySampler:
             self._record(dropped, taken, at)
         batch = self._load(np.array(sorted(taken), dtype=np.int64), at)
         batch.dropped = {k: len(v) for k, v in dropped.items() if v}
+        batch.dropped_groups = {k: self._keys(v) for k, v in dropped.items() if v}
         batch.state = self.state_dict()
         return batch
 
