@@ -8,8 +8,7 @@ import torch
 from transformers import ByT5Tokenizer
 
 from maxent_arrow import Ragged
-from maxent_arrow.demo import tiny_model
-from maxent_arrow.demo.job import load_prompts
+from maxent_arrow.demo import load_prompts, tiny_model
 from maxent_arrow.ingest.score_batch import build_score_batch
 from maxent_arrow.train.generation import SamplingOptions, sample_groups
 from maxent_arrow.train.scoring import reference_logprobs, sequence_scores

@@ -1,6 +1,7 @@
 """Offline rollout replay: stream saved steps back and recompute advantages, q, weights, loss.
 
-python examples/replay.py [RUN_DIR]     (without RUN_DIR a 3-step run is trained first)
+python examples/replay.py [RUN]     (a demo run directory or its store, e.g. runs/demo/latest;
+                                    without RUN a 3-step run is trained first)
 """
 
 import sys
@@ -12,12 +13,19 @@ from torch.utils.data import DataLoader
 
 from maxent_arrow import RolloutStore, demo
 from maxent_arrow.demo import tiny_model
+from maxent_arrow.errors import ArgumentError, MaxentArrowError
 from maxent_arrow.rollout import recompute
 from maxent_arrow.store import ReplayDataset
 from maxent_arrow.train import replay_losses, snapshot_loader
 
-run = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tempfile.mkdtemp()) / "run"
-if not (run / "store").exists():
+if len(sys.argv) > 1:
+    try:
+        run = demo.run_directory(sys.argv[1])  # RUN or RUN/store: the run directory
+    except MaxentArrowError as exc:  # neither: said in one line, exit 2 as the CLI does
+        print(f"replay.py: error: {exc}", file=sys.stderr)
+        sys.exit(2 if isinstance(exc, ArgumentError) else 1)
+else:
+    run = Path(tempfile.mkdtemp()) / "run"
     demo.main(["--out", str(run), "--steps", "3", "--sft-steps", "100", "--quiet", "--no-report"])
 store = RolloutStore(run / "store")
 
