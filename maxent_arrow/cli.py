@@ -182,9 +182,10 @@ def _history_lines(history: dict[str, Any] | None) -> list[str]:
     if history is None:
         return ["history:         - (a store without a commit log)"]
     attempts = history["attempts"]
+    # Each attempt's status (how it ended: analytics.attempts), not the mode it began with.
     shown = "; ".join(
-        f"{a['id']} ({a['role']}, {a['mode']}"
-        + (f" from step {a['resume_from']}" if a["resume_from"] else "")
+        f"{a['id']} ({a['role']}, {analytics.status_text(a)}"
+        + (f", resumed at step {a['resume_from']}" if a["resume_from"] else "")
         + ")"
         for a in attempts[-3:]
     )
@@ -287,7 +288,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 def _cmd_offpolicy(args: argparse.Namespace) -> int:
     # Loads torch only when the run stored what needs it (sampler log-probs, kept sets).
-    reports = analytics.offpolicy_steps(_store(args), kind=args.kind, steps=args.steps)
+    role = None if args.role == "all" else args.role
+    reports = analytics.offpolicy_steps(_store(args), kind=args.kind, steps=args.steps, role=role)
     if args.json:
         _print_json(reports)
     else:
@@ -643,6 +645,12 @@ def _report_arguments(p: argparse.ArgumentParser) -> None:
 def _offpolicy_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kind", default="train", help="the steps of this kind (default train)")
     p.add_argument("--steps", type=int, nargs="+", default=None, help="only these steps")
+    p.add_argument(
+        "--role",
+        default="trainer",
+        help="whose lifecycle records say when a group was trained (default trainer: the run's "
+        "own; e.g. sampler, a policy trained from the store; all: every role's)",
+    )
     _json_option(p)
 
 

@@ -1,6 +1,12 @@
 # The exports of maxent_arrow.analytics: lazy_loader.attach_stub reads them at import time, type
 # checkers read their types (docs/architecture.md §4).
 
+from .attempts import (
+    attempt_statuses as attempt_statuses,
+    lifecycle_roles as lifecycle_roles,
+    role_lifecycle as role_lifecycle,
+    status_text as status_text,
+)
 from .export import export_hf as export_hf, export_ipc as export_ipc
 from .jsonsafe import finite as finite
 from .links import DEFAULT_VIEW_PORT as DEFAULT_VIEW_PORT, DEFAULT_VIEW_URL as DEFAULT_VIEW_URL

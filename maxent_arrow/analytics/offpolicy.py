@@ -4,9 +4,12 @@
 For each step (of one kind), from the stored columns alone:
 
 - **staleness**: a histogram of ``trained_at - completion_policy_version`` over the step's
-  completions, ``trained_at`` the step a ``lifecycle`` record says the group was trained at,
-  else the group's own step (a group the lifecycle only dropped is left out: it never
-  trained); without per-completion versions, the step row's ``policy_version``;
+  completions, ``trained_at`` the step a ``lifecycle`` record of the trainer says the group
+  was trained at, else the group's own step (a group the lifecycle only dropped is left out:
+  it never trained); without per-completion versions, the step row's ``policy_version``.
+  Another role's records (a replay sampler training a second policy from the store) are
+  that role's consumption, not the trainer's: read only when asked for (``role=``,
+  :func:`~maxent_arrow.analytics.attempts.role_lifecycle`);
 - **diagnostics** of the trainer's log-probs π (``behavior_token_logp``: TRL's
   ``old_per_token_logps``, verl's ``old_log_probs``) against the sampler's μ
   (``sampling_token_logp``: vLLM's, verl's ``rollout_log_probs``): verl's KL, k3, χ² per token
@@ -33,12 +36,13 @@ import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from html import escape
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from maxent_arrow.analytics.attempts import TRAINER, role_lifecycle
 from maxent_arrow.analytics.jsonsafe import finite
 from maxent_arrow.arguments import int_set
 from maxent_arrow.arrow import (
@@ -84,12 +88,19 @@ def _present(store: ReadOnlyStore) -> set[str]:
 
 
 def offpolicy_steps(
-    root: Any, *, kind: str = "train", steps: Iterable[int] | None = None
+    root: Any,
+    *,
+    kind: str = "train",
+    steps: Iterable[int] | None = None,
+    role: str | None = TRAINER,
 ) -> list[dict[str, Any]]:
     """One report per step of ``kind`` (see the module): ``{"step", "completions", "tokens",
     "staleness": {k: count} | None, "diagnostics": {...} | None, "ess": float | None,
     "corrections": {mode: {"unit", "fraction", "threshold"}} | None, "kept_mass": {...} |
-    None, "notes": [...]}``. ``root``: a store path or URI, or an open store.
+    None, "notes": [...]}``. ``root``: a store path or URI, or an open store. ``role``: whose
+    ``lifecycle`` records say when a group was trained (the trainer's by default; ``None``
+    every role's; a role the store has none of is an
+    :class:`~maxent_arrow.errors.ArgumentError` naming its roles).
 
     A ``kind`` the store has no steps of (a store with steps), or ``steps`` it has none of,
     is an :class:`~maxent_arrow.errors.ArgumentError` naming the kinds or the steps there
@@ -123,7 +134,7 @@ def offpolicy_steps(
                 f"{len(all_steps)} {kind} steps: {have})"
             )
         all_steps = [s for s in all_steps if s in chosen]
-    trained = _trained_at(store, kind)
+    trained = _trained_at(store, kind, role)
     # One version per (step, rank): the step row's (the larger, were a step row there twice:
     # :func:`_lookup` takes the largest).
     versions_by_rank = _int64_keys(step_rows, ["step", "rank", "policy_version"])
@@ -140,14 +151,13 @@ def _int64_keys(table: pa.Table, names: list[str]) -> pa.Table:
     return pa.table({n: table.column(n).cast(pa.int64()) for n in names})
 
 
-def _trained_at(store: ReadOnlyStore, kind: str) -> pa.Table | None:
-    """Per ``lifecycle`` record of a group (``step, rank, group_index``): ``at``, the trainer
-    step it says the group was trained at; -1 for a drop (a group only ever dropped was
-    never trained: not counted). :func:`_lookup` takes each group's last (largest)."""
-    if R.LIFECYCLE not in store.record_names():
-        return None
-    records = store.lifecycle()
-    if not records.num_rows:
+def _trained_at(store: ReadOnlyStore, kind: str, role: str | None) -> pa.Table | None:
+    """Per ``lifecycle`` record of ``role`` of a group (``step, rank, group_index``): ``at``,
+    the trainer step it says the group was trained at; -1 for a drop (a group only ever
+    dropped was never trained: not counted). :func:`_lookup` takes each group's last
+    (largest)."""
+    records = role_lifecycle(store, role)
+    if records is None or not records.num_rows:
         return None
     # Scalars built from buffers: a Python value given to a compute function imports pandas.
     records = records.filter(pc.equal(records.column("rollout_kind"), text_scalar(kind)))
@@ -294,8 +304,8 @@ def _log_prob_parts(table: pa.Table, report: dict[str, Any], cap: float) -> None
         if len(lengths) else torch.zeros(0, dtype=torch.bool)
     )  # fmt: skip
     for mode in ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"):
-        raw = trl_importance_ratio(cur, beh, offsets=offsets, mask=m,
-                                   mode="token_mask" if mode.startswith("token") else "sequence_mask",
+        whole = "token_mask" if mode.startswith("token") else "sequence_mask"
+        raw = trl_importance_ratio(cur, beh, offsets=offsets, mask=m, mode=whole,
                                    clip_max=None)  # fmt: skip
         fixed = trl_importance_ratio(cur, beh, offsets=offsets, mask=m, mode=mode,  # type: ignore[arg-type]
                                      clip_max=cap)  # fmt: skip
@@ -306,8 +316,12 @@ def _log_prob_parts(table: pa.Table, report: dict[str, Any], cap: float) -> None
             share = float(changed[has_tokens].double().mean()) if has_tokens.any() else 0.0
         corrections[f"trl/{mode}"] = {"unit": CORRECTION_MODES[f"trl/{mode}"], "fraction": share,
                                       "threshold": cap}  # fmt: skip
-    for level, name in (("token", "verl/is_token_tis(2.0)"), ("sequence", "verl/is_sequence_tis(2.0)")):
-        w = rollout_is_weights(cur, beh, offsets=offsets, mask=m, level=level, threshold=2.0)  # type: ignore[arg-type]
+    levels: tuple[tuple[Literal["token", "sequence"], str], ...] = (
+        ("token", "verl/is_token_tis(2.0)"),
+        ("sequence", "verl/is_sequence_tis(2.0)"),
+    )
+    for level, name in levels:
+        w = rollout_is_weights(cur, beh, offsets=offsets, mask=m, level=level, threshold=2.0)
         key = "rollout_is_ratio_fraction_high"
         corrections[name] = {"unit": CORRECTION_MODES[name], "fraction": w.metrics[key],
                              "threshold": 2.0}  # fmt: skip
@@ -437,9 +451,7 @@ def offpolicy_html(reports: Sequence[Mapping[str, Any]]) -> str:
         return ""
     head, body = _rows(reports)
     cells = "".join(f"<th>{escape(h)}</th>" for h in head)
-    rows = "".join(
-        "<tr>" + "".join(f"<td>{escape(v)}</td>" for v in row) + "</tr>" for row in body
-    )
+    rows = "".join("<tr>" + "".join(f"<td>{escape(v)}</td>" for v in row) + "</tr>" for row in body)
     return (
         f'<h2 id="offpolicy">Off-policy</h2><p>{escape(_CAPTION)}</p>'
         f'<table id="offpolicy-table"><thead><tr>{cells}</tr></thead><tbody>{rows}</tbody>'

@@ -29,6 +29,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from maxent_arrow.analytics.attempts import attempt_statuses
 from maxent_arrow.analytics.queries import DEFAULT_QUANTILES, ReadyMadeQueries, config_of
 from maxent_arrow.analytics.relations import RunRelations
 from maxent_arrow.analytics.sqlerrors import check_sql, explain_failure
@@ -129,6 +130,19 @@ class RunAnalytics(ReadyMadeQueries):
             raise
         except StoreError as exc:
             raise explain_failure(self.views.con, query, params, exc) from None
+
+    def view_columns(self) -> dict[str, list[tuple[str, str]]]:
+        """Each view :meth:`sql` can name (``groups``, ``samples``, ``steps``, the history's
+        and the record tables'), with its columns and their DuckDB types, in order."""
+        rows = self.views.query(
+            "SELECT table_name, column_name, data_type FROM information_schema.columns "
+            "WHERE table_name NOT LIKE '\\_%' ESCAPE '\\' ORDER BY table_name, ordinal_position"
+        ).to_pylist()
+        out: dict[str, list[tuple[str, str]]] = {}
+        for r in rows:
+            out.setdefault(r["table_name"], []).append((r["column_name"], r["data_type"]))
+        first = [n for n in ("groups", "samples", "steps") if n in out]
+        return {n: out[n] for n in [*first, *sorted(set(out) - set(first))]}
 
     def explain(self, query: str) -> str:
         """DuckDB's physical plan of ``query`` (shows which columns each scan reads)."""
@@ -328,8 +342,22 @@ def _description(
         "config": manifest.get("config"),
         "run_config": run_config,
         "uri": store.backend.uri,
-        "history": store.catalog.account(),
+        "history": _history(store),
     }
+
+
+def _history(store: ReadOnlyStore) -> dict[str, Any] | None:
+    """The catalog's account of the history, each attempt with its status
+    (:func:`~maxent_arrow.analytics.attempts.attempt_statuses`: how it ended, not the mode
+    it began with)."""
+    account = store.catalog.account()
+    if account is None:
+        return None
+    statuses = {a["id"]: a for a in attempt_statuses(store)}
+    for attempt in account["attempts"]:
+        found = statuses.get(attempt["id"], {})
+        attempt["status"], attempt["detail"] = found.get("status"), found.get("detail")
+    return account
 
 
 def open_run(

@@ -58,6 +58,7 @@ __all__ = [
     "REGISTRY",
     "TRAINER_METRICS",
     "LIFECYCLE",
+    "ATTEMPT_ENDS",
     "LOGP_SEMANTICS",
     "OFFPOLICY_READS",
     "SAMPLING_COLUMNS",
@@ -85,6 +86,7 @@ Level = Literal["group", "completion", "token", "step", "record"]
 GROUP, STEP = "groups", "steps"  # the rollout tables
 TRAINER_METRICS = "trainer_metrics"  # a record table: a trainer's logged figures
 LIFECYCLE = "lifecycle"  # a record table: what became of each stored group
+ATTEMPT_ENDS = "attempt_ends"  # a record table: the writers that ended their attempt
 # A lifecycle event, and why a group was dropped (``docs/commit-protocol.md``, "Lifecycle").
 EVENTS = ("trained", "dropped")
 DROP_REASONS = ("zero_std", "stale", "filtered", "failed", "aborted")
@@ -264,6 +266,10 @@ def _m(name: str, kind: pa.DataType, doc: str, **kw: Any) -> Column:
 
 def _lc(name: str, kind: pa.DataType, doc: str, **kw: Any) -> Column:
     return Column(name, kind, "record", LIFECYCLE, (CORE,), doc, **kw)
+
+
+def _end(name: str, kind: pa.DataType, doc: str, **kw: Any) -> Column:
+    return Column(name, kind, "record", ATTEMPT_ENDS, (CORE,), doc, **kw)
 
 
 _f64, _f32, _i32, _i64, _str = pa.float64(), pa.float32(), pa.int32(), pa.int64(), pa.string()
@@ -538,6 +544,14 @@ REGISTRY: tuple[Column, ...] = (
     _lc("stream_index", _i64, "its `groups.stream_index` (the prompt's position in the stream), "
         "when the producer numbered the stream"),
     _lc("created_at", pa.timestamp("us", tz="UTC"), "when the decision was recorded"),
+    # ------------------------------------------------------------------ attempt_ends
+    # What tells a finished attempt from a crashed one: a row per writer that ended its
+    # attempt (its store's `checkpoint()` at the run's end, or a `with` block left without an
+    # exception); the `attempt` column names the attempt, as in every record table.
+    _end("ended_at", pa.timestamp("us", tz="UTC"), "when the writer ended the attempt",
+         required=True),
+    _end("host", _str, "the host of the process that ended it"),
+    _end("pid", _i64, "that process's id"),
 )  # fmt: skip
 
 _BY_NAME: dict[tuple[str, str], Column] = {(c.table, c.name): c for c in REGISTRY}

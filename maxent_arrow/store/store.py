@@ -17,8 +17,10 @@ aside only by :meth:`RolloutStore.repair`.
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import functools
 import os
+import socket
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, TypedDict, Unpack, cast
@@ -395,19 +397,39 @@ class RolloutStore(ReadOnlyStore):
         """Write a checkpoint of the commit log now (also ``log/_checkpoint.parquet``: what
         plain readers read, ``docs/commit-protocol.md``) and return its version. Writers
         write one every 100 commits; call it (or ``maxent-arrow checkpoint``) when a run
-        ends, or use the store as a context manager, which does on exit."""
+        ends, or use the store as a context manager, which does on exit.
+
+        On an object whose writer committed for its attempt, it first records that the
+        attempt ended (a row of the ``attempt_ends`` record table): what tells a finished
+        attempt from a crashed one (``inspect``'s attempt status). An attempt that commits
+        again afterwards is unfinished again."""
+        if "writer" in self.__dict__ and self.writer.committed:
+            self._record_end()
         return self.catalog.writable("a checkpoint").write_checkpoint()
+
+    def _record_end(self) -> None:
+        """The ``attempt_ends`` row of this object's attempt: when, and which process."""
+        row = {
+            "ended_at": pa.array([dt.datetime.now(dt.UTC)], pa.timestamp("us", tz="UTC")),
+            "host": pa.array([socket.gethostname()], pa.string()),
+            "pid": pa.array([os.getpid()], pa.int64()),
+        }
+        self.writer.append_records(R.ATTEMPT_ENDS, pa.table(row))
 
     def __enter__(self) -> RolloutStore:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
         """A checkpoint of the log when this object committed anything (a failure to write
-        it is a warning: nothing committed depends on it)."""
+        it is a warning: nothing committed depends on it); left without an exception, the
+        end of this object's attempt is recorded with it (:meth:`checkpoint`)."""
         self.close()  # the SQL session sql() holds
         if "writer" in self.__dict__ and self.writer.committed:
             try:
-                self.checkpoint()
+                if kind is None:
+                    self.checkpoint()
+                else:  # the attempt did not finish: a checkpoint only
+                    self.catalog.writable("a checkpoint").write_checkpoint()
             except (OSError, StoreError) as error:
                 warnings.warn(f"{self.uri}: no checkpoint written at close ({error})", stacklevel=2)
 

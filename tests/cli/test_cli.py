@@ -155,7 +155,7 @@ def test_unknown_kinds_steps_and_record_tables_are_usage_errors(capsys, store):
     assert "its kinds: eval, train" in run(capsys, "offpolicy", store.root, "--kind", "x")[2]
     assert "its 4 train steps: 0..3" in run(capsys, "offpolicy", store.root, "--steps", 9)[2]
     _, _, err = run(capsys, "files", store.root, "--table", "records:x")
-    assert "its record tables: lifecycle, trainer_metrics" in err
+    assert "its record tables: attempt_ends, lifecycle, trainer_metrics" in err
     code, out, _ = run(capsys, "files", store.root, "--table", "records:lifecycle")
     assert (code, out) == (EXIT_OK, "")  # registered, no rows
     code, out, _ = run(capsys, "offpolicy", store.root, "--steps", 2, "--json")
