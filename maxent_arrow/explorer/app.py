@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from maxent_arrow import analytics
+from maxent_arrow.analytics.attempts import TRAINER
 from maxent_arrow.analytics.links import group_path
 from maxent_arrow.arrow import registry as R
 from maxent_arrow.errors import ArgumentError, MaxentArrowError, QueryError, StoreError
@@ -143,6 +144,10 @@ def make_app(
     def kind_of(request: Request) -> str:
         return data.check_kind(request.query_params.get("kind") or "train")
 
+    def role_of(request: Request) -> str:
+        """Whose lifecycle records the statuses are (the trainer's unless asked)."""
+        return request.query_params.get("role") or TRAINER
+
     def guarded(handler: Any) -> Any:
         def answer(request: Request) -> Response:
             try:
@@ -172,7 +177,7 @@ def make_app(
 
     def step(request: Request) -> Response:
         number = int(request.path_params["step"])
-        groups = data.step_groups(number, kind_of(request), history_of(request))
+        groups = data.step_groups(number, kind_of(request), history_of(request), role_of(request))
         if not groups.rows:
             raise LookupError(f"no {groups.kind} step {number} in the {groups.history} history")
         params = params_of(request)
@@ -192,7 +197,7 @@ def make_app(
             message = f"export refused: requested from another site (Sec-Fetch-Site: {site})"
             return html(pages.error_page(403, message, uri=uri), 403)
         number = int(request.path_params["step"])
-        groups = data.step_groups(number, kind_of(request), history_of(request))
+        groups = data.step_groups(number, kind_of(request), history_of(request), role_of(request))
         params = params_of(request)
         rows = pages.select_rows(groups, {**params, "kind": groups.kind})
         to = params.pop("to", "hf")
@@ -211,7 +216,9 @@ def make_app(
         p = request.path_params
         history = history_of(request)
         attempt = request.query_params.get("attempt") or None
-        row = data.group(p["step"], p["rank"], p["group"], kind_of(request), history, attempt)
+        row = data.group(
+            p["step"], p["rank"], p["group"], kind_of(request), history, attempt, role_of(request)
+        )
         return html(pages.group_page(row, uri=uri, history=history))
 
     def group_by_id(request: Request) -> Response:
@@ -253,16 +260,25 @@ def make_app(
         with analytics.RunAnalytics(data.store()) as run:
             return run.sql(sql)
 
+    listed: dict[str, Any] = {}  # the views and their columns, by log version
+
+    def views() -> dict[str, list[tuple[str, str]]]:
+        version = data.store().catalog.version
+        if listed.get("version", -1) != version or version is None:
+            with analytics.RunAnalytics(data.store()) as run:
+                listed.update(version=version, views=run.view_columns())
+        return listed["views"]
+
     def query(request: Request) -> Response:
         sql = request.query_params.get("sql") or ""
+        shown = {"uri": uri, "max_rows": MAX_QUERY_ROWS, "views": views()}
         if not sql.strip():
-            return html(pages.query_page("", None, None, uri=uri, max_rows=MAX_QUERY_ROWS))
+            return html(pages.query_page("", None, None, **shown))
         try:
             result = run_query(sql)
         except (QueryError, StoreError, MaxentArrowError) as exc:
-            page = pages.query_page(sql, None, str(exc), uri=uri, max_rows=MAX_QUERY_ROWS)
-            return html(page, 400)
-        return html(pages.query_page(sql, result, None, uri=uri, max_rows=MAX_QUERY_ROWS))
+            return html(pages.query_page(sql, None, str(exc), **shown), 400)
+        return html(pages.query_page(sql, result, None, **shown))
 
     def query_csv(request: Request) -> Response:
         sql = request.query_params.get("sql") or ""

@@ -24,17 +24,28 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from maxent_arrow.analytics import finite
+from maxent_arrow.analytics import (
+    attempt_statuses,
+    describe_run,
+    finite,
+    lifecycle_roles,
+    role_lifecycle,
+)
+from maxent_arrow.analytics.attempts import TRAINER
 from maxent_arrow.arrow import float_values
 from maxent_arrow.arrow import registry as R
 from maxent_arrow.errors import ArgumentError
+from maxent_arrow.explorer.tokenizer import RunTokenizer
 from maxent_arrow.store import ReadOnlyStore
 
 __all__ = [
+    "CHARTS",
     "HISTORIES",
     "TOKEN_SERIES",
+    "Chart",
     "GroupRow",
     "RunData",
+    "Series",
     "StepGroups",
     "completion_stats",
     "dumps",
@@ -51,15 +62,17 @@ _TEXT = ("prompt", "prompt_messages", "example_id")
 # What a group's page adds.
 _GROUP_EXTRA = ("completions", "completion_messages", "answer")
 _MAXENT = ("q", "weights", "ref_tok_counts")
-# The step curves of the overview: (column of the step table, label).
-_CURVES = (
-    ("reward_mean", "reward (mean U)"),
-    ("mean_length", "completion length (tokens)"),
-    ("kl_value", "KL"),
-    ("total_loss", "loss"),
+# The overview's charts, one per metric: (title, its column of the step table, its column of
+# the trainer's own log, the trainer_metrics record table; None: the log has none). A chart
+# draws the step rows' values and the trainer's where they add something (a run whose step
+# rows lack the figure, as TRL's lack the loss; updates the step rows average over).
+CHARTS = (
+    ("reward (mean U)", "reward_mean", None),
+    ("completion length (tokens)", "mean_length", None),
+    ("KL", "kl_value", "kl"),
+    ("loss", "total_loss", "loss"),
 )
-# The trainer's own figures (the trainer_metrics record table), when the step table lacks one.
-_METRIC_CURVES = (("kl", "KL (trainer)"), ("loss", "loss (trainer)"))
+_CURVES = tuple(column for _, column, _ in CHARTS)
 # Per-token number columns that are not a series to colour by: the ids themselves.
 _NOT_SERIES = ("completion_ids", "sample_prompt_ids")
 # Per-token series of the tokens page, in this order, with these labels ("kl" is computed).
@@ -159,6 +172,109 @@ def _function_means(table: pa.Table, n: int) -> tuple[list[str], dict[str, dict[
     return functions, out
 
 
+def _step_series(rows: list[dict[str, Any]], column: str, kind: str) -> list[tuple[int, float]]:
+    """``column`` per step of ``kind`` from the step rows: the mean over a step's ranks,
+    weighted by their groups."""
+    by_step: dict[int, list[tuple[float, int]]] = {}
+    for r in rows:
+        v = r.get(column)
+        if r["kind"] == kind and v is not None and math.isfinite(v):
+            by_step.setdefault(r["step"], []).append((v, r["num_groups"] or 1))
+    return [
+        (s, sum(v * w for v, w in vs) / sum(w for _, w in vs)) for s, vs in sorted(by_step.items())
+    ]
+
+
+def _same(a: list[tuple[int, float]], b: list[tuple[int, float]]) -> bool:
+    """Whether two per-step series say the same (the trainer's log of what the step rows
+    hold already, as a MaxEnt run's)."""
+    if [s for s, _ in a] != [s for s, _ in b]:
+        return False
+    return all(math.isclose(x, y, rel_tol=1e-6, abs_tol=1e-12) for (_, x), (_, y) in zip(a, b))
+
+
+def _updates(metrics: list[dict[str, Any]], column: str, kind: str) -> dict[int, list[float]]:
+    """The trainer's logged ``column`` of ``kind``, per stored step, in optimizer order."""
+    found = sorted(
+        (m["step"], m.get("optimizer_step") or 0, m[column])
+        for m in metrics
+        if m["kind"] == kind
+        and m.get("step") is not None
+        and m.get(column) is not None
+        and math.isfinite(m[column])
+    )
+    out: dict[int, list[float]] = {}
+    for step, _, value in found:
+        out.setdefault(step, []).append(value)
+    return out
+
+
+def _chart(
+    title: str,
+    column: str,
+    logged: str | None,
+    rows: list[dict[str, Any]],
+    metrics: list[dict[str, Any]],
+    config: dict[str, Any],
+) -> Chart | None:
+    """The chart of one metric (``None``: the run recorded it nowhere)."""
+    chart = Chart(title)
+    kinds = sorted({r["kind"] for r in rows} | {m["kind"] for m in metrics if logged})
+    for kind in kinds:
+        own = _step_series(rows, column, kind)
+        if own:
+            chart.series.append(Series(kind, kind, [(s, v, s) for s, v in own]))
+        updates = _updates(metrics, logged, kind) if logged else {}
+        if not updates:
+            continue
+        if all(all(math.isclose(v, vs[0], rel_tol=1e-9) for v in vs) for vs in updates.values()):
+            updates = {s: vs[:1] for s, vs in updates.items()}  # one value per stored step
+        most = max(len(v) for v in updates.values())
+        if most == 1:
+            logged_series = [(s, vs[0]) for s, vs in sorted(updates.items())]
+            if own and _same(own, logged_series):
+                continue  # the trainer logged what the step rows hold: one line
+            name = f"{kind} (trainer log)" if own else kind
+            points = [(s, v, s) for s, v in logged_series]
+            chart.series.append(Series(name, kind, points, dashed=bool(own)))
+            continue
+        chart.series.extend(_update_series(updates, kind, most, dashed=bool(own)))
+        chart.note = _updates_note(most, config)
+    return chart if chart.series else None
+
+
+def _update_series(
+    updates: dict[int, list[float]], kind: str, most: int, *, dashed: bool
+) -> list[Series]:
+    """Several optimizer steps per stored step (TRL's ``num_iterations``): one series per
+    update of a round, drawn at ``step + k * gap / n`` (``gap``: the stored steps' stride),
+    so that no line joins the first update of a round to the second."""
+    steps = sorted(updates)
+    gap = min((b - a for a, b in zip(steps, steps[1:])), default=1) or 1
+    out = []
+    for k in range(most):
+        points = [
+            (s + k * gap / len(vs), vs[k], s) for s, vs in sorted(updates.items()) if k < len(vs)
+        ]
+        out.append(Series(f"{kind}: update {k + 1} of {most} per round", kind, points, dashed))
+    return out
+
+
+def _updates_note(most: int, config: dict[str, Any]) -> str:
+    trl = (config.get("extra") or {}).get("trl") or {}
+    why = ", ".join(
+        f"{k} = {trl[k]}" for k in ("num_iterations", "steps_per_generation") if trl.get(k)
+    )
+    said = f" ({why})" if why else ""
+    return (
+        f"The trainer made {most} optimizer steps per stored step{said}: each round's rollouts "
+        f"were trained on "
+        f"{most} times, the first by the policy that generated them, the later ones after it "
+        "moved. Each update is its own series (update k drawn k/n of the way to the next "
+        "stored step), so the alternation between them is what the updates did, not noise."
+    )
+
+
 def completion_stats(
     info: Sequence[dict[str, Any] | None] | None, k: int
 ) -> tuple[list, list, list]:
@@ -184,6 +300,8 @@ class StepGroups:
     reward_functions: list[str]
     has_status: bool
     history: History
+    role: str = TRAINER  # whose lifecycle records the statuses are
+    roles: list[str] = field(default_factory=list)  # the roles that recorded any
 
 
 @dataclass
@@ -202,6 +320,31 @@ class GroupRow:
     completions: list[dict[str, Any]] = field(default_factory=list)
     best: int | None = None
     worst: int | None = None
+    # The run's user columns: the dataset columns a recorder kept (``ds_<name>``, one value
+    # per group), by name; each completion's ``log_extra`` values are its ``"extra"``.
+    dataset: dict[str, Any] = field(default_factory=dict)
+    extra_names: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Series:
+    """One line of a chart: its legend ``name``, the ``kind`` of steps its points link to,
+    the points ``(x, value, step)`` (``x`` where it is drawn: the stored step, or a fraction
+    past it for a trainer's several updates of one stored step), dashed or solid."""
+
+    name: str
+    kind: str
+    points: Sequence[tuple[float, float, int]]
+    dashed: bool = False
+
+
+@dataclass
+class Chart:
+    """One metric of the overview: its series and what a reader needs to read them."""
+
+    title: str
+    series: list[Series] = field(default_factory=list)
+    note: str = ""
 
 
 class RunData:
@@ -212,8 +355,12 @@ class RunData:
         self.on_error = on_error
         self.query_timeout = query_timeout
         self._stores: dict[str, ReadOnlyStore] = {}
-        self._lifecycle: dict[tuple, tuple[str, str | None]] | None = None
-        self._lifecycle_files: tuple = ()
+        # role -> its lifecycle events by group, for the record files of _lifecycle_files
+        self._lifecycle: dict[str, dict[tuple, tuple[str, str | None]]] = {}
+        self._lifecycle_files: tuple | None = None
+        self._roles: list[str] | None = None
+        self.tokenizer = RunTokenizer()
+        self._identity: tuple[int | None, Any] | None = None  # (log version, tokenizer)
         # (step file, columns) -> the overview's step rows of it (step files are immutable);
         # holds the committed step files only (the overview drops the others)
         self._step_cache: dict[tuple[str, tuple[str, ...]], dict[str, list]] = {}
@@ -259,10 +406,11 @@ class RunData:
 
     # ------------------------------------------------------------------ overview
     def overview(self) -> dict[str, Any]:
-        """Curves per kind from the step table (and trainer_metrics), config, attempts."""
+        """The charts (one per metric: step rows and trainer_metrics), the config of the
+        last step, the attempts with their status."""
         store = self.store()
         schema = store.schema("steps")
-        wanted = [c for c, _ in _CURVES if c in schema.names]
+        wanted = [c for c in _CURVES if c in schema.names]
         # The step rows as the catalog holds them (from the commit log, checked when it was
         # read; no group file, no SQL session, no pandas): one row per committed unit.
         # Read once per step file (a segment holds many units), kept by its name: a
@@ -279,36 +427,16 @@ class RunData:
             key = tuple(wanted)
             for gone in [k for k in self._step_cache if k[0] not in by_file or k[1] != key]:
                 del self._step_cache[gone]
-        curves: dict[str, dict[str, list[tuple[int, float]]]] = {}
-        for name, label in _CURVES:
-            if name not in wanted:
-                continue
-            for kind in sorted({r["kind"] for r in rows}):
-                by_step: dict[int, list[tuple[float, int]]] = {}
-                for r in rows:
-                    v = r[name]
-                    if r["kind"] == kind and v is not None and math.isfinite(v):
-                        by_step.setdefault(r["step"], []).append((v, r["num_groups"] or 1))
-                points = [
-                    (s, sum(v * w for v, w in vs) / sum(w for _, w in vs))
-                    for s, vs in sorted(by_step.items())
-                ]
-                if points:
-                    curves.setdefault(label, {})[kind] = points
+        metrics = []
         if R.TRAINER_METRICS in store.record_names():
             metrics = store.read_records(R.TRAINER_METRICS).to_pylist()
-            for name, label in _METRIC_CURVES:
-                for kind in sorted({m["kind"] for m in metrics}):
-                    points = sorted(
-                        (m["step"], m[name])
-                        for m in metrics
-                        if m["kind"] == kind
-                        and m.get("step") is not None
-                        and m.get(name) is not None
-                        and math.isfinite(m[name])
-                    )
-                    if points:
-                        curves.setdefault(label, {})[kind] = points
+        described = describe_run(store)
+        recorded = described["run_config"]
+        charts = [
+            chart
+            for title, column, logged in CHARTS
+            if (chart := _chart(title, column, logged, rows, metrics, recorded["config"]))
+        ]
         steps_by_kind = {
             kind: sorted({r["step"] for r in rows if r["kind"] == kind})
             for kind in sorted({r["kind"] for r in rows})
@@ -316,10 +444,14 @@ class RunData:
         superseded = sorted({u.step for u in self.store("superseded").units()})
         return {
             "uri": store.uri,
-            "config": store.config,
+            # The config of the last step, as ``inspect`` and the report show it (the
+            # manifest's, as the store was created, only when no step recorded one).
+            "config": recorded["config"] or store.config,
+            "config_step": recorded["step"],
+            "config_changed": recorded["changed"],
             "manifest": {k: v for k, v in store.manifest.items() if k != "config"},
-            "attempts": store.attempts(),
-            "curves": curves,
+            "attempts": attempt_statuses(store),
+            "charts": charts,
             "steps": steps_by_kind,
             "superseded_steps": superseded,
             "groups": sum(r["num_groups"] or 0 for r in rows),
@@ -350,24 +482,36 @@ class RunData:
         }
 
     # ------------------------------------------------------------------ lifecycle
-    def status_of(self) -> dict[tuple, tuple[str, str | None]]:
-        """(step, rank, kind, group_index) -> (event, reason) of the effective lifecycle records
-        (a record table, not the group rows); read again only when its files change (a live
-        run records more)."""
+    def status_of(self, role: str = TRAINER) -> dict[tuple, tuple[str, str | None]]:
+        """(step, rank, kind, group_index) -> (event, reason) of ``role``'s effective
+        lifecycle records (the trainer's by default: what the run trained on; another role's,
+        a sampler that trained a second policy from the store, only when asked), read again
+        only when the record files change (a live run records more)."""
         store = self.store()
         catalog = store.catalog
         state = catalog.state()  # a resume changes the effective events: attempts count
         files = (len(state.attempts), *(i["path"] for i in state.records.get(R.LIFECYCLE, [])))
-        if self._lifecycle is None or files != self._lifecycle_files:
+        if files != self._lifecycle_files:
             self._lifecycle_files = files
-            found: dict[tuple, tuple[str, str | None]] = {}
-            if R.LIFECYCLE in store.record_names():
-                table = store.lifecycle()
+            self._lifecycle = {}
+            self._roles = None
+        hit = self._lifecycle.get(role)
+        if hit is None:
+            hit = {}
+            table = role_lifecycle(store, role)
+            if table is not None:
                 cols = [table.column(n).to_pylist() for n in (*R.LIFECYCLE_KEY, "event", "reason")]
                 for s, r, k, g, event, reason in zip(*cols):
-                    found[(s, r, k, g)] = (event, reason)
-            self._lifecycle = found
-        return self._lifecycle
+                    hit[(s, r, k, g)] = (event, reason)
+            self._lifecycle[role] = hit
+        return hit
+
+    def roles(self) -> list[str]:
+        """The roles whose attempts recorded lifecycle events (the trainer's first)."""
+        self.status_of()  # (drops the cached roles when the records changed)
+        if self._roles is None:
+            self._roles = lifecycle_roles(self.store())
+        return list(self._roles)
 
     # ------------------------------------------------------------------ attempts
     def row_attempts(
@@ -391,7 +535,9 @@ class RunData:
         return out
 
     # ------------------------------------------------------------------ step
-    def step_groups(self, step: int, kind: str, history: History = "effective") -> StepGroups:
+    def step_groups(
+        self, step: int, kind: str, history: History = "effective", role: str = TRAINER
+    ) -> StepGroups:
         """Every group row of one step: the figures the step table sorts and filters by,
         computed over the step's flat per-completion values (numpy; no loop over
         completions)."""
@@ -403,7 +549,7 @@ class RunData:
         n = table.num_rows
         present = set(table.column_names)
         attempts = self.row_attempts(step, kind, history)
-        status = self.status_of()
+        status = self.status_of(role)
 
         utils, u_rows = _flat(table, "total_utils", n)
         adv, a_rows = _flat(table, "advantages", n)
@@ -478,7 +624,7 @@ class RunData:
             row["rewards"] = {f: v[i] for f, v in per_function.items() if i in v}
             row["chat"] = bool(messages)
             rows.append(row)
-        return StepGroups(step, kind, rows, functions, bool(status), history)
+        return StepGroups(step, kind, rows, functions, bool(status), history, role, self.roles())
 
     # ------------------------------------------------------------------ group
     def find_group(self, step: int, kind: str, group_id: str) -> tuple[int, int]:
@@ -534,12 +680,16 @@ class RunData:
         kind: str,
         history: History = "effective",
         attempt: str | None = None,
+        role: str = TRAINER,
     ) -> GroupRow:
-        columns = [*R.ROW_KEY, *_NAMES, *_SCORES, *_TEXT, *_GROUP_EXTRA, *_MAXENT]
+        user = [n for n in self.store(history).schema().names if R.prefix_of(n) is not None]
+        columns = [*R.ROW_KEY, *_NAMES, *_SCORES, *_TEXT, *_GROUP_EXTRA, *_MAXENT, *user]
         table, attempt, superseded = self._group_table(
             step, rank, group_index, kind, history, columns, attempt
         )
         row = table.to_pylist()[0]
+        dataset = {n.removeprefix("ds_"): row.get(n) for n in user if n.startswith("ds_")}
+        extras = [n for n in user if n.startswith("extra_")]
         utils = row.get("total_utils") or []
         texts = row.get("completions") or []
         k = max(len(texts), len(utils))
@@ -548,7 +698,7 @@ class RunData:
         names = row.get("reward_names") or []
         values = row.get("reward_values") or []
         messages = row.get("completion_messages") or []
-        event = self.status_of().get((step, rank, kind, group_index))
+        event = self.status_of(role).get((step, rank, kind, group_index))
 
         def at(name: str, i: int) -> Any:
             seq = row.get(name) or []
@@ -575,6 +725,7 @@ class RunData:
                     "length": length,
                     "finish_reason": reasons[i] if i < len(reasons) else None,
                     "truncated": truncated[i] if i < len(truncated) else False,
+                    "extra": {n.removeprefix("extra_"): at(n, i) for n in extras},
                 }
             )
         scored = [
@@ -599,6 +750,8 @@ class RunData:
             completions=completions,
             best=best,
             worst=worst,
+            dataset=dataset,
+            extra_names=[n.removeprefix("extra_") for n in extras],
         )
 
     # ------------------------------------------------------------------ tokens
@@ -646,12 +799,26 @@ class RunData:
                     kl.append(math.exp(d) - d - 1.0)
             series["kl"] = kl
         texts = row.get("completions") or []
+        pieces, said = self.tokenizer.pieces(self.tokenizer_identity(), ids)
         return {
             "ids": ids,
+            "pieces": pieces,  # None: ids only (``tokenizer`` says why)
+            "tokenizer": said,
             "text": texts[sample] if sample < len(texts) else "",
             "series": {n: series[n] for n in labels if n in series},
             "labels": labels,
         }
+
+    def tokenizer_identity(self) -> Any:
+        """The tokenizer the run recorded (the config of its last step, else the
+        manifest's), read again when the log has a new version."""
+        store = self.store()
+        version = store.catalog.version
+        hit = self._identity
+        if hit is None or version is None or hit[0] != version:
+            config = describe_run(store)["run_config"]["config"] or store.config or {}
+            hit = self._identity = (version, config.get("tokenizer"))
+        return hit[1]
 
     # ------------------------------------------------------------------ compare
     def compare(self, example_id: str | None, prompt: str | None, kind: str) -> list[dict]:

@@ -14,7 +14,10 @@ from html import escape
 from typing import Any
 from urllib.parse import urlencode
 
+from maxent_arrow.analytics import status_text, tokenizer_text
+from maxent_arrow.analytics.attempts import TRAINER
 from maxent_arrow.analytics.links import group_path, step_path, tokens_path
+from maxent_arrow.explorer.charts import chart_svg
 from maxent_arrow.explorer.data import GroupRow, StepGroups, dumps
 
 __all__ = [
@@ -42,7 +45,26 @@ METRICS = (
 )
 _NO_ATTEMPTS = "<tr><td colspan=7>– (a store without a commit log)</td></tr>"
 _CHAT = "<span class=badge>chat</span> "
-_PALETTE = ("#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c")
+# The attempts table: (key, header); ``status`` is how the attempt ended (analytics.attempts).
+_ATTEMPT_COLUMNS = (
+    ("id", "attempt"), ("role", "role"), ("status", "status"), ("resume_from", "resumed at"),
+    ("started_at", "started"), ("host", "host"), ("version", "log version"),
+)  # fmt: skip
+# What each view of the SQL box is, for the query page's list of views.
+_VIEWS = {
+    "groups": "one row per prompt group (the run's history: superseded and trainer-dropped "
+    "groups left out)",
+    "samples": "one row per completion, every per-completion list at its position; "
+    "reward_<name> per reward function",
+    "steps": "one row per (step, rank, kind): the step table",
+    "groups_all": "every group row of every attempt",
+    "samples_all": "every completion of every attempt",
+    "superseded": "the group rows later attempts superseded",
+    "lifecycle": "what became of each stored group (trained, dropped), every role's records, "
+    "with the attempt that wrote each",
+    "trainer_metrics": "the figures a trainer logged per optimizer step (loss, KL, ...)",
+    "attempt_ends": "the attempts whose writer recorded its end",
+}
 
 
 def fmt(value: Any, digits: int = 4) -> str:
@@ -90,58 +112,41 @@ def error_page(status: int, message: str, *, uri: str) -> str:
 
 
 # ---------------------------------------------------------------------- overview
-def _svg_curve(label: str, series: dict[str, list[tuple[int, float]]]) -> str:
-    width, height, pad = 560, 220, 44
-    xs = [s for pts in series.values() for s, _ in pts]
-    ys = [v for pts in series.values() for _, v in pts]
-    x0, x1 = min(xs), max(xs)
-    y0, y1 = min(ys), max(ys)
-    if x1 == x0:
-        x0, x1 = x0 - 1, x1 + 1
-    if y1 == y0:
-        y0, y1 = y0 - 0.5, y1 + 0.5
-
-    def px(s: float) -> float:
-        return pad + (s - x0) / (x1 - x0) * (width - 2 * pad)
-
-    def y(v: float) -> float:
-        return height - pad - (v - y0) / (y1 - y0) * (height - 2 * pad)
-
-    parts = [
-        f'<figure class=curve data-curve="{escape(label)}"><figcaption>{escape(label)}</figcaption>'
-        f'<svg viewBox="0 0 {width} {height}" width={width} height={height} role=img '
-        f'aria-label="{escape(label)} per step">',
-        f"<line class=axis x1={pad} y1={height - pad} x2={width - pad} y2={height - pad} />",
-        f"<line class=axis x1={pad} y1={pad} x2={pad} y2={height - pad} />",
-        f"<text class=tick x={pad - 6} y={y(y1) + 4:.1f} text-anchor=end>{fmt(y1, 3)}</text>",
-        f"<text class=tick x={pad - 6} y={y(y0) + 4:.1f} text-anchor=end>{fmt(y0, 3)}</text>",
-        *(
-            f"<text class=tick x={px(s):.1f} y={height - pad + 16} text-anchor=middle>"
-            f"{int(s)}</text>"
-            for s in (x0, x1)
-        ),
-        f"<text class=tick x={width / 2:.0f} y={height - 6} text-anchor=middle>step</text>",
-    ]
-    for i, (kind, points) in enumerate(sorted(series.items())):
-        colour = _PALETTE[i % len(_PALETTE)]
-        line = " ".join(f"{px(s):.1f},{y(v):.1f}" for s, v in points)
-        parts.append(f'<polyline fill=none stroke="{colour}" stroke-width=1.6 points="{line}" />')
-        for s, v in points:
-            parts.append(
-                f'<a class=point href="{escape(step_path(s, kind))}" data-step={s} '
-                f'data-kind="{escape(kind)}"><circle cx={px(s):.1f} cy={y(v):.1f} r=5 '
-                f'fill="{colour}"><title>{escape(kind)} step {s}: {fmt(v)}</title></circle></a>'
-            )
-        parts.append(
-            f"<text class=legend x={width - pad} y={pad - 24 + 14 * i} text-anchor=end "
-            f'fill="{colour}">{escape(kind)}</text>'
+def _attempt_cell(attempt: dict[str, Any], key: str) -> str:
+    if key == "status":
+        status = attempt.get("status") or "-"
+        detail = escape(attempt.get("detail") or "")
+        return (
+            f'<td class="status status-{escape(status)}" title="{detail}">'
+            f"{escape(status_text(attempt))}</td>"
         )
-    parts.append("</svg></figure>")
-    return "".join(parts)
+    return f"<td>{fmt(attempt.get(key))}</td>"
+
+
+def _config_box(info: dict[str, Any]) -> str:
+    """The run config of the last step (the manifest's when no step recorded one), with
+    its model and tokenizer first, as ``inspect`` and the report show them."""
+    config = info["config"] or {}
+    step = info.get("config_step")
+    where = (
+        f"recorded with step {step}"
+        if step is not None
+        else "the manifest's, as the store was created: no step recorded one"
+    )
+    facts = (
+        f"<p class=facts id=config-facts>model: <b>{fmt(config.get('model'))}</b> · tokenizer: "
+        f"<b>{fmt(tokenizer_text(config.get('tokenizer')))}</b> · trainer: "
+        f"<b>{fmt(config.get('trainer'))}</b> · {escape(where)}"
+    )
+    changed = info.get("config_changed") or []
+    if changed:
+        facts += f" · changed during the run: {escape(', '.join(changed))}"
+    text = escape(json.dumps(config, indent=2, sort_keys=True, default=str))
+    return f"{facts}</p><pre class=json id=config>{text}</pre>"
 
 
 def overview_page(info: dict[str, Any]) -> str:
-    curves = "".join(_svg_curve(label, series) for label, series in info["curves"].items())
+    curves = "".join(chart_svg(chart) for chart in info["charts"])
     steps = "".join(
         f"<p><b>{escape(kind)}</b>: "
         + " ".join(f'<a class=steplink href="{escape(step_path(s, kind))}">{s}</a>' for s in s_)
@@ -149,14 +154,12 @@ def overview_page(info: dict[str, Any]) -> str:
         for kind, s_ in info["steps"].items()
     )
     attempts = "".join(
-        "<tr>"
-        + "".join(
-            f"<td>{fmt(a.get(k))}</td>"
-            for k in ("id", "role", "mode", "resume_from", "started_at", "host", "version")
-        )
+        f'<tr data-attempt="{escape(a["id"])}">'
+        + "".join(_attempt_cell(a, k) for k, _ in _ATTEMPT_COLUMNS)
         + "</tr>"
         for a in info["attempts"]
     )
+    heads = "".join(f"<th>{escape(h)}</th>" for _, h in _ATTEMPT_COLUMNS)
     superseded = info["superseded_steps"]
     gone = (
         "<p class=note id=superseded>Steps superseded by a later attempt: "
@@ -167,7 +170,6 @@ def overview_page(info: dict[str, Any]) -> str:
         if superseded
         else ""
     )
-    config = escape(json.dumps(info["config"], indent=2, sort_keys=True, default=str))
     manifest = escape(json.dumps(info["manifest"], indent=2, sort_keys=True, default=str))
     body = (
         f"<h1>Run overview</h1><p class=facts>{info['groups']:,} group rows · "
@@ -175,11 +177,9 @@ def overview_page(info: dict[str, Any]) -> str:
         + ' · store health: <a href="/verify" id=verify-link>verify every file</a></p>'
         f"<section class=curves id=curves>{curves or '<p>No step figures recorded.</p>'}</section>"
         f"<h2>Steps</h2>{steps}"
-        f"<h2>Attempts</h2><table class=data id=attempts><thead><tr><th>attempt</th><th>role</th>"
-        "<th>mode</th><th>resumed from</th><th>started</th><th>host</th><th>log version</th>"
-        f"</tr></thead><tbody>{attempts or _NO_ATTEMPTS}"
-        f"</tbody></table>{gone}"
-        f"<h2>Config</h2><pre class=json id=config>{config}</pre>"
+        f"<h2>Attempts</h2><table class=data id=attempts><thead><tr>{heads}</tr></thead>"
+        f"<tbody>{attempts or _NO_ATTEMPTS}</tbody></table>{gone}"
+        f"<h2>Config</h2>{_config_box(info)}"
         f"<details><summary>Manifest</summary><pre class=json>{manifest}</pre></details>"
     )
     return _layout("overview", body, uri=info["uri"], crumbs=[("run", None)])
@@ -359,6 +359,16 @@ def step_page(groups: StepGroups, params: dict[str, str], *, uri: str, export: b
         f'<option value="{h}"{" selected" if groups.history == h else ""}>{h}</option>'
         for h in ("effective", "all", "superseded")
     )
+    # Whose lifecycle records the statuses are: the trainer's, another role's when asked.
+    roles = "".join(
+        f'<option value="{escape(r)}"{_selected(groups.role == r)}>{escape(r)}</option>'
+        for r in dict.fromkeys([TRAINER, *groups.roles, groups.role])
+    )
+    role_field = (
+        f"<label>statuses of <select name=role id=role>{roles}</select></label>"
+        if len(groups.roles) > 1 or groups.role != TRAINER
+        else ""
+    )
     hidden = "".join(
         f'<input type=hidden name="{k}" value="{escape(v)}">'
         for k, v in params.items()
@@ -373,7 +383,7 @@ def step_page(groups: StepGroups, params: dict[str, str], *, uri: str, export: b
         f'<form class=filters id=filters method=get action="{base}">{hidden}'
         f"<label>status <select name=status>{options}</select></label>"
         f"<label>reward function <select name=fn>{fns}</select></label>"
-        f"<label>attempts <select name=attempts>{histories}</select></label>"
+        f"<label>attempts <select name=attempts>{histories}</select></label>{role_field}"
         f"{_checkbox('trunc', 'truncated', params)}{_checkbox('unscored', 'NaN reward', params)}"
         f"{field('q', 'prompt contains', 'search')}{ranges}"
         "<button type=submit id=apply>apply</button> "
@@ -392,7 +402,11 @@ def step_page(groups: StepGroups, params: dict[str, str], *, uri: str, export: b
             )
             + "</p>"
         )
-    status_note = "" if groups.has_status else " · no lifecycle records (status unknown)"
+    status_note = (
+        f" · statuses: the {escape(groups.role)}'s lifecycle records"
+        if groups.has_status
+        else f" · no lifecycle records of the {escape(groups.role)} (status unknown)"
+    )
     if export and rows:
         target = _href(f"/export/step/{groups.step}", params, page="")
         wandb = _href(f"/export/step/{groups.step}", params, page="", to="wandb")
@@ -431,6 +445,65 @@ def _compare_link(params: dict[str, Any]) -> str:
     return f'<a id=compare href="{escape(href)}">same prompt across steps</a>'
 
 
+def _card(group: GroupRow, c: dict[str, Any], href: str) -> str:
+    """One completion's card: its figures (rewards, U, advantage, q, weight, length, finish
+    reason, then the ``log_extra`` values its reward functions logged) and its text."""
+    i = c["index"]
+    marks = []
+    classes = ["card"]
+    if i == group.best:
+        marks.append("<span class='badge best'>best</span>")
+        classes.append("best")
+    if i == group.worst:
+        marks.append("<span class='badge worst'>worst</span>")
+        classes.append("worst")
+    figures = [(f"reward: {n}", v) for n, v in c["rewards"].items()] + [
+        ("total U", c["total"]),
+        ("advantage", c["advantage"]),
+        ("q", c["q"]),
+        ("MaxEnt weight", c["weight"]),
+        ("length", c["length"]),
+        ("finish reason", c["finish_reason"]),
+    ]
+    figures += [(f"log_extra: {n}", v) for n, v in c.get("extra", {}).items()]
+    table = "".join(
+        f'<tr><th>{escape(n)}</th><td data-figure="{escape(n)}">{fmt(v)}</td></tr>'
+        for n, v in figures
+    )
+    text = (
+        _messages(c["messages"])
+        if c["messages"]
+        else f"<pre class=text>{escape(c['text'] or '')}</pre>"
+    )
+    return (
+        f'<article class="{" ".join(classes)}" data-index={i}>'
+        f"<h3>completion {i} {''.join(marks)}</h3>"
+        f"<table class=figures>{table}</table>{text}"
+        f'<a class=tokenlink href="{escape(href)}">tokens</a></article>'
+    )
+
+
+def _dataset(group: GroupRow) -> str:
+    """The dataset columns the recorder kept for this group (``ds_<name>``), and the names
+    of the ``log_extra`` columns its completions carry."""
+    if not group.dataset and not group.extra_names:
+        return ""
+    rows = "".join(
+        f'<tr><th>{escape(n)}</th><td data-column="{escape(n)}">'
+        f"{escape(dumps(v)) if isinstance(v, list | dict) else fmt(v)}</td></tr>"
+        for n, v in group.dataset.items()
+    )
+    table = f"<table class=data id=dataset><tbody>{rows}</tbody></table>" if rows else ""
+    extra = (
+        "<p class=facts id=log-extra>log_extra columns (per completion, in each card): "
+        + ", ".join(f"<code>{escape(n)}</code>" for n in group.extra_names)
+        + "</p>"
+        if group.extra_names
+        else ""
+    )
+    return f"<h2>Dataset columns</h2>{table or '<p>none kept</p>'}{extra}"
+
+
 def group_page(group: GroupRow, *, uri: str, history: str) -> str:
     key = group.key
     step, rank, kind, gi = key["step"], key["rank"], key["kind"], key["group_index"]
@@ -444,41 +517,11 @@ def group_page(group: GroupRow, *, uri: str, history: str) -> str:
         compare = _compare_link({"example_id": group.example_id, "kind": kind})
     elif group.prompt is not None:
         compare = _compare_link({"prompt": group.prompt, "kind": kind})
-    cards = []
-    for c in group.completions:
-        i = c["index"]
-        marks = []
-        classes = ["card"]
-        if i == group.best:
-            marks.append("<span class='badge best'>best</span>")
-            classes.append("best")
-        if i == group.worst:
-            marks.append("<span class='badge worst'>worst</span>")
-            classes.append("worst")
-        figures = [(f"reward: {n}", v) for n, v in c["rewards"].items()] + [
-            ("total U", c["total"]),
-            ("advantage", c["advantage"]),
-            ("q", c["q"]),
-            ("MaxEnt weight", c["weight"]),
-            ("length", c["length"]),
-            ("finish reason", c["finish_reason"]),
-        ]
-        table = "".join(
-            f'<tr><th>{escape(n)}</th><td data-figure="{escape(n)}">{fmt(v)}</td></tr>'
-            for n, v in figures
-        )
-        text = (
-            _messages(c["messages"])
-            if c["messages"]
-            else f"<pre class=text>{escape(c['text'] or '')}</pre>"
-        )
-        href = tokens_path(step, rank, gi, i, kind, attempts=history, attempt=pick)
-        cards.append(
-            f'<article class="{" ".join(classes)}" data-index={i}>'
-            f"<h3>completion {i} {''.join(marks)}</h3>"
-            f"<table class=figures>{table}</table>{text}"
-            f'<a class=tokenlink href="{escape(href)}">tokens</a></article>'
-        )
+    cards = [
+        _card(group, c, tokens_path(step, rank, gi, c["index"], kind, attempts=history,
+                                    attempt=pick))
+        for c in group.completions
+    ]  # fmt: skip
     meta = [
         ("rank", rank),
         ("attempt", (group.attempt or "–") + (" (superseded)" if group.superseded else "")),
@@ -490,7 +533,7 @@ def group_page(group: GroupRow, *, uri: str, history: str) -> str:
     body = (
         f"<h1>{escape(kind)} step {step} · group {gi}</h1>"
         f"<p class=facts id=facts>{facts} {compare}</p>"
-        f"<h2>Prompt</h2><section id=prompt>{prompt}</section>"
+        f"<h2>Prompt</h2><section id=prompt>{prompt}</section>{_dataset(group)}"
         f"<h2>{len(group.completions)} completions</h2>"
         f"<div class=cards id=cards>{''.join(cards)}</div>"
     )
@@ -516,6 +559,29 @@ def _colour(value: float | None, lo: float, hi: float, diverging: bool) -> str:
         return f"rgb(255,{int(255 + 130 * t)},{int(255 + 130 * t)})"
     t = 0.5 if hi == lo else (value - lo) / (hi - lo)
     return f"rgb({int(255 - 150 * t)},{int(255 - 90 * t)},255)"
+
+
+def _colour_legend(lo: float, hi: float, diverging: bool) -> str:
+    """The key of the token colours: swatches from the low end to the high end of the chosen
+    series (from -m through 0 to m, m = max |value|, for a series of both signs), each
+    coloured as a token of that value is, and the grey of a token without one."""
+    if diverging:
+        m = max(abs(lo), abs(hi)) or 1.0
+        a, b = -m, m
+    else:
+        a, b = lo, hi
+    stops = [a + k * (b - a) / 6 for k in range(7)] if b != a else [a]
+    swatches = "".join(
+        f'<span class=swatch data-value="{v!r}" title="{fmt(v)}" '
+        f'style="background:{_colour(v, lo, hi, diverging)}"></span>'
+        for v in stops
+    )
+    middle = " <span class=mid>(white: 0)</span>" if diverging else ""
+    return (
+        f"<div class=colour-legend id=colour-legend><span class=end>{fmt(a)}</span>"
+        f"<span class=ramp>{swatches}</span>{middle}<span class=end>{fmt(b)}</span>"
+        '<span class="swatch none" style="background:#e5e7eb"></span> no value</div>'
+    )
 
 
 def tokens_page(
@@ -546,16 +612,21 @@ def tokens_page(
     finite = [v for v in values if v is not None and not math.isnan(v)]
     lo, hi = (min(finite), max(finite)) if finite else (0.0, 0.0)
     diverging = chosen in ("token_advantages", "kl") or (lo < 0 < hi)
+    pieces = data.get("pieces")
     chips = []
     for t, token in enumerate(data["ids"]):
         v = values[t] if t < len(values) else None
-        info = {"t": t, "id": token}
+        info: dict[str, Any] = {"t": t, "id": token}
+        piece = ""
+        if pieces is not None and t < len(pieces):
+            info["piece"] = pieces[t]
+            piece = f"<span class=piece>{escape(pieces[t])}</span>"
         for name, vals in data["series"].items():
             info[data["labels"][name]] = vals[t] if t < len(vals) else None
         chips.append(
             f'<span class=tok data-info="{escape(dumps(info))}" '
             f'style="background:{_colour(v, lo, hi, diverging)}">'
-            f"{token}</span>"
+            f"{piece}<span class=id>{token}</span></span>"
         )
     links = " ".join(
         f'<a class="series{" chosen" if n == chosen else ""}" data-series="{n}" '
@@ -568,6 +639,9 @@ def tokens_page(
         f"<p class=facts>{len(data['ids'])} tokens · colour: "
         f"<b id=chosen>{escape(data['labels'].get(chosen, 'none'))}</b> ({fmt(lo)} … {fmt(hi)})"
         f"</p><p class=series-list>series: {links or '– (no per-token series stored)'}</p>"
+        f"{_colour_legend(lo, hi, diverging) if chosen else ''}"
+        f"<p class=facts id=pieces>{escape(data.get('tokenizer') or '')}: each token shows "
+        f"{'its decoded piece above its id' if pieces is not None else 'its id'}</p>"
         f"<div class=tokens id=tokens>{''.join(chips)}</div><div id=tip class=tip hidden></div>"
         f"<h2>Text</h2><pre class=text>{escape(data['text'] or '')}</pre>"
     )
@@ -612,7 +686,33 @@ def compare_page(sections: list[tuple[str, list[dict]]], what: str, *, uri: str)
     return _layout("compare", body, uri=uri, crumbs=[("run", "/"), ("compare", None)])
 
 
-def query_page(sql: str, result: Any, error: str | None, *, uri: str, max_rows: int) -> str:
+def _views_list(views: dict[str, list[tuple[str, str]]]) -> str:
+    """Each view the SQL box can name, what it is, and its columns with their types (each a
+    ``details`` element: the list stays short until opened)."""
+    items = []
+    for name, columns in views.items():
+        cols = ", ".join(
+            f"<code class=col>{escape(c)}</code> <span class=type>{escape(t)}</span>"
+            for c, t in columns
+        )
+        about = _VIEWS.get(name, "a record table")
+        items.append(
+            f'<details class=view data-view="{escape(name)}"><summary><code>{escape(name)}'
+            f"</code>: {escape(about)} ({len(columns)} columns)</summary>"
+            f"<p class=columns>{cols}</p></details>"
+        )
+    return f"<section id=views><h2>Views and their columns</h2>{''.join(items)}</section>"
+
+
+def query_page(
+    sql: str,
+    result: Any,
+    error: str | None,
+    *,
+    uri: str,
+    max_rows: int,
+    views: dict[str, list[tuple[str, str]]] | None = None,
+) -> str:
     out = ""
     if error:
         out = f"<p class=error id=error>{escape(error)}</p>"
@@ -643,5 +743,6 @@ def query_page(sql: str, result: Any, error: str | None, *, uri: str, max_rows: 
         '<form method=get action="/query" id=queryform>'
         f"<textarea name=sql id=sql rows=6 cols=100>{escape(sql)}</textarea>"
         f"<br><button type=submit id=run>run</button></form>{out}"
+        f"{_views_list(views) if views else ''}"
     )
     return _layout("query", body, uri=uri, crumbs=[("run", "/"), ("query", None)])

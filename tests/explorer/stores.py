@@ -5,6 +5,7 @@ attempt that supersedes the last steps of the first."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -119,3 +120,71 @@ def demo_like_store(
     resumed.begin_attempt()
     resumed.append(batch(steps - 2, seed=7))
     return {"first": first.attempt_spec.id, "resumed": resumed.attempt_spec.id}
+
+
+# ---------------------------------------------------------------------- a run to read
+TOKENIZER = {"class": "ByT5Tokenizer", "name_or_path": "", "vocab_size": 256}
+SOURCES = ("gsm8k", "math")
+VERDICTS = ("right", "wrong")
+UPDATES = 2  # optimizer steps per stored step in the trainer's log (TRL's num_iterations)
+
+
+def loss_at(step: int) -> float:
+    """The step rows' loss: negative, as a GRPO loss often is."""
+    return -0.0665 + 0.004 * step
+
+
+def update_loss(step: int, update: int) -> float:
+    """The trainer's logged loss of update ``update`` (0, 1) on step ``step``'s rollouts:
+    the second update of a round lower than the first (it alternates)."""
+    return loss_at(step) + (0.02 if update == 0 else -0.02)
+
+
+def read_batch(step: int) -> RolloutBatch:
+    """Step ``step`` of :func:`reading_store`: :func:`batch` with a dataset column
+    (``ds_source``), a ``log_extra`` column (``extra_verdict``), the run config with its
+    tokenizer, a negative loss, a length that is constant but for rounding."""
+    made = batch(step)
+    table = pa.Table.from_batches([made.groups])
+    n = table.num_rows
+    table = table.append_column("ds_source", pa.array([SOURCES[g % 2] for g in range(n)]))
+    verdicts = [[VERDICTS[(g + i) % 2] for i in range(K)] for g in range(n)]
+    table = table.append_column("extra_verdict", pa.array(verdicts, pa.list_(pa.string())))
+    row = pa.Table.from_batches([made.step_row])
+    config = {"model": "tiny-gpt2", "trainer": "maxent-arrow", "tokenizer": TOKENIZER,
+              "max_completion_len": 9, "extra": {"trl": {"num_iterations": UPDATES}}}  # fmt: skip
+    for name, value in (("mean_length", 3.0 + 0.01 * (step % 2)), ("total_loss", loss_at(step))):
+        row = row.set_column(row.schema.get_field_index(name), name, pa.array([value]))
+    row = row.append_column("config", pa.array([json.dumps(config)]))
+    return RolloutBatch(table, row)
+
+
+def reading_store(root: Path, *, steps: int = 4) -> dict:
+    """A finished trainer run to read: train steps 0..steps-1 of :func:`read_batch`, each
+    trained (lifecycle records of the trainer), and the trainer's log (``trainer_metrics``:
+    its KL the step rows' own, its loss for :data:`UPDATES` optimizer steps per stored
+    step); then a second policy trained from it by the replay sampler as the role
+    ``sampler``, which drops the zero-spread group (:data:`DROPPED_GROUP`). Both end
+    (checkpoint). Returns the attempts' ids."""
+    from maxent_arrow.rollout import trainer_metrics_table
+    from maxent_arrow.store import ReplaySampler
+
+    RolloutStore.create(root, config={}, if_exists="error")
+    trainer = RolloutStore(root)
+    logged = []
+    for step in range(steps):
+        trainer.append(read_batch(step))
+        rows = trainer.read(steps=step, kind="train")
+        trainer.record_lifecycle(rows, step=step, event="trained")
+        for update in range(UPDATES):
+            logged.append({"optimizer_step": UPDATES * step + update + 1, "kind": "train",
+                           "step": step, "first_step": step, "kl": 0.01 * (step + 1),
+                           "loss": update_loss(step, update)})  # fmt: skip
+    trainer.append_records("trainer_metrics", trainer_metrics_table(logged))
+    trainer.checkpoint()
+    source = RolloutStore(root, role="sampler")
+    sampler = ReplaySampler(source, batch_groups=GROUPS, seed=0, epochs=None, drop_zero_std=True)
+    for step in range(steps):
+        sampler.sample(current_version=step, step=step)
+    source.checkpoint()
+    return {"trainer": trainer.attempt_spec.id, "sampler": source.attempt_spec.id}

@@ -43,7 +43,7 @@ def test_a_compaction_under_the_explorer_keeps_the_overview_and_frees_the_old_fi
     writer = RolloutStore(root, if_exists="resume")
     writer.compact()
     after = data.overview()
-    assert after["curves"] == before["curves"] and after["steps"] == before["steps"]
+    assert after["charts"] == before["charts"] and after["steps"] == before["steps"]
     now = {name for name, _ in data._step_cache}
     assert now == {unit.step_file for unit in data.store().units()}
     assert len(old - now) == 4 and len(now - old) == 1  # the 4 train steps' files, merged

@@ -35,7 +35,12 @@ def test_a_trl_run_walked_from_curve_to_tokens(browser, tmp_path):
             "figure.curve figcaption", "f => f.map(x => x.textContent)"
         )
         assert "reward (mean U)" in captions
+        # TRL's loss is its own log (the step rows hold none): one chart, no "(trainer)" twin.
+        assert "loss" in captions and not any("(trainer)" in c for c in captions)
         assert "trl.GRPOTrainer" in page.inner_text("#config")
+        cells = "t => t.map(x => x.textContent)"
+        statuses = page.eval_on_selector_all("#attempts td.status", cells)
+        assert statuses == ["finished"]  # train() ended: the recorder's checkpoint says so
         browser.screenshot(page, "explorer_trl_overview")
         first = stored.steps(kind="train")[0]
         page.click(
@@ -62,8 +67,11 @@ def test_a_trl_run_walked_from_curve_to_tokens(browser, tmp_path):
         browser.screenshot(page, "explorer_trl_group")
         page.click("article.card[data-index='0'] a.tokenlink")
         page.wait_for_url("**/tokens/**")
-        chips = page.eval_on_selector_all("#tokens .tok", "t => t.map(x => x.textContent)")
+        chips = page.eval_on_selector_all("#tokens .tok .id", "t => t.map(x => x.textContent)")
         assert [int(c) for c in chips] == row["completion_ids"][0]
+        # Each id's piece, from the tokenizer TRL trained with (ByT5, recorded by the run).
+        pieces = page.eval_on_selector_all("#tokens .tok .piece", "t => t.map(x => x.textContent)")
+        assert len(pieces) == len(chips) and "ByT5Tokenizer" in page.inner_text("#pieces")
         page.hover("#tokens .tok:first-child")
         page.wait_for_selector("#tip:not([hidden])")
         assert f"id {row['completion_ids'][0][0]}" in page.inner_text("#tip")

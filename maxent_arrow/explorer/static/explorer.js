@@ -4,8 +4,9 @@
   function show(tip, tok, event) {
     var info = JSON.parse(tok.getAttribute("data-info"));
     var lines = ["token " + info.t + "  id " + info.id];
+    if (info.piece !== undefined) lines.push("piece: " + info.piece);
     Object.keys(info).forEach(function (k) {
-      if (k === "t" || k === "id") return;
+      if (k === "t" || k === "id" || k === "piece") return;
       var v = info[k];
       lines.push(k + ": " + (v === null ? "–" : Number(v).toPrecision(5)));
     });
