@@ -11,7 +11,7 @@ a caller's matplotlib state is left alone.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from maxent_arrow.errors import MissingExtraError
 
 __all__ = [
     "plot_compare",
+    "reward_band",
     "WIDTH_PX",
     "plot_advantages",
     "plot_eval",
@@ -92,19 +93,40 @@ def _label(reward: str) -> str:
     return "U (weighted total)" if reward == "total_utils" else reward
 
 
-def plot_rewards(curve: pa.Table, out: Path) -> Path | str:
-    """Mean reward per train step, one line per reward function and the total U, with the
-    p05-p95 band of each."""
+def reward_band(part: pa.Table, *, discrete: bool) -> tuple[np.ndarray, np.ndarray, str]:
+    """The band drawn around one reward's mean per step (``part``: its rows of
+    ``reward_curve``): ``(low, high, what it is)``.
+
+    A reward of many values: the 5-95 % quantiles of the step's completions (their spread).
+    A reward of few values (``discrete``: 0/1 correctness, a sum of such): the 95 % interval
+    of the step's mean, mean ± 1.96 std / √n. The quantiles of a discrete reward are its
+    values themselves, and jump: the 5 % quantile of a 0/1 reward is 0 while more than 5 %
+    of the completions fail and 1 once fewer do, so a run near 95 % accuracy drew a band
+    that flickered between the full height and nothing from one step to the next."""
+    if not discrete:
+        return _np(part, "p05"), _np(part, "p95"), "5-95 % of the completions"
+    mean, std, n = _np(part, "mean"), _np(part, "std"), _np(part, "n")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        half = 1.96 * std / np.sqrt(n)
+    low, high = np.maximum(mean - half, _np(part, "min")), np.minimum(mean + half, _np(part, "max"))
+    return low, high, "95 % interval of the mean"
+
+
+def plot_rewards(curve: pa.Table, out: Path, *, discrete: Collection[str] = ()) -> Path | str:
+    """Mean reward per train step, one line per reward function and the total U, with a
+    band each (:func:`reward_band`: the spread of a continuous reward, the uncertainty of
+    the mean of one of few values, those in ``discrete``)."""
     if curve.num_rows == 0:
         return "no scored train completions"
-    fig, (ax,) = _figure("Reward per train step: mean, with the 5-95 % band")
+    fig, (ax,) = _figure("Reward per train step: mean, with its band")
     for i, reward in enumerate(_reward_names(curve)):
         part = curve.filter(pc.equal(curve.column("reward"), reward))
         steps = _np(part, "step")
         ax.plot(steps, _np(part, "mean"), color=_colour(i), marker=_marker(len(steps)),
                 label=f"{_label(reward)}: mean")  # fmt: skip
-        ax.fill_between(steps, _np(part, "p05"), _np(part, "p95"), color=_colour(i), alpha=0.12,
-                        label=f"{_label(reward)}: 5-95 %")  # fmt: skip
+        low, high, what = reward_band(part, discrete=reward in discrete)
+        ax.fill_between(steps, low, high, color=_colour(i), alpha=0.12,
+                        label=f"{_label(reward)}: {what}")  # fmt: skip
     ax.set_xlabel("step", fontsize=11)
     ax.set_ylabel("reward", fontsize=11)
     ax.legend(**_LEGEND)
@@ -157,11 +179,35 @@ def plot_success(
     return _save(fig, out / "success.png")
 
 
-def plot_losses(losses: pa.Table, out: Path) -> Path | str:
-    """The loss components per train step (mean over ranks), each only where recorded."""
+def _trainer_lines(ax: Any, trainer: pa.Table, column: str, label: str, first: int) -> None:
+    """The trainer's logged ``column`` per stored step: one line per update of a round
+    (update k of n drawn k/n of the way to the next stored step), never one line joining a
+    round's first update to its second."""
+    steps, updates, counts = _np(trainer, "step"), _np(trainer, "update"), _np(trainer, "updates")
+    values, most = _np(trainer, column), int(np.nanmax(counts)) if trainer.num_rows else 1
+    stored = np.unique(steps)
+    gap = float(np.min(np.diff(stored))) if len(stored) > 1 else 1.0
+    for k in range(1, most + 1):
+        pick = updates == k
+        x = steps[pick] + (k - 1) * gap / counts[pick]
+        name = label if most == 1 else f"{label}, update {k} of {most} per round"
+        ax.plot(x, values[pick], color=_colour(first + k - 1), marker=_marker(len(x)), label=name)
+
+
+def plot_losses(losses: pa.Table, out: Path, trainer: pa.Table | None = None) -> Path | str:
+    """The loss components per train step (mean over ranks), each only where recorded; for
+    a run whose step rows hold none (TRL's), the loss the trainer logged (``trainer``:
+    ``trainer_curve``), one line per update of a round."""
     present = [c for c in losses.column_names if c.endswith("_loss") and _has_values(losses, c)]
     if not present:
-        return "the run recorded no loss values"
+        if trainer is None or not _has_values(trainer, "loss"):
+            return "the run recorded no loss values"
+        fig, (ax,) = _figure("Loss per train step (the trainer's log, trainer_metrics)")
+        _trainer_lines(ax, trainer, "loss", "loss (trainer's log)", 0)
+        ax.set_xlabel("step", fontsize=11)
+        ax.set_ylabel("loss", fontsize=11)
+        ax.legend(**_LEGEND)
+        return _save(fig, out / "losses.png")
     fig, (ax,) = _figure("Loss components per train step (mean over ranks)")
     steps = _np(losses, "step")
     for i, column in enumerate(present):
@@ -230,15 +276,21 @@ def plot_group_entropy(ent: pa.Table, out: Path) -> Path | str:
     return _save(fig, out / "group_entropy.png")
 
 
-def plot_kl(losses: pa.Table, buckets: pa.Table, out: Path) -> Path | str:
-    """KL to the reference per token: the step's value and per completion-length bucket."""
+def plot_kl(
+    losses: pa.Table, buckets: pa.Table, out: Path, trainer: pa.Table | None = None
+) -> Path | str:
+    """KL to the reference per token: the step's value and per completion-length bucket; for
+    a run whose step rows hold none, the KL the trainer logged (``trainer``)."""
     has_value = _has_values(losses, "kl_value")
-    if not has_value and buckets.num_rows == 0:
+    logged = not has_value and trainer is not None and _has_values(trainer, "kl")
+    if not has_value and not logged and buckets.num_rows == 0:
         return "the run recorded no KL"
     fig, (ax,) = _figure("KL to the reference model per token, per train step")
     if has_value:
         ax.plot(_np(losses, "step"), _np(losses, "kl_value"), color="black", linewidth=2.2,
                 label="all completions")  # fmt: skip
+    elif logged and trainer is not None:
+        _trainer_lines(ax, trainer, "kl", "KL (trainer's log)", 5)
     order = sorted(
         set(zip(buckets.column("bucket_order").to_pylist(), buckets.column("bucket").to_pylist()))
     )

@@ -487,6 +487,40 @@ class ReadyMadeQueries:
         weighted_kl_loss`` (``LossScalarBundle``) and ``kl_value`` (``BatchDiagnostics``)."""
         return self.step_curve(LOSS_COLUMNS, kind=kind)
 
+    def trainer_curve(self, *, kind: str | None = "train") -> pa.Table:
+        """The trainer's own log (the ``trainer_metrics`` record table) per optimizer step:
+        ``step`` (the stored step whose rollouts it trained on), ``optimizer_step``,
+        ``update`` (its place among the optimizer steps of that stored step, from 1: TRL's
+        ``num_iterations`` train on one round several times), ``updates`` (how many there
+        were), and the figures the step rows may lack (TRL's): ``loss``, ``kl``. A
+        :class:`SchemaError` when the run logged none."""
+        if R.TRAINER_METRICS not in self.rel.views.records:
+            raise SchemaError("trainer_curve: the store has no trainer_metrics records")
+        where = self.rel.where(kind=kind)
+        return self.rel.sql(
+            "SELECT step, optimizer_step, "
+            "row_number() OVER (PARTITION BY step ORDER BY optimizer_step) AS update, "
+            "count(*) OVER (PARTITION BY step) AS updates, loss, kl "
+            f"FROM {R.TRAINER_METRICS} {where} ORDER BY optimizer_step"
+        )
+
+    def distinct_rewards(self, *, kind: str | None = "train", limit: int = 10) -> dict[str, int]:
+        """How many distinct values each reward source (``total_utils`` and each function)
+        took over the run's completions of ``kind``, counted up to ``limit + 1`` (more: a
+        continuous reward). The report draws a discrete reward's band as the interval of its
+        mean: a quantile of a 0/1 reward is 0 or 1, and jumps between them."""
+        sources = [("total_utils", "total_util")] if "total_util" in self.rel.flat_exprs else []
+        sources += list(reward_aliases(self.rel.reward_names).items())
+        if not sources:
+            return {}
+        flat = self.rel.flat([a for _, a in sources], kind=kind)
+        counts = ", ".join(
+            f"count(DISTINCT {quote(a)}) FILTER (WHERE NOT isnan({quote(a)})) AS c{i}"
+            for i, (_, a) in enumerate(sources)
+        )
+        row = self.rel.sql(f"SELECT {counts} FROM {flat}").to_pylist()[0]
+        return {name: min(int(row[f"c{i}"] or 0), limit + 1) for i, (name, _) in enumerate(sources)}
+
     def policy_entropy_curve(self, *, kind: str | None = "train") -> pa.Table:
         """The policy's own entropy per step, from ``policy_entropy_sum`` (H_i, the summed
         per-token entropy of completion i under the policy that scored it).

@@ -73,12 +73,16 @@ CAPTIONS = {
     "compare": "The eval reward of this run beside the runs it is compared with (e.g. a policy "
     "trained offline from this run's stored rollouts), step by step.",
     "reward curve": "Mean reward per train step of each reward function and of the weighted "
-    "total U, with the 5-95 % band over the step's completions.",
+    "total U, with a band: for a reward of many values the 5-95 % of the step's completions; "
+    "for one of few values (0/1 correctness) the 95 % interval of the step's mean, as its "
+    "quantiles are its values and would jump between them.",
     "eval": "Mean reward of each function on the eval steps (solid) beside the same function "
     "on the train steps (dashed): the gap is what training did not generalise.",
     "success": "Share of completions that succeed, of groups with at least one success, "
     "pass@k, and the share of groups whose completions all scored the same (no signal).",
-    "losses": "The loss components logged per train step (mean over ranks).",
+    "losses": "The loss components logged per train step (mean over ranks); for a trainer "
+    "whose step rows hold none (TRL), the loss it logged (trainer_metrics), one line per "
+    "update when a round of rollouts served several optimizer steps.",
     "exploration": "Is the policy still exploring? Its entropy per token, and the share of "
     "distinct completions in a group (1: all K differ; 1/K: all the same). Both fall when "
     "the policy collapses.",
@@ -97,6 +101,9 @@ CAPTIONS = {
 # question the stored groups (K completions each) can answer.
 MAX_BINS = 10_000
 MAX_K = 1024
+# A reward that takes at most this many values over the run is drawn with the interval of
+# its mean, not its quantiles (figures.reward_band).
+DISCRETE_VALUES = 10
 
 
 def check_report_options(*, threshold: float, k: Sequence[int], bins: int) -> tuple[int, ...]:
@@ -216,6 +223,18 @@ def _check_out(out: Path, store: Any) -> None:
         )
 
 
+@dataclass
+class _Read:
+    """What the report read: the tables by name, the parts the run did not record (part ->
+    why), the tables missing (name -> why), and the facts (``info``, ``config``, the
+    ``discrete`` reward sources)."""
+
+    tables: dict[str, pa.Table] = field(default_factory=dict)
+    absent: dict[str, str] = field(default_factory=dict)
+    missing: dict[str, str] = field(default_factory=dict)
+    found: dict[str, Any] = field(default_factory=dict)
+
+
 def _build(
     run: RunAnalytics,
     report: Report,
@@ -226,10 +245,22 @@ def _build(
     progress: bool,
 ) -> dict[str, pa.Table]:
     """Run the queries, draw the plots and summarise; returns the tables (by name)."""
-    tables: dict[str, pa.Table] = {}
-    absent: dict[str, str] = {}  # part the run did not record -> why
-    missing: dict[str, str] = {}  # table name -> why it is missing
-    found: dict[str, Any] = {}
+    read = _read(run, threshold=threshold, ks=ks, bins=bins, progress=progress)
+    _draw(report, read, threshold=threshold, ks=ks, progress=progress)
+    found = read.found
+    report.run_summary = summarize(
+        found["info"], found["config"], read.tables, threshold=threshold, ks=ks,
+        absent=read.absent,
+    )  # fmt: skip
+    return read.tables
+
+
+def _read(
+    run: RunAnalytics, *, threshold: float, ks: tuple[int, ...], bins: int, progress: bool
+) -> _Read:
+    """Every query of the report, after one materializing scan."""
+    read = _Read()
+    tables, found = read.tables, read.found
 
     def describe() -> None:
         found["info"] = run.describe()
@@ -259,23 +290,47 @@ def _build(
         try:
             tables[name] = call()
         except (SchemaError, LayoutError) as exc:  # the run did not record this
-            absent[what] = missing[name] = str(exc).split(": ", 1)[-1]
+            read.absent[what] = read.missing[name] = str(exc).split(": ", 1)[-1]
 
-    tasks = [run.materialize, describe, *(partial(run_query, name) for name in queries)]
+    def trainer_log() -> None:  # (a run without one is no part missing: the step rows say)
+        try:
+            tables["trainer"] = run.trainer_curve()
+        except (SchemaError, LayoutError):
+            pass
+        found["discrete"] = {
+            name for name, n in run.distinct_rewards().items() if n <= DISCRETE_VALUES
+        }
+
+    tasks = [run.materialize, describe, trainer_log,
+             *(partial(run_query, name) for name in queries)]  # fmt: skip
     for task in _bar(tasks, "report: reading", "query", progress):
         task()
-    losses = tables.get("losses")
-    if losses is not None and all(
+    if _no_losses(tables.get("losses"), tables.get("trainer")):
+        read.absent["loss components"] = "the step rows hold no loss values, the trainer none"
+    return read
+
+
+def _no_losses(losses: pa.Table | None, trainer: pa.Table | None) -> bool:
+    """Whether the run recorded no loss at all: none in its step rows (TRL's hold none), none
+    in the trainer's log."""
+    if trainer is not None and trainer.column("loss").null_count < trainer.num_rows:
+        return False
+    return losses is not None and all(
         losses.column(c).null_count == losses.num_rows
         for c in losses.column_names
         if c not in ("step", "num_ranks")
-    ):
-        absent["loss components"] = "the step rows hold no loss values"
-    out = report.out
-    t = tables
+    )
+
+
+def _draw(
+    report: Report, read: _Read, *, threshold: float, ks: tuple[int, ...], progress: bool
+) -> None:
+    """Each plot the tables allow (its PNG in ``report.plots``), else why not."""
+    out, t = report.out, read.tables
+    discrete = read.found["discrete"]
     # Plot name -> (the tables it draws, how).
     plots: dict[str, tuple[tuple[str, ...], Callable[[], Path | str]]] = {
-        "reward curve": (("reward",), lambda: F.plot_rewards(t["reward"], out)),
+        "reward curve": (("reward",), lambda: F.plot_rewards(t["reward"], out, discrete=discrete)),
         "eval": (
             ("eval_reward", "reward"),
             lambda: F.plot_eval(t["eval_reward"], t["reward"], out),
@@ -286,7 +341,7 @@ def _build(
                 t["success"], t["zero_variance"], out, threshold=threshold, ks=ks
             ),
         ),
-        "losses": (("losses",), lambda: F.plot_losses(t["losses"], out)),
+        "losses": (("losses",), lambda: F.plot_losses(t["losses"], out, t.get("trainer"))),
         "exploration": (
             ("distinct",),
             lambda: F.plot_exploration(t.get("policy_entropy"), t["distinct"], out),
@@ -295,22 +350,21 @@ def _build(
             ("group_entropy",),
             lambda: F.plot_group_entropy(t["group_entropy"], out),
         ),
-        "kl": (("losses", "kl_buckets"), lambda: F.plot_kl(t["losses"], t["kl_buckets"], out)),
+        "kl": (
+            ("losses", "kl_buckets"),
+            lambda: F.plot_kl(t["losses"], t["kl_buckets"], out, t.get("trainer")),
+        ),
         "lengths": (("lengths",), lambda: F.plot_lengths(t["lengths"], out)),
         "advantages": (("advantages",), lambda: F.plot_advantages(t["advantages"], out)),
     }
     for name in _bar(list(plots), "report: plotting", "plot", progress):
         needs, plot = plots[name]
-        lacking = [missing[n] for n in needs if n not in tables]
+        lacking = [read.missing[n] for n in needs if n not in t]
         result = lacking[0] if lacking else plot()
         if isinstance(result, Path):
             report.plots[name] = result
         else:
             report.skipped[name] = result
-    report.run_summary = summarize(
-        found["info"], found["config"], tables, threshold=threshold, ks=ks, absent=absent
-    )
-    return tables
 
 
 def _bar(items: Sequence[Any], desc: str, unit: str, progress: bool) -> Any:

@@ -191,6 +191,31 @@ def _rewards(config: Mapping[str, Any], names: Sequence[str]) -> str:
     )
 
 
+def _trainer_trends(trainer: pa.Table | None, made: Sequence[Trend]) -> list[Trend | None]:
+    """The loss and KL the trainer logged (``trainer_curve``: trainer_metrics, the mean over
+    a stored step's updates), for a run whose step rows hold none (TRL's)."""
+    if trainer is None or trainer.num_rows == 0:
+        return []
+    steps = _column(trainer, "step")
+    out: list[Trend | None] = []
+    for column, key, label, unit, own in (
+        ("loss", "loss.trainer", "Loss (the trainer's log, mean over a step's updates)",
+         "loss", "loss."),
+        ("kl", "kl.trainer", "KL to the reference (the trainer's log)", "nats/token",
+         "kl_value"),
+    ):  # fmt: skip
+        if any(t.key.startswith(own) for t in made):
+            continue  # the step rows hold it
+        values = _column(trainer, column)
+        keep = np.isfinite(values)
+        at, where = np.unique(steps[keep], return_inverse=True)
+        if not len(at):
+            continue
+        means = np.bincount(where, weights=values[keep]) / np.bincount(where)
+        out.append(trend(key, label, unit, at, means))
+    return out
+
+
 def summarize(
     info: Mapping[str, Any],
     config: Mapping[str, Any],
@@ -272,6 +297,7 @@ def summarize(
             )
     trends.append(_from(losses, "kl_value", "kl_value", "KL to the reference, per token",
                         "nats/token"))  # fmt: skip
+    trends += _trainer_trends(tables.get("trainer"), [t for t in trends if t is not None])
     trends.append(_from(tables.get("policy_entropy"), "entropy_per_token", "policy_entropy",
                         "Policy entropy, per token", "nats/token"))  # fmt: skip
     trends.append(_from(tables.get("distinct"), "distinct_frac", "distinct_completions",

@@ -140,6 +140,15 @@ def expected_trends(
             "SELECT step, avg(kl_value) AS v FROM steps WHERE kind = 'train' GROUP BY step "
             "ORDER BY 1",
         )
+    views = {r["table_name"] for r in rows(run, "SELECT table_name FROM information_schema.tables")}
+    if "trainer_metrics" in views:  # the trainer's log, where the step rows hold no value
+        for column, key, own in (("loss", "loss.trainer", "loss."), ("kl", "kl.trainer", "kl_")):
+            if not any(k.startswith(own) and v for k, v in out.items()):
+                out[key] = series(
+                    run,
+                    f"SELECT step, avg({column}) AS v FROM trainer_metrics WHERE kind = 'train' "
+                    f"AND {column} IS NOT NULL GROUP BY step ORDER BY 1",
+                )
     sample_columns = {r["column_name"] for r in rows(run, "DESCRIBE samples")}
     if "policy_entropy_sum" in sample_columns:
         out["policy_entropy"] = series(

@@ -135,12 +135,14 @@ def test_the_report_of_a_trl_run_plots_what_exists_and_says_what_is_absent(brows
     data = _look(browser, report, "report_trl_1280")
     with RunAnalytics(root) as run:
         check_page(data, run, root)
-    # TRL's recorder stores no q, MaxEnt weights or losses: those parts are said absent,
-    # the rest is plotted.
+    # TRL's recorder stores no q or MaxEnt weights: that part is said absent, the rest is
+    # plotted; its losses are TRL's own log (trainer_metrics), plotted, not said absent.
     assert {"reward curve", "eval", "success", "exploration", "lengths"} <= set(report.plots)
-    assert "losses" in report.skipped and "group entropy" in report.skipped
-    for missing in ("q and MaxEnt weights", "loss components", "policy entropy"):
+    assert "losses" in report.plots and "group entropy" in report.skipped
+    assert "loss.trainer" in data["trends"]
+    for missing in ("q and MaxEnt weights", "policy entropy"):
         assert missing in data["absent"]
+    assert "loss components" not in data["absent"]
     assert data["facts"]["trainer"].startswith("trl.GRPOTrainer")
     # Chat prompts are shown by their text, beside the gold answer.
     assert "9+9=" in data["bodyText"] and "18" in data["bodyText"]
