@@ -30,6 +30,12 @@ $(BENCH_STAMP): $(STAMP) pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/maxent-arrow demo
 
+# The README's screenshots of the explorer, from the demo's run (docs/make_screenshots.py; runs
+# the demo first unless RUN=<a demo run directory> is given). Not part of `make test`.
+.PHONY: screenshots
+screenshots: $(STAMP)
+	$(PY) docs/make_screenshots.py $(RUN)
+
 # The import contracts (docs/architecture.md; [tool.importlinter] in pyproject.toml) first,
 # then the types of maxent_arrow and examples/ ([tool.basedpyright]), then the tests.
 test: $(STAMP)
