@@ -16,7 +16,11 @@ from .trl import (
     trl_group_table as trl_group_table,
 )
 from .trl_config import trl_offpolicy as trl_offpolicy, trl_run_config as trl_run_config
-from .trl_replay import StoreFedGRPOTrainer as StoreFedGRPOTrainer, trl_inputs as trl_inputs
+from .trl_replay import (
+    StoredInputs as StoredInputs,
+    StoreFedGRPOTrainer as StoreFedGRPOTrainer,
+    trl_inputs as trl_inputs,
+)
 from .trl_tables import RoundContext as RoundContext, RoundValues as RoundValues
 from .verl import (
     from_dataproto as from_dataproto,

@@ -8,7 +8,11 @@ usual. Every generation round is written once, as one append per process (each p
 its own rank; nothing is gathered to one process to be written), keyed by the optimizer step
 (``state.global_step``) at which it was generated: with ``steps_per_generation`` or
 ``num_iterations`` > 1 a round serves several optimizer steps and is stored under the first.
-Evaluation rounds are stored as ``kind="eval"``, one append per evaluation.
+Evaluation rounds are stored as ``kind="eval"``, one append per evaluation. With each training
+step's append goes the micro-batch split TRL drew for each of its rounds (a ``trl_split``
+record, :mod:`.trl_split`: the permutation TRL's ``_prepare_inputs`` shuffles the round with,
+drawn ahead by :func:`~.trl_contract.next_shuffle`, about 20 µs), which the store-fed trainer
+replays.
 
 What a round holds is the group layout of ``docs/arrow-layout.md``, built by
 :mod:`.trl_tables` from TRL's output dict (:func:`trl_group_table` is the same path for a
@@ -89,7 +93,13 @@ from maxent_arrow.integrations.context import (
 )
 from maxent_arrow.integrations.steps import step_row
 from maxent_arrow.integrations.trl_config import trl_offpolicy, trl_run_config
-from maxent_arrow.integrations.trl_contract import METRIC_COUNTS, TRL_VERSION, TrlOutput
+from maxent_arrow.integrations.trl_contract import (
+    METRIC_COUNTS,
+    TRL_VERSION,
+    TrlOutput,
+    next_shuffle,
+)
+from maxent_arrow.integrations.trl_split import SPLIT_TABLE, split_rows
 from maxent_arrow.integrations.trl_tables import (
     RoundContext,
     RoundValues,
@@ -307,10 +317,12 @@ class Capture:
 
 @dataclass
 class PendingStep:
-    """The rounds of one step and kind not yet appended, and the metrics logged in them."""
+    """The rounds of one step and kind not yet appended, the metrics logged in them and, for
+    training rounds, the micro-batch split TRL drew for each (:mod:`.trl_split`)."""
 
     step: int
     rounds: list[Callable[[], pa.Table]] = field(default_factory=list)
+    orders: list[np.ndarray] = field(default_factory=list)
     metrics: dict[str, list[float]] = field(default_factory=dict)  # name -> [sum, count]
 
     def add_metric(self, name: str, values: Sequence[Any]) -> None:
@@ -695,6 +707,8 @@ class RolloutRecorder(_Trainer):
             extras=state.round_extras(capture.extras, b),
         )
         pending.rounds.append(functools.partial(round_table, host, values, context))
+        if kind == "train":  # the split TRL's _prepare_inputs is about to draw (trl_split)
+            pending.orders.append(next_shuffle(b).numpy())
         # A GRPOConfig, whose __post_init__ sets steps_per_generation (TRL declares the
         # TrainingArguments base, and the field Optional).
         args: Any = self.args
@@ -772,12 +786,16 @@ class RolloutRecorder(_Trainer):
                 )
                 continue
             state.written.add((pending.step, name))
+            rank = self.accelerator.process_index
+            # The rounds' split, in a store that keeps record tables (one with a commit log).
+            record = state.records and bool(pending.orders)
             self.rollout_appender.submit(
                 _append_job(
                     self.rollout_store,
                     pending,
                     self.rollout_columns,
-                    rank=self.accelerator.process_index,
+                    splits=split_rows(pending.step, rank, pending.orders) if record else None,
+                    rank=rank,
                     kind=name,
                     config=self.rollout_config,
                     max_completion_len=self.max_completion_length,
@@ -796,11 +814,16 @@ def _indexed_datasets(init: Callable, args: tuple, kwargs: dict) -> tuple[tuple,
 
 
 def _append_job(
-    store: RolloutStore, pending: PendingStep, user_columns: UserColumns, **where: Any
+    store: RolloutStore,
+    pending: PendingStep,
+    user_columns: UserColumns,
+    *,
+    splits: pa.Table | None = None,
+    **where: Any,
 ) -> Callable[[], None]:
     """The append of one step: its rounds' group rows built and joined, every user column of
-    the run, the step row, the batch's layout check and the durable write (run by the
-    Appender, on its thread)."""
+    the run, the step row, the batch's layout check and the durable write, then the rounds'
+    recorded split (``splits``, :mod:`.trl_split`; run by the Appender, on its thread)."""
     rounds, step = list(pending.rounds), pending.step
     metrics = pending.metric_means()
 
@@ -810,6 +833,8 @@ def _append_job(
         groups = declare_families(user_columns.complete(groups), (CORE, TRL))
         row = step_row(groups, step=step, policy_version=step, metrics=metrics, **where)
         store.append(RolloutBatch(groups, row))
+        if splits is not None:
+            store.append_records(SPLIT_TABLE, splits)
 
     return job
 

@@ -17,7 +17,13 @@ declares everything of TRL that those modules use:
 - the trainer attributes read (:data:`TRAINER_ATTRIBUTES`, TRL's own and those of
   ``transformers.Trainer`` it inherits), the ``GRPOConfig`` fields read
   (:data:`CONFIG_FIELDS`), and the entries of ``GRPOTrainer._metrics`` the recorder counts
-  (:data:`METRIC_COUNTS`).
+  (:data:`METRIC_COUNTS`);
+- how TRL splits a generation batch into micro-batches (``_prepare_inputs`` shuffles it with
+  ``shuffle_sequence_dict``, one ``torch.randperm`` of the global generator, then cuts it):
+  :func:`next_shuffle` draws the permutation TRL is about to draw, :meth:`TrlOutput.take`
+  reorders an output as the shuffle does;
+- the values of the ``GRPOConfig`` options the store-fed trainer reproduces
+  (:data:`FED_OPTION_VALUES`), which it refuses others of.
 
 ``tests/integrations/test_trl_contract.py`` checks the declaration both ways: against the
 installed TRL (the signatures, the config's fields, the attributes of a trainer that trained,
@@ -34,12 +40,14 @@ from typing import Any, Literal
 
 import torch
 
+from maxent_arrow.compute import TRL_IS_MODES
 from maxent_arrow.errors import SchemaError
 
 __all__ = [
     "ALWAYS_OUTPUT_KEYS",
     "CALLED_METHODS",
     "CONFIG_FIELDS",
+    "FED_OPTION_VALUES",
     "METRIC_COUNTS",
     "MODEL_INPUT_KEYS",
     "Method",
@@ -51,6 +59,7 @@ __all__ = [
     "TRL_VERSION",
     "TrlOutput",
     "concat_outputs",
+    "next_shuffle",
 ]
 
 TRL_VERSION = "1.16"  # the minor release this module describes (the `trl` extra's pin)
@@ -156,6 +165,20 @@ class TrlOutput:
         }
         return TrlOutput.read(moved)
 
+    def take(self, index: torch.Tensor) -> TrlOutput:
+        """The rows ``index`` (row ``j`` of the result is row ``index[j]``), every value taken
+        as ``shuffle_sequence_dict`` takes it: a tensor of one or more dimensions by its
+        first, a list item by item, a 0-d tensor or a scalar (``num_items_in_batch``) kept."""
+
+        def rows(value: Any) -> Any:
+            if isinstance(value, torch.Tensor):
+                return value[index.to(value.device)] if value.dim() else value
+            if isinstance(value, list):
+                return [value[i] for i in index.tolist()]
+            return value
+
+        return TrlOutput.read({k: rows(v) for k, v in self.to_dict().items()}, where="take")
+
     @property
     def rows(self) -> int:
         """``B``, the completions of this process."""
@@ -200,6 +223,42 @@ def _padded_cat(key: str, a: torch.Tensor, b: torch.Tensor, pad_token_id: int) -
         fill = t.new_full((t.shape[0], width - t.shape[1]), pad)
         parts.append(torch.cat([fill, t] if left else [t, fill], dim=1))
     return torch.cat(parts)
+
+
+# ---------------------------------------------------------------------------- the split
+def next_shuffle(rows: int) -> torch.Tensor:
+    """The permutation TRL draws next to shuffle a generation batch of ``rows`` rows, drawn
+    ahead and torch's global generator put back as it was (training is unchanged: TRL then
+    draws this same one).
+
+    TRL's ``_prepare_inputs`` passes the output of ``_generate_and_score_completions`` to
+    ``shuffle_sequence_dict`` right after it returns, with no other draw between, and that
+    draws ``torch.randperm(rows)`` from the global (CPU) generator; ``split_tensor_dict`` then
+    cuts the shuffled batch into ``steps_per_generation`` micro-batches of consecutive rows.
+    Row ``j`` of the shuffled batch is row ``perm[j]`` of the output (:meth:`TrlOutput.take`).
+    Called at the end of ``_generate_and_score_completions`` (the recorder, the store-fed
+    trainer), it is the split TRL trains on."""
+    state = torch.random.get_rng_state()
+    try:
+        return torch.randperm(rows)
+    finally:
+        torch.random.set_rng_state(state)
+
+
+# ---------------------------------------------------------------------------- fed options
+# The values of the GRPOConfig options that decide what is trained, for which the store-fed
+# trainer gives TRL's loss what TRL's own generation would (docs/integrations.md, "What the
+# store-fed trainer reproduces"); it refuses any other (a value new in TRL: check what it
+# needs, then add it here). tests/integrations/test_trl_fed_matrix.py reads TRL's values
+# from its source and runs each against TRL.
+FED_OPTION_VALUES: Mapping[str, frozenset[str]] = {
+    "loss_type": frozenset({"grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"}),
+    "importance_sampling_level": frozenset({"token", "sequence"}),
+    "scale_rewards": frozenset({"group", "batch", "none"}),
+    "multi_objective_aggregation": frozenset({"sum_then_normalize", "normalize_then_sum"}),
+    # Under vLLM: the stored ratio of the recorded run's mode (the fed trainer's must match).
+    "vllm_importance_sampling_mode": frozenset(TRL_IS_MODES),
+}
 
 
 # ---------------------------------------------------------------------------- methods
@@ -255,29 +314,34 @@ TRAINER_ATTRIBUTES: Mapping[str, str] = {
     "accelerator": "process index and count, device, the unwrapped model",
     "args": "the GRPOConfig (CONFIG_FIELDS)",
     "model": "training or evaluating; its config (context length, name)",
-    "processing_class": "the pad token of the store-fed trainer's padding",
     "state": "global_step (a round's step) and log_history",
     "train_dataset": "the dataset's columns and their types",
     # GRPOTrainer
-    "_tokenizer": "the processor's tokenizer: pad and EOS ids, name, vocabulary",
+    "_tokenizer": "the processor's tokenizer: pad and EOS ids, name, vocabulary (the "
+    "store-fed trainer's padding)",
     "_metrics": "what TRL is about to average at a log (METRIC_COUNTS)",
     "_pending_extra_logs": "the reward functions' log_extra columns of this process",
     "_pending_metrics": "the reward functions' log_metric values of this process",
     "beta": "β of the run config; whether the store-fed trainer gives reference log-probs",
-    "eos_token_ids": "a completion that ends in none of them is truncated",
+    "eos_token_ids": "a completion that ends in none of them is truncated (stored, and masked "
+    "by the store-fed trainer)",
     "epsilon_high": "the clip range of the run config",
     "epsilon_low": "the clip range of the run config",
-    "loss_type": "the run config",
-    "mask_truncated_completions": "the mask then zeroes truncated rows: lengths from the ids",
+    "importance_sampling_level": "a value the store-fed trainer reproduces (FED_OPTION_VALUES)",
+    "loss_type": "the run config; a value the store-fed trainer reproduces",
+    "mask_truncated_completions": "the mask then zeroes truncated rows: lengths from the ids; "
+    "the store-fed trainer zeroes the stored ones",
     "max_completion_length": "the length cap of the run config and step rows",
     "multi_objective_aggregation": "the run config (TRL's advantages, recomputed)",
     "num_generations": "the group size of training rounds",
     "num_generations_eval": "the group size of evaluation rounds",
     "num_iterations": "how many optimizer steps a round serves",
+    "ref_model": "the store-fed trainer's reference log-probs, where none are stored",
     "reward_func_names": "the reward names",
     "reward_weights": "the reward weights (total_utils, the run config)",
     "scale_rewards": "the run config (TRL's advantages, recomputed)",
     "temperature": "the sampling temperature",
+    "vllm_importance_sampling_mode": "a value the store-fed trainer reproduces",
 }
 # GRPOConfig (and TrainingArguments) fields the integration reads.
 CONFIG_FIELDS = frozenset(
