@@ -30,8 +30,9 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tests" / "explorer"))
 
-from browser import available, launch  # noqa: E402
-from viewing import served  # noqa: E402
+# (the tests' browser harness and explorer launcher: on the path above, not installed)
+from browser import available, launch  # noqa: E402  # pyright: ignore[reportMissingImports]
+from viewing import served  # noqa: E402  # pyright: ignore[reportMissingImports]
 
 from maxent_arrow.analytics.links import group_path, step_path, tokens_path  # noqa: E402
 from maxent_arrow.explorer.data import RunData  # noqa: E402
@@ -90,7 +91,7 @@ def take(run: Path, images: Path = IMAGES) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description="The README's explorer screenshots.")
     parser.add_argument("run", nargs="?", type=Path, help="a demo run (default: run the demo)")
     parser.add_argument("--images", type=Path, default=IMAGES, help="where (docs/images)")
     args = parser.parse_args(argv)

@@ -153,9 +153,9 @@ def chart_svg(chart: Chart) -> str:
         for x, v, step in series.points:
             parts.append(
                 f'<a class=point href="{escape(step_path(step, series.kind))}" data-step={step} '
-                f'data-kind="{escape(series.kind)}"><circle cx={px(x):.1f} cy={py(v):.1f} r={radius} '
-                f'fill="{colour}"><title>{escape(series.name)}, step {step}: {v:.6g}</title>'
-                "</circle></a>"
+                f'data-kind="{escape(series.kind)}"><circle cx={px(x):.1f} cy={py(v):.1f} '
+                f'r={radius} fill="{colour}"><title>{escape(series.name)}, step {step}: '
+                f"{v:.6g}</title></circle></a>"
             )
     parts.append("</svg>")
     if chart.note:
