@@ -122,7 +122,7 @@ class ReadOnlyStore:
     def __enter__(self) -> ReadOnlyStore:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
         self.close()
 
     def close(self) -> None:
