@@ -1,2 +1,1 @@
-"""The trainer feed on top of the façades: the replay sampler and the PyTorch dataset.
-"""
+"""The trainer feed on top of the façades: the replay sampler and the PyTorch dataset."""

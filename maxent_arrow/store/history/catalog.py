@@ -258,11 +258,9 @@ class Unit:
         return f"step-{self.step:010d}.rank-{self.rank:05d}.{self.kind}.parquet"
 
 
-
 def unit_sort_key(name: str, parsed: UnitName) -> tuple:
     """The order units are listed in: (step, kind, rank), one-step files before segments."""
     return (parsed.first_step, parsed.kind, parsed.first_rank, not parsed.compacted, name)
-
 
 
 def step_set(steps: Iterable[int] | int) -> set[int]:
@@ -274,12 +272,10 @@ History = Literal["effective", "all", "superseded"]
 HISTORIES = ("effective", "all", "superseded")
 
 
-
 def check_history(value: object) -> History:
     if value not in HISTORIES:
         raise ArgumentError(f"attempts: expected one of {HISTORIES}, got {value!r}")
     return value  # type: ignore[return-value]
-
 
 
 @dataclass(frozen=True)

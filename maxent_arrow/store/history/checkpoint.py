@@ -47,6 +47,7 @@ _UNIT_ROWS = ("step_file", "group_file")  # a checkpoint's rows of a unit
 # A checkpoint's row groups of units (two rows each: the step file and the group file).
 CHECKPOINT_ROW_GROUP = 1024
 
+
 class ParsedOnUse(dict):
     """A ``dict`` whose contents are parsed from text when first used (:meth:`_load`): the
     lookups, views, equality and pickling of its subclasses go through here."""
@@ -187,7 +188,6 @@ class LazyRecord(ParsedOnUse):
     def __repr__(self) -> str:
         self._load()
         return super().__repr__()
-
 
 
 def checkpoint_table(state: LogState) -> pa.Table:
@@ -356,6 +356,7 @@ def state_from_checkpoint(data: bytes) -> LogState:
 
     return state_from_table(table, text_of("rows"), summary_of, text_of("item"))
 
+
 def state_from_table(
     table: pa.Table,
     rows_of: Callable[[int], Callable[[], str]] | None = None,
@@ -385,9 +386,7 @@ def state_from_table(
             item = row["item"] if item_of is None else item_of(index)
             record = LazyRecord(item, rows_of(index), stamp)
             summary = row.get("summary") if summary_of is None else summary_of(index)
-            entry = UnitEntry(
-                row["path"], record, row["attempt"], *stamp[2:], *stamp[:2], summary
-            )
+            entry = UnitEntry(row["path"], record, row["attempt"], *stamp[2:], *stamp[:2], summary)
             state.add_unit(row["path"], entry)
             continue
         item = json.loads(row["item"])
@@ -406,7 +405,6 @@ def state_from_table(
     return state
 
 
-
 def unit_item_text(e: UnitEntry) -> tuple[str, str | None]:
     """A unit entry as a checkpoint row's ``item`` JSON without its step rows, and the rows
     as JSON text of their own (passed through unparsed when read from a checkpoint)."""
@@ -423,7 +421,6 @@ def unit_item_text(e: UnitEntry) -> tuple[str, str | None]:
     return json.dumps(item), text
 
 
-
 def checkpoint_bytes(state: LogState) -> bytes:
     """A checkpoint file's bytes (Parquet, zstd): the attempts, record files and retiring
     files in a row group of their own (read whole when a reader opens it), then the units
@@ -438,4 +435,3 @@ def checkpoint_bytes(state: LogState) -> bytes:
         if head < len(kinds):
             writer.write_table(table.slice(head), row_group_size=CHECKPOINT_ROW_GROUP)
     return sink.getvalue().to_pybytes()
-

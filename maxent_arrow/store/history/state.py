@@ -78,7 +78,6 @@ class Attempt:
         return cls(**{k: v for k, v in data.items() if k in known})
 
 
-
 @dataclasses.dataclass(frozen=True)
 class UnitEntry:
     """A committed step file: its relative path, its commit record (the step file's store
@@ -97,7 +96,6 @@ class UnitEntry:
     summary: str | Callable[[], str | None] | None = dataclasses.field(
         default=None, repr=False, compare=False
     )
-
 
 
 @dataclasses.dataclass
@@ -196,7 +194,6 @@ class LogState:
             indexed=None if self.indexed is None else {k: list(v) for k, v in self.indexed.items()},
             notes=dict(self.notes),
         )
-
 
     def leave(self, rels: Any, version: int) -> None:
         """Step files ``rels`` leave the units at ``version`` (replaced by a compaction,
@@ -409,8 +406,6 @@ def entry_summaries(entries: list[UnitEntry]) -> list[dict[str, Any]]:
     return [unit_summary(e.record) if t is None else next(parsed) for e, t in zip(entries, texts)]
 
 
-
-
 def summary_text(e: UnitEntry) -> str:
     text = e.summary() if callable(e.summary) else e.summary
     return json.dumps(unit_summary(e.record)) if text is None else text
@@ -437,4 +432,3 @@ def unit_from_item(item: Mapping[str, Any], row: Mapping[str, Any]) -> UnitEntry
         item.get("step_size"),
         item.get("step_crc32"),
     )
-

@@ -273,4 +273,3 @@ def _from_attempts(
             attempt = Attempt(id=entry.attempt, mode="rebuilt")
             return BeginAttempt(attempt), entry.attempt, ()
     return None
-
