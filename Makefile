@@ -48,9 +48,9 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"
 
 # Every benchmarks/bench_*.py, all of them even after a miss; a summary, benchmarks/results.json
-# and the README's table regenerated from it; fails at the end if any script missed a target.
+# and docs/benchmarks.md's table regenerated from it; fails at the end if a script missed.
 bench: $(BENCH_STAMP)
-	$(PY) benchmarks/run_all.py --readme README.md
+	$(PY) benchmarks/run_all.py --doc docs/benchmarks.md
 
 bench-quick: $(BENCH_STAMP)
 	$(PY) benchmarks/run_all.py --quick

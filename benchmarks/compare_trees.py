@@ -87,13 +87,17 @@ def main(argv: list[str] | None = None) -> int:
             docs = []
             for tree, script in (("base", theirs[name]), ("new", mine[name])):
                 out = Path(tmp) / f"{tree}-{script.stem}.json"
-                docs.append(
-                    run_all.run_one(script, out, quick=args.quick, timeout=args.timeout)
-                )
+                docs.append(run_all.run_one(script, out, quick=args.quick, timeout=args.timeout))
             rows = compare_rows(docs[0], docs[1], args.tolerance)
             regressions += sum(r["regression"] is not None for r in rows)
-            report.append({"script": name, "rc": [docs[0]["rc"], docs[1]["rc"]], "rows": rows,
-                           "load": [docs[0].get("load_during"), docs[1].get("load_during")]})
+            report.append(
+                {
+                    "script": name,
+                    "rc": [docs[0]["rc"], docs[1]["rc"]],
+                    "rows": rows,
+                    "load": [docs[0].get("load_during"), docs[1].get("load_during")],
+                }
+            )
     for script in report:
         print(f"\n## {script['script']} (exit {script['rc'][0]} base, {script['rc'][1]} here)")
         for row in script["rows"]:

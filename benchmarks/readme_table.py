@@ -1,14 +1,16 @@
-"""Render the README's benchmark table from the JSON of a ``make bench`` run.
+"""Render the benchmark table of ``docs/benchmarks.md`` from the JSON of a ``make bench`` run.
 
 Reads the combined JSON of ``benchmarks/run_all.py`` (or the JSON files of single scripts,
 ``--json PATH``) and writes a Markdown table, one row per benchmark figure: ours, the naive
 baseline, the best peer, the floor, the ratios, the targets and met or missed (a miss keeps
 its reason), under a line that names the machine, the load and the number of runs. With
-``--readme README.md`` the table replaces what lies between ``<!-- bench:start -->`` and
-``<!-- bench:end -->``; without it, it is printed. ``--check`` exits 1 when the README's table
-differs from the rendering (nothing is written).
+``--doc docs/benchmarks.md`` the table replaces what lies between ``<!-- bench:start -->`` and
+``<!-- bench:end -->`` of that page (the README links it: a 60-row table of long cells does not
+belong on the README's first screens); without it, it is printed. ``--check`` exits 1 when the
+page's table differs from the rendering (nothing is written). ``--readme`` is the old name of
+``--doc``.
 
-Run ``python benchmarks/readme_table.py benchmarks/results.json --readme README.md``.
+Run ``python benchmarks/readme_table.py benchmarks/results.json --doc docs/benchmarks.md``.
 """
 
 from __future__ import annotations
@@ -133,9 +135,10 @@ def render(runs: list[dict[str, Any]], doc: dict[str, Any] | None = None) -> str
 
 def replace_between_markers(text: str, table: str, *, start: str = START, end: str = END) -> str:
     """``text`` with what lies between the ``start`` and ``end`` markers replaced by ``table``
-    (the README's generated blocks: this table, ``readme_timings.py``'s figures)."""
+    (the generated blocks: this table in ``docs/benchmarks.md``, ``readme_timings.py``'s
+    figures in the README)."""
     if start not in text or end not in text or text.index(start) > text.index(end):
-        raise SystemExit(f"readme_table: the README has no {start} ... {end} block")
+        raise SystemExit(f"readme_table: the page has no {start} ... {end} block")
     head, rest = text.split(start, 1)
     _, tail = rest.split(end, 1)
     return f"{head}{start}\n{table}\n{end}{tail}"
@@ -144,8 +147,15 @@ def replace_between_markers(text: str, table: str, *, start: str = START, end: s
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("json", nargs="+", type=Path, help="run_all's JSON, or scripts' JSON")
-    parser.add_argument("--readme", type=Path, default=None, help="replace its table")
-    parser.add_argument("--check", action="store_true", help="exit 1 if the README differs")
+    parser.add_argument(
+        "--doc",
+        "--readme",
+        dest="doc",
+        type=Path,
+        default=None,
+        help="replace the marked table of this page (docs/benchmarks.md)",
+    )
+    parser.add_argument("--check", action="store_true", help="exit 1 if the page differs")
     parser.add_argument(
         "--allow-quick", action="store_true", help="render --quick results (smoke runs)"
     )
@@ -160,19 +170,19 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     table = render(runs, docs[0] if len(docs) == 1 else None)
-    if args.readme is None:
+    if args.doc is None:
         print(table)
         return 0
-    old = args.readme.read_text()
+    old = args.doc.read_text()
     new = replace_between_markers(old, table)
     if args.check:
         if new != old:
-            print(f"readme_table: {args.readme}'s table differs from {args.json[0]}")
+            print(f"readme_table: {args.doc}'s table differs from {args.json[0]}")
             return 1
         return 0
     if new != old:
-        args.readme.write_text(new)
-        print(f"readme_table: {args.readme} updated from {', '.join(map(str, args.json))}")
+        args.doc.write_text(new)
+        print(f"readme_table: {args.doc} updated from {', '.join(map(str, args.json))}")
     return 0
 
 

@@ -4,12 +4,12 @@ Each script runs in its own process with ``MAXENT_ARROW_BENCH_OUT`` pointing at 
 its rows (``benchmarks/harness.py``); this script prints each script's output as it comes,
 then a summary of every row (met, missed with the reason, or context) and of every script's
 exit status, and writes one combined JSON (``--out``) that ``benchmarks/readme_table.py``
-renders into the README. The load average is sampled while each script runs (the machine may
-be shared) and kept in the JSON. The exit status is 1 when any script exits non-zero (a
+renders into ``docs/benchmarks.md``. The load average is sampled while each script runs (the
+machine may be shared) and kept in the JSON. The exit status is 1 when any script exits non-zero (a
 missed target, or a crash).
 
 Run ``python benchmarks/run_all.py [--quick] [--only ragged,ingest] [--out PATH]
-[--readme README.md]`` (``make bench`` runs it with ``--readme README.md``).
+[--doc docs/benchmarks.md]`` (``make bench`` runs it with ``--doc docs/benchmarks.md``).
 """
 
 from __future__ import annotations
@@ -87,9 +87,7 @@ def run_one(script: Path, out: Path, *, quick: bool, timeout: float) -> dict[str
     document with ``rc``, ``wall_s`` and the load added."""
     env = os.environ | {harness.ENV_OUT: str(out)}
     tree = script.resolve().parent.parent
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(tree), os.environ.get("PYTHONPATH")) if p
-    )
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(tree), os.environ.get("PYTHONPATH")) if p)
     command = [sys.executable, str(script), *(["--quick"] if quick else [])]
     print(f"\n######## {script.name} {'--quick' if quick else ''}", flush=True)
     start = time.perf_counter()
@@ -146,7 +144,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="every script with --quick")
     parser.add_argument("--only", default=None, help="comma-separated names (ragged,ingest)")
     parser.add_argument("--out", type=Path, default=None, help=f"default {DEFAULT_OUT}")
-    parser.add_argument("--readme", type=Path, default=None, help="regenerate its table")
+    parser.add_argument(
+        "--doc",
+        "--readme",
+        dest="doc",
+        type=Path,
+        default=None,
+        help="regenerate the marked table of this page (docs/benchmarks.md)",
+    )
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per script")
     parser.add_argument("--scripts-dir", type=Path, default=HERE, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -179,10 +184,10 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"results: {out} ({doc['wall_s']:.0f} s in all)")
-    if args.readme is not None:
+    if args.doc is not None:
         import readme_table
 
-        readme_table.main([str(out), "--readme", str(args.readme)])
+        readme_table.main([str(out), "--doc", str(args.doc)])
     return 0 if ok else 1
 
 

@@ -93,6 +93,18 @@ def test_the_architecture_doc_lists_the_table():
         assert f"`maxent-arrow {c.synopsis()}`: {c.summary}" in block, c.name
 
 
+def test_the_readme_s_table_is_the_command_table():
+    """The README's table of commands is the one ``docs/make_commands.py`` writes from
+    COMMANDS: every command, in its order (the hand-written one left out ``train`` and
+    ``offpolicy``)."""
+    module = _make_commands()
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    table = module.command_table()
+    assert module.with_commands(text, table) == text, "run: python docs/make_commands.py"
+    block = text.split("<!-- commands -->\n", 1)[1].split("<!-- /commands -->", 1)[0]
+    assert re.findall(r"^\| `(\S+)", block, re.MULTILINE) == NAMES
+
+
 def test_the_doc_script_refuses_a_document_without_its_region():
     with pytest.raises(SystemExit, match="commands"):
         _make_commands().with_commands("# no markers here\n")
