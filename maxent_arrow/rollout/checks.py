@@ -98,7 +98,7 @@ def batch_families(groups: pa.RecordBatch, step_row: pa.RecordBatch) -> tuple[st
         raise SchemaError(
             f"RolloutBatch families: unknown {unknown}; expected some of {list(R.FAMILIES)}"
         )
-    return tuple(f for f in R.FAMILIES if f in found)
+    return tuple(sorted(found, key=R.FAMILIES.index))  # (in the registry's order)
 
 
 def _with_data(batch: pa.RecordBatch) -> list[str]:

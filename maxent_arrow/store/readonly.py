@@ -40,6 +40,7 @@ from maxent_arrow.store.history.records import (
     read_records,
     record_filter,
     record_names,
+    settle_pending,
 )
 from maxent_arrow.store.history.schemas import UnifiedSchemas
 from maxent_arrow.store.history.tail import DEFAULT_POLL, TailEvent, tail
@@ -278,6 +279,7 @@ class ReadOnlyStore:
         close it when done. Each query may run ``timeout`` seconds (default the store's
         ``query_timeout``) within ``limits`` (default sized from the machine). ``steps``:
         ``(first, last)``, views of those steps only (only their files are read)."""
+        settle_pending(self.uri)  # (rows this process handed a writer)
         limits = limits or QueryLimits()
         timeout = check_timeout(timeout) or limits.timeout or self.query_timeout
         return SqlViews(
@@ -309,6 +311,7 @@ class ReadOnlyStore:
         store is unchanged: the log at the same version and each file read of the same size
         and modification time (:meth:`~maxent_arrow.store.sql.views.SqlViews.current`); a commit
         or a changed file rebuilds it. :meth:`close` closes it."""
+        settle_pending(self.uri)  # (rows this process handed a writer)
         if not self._sql_lock.acquire(blocking=False):
             # Another thread is querying on the held session: a session of this call's own.
             with self.sql_views(on_error=on_error, timeout=timeout, steps=steps) as views:
@@ -366,6 +369,7 @@ class ReadOnlyStore:
         resumed run superseded in part), or ``None``. The same list as the log checkpoint's
         (``docs/commit-protocol.md``, "Plain readers"). A record table the store has none of
         is an :class:`~maxent_arrow.errors.ArgumentError` naming those it has."""
+        settle_pending(self.uri)  # (rows this process handed a writer)
         if table not in (GROUPS, STEPS) and not table.startswith("records:"):
             raise StoreError(
                 f"live_files: table must be 'groups', 'steps' or 'records:<name>', got {table!r}"
@@ -408,6 +412,7 @@ class ReadOnlyStore:
         (``trainer_metrics``, ``lifecycle``) never appended reads as its layout, empty; a
         name the store has no table of is an :class:`~maxent_arrow.errors.ArgumentError`
         naming the tables it has."""
+        settle_pending(self.uri)  # (rows this process handed a writer)
         history = self.catalog.history if attempts is None else check_history(attempts)
         state = self.catalog.state()
         return read_records(self.backend, state, check_record_table(state, name), history)
@@ -422,6 +427,7 @@ class ReadOnlyStore:
         not consumed (trained or dropped) in the effective history, and the stored groups
         in flight (``docs/commit-protocol.md``, "Exactly once"). Whatever history this
         object reads, the frontier is the effective one's."""
+        settle_pending(self.uri)  # (rows this process handed a writer)
         self.catalog.require_history("frontier")
         with self.catalog.snapshot():
             catalog = self.catalog.with_history("effective")
@@ -457,6 +463,7 @@ class ReadOnlyStore:
         log entry every ``poll`` seconds (one read, never a listing). ``timeout``: return
         when no event came for this many seconds (``None``: run until closed).
         ``inotify=False`` polls locally too."""
+        settle_pending(self.uri)  # (rows this process handed a writer)
         return tail(
             self.catalog.tail_log(),
             kind=kind,
@@ -471,4 +478,5 @@ class ReadOnlyStore:
         """Check every file: readable, sizes and checksums as recorded, rows as the step rows
         say, caches equal to the archive. Names each damaged file in ``problems``.
         ``progress(done, total)``: told of the step files checked so far (a progress bar)."""
+        settle_pending(self.uri)  # (rows this process handed a writer)
         return verify(self.catalog, progress=progress)

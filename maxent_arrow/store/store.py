@@ -47,11 +47,13 @@ from maxent_arrow.store.history.records import (
     check_lifecycle_groups,
     lifecycle_rows,
     prepare_records,
+    settle_pending,
 )
 from maxent_arrow.store.io.cache import unit_group_crc32, write_cache
 from maxent_arrow.store.io.commit import WriteSettings
 from maxent_arrow.store.io.reader import check_known_columns, read_group_file, read_table
-from maxent_arrow.store.io.replay import ReplayOptions, replay
+from maxent_arrow.store.io.replay import ReplayOptions, as_batch, replay
+from maxent_arrow.store.io.take import current_take, write_take
 from maxent_arrow.store.io.writer import Writer
 from maxent_arrow.store.readonly import ReadOnlyStore
 from maxent_arrow.store.sql.session import check_timeout
@@ -80,6 +82,7 @@ class StoreOptions:
     (:meth:`RolloutStore.next_attempt`)."""
 
     cache: bool = False
+    take: bool = True
     on_error: OnError = "raise"
     check_crc: bool = True
     compression: str = "zstd"
@@ -105,6 +108,7 @@ class StoreOptions:
         object.__setattr__(self, "lock_timeout", check_timeout(self.lock_timeout))
         object.__setattr__(self, "query_timeout", check_timeout(self.query_timeout))
         object.__setattr__(self, "cache", bool(self.cache))
+        object.__setattr__(self, "take", bool(self.take))
         object.__setattr__(self, "check_crc", bool(self.check_crc))
 
     def attempt_spec(self) -> AttemptSpec:
@@ -123,6 +127,7 @@ class StoreKeywords(TypedDict, total=False):
     declarations the same)."""
 
     cache: bool
+    take: bool
     on_error: OnError
     check_crc: bool
     compression: str
@@ -153,6 +158,11 @@ class RolloutStore(ReadOnlyStore):
     cache:
         Also write an Arrow IPC copy of every appended step to ``root/cache`` for
         memory-mapped, zero-copy replay (local stores).
+    take:
+        Also write every appended step's take file (``root/take``, one Arrow IPC batch per
+        group, :mod:`~maxent_arrow.store.io.take`), so that the replay sampler's random
+        groups read and check only their own bytes; without one a group is read from its
+        step's row group of the archive. On by default.
     on_error:
         Default for the readers when a committed file is damaged or missing: ``"raise"`` a
         :class:`StoreError` naming it, or ``"skip"`` it with a warning.
@@ -236,6 +246,7 @@ class RolloutStore(ReadOnlyStore):
             self.schemas,
             self.settings,
             cache=self.cache_enabled,
+            take=self.options.take,
             attempt=self.attempt_spec,
         )
 
@@ -403,6 +414,7 @@ class RolloutStore(ReadOnlyStore):
         attempt ended (a row of the ``attempt_ends`` record table): what tells a finished
         attempt from a crashed one (``inspect``'s attempt status). An attempt that commits
         again afterwards is unfinished again."""
+        settle_pending(self.uri)  # (rows this process handed a background writer)
         if "writer" in self.__dict__ and self.writer.committed:
             self._record_end()
         return self.catalog.writable("a checkpoint").write_checkpoint()
@@ -424,6 +436,7 @@ class RolloutStore(ReadOnlyStore):
         it is a warning: nothing committed depends on it); left without an exception, the
         end of this object's attempt is recorded with it (:meth:`checkpoint`)."""
         self.close()  # the SQL session sql() holds
+        settle_pending(self.uri)  # (rows this process handed a background writer)
         if "writer" in self.__dict__ and self.writer.committed:
             try:
                 if kind is None:
@@ -488,6 +501,22 @@ class RolloutStore(ReadOnlyStore):
             step_row = strip_padding(step.table.slice(unit.row, 1), R.STEP)
             batch = RolloutBatch(groups, step_row, validate=False)
             write_cache(self.backend, batch, unit.name, unit_group_crc32(step, unit.name))
+            made += 1
+        return made
+
+    def build_takes(self, *, steps: Iterable[int] | None = None, kind: str | None = None) -> int:
+        """Write the take file (:mod:`~maxent_arrow.store.io.take`) of every committed unit
+        that has none of its commit (a store written before take files, or with
+        ``take=False``), each from its own rows of the archive (checked); returns how many."""
+        made = 0
+        for unit in self.units(kind=kind, steps=steps):
+            step = self.catalog.step_file(unit.step_file)
+            if current_take(self.backend, step, unit.name) is not None:
+                continue
+            rows = (unit.start, unit.num_groups)
+            table = read_group_file(self.backend, step, None, crc=self.check_crc, rows=rows)
+            groups = strip_padding(as_batch(table), R.GROUP)
+            write_take(self.backend, groups, unit.name, unit_group_crc32(step, unit.name))
             made += 1
         return made
 

@@ -43,7 +43,9 @@ def test_reads_fill_the_caches_and_a_second_read_hits_them(tmp_path):
     reader = ReadOnlyStore(store.root)
     reader.sql("SELECT count(*) FROM groups")
     described = {c["name"]: c for c in caches.describe()}
-    assert set(described) == {"verified", "checkpoints", "records", "footers", "labels", "plans"}
+    assert set(described) == {
+        "verified", "checkpoints", "records", "footers", "labels", "takes", "plans"
+    }
     assert described["verified"]["entries"] >= 3 and described["checkpoints"]["entries"] == 1
     before = caches.verified.hits
     ReadOnlyStore(store.root).sql("SELECT count(*) FROM groups")  # a new object, a new session

@@ -31,8 +31,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import warnings
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -44,15 +45,21 @@ from maxent_arrow.arrow import Ragged, list_offsets
 from maxent_arrow.arrow import registry as R
 from maxent_arrow.errors import ArgumentError, StoreError
 from maxent_arrow.rollout import RolloutBatch
-from maxent_arrow.store.history.catalog import Selection, Unit
+from maxent_arrow.store.feed.lifecycle import LifecycleWriter
+from maxent_arrow.store.history.catalog import Selection, StepFile, Unit
 from maxent_arrow.store.history.records import lifecycle_rows
 from maxent_arrow.store.io.replay import (
     Source,
+    as_batch,
     check_shard,
     check_source,
+    completion_counts,
     load_unit_groups,
     partial_step_row,
+    sample_count,
+    unit_step_row,
 )
+from maxent_arrow.store.io.take import take_rows
 from maxent_arrow.store.readonly import ReadOnlyStore
 
 __all__ = ["ReplaySampler", "SampledBatch", "SamplerOptions", "mix_counts"]
@@ -257,18 +264,74 @@ class SampledBatch:
         return out
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Index:
-    """One row per committed group, in store order: where it is and what the plan needs."""
+    """One row per committed group, in store order (units by step, rank and kind; each
+    unit's groups in the order they were appended): where it is and what the plan needs.
 
+    Built from the catalog's units alone (their step files' records: no group data is
+    read), so a sampler over a million groups starts in the time it takes to list their
+    units. What only some options need is read once, when first asked for: the reward
+    spread and priority of every group (``drop_zero_std``, ``"prioritized"``) and the keys
+    of groups dropped unseen (``stale``); a completion's own policy version where the store
+    has the column (asynchronous producers) is read at once, as every batch needs it."""
+
+    store: ReadOnlyStore
+    selection: Selection
     units: list[Unit]
     unit: np.ndarray  # index into units
-    row: np.ndarray  # row inside its unit
+    row: np.ndarray  # position inside its unit
     step: np.ndarray
     version: np.ndarray  # the group's policy version (oldest completion's)
-    zero_std: np.ndarray  # bool
-    priority: np.ndarray  # mean |advantage| * reward std
-    keys: pa.Table  # ROW_KEY columns (and stream_index), for lifecycle records
+    stats: tuple[np.ndarray, np.ndarray] | None = None
+    keys: pa.Table | None = None
+
+    @property
+    def zero_std(self) -> np.ndarray:
+        """Per group: its rewards are all equal (or it has one completion)."""
+        return self._stats()[0]
+
+    @property
+    def priority(self) -> np.ndarray:
+        """Per group: its mean ``|advantage|`` times its reward standard deviation."""
+        return self._stats()[1]
+
+    def _stats(self) -> tuple[np.ndarray, np.ndarray]:
+        if self.stats is None:
+            table = self.read(["total_utils", "advantages"])
+            self.stats = _group_stats(table)
+        return self.stats
+
+    def key_rows(self, rows: np.ndarray) -> pa.Table:
+        """The lifecycle keys (:data:`~maxent_arrow.arrow.registry.ROW_KEY` and, where
+        stored, ``stream_index``) of index rows ``rows``."""
+        keys = self.keys
+        if keys is None:
+            table = self.read([*R.ROW_KEY, "stream_index"])
+            keys = self.keys = table.select(
+                [c for c in (*R.ROW_KEY, "stream_index") if c in table.column_names]
+            )
+        return keys.take(pa.array(rows, pa.int64()))
+
+    def read(self, columns: list[str]) -> pa.Table:
+        """``columns`` (those the store has) of every indexed group, in index order."""
+        store = self.store
+        schema = store.schema("groups")
+        wanted = [c for c in dict.fromkeys([*R.UNIT_KEY, *columns]) if c in schema.names]
+        steps = sorted({u.step for u in self.units})
+        table = store.read(kind=self.selection.kind, steps=steps, columns=wanted)
+        # (a stable sort: each unit's rows stay in the order they were appended)
+        table = table.sort_by([("step", "ascending"), ("rank", "ascending")])
+        steps_read = table.column("step").to_numpy().astype(np.int64)
+        ranks_read = table.column("rank").to_numpy().astype(np.int64)
+        expected = np.array([(u.step, u.rank) for u in self.units], dtype=np.int64)
+        got = np.stack([steps_read, ranks_read], axis=1) if len(steps_read) else expected[:0]
+        if len(got) != len(self.unit) or not np.array_equal(got, expected[self.unit]):
+            raise StoreError(
+                f"{store.uri}: the groups read ({len(got)}) are not those the catalog lists "
+                f"({len(self.unit)} in {len(self.units)} units)"
+            )
+        return table
 
 
 def _group_stats(table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
@@ -314,78 +377,80 @@ def _group_stats(table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
     return zero, priority
 
 
+def _unit_versions(store: ReadOnlyStore, units: list[Unit]) -> np.ndarray:
+    """Each unit's step-level ``policy_version`` (its step where none was stored), from its
+    step file's record."""
+    versions = np.array([u.step for u in units], dtype=np.int64)
+    by_file: dict[str, list[int]] = {}
+    for i, u in enumerate(units):
+        by_file.setdefault(u.step_file, []).append(i)
+    for name, members in by_file.items():
+        step = store.catalog.step_file(name)
+        if "policy_version" not in step.schema.names:
+            continue
+        column = step.column("policy_version")
+        for i in members:
+            value = column[units[i].row]
+            if value is not None:
+                versions[i] = value
+    return versions
+
+
+def _written(store: ReadOnlyStore, units: list[Unit], column: str) -> bool:
+    """Whether some unit was appended with ``column`` (its step file's record lists the
+    columns appended; one that does not say counts as having it)."""
+    if column not in store.schema("groups").names:
+        return False
+    for name in dict.fromkeys(u.step_file for u in units):
+        appended = store.catalog.step_file(name).meta.get("columns")
+        if appended is None or column in appended:
+            return True
+    return False
+
+
 def _build_index(store: ReadOnlyStore, options: SamplerOptions) -> _Index:
-    units = store.catalog.units(replace(options.selection, on_error=store.on_error))
+    selection = replace(options.selection, columns=None, on_error=store.on_error)
+    units = store.catalog.units(selection)
     units.sort(key=lambda u: (u.step, u.rank, u.kind))  # ROW_KEY order, as the index
     if not units:
         raise StoreError(f"{store.uri}: no committed {options.kind!r} groups to sample")
-    schema = store.schema("groups")
-    wanted = [*R.ROW_KEY, "total_utils", "advantages", "stream_index", COMPLETION_VERSION]
-    table = store.read(
-        kind=options.kind,
-        steps=sorted({u.step for u in units}),
-        columns=[c for c in wanted if c in schema.names],
-    )
-    table = table.sort_by([(c, "ascending") for c in R.ROW_KEY])
-    position = {(u.step, u.rank, u.kind): i for i, u in enumerate(units)}
-    steps = table.column("step").to_numpy().astype(np.int64)
-    ranks = table.column("rank").to_numpy().astype(np.int64)
-    unit = _unit_of_rows(units, steps, ranks, where=store.uri)
-    row = table.column("group_index").to_numpy().astype(np.int64)
-    # The step-level policy version of each unit (the step where none was stored).
-    step_table = store.read_steps(
-        kind=options.kind,
-        steps=sorted({u.step for u in units}),
-        columns=[c for c in (*R.UNIT_KEY, "policy_version") if c in store.schema("steps").names],
-    )
-    unit_version = np.array([u.step for u in units], dtype=np.int64)
-    if "policy_version" in step_table.column_names:
-        for s, r, k, v in zip(
-            step_table.column("step").to_pylist(),
-            step_table.column("rank").to_pylist(),
-            step_table.column("kind").to_pylist(),
-            step_table.column("policy_version").to_pylist(),
-            strict=True,
-        ):
-            if v is not None and (s, r, k) in position:
-                unit_version[position[(s, r, k)]] = v
-    version = unit_version[unit]
-    if COMPLETION_VERSION in table.column_names:
-        column = table.column(COMPLETION_VERSION).combine_chunks()
+    counts = np.array([u.num_groups for u in units], dtype=np.int64)
+    unit = np.repeat(np.arange(len(units), dtype=np.int64), counts)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    row = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(starts, counts)
+    step = np.array([u.step for u in units], dtype=np.int64)[unit]
+    version = _unit_versions(store, units)[unit]
+    index = _Index(store, selection, units, unit, row, step, version)
+    if _written(store, units, COMPLETION_VERSION):
+        column = index.read([COMPLETION_VERSION]).column(COMPLETION_VERSION).combine_chunks()
         offsets = list_offsets(column)
         values = column.flatten().to_numpy(zero_copy_only=False)
         counts = np.diff(offsets)
         stored = (counts > 0) & column.is_valid().to_numpy(zero_copy_only=False)
         if stored.any() and len(values):
             oldest = np.minimum.reduceat(values, offsets[:-1][counts > 0])
-            version = version.copy()
             full = np.zeros(len(version), dtype=np.int64)
             full[counts > 0] = oldest
-            version[stored] = full[stored]
-    zero, priority = _group_stats(table)
-    keys = table.select([c for c in (*R.ROW_KEY, "stream_index") if c in table.column_names])
-    return _Index(units, unit, row, steps.astype(np.int64), version, zero, priority, keys)
+            index.version = np.where(stored, full, version)
+    return index
 
 
-def _unit_of_rows(
-    units: list[Unit], steps: np.ndarray, ranks: np.ndarray, *, where: Any
-) -> np.ndarray:
-    """The index in ``units`` (one kind, sorted by step and rank) of each group row: one
-    search over ``(step, rank)`` keys, no loop over groups."""
-    unit_steps = np.array([u.step for u in units], dtype=np.int64)
-    unit_ranks = np.array([u.rank for u in units], dtype=np.int64)
-    width = int(max(unit_ranks.max(initial=0), ranks.max(initial=0))) + 1
-    keys = unit_steps * width + unit_ranks  # ascending: units are sorted by (step, rank)
-    wanted = steps * width + ranks
-    unit = np.minimum(np.searchsorted(keys, wanted), len(keys) - 1)
-    missing = np.flatnonzero(keys[unit] != wanted)
-    if missing.size:
-        i = int(missing[0])
-        raise StoreError(
-            f"{where}: group row {i} (step {int(steps[i])}, rank {int(ranks[i])}) is in no "
-            "committed unit the sampler listed"
-        )
-    return unit.astype(np.int64)
+class _Singles(Sequence[np.ndarray]):
+    """Items of one group each (``[i]`` for group ``i``), made when asked for: a million
+    groups are not a million arrays."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, item: Any) -> Any:
+        if isinstance(item, slice):
+            return [np.array([i]) for i in range(self.n)[item]]
+        if not -self.n <= item < self.n:
+            raise IndexError(item)
+        return np.array([item % self.n])
 
 
 class ReplaySampler:
@@ -395,9 +460,11 @@ class ReplaySampler:
     epoch); iterating calls it with no version (no staleness check) and consecutive steps.
     ``state_dict()`` / ``load_state_dict()`` carry the stream's position: a consumer that
     saves it with its checkpoint and loads it on resume continues the same stream. A batch's
-    lifecycle records are written when it is drawn: a consumer killed before its checkpoint
-    draws that batch again on resume (at-least-once); resumed as an attempt at that step, the
-    earlier records are superseded (``docs/commit-protocol.md``, "Lifecycle").
+    lifecycle records are handed over when it is drawn and committed in the background
+    (:mod:`~maxent_arrow.store.feed.lifecycle`); ``state_dict()`` and :meth:`flush` return
+    once they are. A consumer killed before its checkpoint draws that batch again on resume
+    (at-least-once); resumed as an attempt at that step, the earlier records are superseded
+    (``docs/commit-protocol.md``, "Lifecycle").
     """
 
     def __init__(self, store: ReadOnlyStore, options: SamplerOptions | None = None, **kwargs: Any):
@@ -417,13 +484,15 @@ class ReplaySampler:
         self._order: np.ndarray | None = None
         self._idle = 0  # groups dropped since the last one kept
         self._loaded: OrderedDict[int, tuple[pa.RecordBatch, pa.RecordBatch]] = OrderedDict()
+        self._steps: dict[str, StepFile] = {}
+        self._records: LifecycleWriter | None = None  # (made by the first batch recorded)
 
     # ------------------------------------------------------------------ the plan
-    def _items(self) -> list[np.ndarray]:
+    def _items(self) -> Sequence[np.ndarray]:
         """What is sampled: one group each, or (``batch_groups=None``) one step's groups."""
         n = len(self.index.unit)
         if self.options.batch_groups is not None:
-            return [np.array([i]) for i in range(n)]
+            return _Singles(n)
         steps = self.index.step
         cuts = np.flatnonzero(np.diff(steps)) + 1
         return np.split(np.arange(n), cuts)
@@ -450,7 +519,7 @@ class ReplaySampler:
         p = self.index.priority
         if self.options.batch_groups is not None:
             return p.copy()
-        return np.array([p[item].mean() for item in self.items])
+        return np.array([p[item].mean() for item in self.items])  # (one per stored step)
 
     def _epoch_order(self, epoch: int) -> np.ndarray:
         """This consumer's share of the items in epoch ``epoch``'s order."""
@@ -495,7 +564,26 @@ class ReplaySampler:
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
-        """The stream's position: JSON-able (epoch, position, batches, fingerprint)."""
+        """The stream's position: JSON-able (epoch, position, batches, fingerprint), once
+        every lifecycle record of the batches drawn so far is committed (:meth:`flush`): a
+        consumer that saves it with its checkpoint has those records durable first."""
+        self.flush()
+        return self._position()
+
+    def flush(self) -> None:
+        """Return once the lifecycle records of every batch drawn so far are committed
+        (they commit in the background, several batches per commit:
+        :mod:`~maxent_arrow.store.feed.lifecycle`); a commit that failed is raised here."""
+        if self._records is not None:
+            self._records.flush()
+
+    def close(self) -> None:
+        """:meth:`flush`, then stop the thread that commits the records."""
+        if self._records is not None:
+            self._records.close()
+            self._records = None
+
+    def _position(self) -> dict[str, Any]:
         return {
             "epoch": self.epoch,
             "position": self.position,
@@ -607,93 +695,133 @@ class ReplaySampler:
         if self._idle > len(self.index.unit):
             return None
         self.batches += 1
-        if o.record:
-            self._record(dropped, taken, at)
-        batch = self._load(np.array(sorted(taken), dtype=np.int64), at)
+        batch, keys = self._load(np.array(sorted(taken), dtype=np.int64), at)
+        if o.record:  # (what was served: a batch that failed to load is not recorded)
+            self._record(dropped, keys, at)
         batch.dropped = {k: len(v) for k, v in dropped.items() if v}
         batch.dropped_groups = {k: self._keys(v) for k, v in dropped.items() if v}
-        batch.state = self.state_dict()
+        batch.state = self._position()
         return batch
 
-    def _record(self, dropped: dict[str, list[int]], taken: list[int], step: int) -> None:
-        """The batch's drops and consumption as ``lifecycle`` records, in one commit."""
+    def _record(self, dropped: dict[str, list[int]], taken: pa.Table, step: int) -> None:
+        """The batch's drops and consumption (``taken``: the keys of the groups served) as
+        ``lifecycle`` records, in one commit."""
         parts = [
             lifecycle_rows(self._keys(rows), step=step, event="dropped", reason=reason)
             for reason, rows in dropped.items()
             if rows
         ]
-        if taken:
-            parts.append(lifecycle_rows(self._keys(taken), step=step, event="trained"))
+        if taken.num_rows:
+            parts.append(lifecycle_rows(taken, step=step, event="trained"))
         if parts:
-            store: Any = self.store
-            store.append_records(R.LIFECYCLE, pa.concat_tables(parts))
+            if self._records is None:
+                self._records = LifecycleWriter(self.store)
+            self._records.put(pa.concat_tables(parts))
 
     def _keys(self, rows: list[int]) -> pa.Table:
-        return self.index.keys.take(pa.array(sorted(rows), pa.int64()))
+        return self.index.key_rows(np.array(sorted(rows), dtype=np.int64))
 
     # ------------------------------------------------------------------ loading
-    def _unit(self, u: int) -> tuple[pa.RecordBatch, pa.RecordBatch]:
+    def _read_columns(self) -> list[str] | None:
+        """The columns a unit is read with: those asked for and those the sampler needs
+        itself (the lifecycle keys, the completion counts and versions)."""
+        columns = self.options.columns
+        if columns is None:
+            return None
+        own = [*R.ROW_KEY, "stream_index", "num_completions", COMPLETION_VERSION]
+        return list(dict.fromkeys([*columns, *own]))
+
+    def _unit(self, u: int) -> pa.RecordBatch:
         if u in self._loaded:
             self._loaded.move_to_end(u)
-            return self._loaded[u]
+            return self._loaded[u][0]
         store = self.store
         loaded = load_unit_groups(
             store.catalog,
             self.index.units[u],
-            columns=self.options.columns,
+            columns=self._read_columns(),
             source=self.options.source,
             crc=store.check_crc,
         )
         self._loaded[u] = loaded
         while len(self._loaded) > self.options.cache_units:
             self._loaded.popitem(last=False)
-        return loaded
+        return loaded[0]
 
-    def _load(self, taken: np.ndarray, step: int) -> SampledBatch:
-        """The rows of the ``taken`` groups (index positions, ascending: store order)."""
-        index = self.index
-        units = index.unit[taken]
-        parts: list[pa.RecordBatch] = []
-        step_row: pa.RecordBatch | None = None
-        cuts = np.flatnonzero(np.diff(units)) + 1
-        for chunk in np.split(taken, cuts) if len(taken) else []:
-            groups, row = self._unit(int(index.unit[chunk[0]]))
-            step_row = row if step_row is None else step_row
-            rows = index.row[chunk]
-            if rows[-1] >= groups.num_rows:
-                raise StoreError(
-                    f"{self.store.uri}: {index.units[int(index.unit[chunk[0]])].name} has "
-                    f"{groups.num_rows} groups, the index names group {int(rows[-1])}"
-                )
-            if len(rows) == rows[-1] - rows[0] + 1:  # contiguous: a zero-copy slice
-                parts.append(groups.slice(int(rows[0]), len(rows)))
-            else:
-                parts.append(groups.take(pa.array(rows)))
-        if step_row is None:
-            step_row = self._unit(int(index.unit[0]))[1]
-            rows_batch = self._unit(int(index.unit[0]))[0].slice(0, 0)
-        elif len(parts) == 1:
-            rows_batch = parts[0]
-        else:
-            table = pa.concat_tables(
-                [pa.Table.from_batches([p]) for p in parts], promote_options="default"
+    def _taken(self, u: int, rows: np.ndarray) -> list[pa.RecordBatch] | None:
+        """Rows ``rows`` of unit ``u`` from its take file (each group's bytes only), or
+        ``None``: the whole unit is asked for, the source is not ``"auto"``, or the unit has
+        no take file of its commit (a damaged one is a warning: the archive serves)."""
+        unit = self.index.units[u]
+        if self.options.source != "auto" or len(rows) >= unit.num_groups or u in self._loaded:
+            return None
+        store = self.store
+        catalog = store.catalog
+        try:
+            # (a unit's step file record as the plan found it: what ties the take file to
+            # the commit, the same through any later compaction)
+            step = self._steps.get(unit.step_file)
+            if step is None:
+                step = self._steps[unit.step_file] = catalog.step_file(unit.step_file)
+            return take_rows(catalog.backend, step, unit.name, rows.tolist(), check=store.check_crc)
+        except StoreError as exc:
+            warnings.warn(f"{exc}; reading {unit.name} from the archive", stacklevel=4)
+            return None
+
+    def _rows(self, u: int, rows: np.ndarray) -> list[pa.RecordBatch]:
+        """The group rows ``rows`` (positions, ascending) of unit ``u``."""
+        taken = self._taken(u, rows)
+        if taken is not None:
+            return taken
+        groups = self._unit(u)
+        if rows[-1] >= groups.num_rows:
+            raise StoreError(
+                f"{self.store.uri}: {self.index.units[u].name} has {groups.num_rows} groups, "
+                f"the index names group {int(rows[-1])}"
             )
-            rows_batch = table.combine_chunks().to_batches()[0]
-        step_row = partial_step_row(step_row, rows_batch)
+        if len(rows) == rows[-1] - rows[0] + 1:  # contiguous: a zero-copy slice
+            return [groups.slice(int(rows[0]), len(rows))]
+        return [groups.take(pa.array(rows))]
+
+    def _load(self, taken: np.ndarray, step: int) -> tuple[SampledBatch, pa.Table]:
+        """The rows of the ``taken`` groups (index positions, ascending: store order), and
+        their lifecycle keys."""
+        index = self.index
+        parts: list[pa.RecordBatch] = []
+        cuts = np.flatnonzero(np.diff(index.unit[taken])) + 1
+        for chunk in np.split(taken, cuts) if len(taken) else []:
+            parts += self._rows(int(index.unit[chunk[0]]), index.row[chunk])
+        first = index.units[int(index.unit[taken[0] if len(taken) else 0])]
+        step_row = unit_step_row(self.store.catalog, first)
+        if not parts:
+            rows = self._unit(int(index.unit[0])).slice(0, 0)
+        elif len(parts) == 1:
+            rows = parts[0]
+        else:
+            try:  # (one schema, as a rule: a run appends the same columns step after step)
+                table = pa.Table.from_batches(parts)
+            except pa.ArrowInvalid:  # columns added or missing between steps
+                tables = [pa.Table.from_batches([p]) for p in parts]
+                table = pa.concat_tables(tables, promote_options="default")
+            rows = as_batch(table)
+        step_row = partial_step_row(step_row, rows, sample_count(rows))
         versions = index.version[taken]
-        completion_versions = _completion_versions(rows_batch, versions)
-        return SampledBatch(rows_batch, step_row, versions, completion_versions, step)
+        completion_versions = _completion_versions(rows, versions)
+        keys = rows.select([c for c in (*R.ROW_KEY, "stream_index") if c in rows.schema.names])
+        if self.options.columns is not None:
+            rows = rows.select([c for c in self.options.columns if c in rows.schema.names])
+        batch = SampledBatch(rows, step_row, versions, completion_versions, step)
+        return batch, pa.Table.from_batches([keys])
 
 
 def _completion_versions(groups: pa.RecordBatch, versions: np.ndarray) -> np.ndarray:
     """Per completion: ``completion_policy_version`` where stored, else its group's version."""
-    offsets = list_offsets(groups.column("completions")) if groups.num_rows else np.zeros(1, int)
-    out = np.repeat(versions, np.diff(offsets)).astype(np.int64)
+    counts = completion_counts(groups)
+    out = np.repeat(versions, counts).astype(np.int64)
     if COMPLETION_VERSION in groups.schema.names:
         column = groups.column(COMPLETION_VERSION)
         valid = column.is_valid().to_numpy(zero_copy_only=False)
         if valid.any():
-            counts = np.diff(offsets)
             stored = np.diff(list_offsets(column))
             bad = np.flatnonzero(valid & (stored != counts))
             if bad.size:  # the batch checks refuse this on write: a damaged file

@@ -31,6 +31,7 @@ import contextlib
 import dataclasses
 import itertools
 import json
+import threading
 import warnings
 from collections.abc import Callable
 from typing import Any, cast
@@ -117,14 +118,25 @@ class CommitLog:
         # Whether a reader holds :attr:`_state` pinned (:meth:`pin`): the next entry is then
         # applied to a copy (copy on write: pinning costs nothing while nothing commits).
         self._pinned = False
+        # One thread at a time reads entries into the state or commits (a sampler's
+        # lifecycle records commit from a thread of their own; re-entrant: a commit reads).
+        self._lock = threading.RLock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_lock"}  # (stays here)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.RLock()
 
     def pin(self) -> LogState:
         """The state at the newest version, which later entries never change (a reader's
         pinned version). Costs no copy unless this object applies an entry while it is
         held."""
-        state = self.state()
-        self._pinned = True
-        return state
+        with self._lock:
+            state = self.state()
+            self._pinned = True
+            return state
 
     def _own(self, state: LogState) -> LogState:
         """``state`` made this object's own to change (a copy when a reader pinned it)."""
@@ -138,43 +150,44 @@ class CommitLog:
     def state(self, *, fresh: bool = True) -> LogState:
         """The state at the newest version (``fresh``: read the entries committed since the
         last call; else the state as last read, a pinned version)."""
-        state = self._state
-        if state is None:
-            state = self._from_checkpoint() or LogState(run=self.run)
-            self._state = state  # (a state shared with other readers is copied on write)
-        elif not fresh:
-            return state
-        self.lost = None
-        for version in itertools.count(state.version + 1):
-            data = self._read_entry(version)
-            if data is None:
-                # The end of the log, or a lost entry: what the head (or, before heads, the
-                # entry after it) says was committed decides.
-                evidence = self.evidence(version)
-                if evidence < version:
-                    break
-                data = self._read_entry(version)  # (committed since the first read?)
+        with self._lock:
+            state = self._state
+            if state is None:
+                state = self._from_checkpoint() or LogState(run=self.run)
+                self._state = state  # (a state shared with other readers is copied on write)
+            elif not fresh:
+                return state
+            self.lost = None
+            for version in itertools.count(state.version + 1):
+                data = self._read_entry(version)
                 if data is None:
-                    self.lost = LostEntry(version, evidence, str(self.backend.uri))
+                    # The end of the log, or a lost entry: what the head (or, before heads, the
+                    # entry after it) says was committed decides.
+                    evidence = self.evidence(version)
+                    if evidence < version:
+                        break
+                    data = self._read_entry(version)  # (committed since the first read?)
+                    if data is None:
+                        self.lost = LostEntry(version, evidence, str(self.backend.uri))
+                        break
+                try:
+                    entry = decode_entry(data, version, str(self.backend.path(entry_name(version))))
+                except StoreError as exc:
+                    # A damaged entry with anything committed after it is a lost entry too.
+                    evidence = self.evidence(version)
+                    if evidence <= version:
+                        raise  # the newest entry, damaged: a damaged commit, named
+                    self.lost = LostEntry(version, evidence, str(self.backend.uri), str(exc))
                     break
-            try:
-                entry = decode_entry(data, version, str(self.backend.path(entry_name(version))))
-            except StoreError as exc:
-                # A damaged entry with anything committed after it is a lost entry too.
-                evidence = self.evidence(version)
-                if evidence <= version:
-                    raise  # the newest entry, damaged: a damaged commit, named
-                self.lost = LostEntry(version, evidence, str(self.backend.uri), str(exc))
-                break
-            if state is self._state:
-                state = self._own(state)
-            entry.apply(state)
-        if self.lost is None and self.pointed > state.version:
-            # A checkpoint of a later version exists (it could not be read) and the entries
-            # stop before it.
-            self.lost = LostEntry(state.version + 1, self.pointed, str(self.backend.uri))
-        self._state = state
-        return state
+                if state is self._state:
+                    state = self._own(state)
+                entry.apply(state)
+            if self.lost is None and self.pointed > state.version:
+                # A checkpoint of a later version exists (it could not be read) and the entries
+                # stop before it.
+                self.lost = LostEntry(state.version + 1, self.pointed, str(self.backend.uri))
+            self._state = state
+            return state
 
     def entry(self, version: int) -> Entry | None:
         """The entry of ``version``, checked and decoded (``None``: not committed yet). One
@@ -327,28 +340,31 @@ class CommitLog:
         :class:`~maxent_arrow.errors.LostEntryError` names it."""
         for _ in range(_RACES):
             with contextlib.nullcontext() if locked else self.backend.lock(lock_timeout):
-                state = self.state()
-                if self.lost is not None:
-                    raise self.lost.error()  # (a writer: fast, the steps are not named)
-                if check is not None:
-                    check(state)
-                made = operation if isinstance(operation, Operation) else operation(state)
-                if made is None:
-                    return None
-                version = state.version + 1
-                entry = Entry(version, made, attempt, state.run or self.run)
-                data = entry.encode()
-                crash_point("log:entry-written")
-                head = (HEAD, b'{"version": %d}' % version)
-                if self.backend.put_if_absent(entry_name(version), data, hint=head):
-                    state = self._own(state)
-                    # The state is what the entry's bytes say (JSON: keys in one order, the
-                    # same state a reader replaying the log builds).
-                    decode_entry(data, version, entry_name(version)).apply(state)
-                    if version % CHECKPOINT_EVERY == 0:
-                        with contextlib.suppress(OSError, StoreError):
-                            self.write_checkpoint(state)  # a speed-up: failing it loses nothing
-                    return version
+                # (this object's lock inside the store's: a reader of this object never
+                # waits for a commit that waits for another writer)
+                with self._lock:
+                    state = self.state()
+                    if self.lost is not None:
+                        raise self.lost.error()  # (a writer: fast, the steps are not named)
+                    if check is not None:
+                        check(state)
+                    made = operation if isinstance(operation, Operation) else operation(state)
+                    if made is None:
+                        return None
+                    version = state.version + 1
+                    entry = Entry(version, made, attempt, state.run or self.run)
+                    data = entry.encode()
+                    crash_point("log:entry-written")
+                    head = (HEAD, b'{"version": %d}' % version)
+                    if self.backend.put_if_absent(entry_name(version), data, hint=head):
+                        state = self._own(state)
+                        # The state is what the entry's bytes say (JSON: keys in one order, the
+                        # same state a reader replaying the log builds).
+                        decode_entry(data, version, entry_name(version)).apply(state)
+                        if version % CHECKPOINT_EVERY == 0:
+                            with contextlib.suppress(OSError, StoreError):
+                                self.write_checkpoint(state)  # a speed-up: failing it loses nothing
+                        return version
         raise StoreError(
             f"{self.backend.uri}: lost the race for a commit log version {_RACES} times"
         )
@@ -367,4 +383,3 @@ class CommitLog:
 
 
 _RACES = 1000
-

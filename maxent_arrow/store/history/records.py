@@ -24,6 +24,8 @@ import dataclasses
 import datetime as dt
 import re
 import secrets
+import threading
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -51,6 +53,7 @@ __all__ = [
     "check_record_name",
     "check_record_table",
     "commit_records",
+    "hold_pending",
     "frontier_of",
     "lifecycle_keys",
     "lifecycle_rows",
@@ -60,9 +63,31 @@ __all__ = [
     "record_filter",
     "record_names",
     "record_schema",
+    "settle_pending",
 ]
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+
+# Writers of this process that hold record rows handed over and not committed yet (the
+# replay sampler's lifecycle records commit in a thread of their own): each has ``uri`` (its
+# store's), ``thread`` (the one that commits) and ``wait()``. A reader of the same store in
+# this process waits for them first (:func:`settle_pending`), so it reads what was written.
+_PENDING: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def hold_pending(writer: Any) -> None:
+    """Register ``writer`` as one whose handed-over rows a reader waits for."""
+    _PENDING.add(writer)
+
+
+def settle_pending(uri: str) -> None:
+    """Wait until every writer of this process writing into the store at ``uri`` committed
+    what it was handed (its failures are its own caller's to see, not a reader's)."""
+    for writer in list(_PENDING):
+        if writer.uri == uri and writer.thread is not threading.current_thread():
+            writer.wait()
+
+
 # The store's own SQL views (a record table is a view of its name).
 RESERVED = frozenset(
     {"groups", "samples", "steps", "groups_all", "samples_all", "superseded", "attempts"}

@@ -37,13 +37,17 @@ from maxent_arrow.store.storage.padding import strip_padding
 
 __all__ = [
     "SOURCES",
+    "as_batch",
     "ReplayOptions",
     "Source",
     "check_shard",
     "check_source",
     "load_unit_groups",
+    "completion_counts",
     "partial_step_row",
     "replay",
+    "sample_count",
+    "unit_step_row",
 ]
 
 Source = Literal["auto", "cache", "mapped", "parquet"]
@@ -302,7 +306,7 @@ def _iterate_whole(
             fail(on_error, exc)
             continue
         parts = [pa.Table.from_batches([groups]) for groups, _ in loaded]
-        groups = _as_batch(reassemble(pa.concat_tables(parts, promote_options="default")))
+        groups = as_batch(reassemble(pa.concat_tables(parts, promote_options="default")))
         if options.shuffle:
             order = np.random.default_rng([options.seed, index]).permutation(groups.num_rows)
             groups = groups.take(pa.array(order))
@@ -357,7 +361,8 @@ def _release_unused() -> None:
     pa.default_memory_pool().release_unused()
 
 
-def _as_batch(table: pa.Table) -> pa.RecordBatch:
+def as_batch(table: pa.Table) -> pa.RecordBatch:
+    """``table`` as one record batch (its chunks combined; an empty one of its schema)."""
     if table.num_rows == 0:
         return pa.RecordBatch.from_pylist([], schema=table.schema)
     return table.combine_chunks().to_batches()[0]
@@ -396,8 +401,7 @@ def _load(
     catalog: Catalog, unit: Unit, options: ReplayOptions, crc: bool
 ) -> tuple[pa.RecordBatch, pa.RecordBatch]:
     step = catalog.step_file(unit.step_file)
-    step_row = step.table.slice(unit.row, 1).combine_chunks().to_batches()[0]
-    step_row = strip_padding(step_row, R.STEP)
+    step_row = unit_step_row(catalog, unit)
     groups = None
     if options.source != "parquet":
         try:
@@ -422,14 +426,54 @@ def _load(
     if groups is None:
         rows = (unit.start, unit.num_groups)  # only the row groups of this unit
         table = read_group_file(catalog.backend, step, options.columns, crc=crc, rows=rows)
-        groups = _as_batch(table)
+        groups = as_batch(table)
     # Padding of the run-wide layout reads as absent (also in caches built from the archive).
     return strip_padding(groups, R.GROUP), step_row
 
 
-def partial_step_row(step_row: pa.RecordBatch, part: pa.RecordBatch) -> pa.RecordBatch:
-    """The step row of a part of a step: same scalars, its own group and sample counts."""
-    samples = int(list_offsets(part.column("completions"))[-1]) if part.num_rows else 0
+def completion_counts(part: pa.RecordBatch) -> np.ndarray:
+    """The completions of each group row of ``part``, from whichever of its columns says
+    (``num_completions``, else a per-completion or per-token column: a read of chosen
+    columns may hold no ``completions``); a :class:`StoreError` when none does."""
+    names = part.schema.names
+    if "num_completions" in names:
+        column = part.column("num_completions").fill_null(0)
+        return np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.int64)
+    for name in names:
+        try:
+            level = R.column(name).level
+        except KeyError:
+            continue
+        if level in ("completion", "token"):
+            return np.diff(list_offsets(part.column(name))).astype(np.int64)
+    if not part.num_rows:
+        return np.zeros(0, dtype=np.int64)
+    raise StoreError(
+        f"the columns read ({', '.join(names)}) say nothing of how many completions each "
+        "group holds: read num_completions or a per-completion column too"
+    )
+
+
+def sample_count(part: pa.RecordBatch) -> int:
+    """The completions of the group rows ``part`` (:func:`completion_counts`)."""
+    return int(completion_counts(part).sum())
+
+
+def unit_step_row(catalog: Catalog, unit: Unit) -> pa.RecordBatch:
+    """The step row of a committed ``unit`` (its layout's padding read as absent), from its
+    step file's record."""
+    step = catalog.step_file(unit.step_file)
+    step_row = step.table.slice(unit.row, 1).combine_chunks().to_batches()[0]
+    return strip_padding(step_row, R.STEP)
+
+
+def partial_step_row(
+    step_row: pa.RecordBatch, part: pa.RecordBatch, samples: int | None = None
+) -> pa.RecordBatch:
+    """The step row of a part of a step: same scalars, its own group and sample counts
+    (``samples``: its completions, when ``part`` holds no column that says:
+    :func:`sample_count`)."""
+    samples = sample_count(part) if samples is None else samples
     names = step_row.schema.names
     arrays = list(step_row.columns)
     # From numpy: a list of Python ints would make pyarrow import pandas.

@@ -3,14 +3,15 @@ function (:func:`~.commit.commit_unit`, the protocol of ``docs/commit-protocol.m
 
 Before anything is written, the batch is refused when its (step, rank, kind) is already
 committed (also inside a compacted segment; checked again under the lock) or a column's type
-conflicts with the store's. After the commit, the optional IPC cache copy (never part of a
-commit).
+conflicts with the store's. After the commit, the unit's take file and the optional IPC cache
+copy (derived data, never part of a commit).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import threading
 import warnings
 from collections.abc import Mapping
 from typing import Any, cast
@@ -30,6 +31,7 @@ from maxent_arrow.store.history.schemas import UnifiedSchemas
 from maxent_arrow.store.history.state import LogState
 from maxent_arrow.store.io.cache import write_cache
 from maxent_arrow.store.io.commit import CommitRequest, UnitFiles, WriteSettings, commit_unit
+from maxent_arrow.store.io.take import write_take
 from maxent_arrow.store.storage.names import CONFIG_META_KEY, STEPS, unit_name
 from maxent_arrow.store.storage.padding import pad_to_layout
 
@@ -70,6 +72,7 @@ class Writer:
         settings: WriteSettings,
         *,
         cache: bool,
+        take: bool = True,
         attempt: AttemptSpec | None = None,
     ):
         self.catalog = catalog
@@ -81,103 +84,125 @@ class Writer:
         self.backend = catalog.backend
         self.schemas = schemas
         self.cache = cache
+        self.take = take
         self._seen: _Seen | None = None
         self._log: CommitLog | None = None
+        # One commit of this writer at a time (the replay sampler's lifecycle records commit
+        # from a thread of their own; re-entrant: an append begins its attempt).
+        self._lock = threading.RLock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_lock"}  # (stays here)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.RLock()
 
     def append(self, batch: RolloutBatch) -> Any:
-        if not isinstance(batch, RolloutBatch):
-            raise SchemaError(
-                f"RolloutStore.append: expected a RolloutBatch, got {type(batch).__name__}"
-            )
-        key = batch.unit
-        name = unit_name(*key)
-        version = (batch.groups.schema.metadata or {}).get(S.METADATA_KEY)
-        if version not in (None, CURRENT):  # (this library's own version needs no check)
-            S.check_version(version, where=f"batch for {name}")
-        log = self._log or self.catalog.writable("append")
-        self._log = log
-        seen, view = self._view(batch, log.state().version)
-        families = cast(tuple[str, ...], view.families)
-        layouts = cast(tuple[pa.Schema, pa.Schema], view.layouts)
-        unit = UnitFiles(
-            name,
-            pad_to_layout(pa.Table.from_batches([batch.groups]), layouts[0]),
-            self._group_metadata(batch),
-            pad_to_layout(pa.Table.from_batches([batch.step_row]), layouts[1]),
-            {
-                "reward_names": _reward_names(batch.groups),
-                # the rest is padding (store/storage/padding.py)
-                "columns": batch.groups.schema.names,
-                "families": list(families),
-            },
-        )
-        request = CommitRequest(
-            AppendUnit,
-            self._begun or self.begin_attempt(),
-            functools.partial(self._refuse_duplicate, name, key),
-            self.settings,
-        )
-        committed = commit_unit(log, unit, request)
-        self.committed += 1
-        # What this writer knows of the store is true at its own commit's version: the next
-        # append, if nothing commits meanwhile, reads no file to check its columns.
-        if seen.batch != view.batch:  # (else the padded files' schemas were unified too)
-            where = "the writer's view"
-            view = dataclasses.replace(
-                view,
-                groups=S.unify_schemas([view.groups, unit.groups.schema], where=where),
-                steps=S.unify_schemas([view.steps, unit.step_rows.schema], where=where),
-            )
-        view.version = committed.version
-        self._seen = view
-        if self.cache and self.backend.can_mmap:
-            try:
-                write_cache(self.backend, batch, name, committed.group.crc)
-            except (OSError, StoreError) as exc:
-                warnings.warn(
-                    f"step {name} is committed but its IPC cache copy failed: {exc}", stacklevel=3
+        with self._lock:
+            if not isinstance(batch, RolloutBatch):
+                raise SchemaError(
+                    f"RolloutStore.append: expected a RolloutBatch, got {type(batch).__name__}"
                 )
-        return self.backend.path(f"{STEPS}/{committed.name}")
+            key = batch.unit
+            name = unit_name(*key)
+            version = (batch.groups.schema.metadata or {}).get(S.METADATA_KEY)
+            if version not in (None, CURRENT):  # (this library's own version needs no check)
+                S.check_version(version, where=f"batch for {name}")
+            log = self._log or self.catalog.writable("append")
+            self._log = log
+            seen, view = self._view(batch, log.state().version)
+            families = cast(tuple[str, ...], view.families)
+            layouts = cast(tuple[pa.Schema, pa.Schema], view.layouts)
+            unit = UnitFiles(
+                name,
+                pad_to_layout(pa.Table.from_batches([batch.groups]), layouts[0]),
+                self._group_metadata(batch),
+                pad_to_layout(pa.Table.from_batches([batch.step_row]), layouts[1]),
+                {
+                    "reward_names": _reward_names(batch.groups),
+                    # the rest is padding (store/storage/padding.py)
+                    "columns": batch.groups.schema.names,
+                    "families": list(families),
+                },
+            )
+            request = CommitRequest(
+                AppendUnit,
+                self._begun or self.begin_attempt(),
+                functools.partial(self._refuse_duplicate, name, key),
+                self.settings,
+            )
+            committed = commit_unit(log, unit, request)
+            self.committed += 1
+            # What this writer knows of the store is true at its own commit's version: the next
+            # append, if nothing commits meanwhile, reads no file to check its columns.
+            if seen.batch != view.batch:  # (else the padded files' schemas were unified too)
+                where = "the writer's view"
+                view = dataclasses.replace(
+                    view,
+                    groups=S.unify_schemas([view.groups, unit.groups.schema], where=where),
+                    steps=S.unify_schemas([view.steps, unit.step_rows.schema], where=where),
+                )
+            view.version = committed.version
+            self._seen = view
+            if self.take:
+                try:
+                    write_take(self.backend, batch.groups, name, committed.group.crc)
+                except (OSError, StoreError) as exc:
+                    warnings.warn(
+                        f"step {name} is committed but its take file failed: {exc}", stacklevel=3
+                    )
+            if self.cache and self.backend.can_mmap:
+                try:
+                    write_cache(self.backend, batch, name, committed.group.crc)
+                except (OSError, StoreError) as exc:
+                    warnings.warn(
+                        f"step {name} is committed but its IPC cache copy failed: {exc}",
+                        stacklevel=3,
+                    )
+            return self.backend.path(f"{STEPS}/{committed.name}")
 
     def append_records(self, name: str, rows: Any) -> int:
         """Append ``rows`` to record table ``name`` (:mod:`~maxent_arrow.store.history.records`) as
         this writer's attempt; returns the log version that committed them."""
-        log = self.catalog.writable(f"records of {name!r}")
-        table = prepare_records(name, rows)
-        attempt = self.begin_attempt()
-        version = commit_records(
-            self.backend,
-            log,
-            name,
-            table,
-            attempt=attempt,
-            lock_timeout=self.lock_timeout,
-            compression=self.settings.compression,
-        )
-        self.committed += 1
-        return version
+        with self._lock:
+            log = self.catalog.writable(f"records of {name!r}")
+            table = prepare_records(name, rows)
+            attempt = self.begin_attempt()
+            version = commit_records(
+                self.backend,
+                log,
+                name,
+                table,
+                attempt=attempt,
+                lock_timeout=self.lock_timeout,
+                compression=self.settings.compression,
+            )
+            self.committed += 1
+            return version
 
     def begin_attempt(self, *, config: Mapping[str, Any] | None = None) -> str:
         """Record this writer's attempt in the commit log, once. A fresh run into a store
         that holds an earlier run's steps is refused here
         (:func:`~maxent_arrow.store.history.attempts.attempt_entry`); so is a store without a
         commit log (:class:`~maxent_arrow.errors.ReadOnlyFormatError`)."""
-        if self._begun is not None:
-            return self._begun
-        log: CommitLog = self.catalog.writable("a new attempt")
-        spec = self.attempt
-        if config is not None:
-            spec.config = dict(config)
-        uri = self.backend.uri
-        # The entry is made from the newest state, under the lock (``None``: begun already,
-        # by another rank of the launch or before).
-        log.commit(
-            lambda state: attempt_entry(spec, state, uri),
-            attempt=spec.id,
-            lock_timeout=self.lock_timeout,
-        )
-        self._begun = spec.id
-        return spec.id
+        with self._lock:
+            if self._begun is not None:
+                return self._begun
+            log: CommitLog = self.catalog.writable("a new attempt")
+            spec = self.attempt
+            if config is not None:
+                spec.config = dict(config)
+            uri = self.backend.uri
+            # The entry is made from the newest state, under the lock (``None``: begun already,
+            # by another rank of the launch or before).
+            log.commit(
+                lambda state: attempt_entry(spec, state, uri),
+                attempt=spec.id,
+                lock_timeout=self.lock_timeout,
+            )
+            self._begun = spec.id
+            return spec.id
 
     def _view(self, batch: RolloutBatch, version: int) -> tuple[_Seen, _Seen]:
         """The store as of log ``version`` (as this writer left it at its last commit when

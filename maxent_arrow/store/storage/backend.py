@@ -71,6 +71,8 @@ __all__ = [
 TEMP_MARK = ".tmp-"
 _TEMP_RE = re.compile(r"^\.(?P<final>.+)\.tmp-(?P<host>[^.]+)\.(?P<pid>\d+)\.[0-9a-f]+$")
 _HOST = re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname())[:64] or "host"
+
+
 def is_temp_name(name: str) -> bool:
     """Whether ``name`` is a temp file of an unfinished write."""
     return name.startswith(".") and TEMP_MARK in name
@@ -407,6 +409,15 @@ class Backend(abc.ABC):
         finally:
             self.discard(pending)
 
+    def write_derived(self, final: str, data: Any) -> None:
+        """Replace ``final`` with ``data`` atomically but not durably: derived data (a take
+        file), which every reader checks and which the store can write again, so a crash
+        may leave it torn or missing, never half-visible to a running reader. Where an
+        object store's put is atomic anyway this is :meth:`write_file` (into its directory,
+        made first)."""
+        self.makedirs(final.rpartition("/")[0])
+        self.write_file(final, data)
+
     @abc.abstractmethod
     def remove(self, rel: str) -> None:
         """Delete ``rel`` (no error if it is gone)."""
@@ -676,6 +687,35 @@ class LocalBackend(Backend):
             with contextlib.suppress(OSError):
                 os.unlink(self.root / pending.temp)
 
+    def write_derived(self, final: str, data: Any) -> None:
+        temp = self._temp_name(final)
+        self._write_dir(temp.rpartition("/")[0])  # (refused outside the store)
+        path = self.root / temp
+        try:
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileNotFoundError:  # the first file of its directory
+                self.makedirs(temp.rpartition("/")[0])
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except OSError as exc:
+            raise os_error("cannot create a file in", path.parent, exc) from exc
+        try:
+            view = memoryview(data).cast("B")
+            written = 0
+            while written < len(view):
+                written += os.write(fd, view[written : written + (64 << 20)])
+            os.close(fd)
+            fd = -1
+            os.replace(path, self.path(final))  # (no fsync: derived data)
+        except BaseException as exc:
+            if fd >= 0:
+                os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            if isinstance(exc, OSError) and not isinstance(exc, StoreError):
+                raise os_error("cannot write", self.root / final, exc) from exc
+            raise
+
     def remove(self, rel: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path(rel))
@@ -699,7 +739,7 @@ class LocalBackend(Backend):
         while not os.path.lexists(above) and above != above.parent:
             missing.append(above)
             above = above.parent
-        parts = [p for p in rel.split("/") if p] if rel else []
+        parts = list(filter(None, rel.split("/")))
         try:
             for directory in reversed(missing):
                 self._mkdir(str(directory))

@@ -64,6 +64,11 @@ class Cache(Generic[K, V]):
             while len(self._items) > self.limit:
                 self._items.popitem(last=False)
 
+    def pop(self, key: K) -> None:
+        """Forget ``key`` (what it described changed)."""
+        with self._lock:
+            self._items.pop(key, None)
+
     def clear(self) -> None:
         with self._lock:
             self._items.clear()
@@ -94,6 +99,11 @@ class ProcessCaches:
         self.labels: Cache[str, list[str]] = Cache(
             "labels", 16, "the row-group labels of segments read, by step file"
         )
+        self.takes: Cache[Any, Any] = Cache(
+            "takes", 1 << 16,
+            "the checked frame of each take file read (its schema and where each group's "
+            "batch lies, with its XXH3-64), by store and path",
+        )  # fmt: skip
         self.plans: Cache[Any, Any] = Cache(
             "plans", 256, "what each SQL query scans, by the views it ran on and its text"
         )

@@ -282,15 +282,19 @@ def chunk_crcs(
             return crc_between(a, b, length, algorithm)
         return checksum(read_range(offset, length), algorithm)
 
-    groups = [
-        {path: [offset, length, crc(offset, length)] for path, (offset, length) in rg.items()}
-        for rg in chunk_ranges(metadata)
-    ]
+    groups: list[dict[str, list[int]]] = []
+    rows: list[int] = []
+    for r, ranges in enumerate(chunk_ranges(metadata)):
+        group = {}
+        for path, (offset, length) in ranges.items():
+            group[path] = [offset, length, crc(offset, length)]
+        groups.append(group)
+        rows.append(metadata.row_group(r).num_rows)
     f_offset, f_length = footer_range(size, metadata)
     out: dict[str, Any] = {
         "footer": [f_offset, f_length, crc(f_offset, f_length)],
         "row_groups": groups,
-        "row_group_rows": [metadata.row_group(r).num_rows for r in range(metadata.num_row_groups)],
+        "row_group_rows": rows,
     }
     if algorithm != "crc32":  # records without the key are CRC-32 (every older store)
         out["algorithm"] = algorithm

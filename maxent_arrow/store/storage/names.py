@@ -50,12 +50,14 @@ __all__ = [
     "RETIRED",
     "STEPS",
     "STORE_META_KEY",
+    "TAKE",
     "UNIT_META_KEY",
     "UnitName",
     "cache_name",
     "compact_name",
     "parse_name",
     "retired_path",
+    "take_name",
     "unit_name",
     "unit_of",
     "with_token",
@@ -65,6 +67,8 @@ FORMAT_NAME = "maxent-arrow-rollouts"
 MANIFEST = "manifest.json"
 GROUPS, STEPS, CACHE, QUARANTINE = "groups", "steps", "cache", "quarantine"
 RETIRED = "retired"
+# The take files: each committed unit's groups, one Arrow IPC batch per group (io/take.py).
+TAKE = "take"
 # Stores with a commit log: the log's entries and checkpoints, and the files of record tables.
 LOG, RECORDS = "log", "records"
 # JSON in a step file's metadata: its group file's name, size and checksums, and for a
@@ -168,6 +172,11 @@ def parse_name(name: str) -> UnitName | None:
 def cache_name(unit: str) -> str:
     """The IPC cache file of a unit: ``{unit without .parquet}.arrow``."""
     return unit.removesuffix(".parquet") + ".arrow"
+
+
+def take_name(unit: str) -> str:
+    """The take file of a unit: ``take/{unit without .parquet}.arrow``."""
+    return f"{TAKE}/{unit.removesuffix('.parquet')}.arrow"
 
 
 def retired_path(rel: str) -> str:

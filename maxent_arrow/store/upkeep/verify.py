@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
 from maxent_arrow.arrow import schema as S
@@ -26,6 +27,7 @@ from maxent_arrow.store.history.manifest import read as read_manifest
 from maxent_arrow.store.history.state import LogState, UnitEntry
 from maxent_arrow.store.io.cache import CACHE_META_KEY, check_cache_columns, unit_group_crc32
 from maxent_arrow.store.io.reader import read_group_file, row_group_labels
+from maxent_arrow.store.io.take import current_take, take_rows
 from maxent_arrow.store.storage.backend import Backend
 from maxent_arrow.store.storage.checksums import check_chunks, check_seal, crc32_of
 from maxent_arrow.store.storage.names import (
@@ -37,6 +39,7 @@ from maxent_arrow.store.storage.names import (
     UnitName,
     cache_name,
     parse_name,
+    take_name,
     unit_name,
 )
 
@@ -267,11 +270,74 @@ def _verify_step(report: VerifyReport, backend: Backend, step: StepFile) -> None
                     group_path, f"holds steps {sorted(steps)}, expected {parsed.first_step}"
                 )
             )
-    if not backend.can_mmap:
-        return  # no IPC cache on this backend
     units = zip(rows["step"], rows["rank"], rows["kind"], rows["num_groups"], step.starts)
     for number, rank, kind, count, start in units:
-        _verify_cache(report, backend, step, unit_name(number, rank, kind), groups, start, count)
+        name = unit_name(number, rank, kind)
+        _verify_take(report, backend, step, name, groups.slice(start, count))
+        if backend.can_mmap:  # (no IPC cache on other backends)
+            _verify_cache(report, backend, step, name, groups, start, count)
+
+
+def _verify_take(
+    report: VerifyReport, backend: Backend, step: StepFile, unit: str, archived: pa.Table
+) -> None:
+    """A unit's take file, if any: its frame and every group's XXH3-64, and its rows against
+    the archive's (``archived``)."""
+    rel = take_name(unit)
+    try:
+        if backend.stat(rel) is None:
+            return
+    except StoreError:
+        return  # a symbolic link out of the store: reported as such (Backend.escapes)
+    report.checked += 1
+    try:
+        take = current_take(backend, step, unit, fresh=True)
+        if take is None:
+            report.notes.append(
+                StoreProblem(
+                    backend.path(rel), "take file of another commit of its unit (not served)"
+                )
+            )
+            return
+        batches = take_rows(backend, step, unit, range(take.groups)) or []
+        taken = pa.Table.from_batches(batches, schema=batches[0].schema) if batches else None
+        if taken is None or taken.num_rows != archived.num_rows:
+            rows = 0 if taken is None else taken.num_rows
+            raise StoreError(f"take file of {rows} groups, the archive has {archived.num_rows}")
+        for name in taken.column_names:
+            if name not in archived.column_names or not _same_values(
+                taken.column(name), archived.column(name)
+            ):
+                raise StoreError(f"take file differs from the Parquet archive (column {name!r})")
+    except (StoreError, pa.ArrowException, OSError, ValueError) as exc:
+        report.problems.append(StoreProblem(backend.path(rel), str(exc)))
+
+
+def _same_values(a: pa.ChunkedArray | pa.Array, b: pa.ChunkedArray | pa.Array) -> bool:
+    """``a`` and ``b`` hold the same values, a NaN equal to a NaN (Arrow's ``equals`` says
+    a NaN differs from itself: a stored NaN reward would read as damage)."""
+    if a.equals(b):
+        return True
+    if isinstance(a, pa.ChunkedArray):
+        a = a.combine_chunks()
+    if isinstance(b, pa.ChunkedArray):
+        b = b.combine_chunks()
+    if a.type != b.type or len(a) != len(b) or not a.is_null().equals(b.is_null()):
+        return False
+    kind = a.type
+    if pa.types.is_floating(kind):
+        nan = pc.is_nan(a)  # (null where ``a`` is: the nulls matched above)
+        if not nan.equals(pc.is_nan(b)):
+            return False
+        keep = pc.invert(nan)  # (a filter drops the nulls; no Python value: that imports pandas)
+        return pc.filter(a, keep).equals(pc.filter(b, keep))
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+        return pc.list_value_length(a).equals(pc.list_value_length(b)) and _same_values(
+            pc.list_flatten(a), pc.list_flatten(b)
+        )
+    if pa.types.is_struct(kind):
+        return all(_same_values(a.field(i), b.field(i)) for i in range(kind.num_fields))
+    return False
 
 
 def _verify_cache(
@@ -327,8 +393,8 @@ def _verify_cache(
             cached = upgrade_groups(cached, kind=unit.split(".")[2])
         archived = groups.slice(start, count)
         for name in cached.column_names:
-            if name not in archived.column_names or not cached.column(name).equals(
-                archived.column(name)
+            if name not in archived.column_names or not _same_values(
+                cached.column(name), archived.column(name)
             ):
                 raise StoreError(f"IPC cache differs from the Parquet archive (column {name!r})")
     except (StoreError, pa.ArrowException, OSError, ValueError) as exc:
