@@ -3,7 +3,8 @@
 ::
 
     root/log/{version:020d}.json          one entry per commit, created exclusively: the commit
-    root/log/checkpoint-{version}.parquet the state at that version (every CHECKPOINT_EVERY)
+    root/log/checkpoint-{version}.parquet the state at that version (every CHECKPOINT_EVERY;
+                                          the newest few and every KEEP_EVERY-th kept)
     root/log/_checkpoint.parquet          the newest checkpoint, under a stable name (a copy)
     root/log/_last_checkpoint.json        which checkpoint is newest (a hint; readers check it)
 
@@ -48,6 +49,8 @@ from maxent_arrow.store.storage.names import LOG
 
 __all__ = [
     "CHECKPOINT_EVERY",
+    "KEEP_EVERY",
+    "KEEP_NEWEST",
     "CommitLog",
     "checkpoint_name",
     "entry_name",
@@ -55,6 +58,14 @@ __all__ = [
 
 # A checkpoint every this many versions: a reader replays at most this many entries.
 CHECKPOINT_EVERY = 100
+# Which checkpoints a store keeps (each holds the whole state, so keeping them all would be
+# O(commits^2) bytes: 30 GB of log at 62,500 steps): the newest (the pointer's), the one before
+# it, the newest KEEP_NEWEST multiples of CHECKPOINT_EVERY (a reader falls back to them when
+# the newest is damaged; a consumer's cursor a little behind starts at one), and every
+# multiple of KEEP_EVERY (a cursor or a version asked for long ago replays at most that many
+# entries).
+KEEP_NEWEST = 3
+KEEP_EVERY = 10_000
 CHECKPOINT = "_checkpoint.parquet"
 LAST_CHECKPOINT = "_last_checkpoint.json"
 # The log's head: ``{"version": v}``, the newest version committed, replaced after each
@@ -227,10 +238,12 @@ class CommitLog:
                 hint = json.loads(self.backend.read(pointer).to_pybytes())
                 if int(hint["version"]) <= version:
                     candidates.append((int(hint["version"]), int(hint["crc32"])))
-        candidates += [
-            (v, None)
-            for v in range(version // CHECKPOINT_EVERY * CHECKPOINT_EVERY, 0, -CHECKPOINT_EVERY)
-        ]
+        # The newest multiples of CHECKPOINT_EVERY (kept), then those of KEEP_EVERY (kept),
+        # then the others (a store written before checkpoints were retired has them all).
+        below = range(version // CHECKPOINT_EVERY * CHECKPOINT_EVERY, 0, -CHECKPOINT_EVERY)
+        candidates += [(v, None) for v in below[:KEEP_NEWEST]]
+        candidates += [(v, None) for v in below[KEEP_NEWEST:] if v % KEEP_EVERY == 0]
+        candidates += [(v, None) for v in below[KEEP_NEWEST:] if v % KEEP_EVERY != 0]
         for at, crc in candidates:
             name = checkpoint_name(at)
             if self.backend.stat(name) is None:
@@ -375,11 +388,45 @@ class CommitLog:
         its version. A crash leaves the older checkpoint in use."""
         state = state or self.state()
         data = checkpoint_bytes(state)
+        old = self._pointer()
         self.backend.write_file(checkpoint_name(state.version), data)
         self.backend.write_file(f"{LOG}/{CHECKPOINT}", data)
-        hint = {"version": state.version, "crc32": crc32(data), "size": len(data)}
+        hint: dict[str, Any] = {"version": state.version, "crc32": crc32(data), "size": len(data)}
+        before = None if old is None else int(old["version"])
+        if before is not None and before != state.version:
+            hint["previous"] = before
         self.backend.write_file(f"{LOG}/{LAST_CHECKPOINT}", json.dumps(hint).encode())
+        self._retire_checkpoints(state.version, before, old)
         return state.version
+
+    def _pointer(self) -> dict[str, Any] | None:
+        """The pointer's hint as written (``None``: none, or not readable)."""
+        with contextlib.suppress(StoreError, ValueError, KeyError, TypeError):
+            raw = self.backend.read_if_present(f"{LOG}/{LAST_CHECKPOINT}")
+            if raw is not None:
+                hint = json.loads(raw.to_pybytes())
+                int(hint["version"])
+                return hint
+        return None
+
+    def _retire_checkpoints(
+        self, version: int, before: int | None, old: dict[str, Any] | None
+    ) -> None:
+        """Delete the checkpoints that writing the one of ``version`` leaves unkept
+        (:data:`KEEP_NEWEST`, :data:`KEEP_EVERY`): the one before the previous pointer's
+        (``old``'s ``previous``) and the multiple of :data:`CHECKPOINT_EVERY` that left the
+        newest few, no listing. A deletion that fails, or one a crash skipped, leaves a file
+        no reader needs (nothing reads it but a reader that falls back past the kept ones)."""
+        newest = version // CHECKPOINT_EVERY * CHECKPOINT_EVERY
+        window = range(newest, newest - KEEP_NEWEST * CHECKPOINT_EVERY, -CHECKPOINT_EVERY)
+        kept = {version, *([] if before is None else [before]), *window}
+        candidates = {newest - KEEP_NEWEST * CHECKPOINT_EVERY}
+        if old is not None and isinstance(old.get("previous"), int):
+            candidates.add(old["previous"])
+        for v in sorted(candidates):
+            if v > 0 and v not in kept and v % KEEP_EVERY != 0:
+                with contextlib.suppress(StoreError, OSError):
+                    self.backend.remove(checkpoint_name(v))
 
 
 _RACES = 1000
