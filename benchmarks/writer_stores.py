@@ -71,6 +71,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,6 +81,7 @@ from maxent_arrow.arrow import GroupIdentity  # noqa: E402
 from maxent_arrow.arrow import schema as S  # noqa: E402
 from maxent_arrow.rollout import RolloutBatch  # noqa: E402
 from maxent_arrow.store import ReadOnlyStore, RolloutStore  # noqa: E402
+from maxent_arrow.store.storage.names import TAKE  # noqa: E402
 
 __all__ = [
     "ENV_CACHE",
@@ -382,14 +384,28 @@ def file_layout(path: str | os.PathLike[str]) -> dict[str, Any]:
     }
 
 
+def take_layout(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """What the writer chose for one take file (``store/io/take.py``): its batches (one per
+    group) and their rows, its columns and its metadata keys."""
+    with pa.memory_map(str(path)) as source:
+        reader = ipc.open_file(source)
+        return {
+            "batches": [reader.get_batch(i).num_rows for i in range(reader.num_record_batches)],
+            "columns": reader.schema.names,
+            "metadata_keys": sorted(k.decode() for k in (reader.schema.metadata or {})),
+        }
+
+
 def store_layout(root: str | os.PathLike[str]) -> dict[str, Any]:
-    """The layout of every live file of a store (group and step files, by name), from the
-    store's own list of committed files."""
+    """The layout of every live file of a store (group and step files, by name, from the
+    store's own list of committed files; and the take files the writer wrote beside them)."""
     store = ReadOnlyStore(root)
     out: dict[str, Any] = {}
     for table in ("groups", "steps"):
         for path in store.committed_files(table):  # type: ignore[arg-type]
             out[f"{table}/{Path(path).name}"] = file_layout(path)
+    for path in sorted((Path(root) / TAKE).glob("*.arrow")):
+        out[f"{TAKE}/{path.name}"] = take_layout(path)
     return out
 
 
@@ -409,7 +425,7 @@ def format_key() -> str:
         schema = meta.get(S.METADATA_KEY, b"?").decode()
         layout = store_layout(root)
     for doc in layout.values():
-        doc.pop("created_by")
+        doc.pop("created_by", None)  # (a take file has none)
     digest = hashlib.sha256(json.dumps(sorted(layout.values(), key=str)).encode()).hexdigest()
     return f"store{version}-schema{schema}-layout{digest[:10]}"
 
