@@ -11,6 +11,7 @@ registry at test time)."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -25,9 +26,16 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory) -> Path:
     work = tmp_path_factory.mktemp("wheel")
+    # Built from a copy of what the wheel is made of: a build in the tree would leave build/
+    # and egg-info there (and a stale build/lib in the next wheel).
+    source = work / "source"
+    shutil.copytree(ROOT / "maxent_arrow", source / "maxent_arrow",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))  # fmt: skip
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, source / name)
     built = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-         "-w", str(work / "dist"), str(ROOT)],
+         "-w", str(work / "dist"), str(source)],
         capture_output=True, text=True, timeout=600, cwd=work,
     )  # fmt: skip
     assert built.returncode == 0, built.stderr[-3000:]
