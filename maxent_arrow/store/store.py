@@ -40,6 +40,7 @@ from maxent_arrow.store.history.catalog import (
     History,
     OnError,
     Selection,
+    Unit,
     check_history,
     check_on_error,
 )
@@ -53,7 +54,12 @@ from maxent_arrow.store.io.cache import unit_group_crc32, write_cache
 from maxent_arrow.store.io.commit import WriteSettings
 from maxent_arrow.store.io.reader import check_known_columns, read_group_file, read_table
 from maxent_arrow.store.io.replay import ReplayOptions, as_batch, replay
-from maxent_arrow.store.io.take import current_take, write_take
+from maxent_arrow.store.io.take import (
+    current_take,
+    segment_take,
+    write_segment_take,
+    write_take,
+)
 from maxent_arrow.store.io.writer import Writer
 from maxent_arrow.store.readonly import ReadOnlyStore
 from maxent_arrow.store.sql.session import check_timeout
@@ -509,9 +515,29 @@ class RolloutStore(ReadOnlyStore):
         that has none of its commit (a store written before take files, or with
         ``take=False``), each from its own rows of the archive (checked); returns how many."""
         made = 0
-        for unit in self.units(kind=kind, steps=steps):
+        units = self.units(kind=kind, steps=steps)
+        segments: dict[str, list[Unit]] = {}
+        for unit in units:
+            if self.catalog.step_file(unit.step_file).meta.get("unit_crc32"):
+                segments.setdefault(unit.step_file, []).append(unit)
+        served: set[str] = set()  # the segments with a take file of their own
+        for name, members in segments.items():  # a segment's: one for all its units
+            step = self.catalog.step_file(name)
+            if len(members) != len(step.starts):
+                continue  # not all its units chosen: theirs, below
+            served.add(name)
+            if segment_take(self.backend, step) is not None:
+                continue
+            table = read_group_file(self.backend, step, None, crc=self.check_crc)
+            order = sorted(members, key=lambda u: u.start)
+            write_segment_take(
+                self.backend, table, step.name, step.meta.get("group_crc32"),
+                [(u.name, u.num_groups) for u in order],
+            )  # fmt: skip
+            made += 1
+        for unit in units:
             step = self.catalog.step_file(unit.step_file)
-            if current_take(self.backend, step, unit.name) is not None:
+            if unit.step_file in served or current_take(self.backend, step, unit.name):
                 continue
             rows = (unit.start, unit.num_groups)
             table = read_group_file(self.backend, step, None, crc=self.check_crc, rows=rows)

@@ -30,7 +30,7 @@ KEY = ["step", "rank", "kind", "group_index"]
 
 def _by_unit(layout: dict) -> dict:
     """File layouts keyed by the file's name without its random commit token."""
-    return {re.sub(r"\.[0-9a-z]+\.parquet$", "", name): doc for name, doc in layout.items()}
+    return {re.sub(r"\.[0-9a-z]+\.(parquet|arrow)$", "", name): doc for name, doc in layout.items()}
 
 
 def _plain_loop(root: Path) -> Path:
@@ -68,7 +68,8 @@ def test_the_bench_builder_writes_the_layout_of_a_plain_loop_of_appends(tmp_path
     theirs = _by_unit(W.store_layout(reference))
     segments = [name for name in theirs if name.startswith("groups/compact-")]
     takes = [name for name in theirs if name.startswith("take/")]
-    assert len(takes) == SHAPE.steps  # a take file per unit, written at its append
+    # a take file per unit, written at its append, and the segment's, by its compaction
+    assert len(takes) == SHAPE.steps + 1
     # a segment, 3 loose; their step files; the take files
     assert len(segments) == 1 and len(theirs) == 2 * (1 + 3) + len(takes)
     for root in (built.path, straight):

@@ -221,8 +221,8 @@ def test_ipc_cache_copies_stay_served_after_compaction(tmp_path):
     assert pa.total_allocated_bytes() - before < sum(b.groups.nbytes for b in batches) / 50
     assert [b.groups.equals(o.groups) for b, o in zip(got, batches)] == [True] * 3
     report = store.verify()
-    # step file, group file, 3 cache copies, 3 take files
-    assert report.ok and report.checked == 1 + 1 + 3 + 3, str(report)
+    # step file, group file, 3 cache copies, 3 take files and the segment's
+    assert report.ok and report.checked == 1 + 1 + 3 + 3 + 1, str(report)
     # A copy that is not of the committed rows is refused by verify and never served.
     cache = store.root / "cache" / "step-0000000001.rank-00000.train.arrow"
     other = RolloutStore.create(tmp_path / "other", cache=True)

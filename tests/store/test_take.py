@@ -209,3 +209,53 @@ def test_verify_holds_a_nan_reward_equal_to_itself_and_other_values_are_damage(t
     process_caches().clear()
     (problem,) = store.verify().problems
     assert "take" in str(problem.path) and "total_utils" in problem.problem
+
+
+def test_a_compaction_writes_one_take_file_for_its_segment_and_the_sampler_reads_it(tmp_path):
+    """A compacted unit is served from its segment's take file (a file per segment, not per
+    unit): with the units' own take files and the archive's group files gone, sampled groups
+    still equal what the archive served; a segment take file of other bytes is refused."""
+    store = compacted_run(tmp_path / "s", steps=6, eval_every=3, merged=4, segment=2)
+    from_archive = _sampled(store, sampling="uniform", seed=3, source="parquet")
+    segments = sorted((store.root / "take").glob("compact-*.arrow"))
+    assert len(segments) == 2
+    reader = ipc.open_file(pa.memory_map(str(segments[0])))
+    assert reader.num_record_batches == sum(  # one batch per group of its two steps
+        u.num_groups for u in store.catalog.units(Selection([0, 1], "train"))
+    )
+    for step in range(4):
+        _take_path(store, step).unlink()
+    for path in (store.root / "groups").glob("compact-*.parquet"):
+        path.unlink()
+    process_caches().clear()
+    from_takes = _sampled(ReadOnlyStore(store.root), sampling="uniform", seed=3)
+    assert from_takes.equals(from_archive)
+    # a unit's rows sit at its first row in the segment
+    unit, step = _unit(store, 1)
+    rows = take_rows(store.backend, step, unit.name, [0, 2])
+    expected = from_archive.filter(pa.compute.equal(from_archive.column("step"), 1))
+    assert [r.column("group_index")[0].as_py() for r in rows] == [0, 2]
+    assert (
+        rows[1]
+        .column("completion_ids")
+        .equals(expected.slice(2, 1).column("completion_ids").combine_chunks())
+    )
+    # another segment's take file put in its place: not of this commit, never served
+    segments[1].replace(segments[0])
+    process_caches().clear()
+    assert take_rows(store.backend, step, unit.name, [0]) is None
+
+
+def test_build_takes_writes_a_compacted_segment_one_take_file(tmp_path):
+    store = compacted_run(tmp_path / "s", steps=6, eval_every=3, merged=4, segment=2)
+    expected = _sampled(store, sampling="uniform", seed=3, source="parquet")
+    for path in (store.root / "take").iterdir():
+        path.unlink()
+    process_caches().clear()
+    # the two segments' (4 units) and the 2 loose train and 2 eval units' own
+    assert store.build_takes() == 2 + 2 + 2
+    assert len(list((store.root / "take").glob("compact-*.arrow"))) == 2
+    assert not _take_path(store, 0).exists()  # (its segment's serves it)
+    assert store.build_takes() == 0
+    assert _sampled(store, sampling="uniform", seed=3).equals(expected)
+    assert store.verify().ok

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -30,6 +31,7 @@ from maxent_arrow.store.history.schemas import UnifiedSchemas
 from maxent_arrow.store.history.state import LogState
 from maxent_arrow.store.io.commit import CommitRequest, UnitFiles, WriteSettings, commit_unit
 from maxent_arrow.store.io.reader import read_group_file
+from maxent_arrow.store.io.take import write_segment_take
 from maxent_arrow.store.storage.backend import Backend
 from maxent_arrow.store.storage.crashpoints import crash_point
 from maxent_arrow.store.storage.names import (
@@ -40,6 +42,7 @@ from maxent_arrow.store.storage.names import (
     compact_name,
     parse_name,
     retired_path,
+    take_name,
 )
 
 __all__ = ["RETIRE_SECONDS", "Compaction", "compact", "expire_retired", "retire"]
@@ -267,6 +270,7 @@ def _compact_files(job: _Job, kind: str, units: list[Unit]) -> Any:
     )
     committed = commit_unit(log, unit, request)
     name = committed.name
+    _write_segment_take(backend, committed, unit.groups, units, inputs)
     # Committed: the inputs are hidden by `replaces`. They leave groups/ and steps/ (plain
     # readers glob those) for retired/, where readers that listed the store before this
     # commit still find them, until RETIRE_SECONDS have passed.
@@ -279,6 +283,29 @@ def _compact_files(job: _Job, kind: str, units: list[Unit]) -> Any:
         backend.sync(STEPS)
     _expire(log)
     return backend.path(f"{STEPS}/{name}")
+
+
+def _write_segment_take(
+    backend: Backend, committed: Any, groups: pa.Table, units: list[Unit], inputs: list[str]
+) -> None:
+    """The committed segment's take file (:mod:`~maxent_arrow.store.io.take`), when its
+    inputs had take files (the store writes them): one for all its units, so a sampler opens
+    a file per segment. Derived data: a failure is a warning, the archive serves."""
+    names = [take_name(u.name) for u in units] + [take_name(n) for n in inputs]
+    if not any(backend.stat(rel) is not None for rel in names):
+        return
+    try:
+        write_segment_take(
+            backend,
+            groups,
+            committed.name,
+            committed.group.crc,
+            [(u.name, u.num_groups) for u in units],
+        )
+    except (OSError, StoreError, pa.ArrowException) as exc:
+        warnings.warn(
+            f"segment {committed.name} is committed but its take file failed: {exc}", stacklevel=4
+        )
 
 
 # A segment keeps one row group per unit (a reader of one step decodes and checks only its

@@ -27,7 +27,7 @@ from maxent_arrow.store.history.manifest import read as read_manifest
 from maxent_arrow.store.history.state import LogState, UnitEntry
 from maxent_arrow.store.io.cache import CACHE_META_KEY, check_cache_columns, unit_group_crc32
 from maxent_arrow.store.io.reader import read_group_file, row_group_labels
-from maxent_arrow.store.io.take import current_take, take_rows
+from maxent_arrow.store.io.take import TakeFile, current_take, segment_take, take_batches
 from maxent_arrow.store.storage.backend import Backend
 from maxent_arrow.store.storage.checksums import check_chunks, check_seal, crc32_of
 from maxent_arrow.store.storage.names import (
@@ -276,6 +276,8 @@ def _verify_step(report: VerifyReport, backend: Backend, step: StepFile) -> None
         _verify_take(report, backend, step, name, groups.slice(start, count))
         if backend.can_mmap:  # (no IPC cache on other backends)
             _verify_cache(report, backend, step, name, groups, start, count)
+    if parsed.compacted:
+        _verify_segment_take(report, backend, step, groups)
 
 
 def _verify_take(
@@ -283,7 +285,26 @@ def _verify_take(
 ) -> None:
     """A unit's take file, if any: its frame and every group's XXH3-64, and its rows against
     the archive's (``archived``)."""
-    rel = take_name(unit)
+    find = lambda: current_take(backend, step, unit, fresh=True)  # noqa: E731
+    _check_take(report, backend, take_name(unit), find, archived, "its unit")
+
+
+def _verify_segment_take(
+    report: VerifyReport, backend: Backend, step: StepFile, groups: pa.Table
+) -> None:
+    """A compacted segment's take file, if any (:func:`_verify_take`, over all its rows)."""
+    find = lambda: segment_take(backend, step, fresh=True)  # noqa: E731
+    _check_take(report, backend, take_name(step.name), find, groups, "its segment")
+
+
+def _check_take(
+    report: VerifyReport,
+    backend: Backend,
+    rel: str,
+    find: Callable[[], TakeFile | None],
+    archived: pa.Table,
+    of: str,
+) -> None:
     try:
         if backend.stat(rel) is None:
             return
@@ -291,15 +312,13 @@ def _verify_take(
         return  # a symbolic link out of the store: reported as such (Backend.escapes)
     report.checked += 1
     try:
-        take = current_take(backend, step, unit, fresh=True)
+        take = find()
         if take is None:
             report.notes.append(
-                StoreProblem(
-                    backend.path(rel), "take file of another commit of its unit (not served)"
-                )
+                StoreProblem(backend.path(rel), f"take file of another commit of {of} (not served)")
             )
             return
-        batches = take_rows(backend, step, unit, range(take.groups)) or []
+        batches = take_batches(backend, take)
         taken = pa.Table.from_batches(batches, schema=batches[0].schema) if batches else None
         if taken is None or taken.num_rows != archived.num_rows:
             rows = 0 if taken is None else taken.num_rows
