@@ -235,9 +235,9 @@ def take_rows(bench: harness.Bench, built: W.Built, work: Path) -> None:
         floor=floor,
         targets=[within("peer", TARGET_VS_LANCE)],
         note=f"Lance's take alone (an Arrow table): {t['lance'].median * 1e3:.1f} ms; {why}",
-        reason="first opens: each of the store's 1,000 take files (one per unit) is opened "
-        "and its frame checked once per process (~0.16 ms each); a batch of 64 groups "
-        "touches ~60 files, so most of the batches timed open files (warm: the record row)",
+        reason="first opens: each take file (one per segment, one per loose unit) is opened "
+        "and its frame checked once per process (~0.16 ms each), then each group's bytes "
+        "are read, checked and decoded one pread at a time",
     )
     bench.row(
         f"random take, 64 groups as tensors, {label}, against a fresh Lance dataset",
