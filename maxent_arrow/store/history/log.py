@@ -52,6 +52,7 @@ __all__ = [
     "KEEP_EVERY",
     "KEEP_NEWEST",
     "CommitLog",
+    "HoldsLock",
     "checkpoint_name",
     "entry_name",
 ]
@@ -114,7 +115,22 @@ Builder = Callable[[LogState], Operation | None]
 
 
 # ---------------------------------------------------------------------------- the log itself
-class CommitLog:
+class HoldsLock:
+    """An object whose ``_lock`` (a re-entrant lock: one commit at a time, a sampler's
+    lifecycle thread beside the trainer's) stays in its process: a copy pickled elsewhere
+    gets a lock of its own."""
+
+    _lock: threading.RLock
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_lock"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.RLock()
+
+
+class CommitLog(HoldsLock):
     """The commit log of one store: its state at the newest version this object has read,
     kept up to date incrementally, and the one way to commit."""
 
@@ -131,13 +147,6 @@ class CommitLog:
         self._pinned = False
         # One thread at a time reads entries into the state or commits (a sampler's
         # lifecycle records commit from a thread of their own; re-entrant: a commit reads).
-        self._lock = threading.RLock()
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "_lock"}  # (stays here)
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
         self._lock = threading.RLock()
 
     def pin(self) -> LogState:

@@ -40,6 +40,7 @@ with, by ``op`` (the encoding is frozen: ``data/golden_v3`` holds one of each):
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import datetime as dt
 import json
@@ -77,7 +78,7 @@ def crc32(data: bytes) -> int:
 
 
 @dataclasses.dataclass(frozen=True)
-class Operation:
+class Operation(abc.ABC):
     """One kind of commit: :attr:`OP` names it in the entry, :meth:`fields` are its JSON
     fields beside the envelope's, :meth:`decode` reads them back, :meth:`apply` changes the
     state as the commit does."""
@@ -89,15 +90,15 @@ class Operation:
         if cls.OP:
             OPERATIONS[cls.OP] = cls
 
-    def fields(self) -> dict[str, Any]:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def fields(self) -> dict[str, Any]: ...
 
     @classmethod
-    def decode(cls, entry: Mapping[str, Any]) -> Operation:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def decode(cls, entry: Mapping[str, Any]) -> Operation: ...
 
-    def apply(self, state: LogState, version: int, attempt: str) -> None:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def apply(self, state: LogState, version: int, attempt: str) -> None: ...
 
 
 # op name -> its class (filled as each class is defined)

@@ -24,7 +24,7 @@ from maxent_arrow.errors import SchemaError, StoreError
 from maxent_arrow.rollout import BATCH_META_KEY, RolloutBatch
 from maxent_arrow.store.history.attempts import AttemptSpec, attempt_entry
 from maxent_arrow.store.history.catalog import Catalog
-from maxent_arrow.store.history.log import CommitLog
+from maxent_arrow.store.history.log import CommitLog, HoldsLock
 from maxent_arrow.store.history.operations import AppendUnit
 from maxent_arrow.store.history.records import commit_records, prepare_records
 from maxent_arrow.store.history.schemas import UnifiedSchemas
@@ -62,7 +62,7 @@ class _Seen:
     batch: tuple[pa.Schema, pa.Schema] | None = None
 
 
-class Writer:
+class Writer(HoldsLock):
     """Appends to one store."""
 
     def __init__(
@@ -89,13 +89,6 @@ class Writer:
         self._log: CommitLog | None = None
         # One commit of this writer at a time (the replay sampler's lifecycle records commit
         # from a thread of their own; re-entrant: an append begins its attempt).
-        self._lock = threading.RLock()
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "_lock"}  # (stays here)
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
         self._lock = threading.RLock()
 
     def append(self, batch: RolloutBatch) -> Any:

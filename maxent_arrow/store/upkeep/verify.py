@@ -305,11 +305,8 @@ def _check_take(
     archived: pa.Table,
     of: str,
 ) -> None:
-    try:
-        if backend.stat(rel) is None:
-            return
-    except StoreError:
-        return  # a symbolic link out of the store: reported as such (Backend.escapes)
+    if not _present(backend, rel):
+        return
     report.checked += 1
     try:
         take = find()
@@ -323,13 +320,28 @@ def _check_take(
         if taken is None or taken.num_rows != archived.num_rows:
             rows = 0 if taken is None else taken.num_rows
             raise StoreError(f"take file of {rows} groups, the archive has {archived.num_rows}")
-        for name in taken.column_names:
-            if name not in archived.column_names or not _same_values(
-                taken.column(name), archived.column(name)
-            ):
-                raise StoreError(f"take file differs from the Parquet archive (column {name!r})")
+        _check_copy(taken, archived, "take file")
     except (StoreError, pa.ArrowException, OSError, ValueError) as exc:
         report.problems.append(StoreProblem(backend.path(rel), str(exc)))
+
+
+def _present(backend: Backend, rel: str) -> bool:
+    """Whether the derived file ``rel`` (a take file, a cache copy) is there to check; a
+    symbolic link out of the store is not (reported as such: ``Backend.escapes``)."""
+    try:
+        return backend.stat(rel) is not None
+    except StoreError:
+        return False
+
+
+def _check_copy(copy: pa.Table, archived: pa.Table, what: str) -> None:
+    """A :class:`StoreError` naming the first column of ``copy`` (a derived file's rows)
+    that is not the archive's."""
+    for name in copy.column_names:
+        if name not in archived.column_names or not _same_values(
+            copy.column(name), archived.column(name)
+        ):
+            raise StoreError(f"{what} differs from the Parquet archive (column {name!r})")
 
 
 def _same_values(a: pa.ChunkedArray | pa.Array, b: pa.ChunkedArray | pa.Array) -> bool:
@@ -370,11 +382,8 @@ def _verify_cache(
 ) -> None:
     """A unit's IPC cache copy, if any: its seal, and its rows against the archive's."""
     cache = f"{CACHE}/{cache_name(unit)}"
-    try:
-        if backend.stat(cache) is None:
-            return
-    except StoreError:
-        return  # a symbolic link out of the store: reported as such (Backend.escapes)
+    if not _present(backend, cache):
+        return
     report.checked += 1
     try:
         data = backend.read(cache)
@@ -411,10 +420,6 @@ def _verify_cache(
         if needs_upgrade((cached.schema.metadata or {}).get(S.METADATA_KEY)):
             cached = upgrade_groups(cached, kind=unit.split(".")[2])
         archived = groups.slice(start, count)
-        for name in cached.column_names:
-            if name not in archived.column_names or not _same_values(
-                cached.column(name), archived.column(name)
-            ):
-                raise StoreError(f"IPC cache differs from the Parquet archive (column {name!r})")
+        _check_copy(cached, archived, "IPC cache")
     except (StoreError, pa.ArrowException, OSError, ValueError) as exc:
         report.problems.append(StoreProblem(backend.path(cache), str(exc)))
