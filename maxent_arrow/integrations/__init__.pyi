@@ -32,4 +32,4 @@ from .verl_recorder import (
     VerlRolloutRecorder as VerlRolloutRecorder,
     verl_run_config as verl_run_config,
 )
-from .verl_replay import REPLAY_KEY as REPLAY_KEY, VerlFeeder as VerlFeeder
+from .verl_replay import FedStep as FedStep, VerlFeeder as VerlFeeder

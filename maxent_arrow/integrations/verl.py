@@ -32,7 +32,9 @@ right-padded to ``R``, ``attention_mask`` over ``[prompt | response]``):
 - a padded position comes back as one recorded value per tensor: the padding's own when it
   holds one (verl pads with the pad token and 0), else 0 (verl's log-probs of padded
   positions are whatever the forward gave there, and no loss reads them; the layout's
-  ``pad_kept`` is false then); masks (a name ending in ``mask``) are stored as int8 and
+  ``pad_kept`` is false then); padded positions holding another value, at most as many as
+  rows, are kept exactly (the entry's ``off_mask``): a reward manager writes an empty response's score
+  at its index -1, the last padded position; masks (a name ending in ``mask``) are stored as int8 and
   token ids as int32 when their values fit; a dtype Arrow has no type for (bfloat16,
   float16) is stored as float32 and restored;
 - ``total_utils``: the sequence reward verl's GRPO uses (``token_level_rewards`` summed, or
@@ -79,9 +81,10 @@ from maxent_arrow.rollout import RolloutBatch, RunConfig, declare_families
 
 __all__ = ["LAYOUT_KEY", "from_dataproto", "to_dataproto", "verl_sampling"]
 
-# Where the layout lives in the step row's RunConfig.extra.
+# Where the layout lives in the step row's RunConfig.extra. Version 2 adds a tensor entry's
+# `off_mask` (the padded positions that hold something else); version 1 layouts read as before.
 LAYOUT_KEY = "verl_dataproto"
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2
 
 # DataProto keys with a home in the group schema (or a name that would collide with one).
 _RENAMES = {
@@ -476,11 +479,13 @@ def _tensor_entry(
     # What a padded position holds is restored as one recorded value: the padding's own when
     # it has one, else 0 (verl's log-probs of padded positions are whatever the forward gave
     # there; no loss reads them). `pad_kept` says which.
-    pad, constant = 0, True
+    pad, constant, off_mask = 0, True, None
     if first_pad is not None:
         first = padded[first_pad].reshape(-1)[0]  # its first channel, for [B, L, C]
         on = masks.of(level) if tensor.dim() == 2 else masks.of(level)[:, None, :]
-        constant = bool((tensor.eq(first) | on).all())
+        differs = ~(tensor.eq(first) | on)
+        off_mask = _off_mask(tensor, differs) if key not in ("prompts", "responses") else None
+        constant = off_mask is not None or not bool(differs.any())
         pad = first.item() if constant else 0
     if not constant and key in ("prompts", "responses"):
         raise LayoutError(
@@ -490,6 +495,8 @@ def _tensor_entry(
     kind = _storage_type(key, tensor.dtype, tokens)
     name = _free_name(key, kind, level, used)
     entry.update(level=level, pad=pad, pad_kept=constant, column=name)
+    if off_mask:
+        entry["off_mask"] = off_mask
     if tensor.dim() == 2:
         per_token = pa.array(_numpy(tokens, kind))
         item: pa.DataType = kind
@@ -500,6 +507,25 @@ def _tensor_entry(
         item = per_token.type
     columns[name] = token_lists(per_token, offsets, groups.offsets, item=item)
     return entry
+
+
+def _off_mask(tensor: torch.Tensor, differs: torch.Tensor) -> list[list[Any]] | None:
+    """The padded positions of a 2-D tensor that hold something other than its padding, as
+    ``[row, position, value]`` (the DataProto's row), when there are at most as many as rows
+    and all finite: verl's reward managers write a sequence's score at ``valid_response_length
+    - 1``, which for an empty response is the last, padded, position. ``[]``: none; ``None``:
+    too many to keep (a log-prob's padding holds whatever the forward gave there)."""
+    if not bool(differs.any()):
+        return []
+    if tensor.dim() != 2 or tensor.dtype == torch.bool:
+        return None
+    where = differs.nonzero()
+    if len(where) > tensor.shape[0]:
+        return None
+    values = tensor[where[:, 0], where[:, 1]]
+    if values.is_floating_point() and not bool(torch.isfinite(values).all()):
+        return None
+    return [[int(r), int(c), v] for (r, c), v in zip(where.tolist(), values.tolist(), strict=True)]
 
 
 def _free_name(key: str, kind: pa.DataType, level: str, used: set[str]) -> str:
@@ -691,6 +717,11 @@ def to_dataproto(batch: RolloutBatch) -> Any:
             f"to_dataproto: step {batch.step} has no {LAYOUT_KEY!r} layout in its config; was it "
             "written by from_dataproto?"
         )
+    if int(layout.get("version", 1)) > LAYOUT_VERSION:
+        raise SchemaError(
+            f"to_dataproto: step {batch.step}'s layout is version {layout['version']}; this "
+            f"maxent-arrow reads versions up to {LAYOUT_VERSION} (upgrade maxent-arrow)"
+        )
     view = _StoredRows(batch, layout)
     tensors = {entry["key"]: view.tensor(entry) for entry in layout["tensors"]}
     for entry in layout["tensors"]:  # after the others: they rebuild from prompts/responses
@@ -772,7 +803,10 @@ class _StoredRows:
         if len(shape) == 2:
             out = torch.full(shape, entry["pad"], dtype=dtype)
             out[mask] = tokens.to(dtype)
-            return self._in_place(out)
+            out = self._in_place(out)
+            for row, position, value in entry.get("off_mask", ()):
+                out[row, position] = value
+            return out
         channels = shape[1]
         out = torch.full([self.b, shape[2], channels], entry["pad"], dtype=dtype)
         out[mask] = tokens.to(dtype).reshape(-1, channels)

@@ -8,8 +8,9 @@ advantages, every non-tensor column), in the sampler's order: sequential, unifor
 prioritised over whole steps, within a staleness window, deterministic for a seed, resumable
 (``state_dict()``), sharded across consumers, with every consumption and drop in the store's
 ``lifecycle``. verl's own loss functions (``verl.trainer.ppo.core_algos``) then run on it as on
-a fresh rollout. A step's ``meta_info["maxent_arrow_replay"]`` says which stored step it is and
-the policy version that generated it.
+a fresh rollout. The ``DataProto`` holds exactly the keys verl held, ``meta_info`` included;
+which stored step a fed batch is, and the policy version that generated it, are the feeder's
+:attr:`VerlFeeder.source` (a :class:`FedStep`) until the next one.
 
 Whole steps only: a verl batch is the ``DataProto`` of one step, whose layout (its row order,
 its padded widths) the store keeps per step.
@@ -18,15 +19,25 @@ its padded widths) the store keeps per step.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from maxent_arrow.errors import ArgumentError
 from maxent_arrow.integrations.verl import to_dataproto
 from maxent_arrow.store import ReadOnlyStore, ReplaySampler, SampledBatch, SamplerOptions
 
-__all__ = ["REPLAY_KEY", "VerlFeeder"]
+__all__ = ["FedStep", "VerlFeeder"]
 
-REPLAY_KEY = "maxent_arrow_replay"  # meta_info: where a fed batch came from
+
+@dataclass(frozen=True, slots=True)
+class FedStep:
+    """Where a fed ``DataProto`` came from: the stored ``step``, the ``policy_version`` that
+    generated it (the oldest of its completions') and the ``trainer_step`` it was fed at
+    (``None`` when the caller gave none)."""
+
+    step: int
+    policy_version: int
+    trainer_step: int | None
 
 
 class VerlFeeder:
@@ -50,6 +61,7 @@ class VerlFeeder:
             )
         self.sampler = ReplaySampler(store, options)
         self.last: SampledBatch | None = None
+        self.source: FedStep | None = None
 
     def next(self, *, current_version: int | None = None, step: int | None = None) -> Any:
         """The next stored step as a ``DataProto`` (``None`` at the end of the stream);
@@ -61,13 +73,12 @@ class VerlFeeder:
         if sampled is None:
             return None
         self.last = sampled
-        data = to_dataproto(sampled.rollout_batch())
-        data.meta_info[REPLAY_KEY] = {
-            "step": sampled.stored_steps[0],
-            "policy_version": int(sampled.versions.min()),
-            "trainer_step": sampled.step,
-        }
-        return data
+        self.source = FedStep(
+            step=sampled.stored_steps[0],
+            policy_version=int(sampled.versions.min()),
+            trainer_step=sampled.step,
+        )
+        return to_dataproto(sampled.rollout_batch())
 
     def __iter__(self) -> Iterator[Any]:
         while (data := self.next()) is not None:

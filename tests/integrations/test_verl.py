@@ -29,6 +29,7 @@ from verl.utils.seqlen_balancing import (  # noqa: E402
     get_seqlen_balanced_partitions,
 )
 from verl.utils.torch_functional import logprobs_from_logits  # noqa: E402
+from verl.workers.reward_manager.naive import NaiveRewardManager  # noqa: E402
 
 from maxent_arrow import RolloutBatch, RolloutStore  # noqa: E402
 from maxent_arrow.errors import LayoutError, SchemaError  # noqa: E402
@@ -51,10 +52,14 @@ def _pad(ids: list[int], length: int, side: str, pad: int) -> tuple[list[int], l
     return ids + fill, [1] * len(ids) + [0] * len(fill)
 
 
-def rollout_batch(*, rope: bool = False, seed: int = 0, rows: dict | None = None) -> DataProto:
+def rollout_batch(
+    *, rope: bool = False, seed: int = 0, rows: dict | None = None, empty: tuple[int, ...] = ()
+) -> DataProto:
     """A DataProto as verl's RayPPOTrainer.fit holds it after rollout, rewards and GRPO
     advantages (verl 0.9.1; the steps of ray_trainer.py and agent_loop.py), from ``rows``
-    (a batch of verl's own dataloader) or from :data:`QUESTIONS`."""
+    (a batch of verl's own dataloader) or from :data:`QUESTIONS`. The rows in ``empty`` (before
+    ``balance_batch``) have empty responses, and then verl's own ``NaiveRewardManager``
+    scores every row (an empty answer scores 1)."""
     torch.manual_seed(seed)
     tok = ByT5Tokenizer()
     batch = DataProto.from_single_dict(rows or _question_rows())
@@ -62,7 +67,7 @@ def rollout_batch(*, rope: bool = False, seed: int = 0, rows: dict | None = None
     uids = [str(uuid.uuid4()) for _ in range(len(batch))]
     batch.non_tensor_batch["uid"] = np.array(uids, object)
     batch = batch.repeat(repeat_times=N, interleave=True)
-    return _rolled_out(batch, tok, rope=rope, seed=seed)
+    return _rolled_out(batch, tok, rope=rope, seed=seed, empty=empty)
 
 
 def _question_rows() -> dict:
@@ -83,16 +88,25 @@ def _question_rows() -> dict:
     }
 
 
-def _rolled_out(batch: DataProto, tok: ByT5Tokenizer, *, rope: bool, seed: int) -> DataProto:
+def _empty_scores_one(data_source, solution_str, ground_truth, extra_info=None) -> float:
+    """A rule reward for verl's reward manager: 1 for an empty answer, else by length."""
+    return 1.0 if solution_str == "" else (len(solution_str) % 3) / 2
+
+
+def _rolled_out(
+    batch: DataProto, tok: ByT5Tokenizer, *, rope: bool, seed: int, empty: tuple[int, ...]
+) -> DataProto:
     """``batch`` (the dataset's rows, repeated) after generation, scoring and advantages."""
     g = torch.Generator().manual_seed(seed + 1)
     prompts, p_masks, responses, r_masks, rollout_lps = [], [], [], [], []
-    for messages in batch.non_tensor_batch["raw_prompt"]:
+    for row, messages in enumerate(batch.non_tensor_batch["raw_prompt"]):
         p_ids = tok(messages[-1]["content"], add_special_tokens=False)["input_ids"]
         n = int(torch.randint(2, R + 3, (1,), generator=g))
         r_ids = torch.randint(3, 259, (min(n, R),), generator=g).tolist()
         if n < R:
             r_ids[-1] = tok.eos_token_id
+        if row in empty:
+            r_ids = []
         pp, pm = _pad(p_ids, P, "left", tok.pad_token_id)
         rr, rm = _pad(r_ids, R, "right", tok.pad_token_id)
         prompts.append(pp), p_masks.append(pm), responses.append(rr), r_masks.append(rm)
@@ -137,10 +151,16 @@ def _rolled_out(batch: DataProto, tok: ByT5Tokenizer, *, rope: bool, seed: int) 
         old = logprobs_from_logits(logits[:, -R - 1 : -1], responses)
     batch.batch["old_log_probs"] = old.float()
     batch.batch["ref_log_prob"] = (old + 0.01 * torch.randn_like(old)).float()
-    scores = torch.tensor([0.1 * (i % 5) for i in range(len(batch))])
-    rm_scores = torch.zeros(len(batch), R)
-    last = attention_mask[:, P:].sum(1) - 1
-    rm_scores[torch.arange(len(batch)), last] = scores
+    if empty:  # verl's own manager: the score at valid_response_length - 1 (-1 when empty)
+        manager = NaiveRewardManager(tok, num_examine=0, compute_score=_empty_scores_one)
+        rm_scores = manager(batch)
+        assert isinstance(rm_scores, torch.Tensor)
+        scores = rm_scores.sum(-1)
+    else:
+        scores = torch.tensor([0.1 * (i % 5) for i in range(len(batch))])
+        rm_scores = torch.zeros(len(batch), R)
+        last = attention_mask[:, P:].sum(1) - 1
+        rm_scores[torch.arange(len(batch)), last] = scores
     batch.batch["token_level_scores"] = rm_scores
     batch.non_tensor_batch["acc"] = (scores >= 0.3).numpy()
     batch, _ = apply_kl_penalty(
@@ -183,7 +203,10 @@ def assert_same(got: DataProto, want: DataProto, layout: dict) -> None:
     for key, values in want.non_tensor_batch.items():
         other = got.non_tensor_batch[key]
         assert other.dtype == values.dtype and other.shape == values.shape, key
-        assert json.dumps(other.tolist()) == json.dumps(values.tolist()), key
+        # numpy scalars as their values (verl's reward manager puts some into extra_info)
+        assert json.dumps(other.tolist(), default=np.generic.item) == json.dumps(
+            values.tolist(), default=np.generic.item
+        ), key
     assert json.loads(json.dumps(got.meta_info)) == json.loads(json.dumps(want.meta_info))
 
 
@@ -259,6 +282,33 @@ def test_round_trip_through_a_store_and_a_parquet_file(data, tmp_path):
     path = tmp_path / "step.parquet"
     pq.write_table(batch.to_arrow(), path)
     assert_same(to_dataproto(RolloutBatch.from_arrow(pq.read_table(path))), data, layout)
+
+
+def test_an_empty_responses_reward_is_kept_and_grpo_replays_as_verl_computed_it(tmp_path):
+    data = rollout_batch(seed=3, empty=(0, 5))
+    response_len = data.batch["attention_mask"][:, P:].sum(-1)
+    empty = (response_len == 0).nonzero().flatten().tolist()
+    assert len(empty) == 2
+    # verl's reward manager wrote each empty response's score at index -1: a padded position.
+    assert data.batch["token_level_scores"][empty, -1].tolist() == [1.0, 1.0]
+    batch = from_dataproto(data, step=0)
+    layout = batch.run_config.extra[LAYOUT_KEY]
+    entry = next(e for e in layout["tensors"] if e["key"] == "token_level_rewards")
+    assert entry["pad_kept"] and sorted(entry["off_mask"]) == [[r, R - 1, 1.0] for r in empty]
+    store = RolloutStore.create(tmp_path / "store")
+    store.append(batch)
+    replayed = to_dataproto(next(iter(RolloutStore(store.root).replay(steps=[0]))))
+    assert_same(replayed, data, layout)
+    for key in ("token_level_scores", "token_level_rewards"):
+        assert torch.equal(replayed.batch[key], data.batch[key]), key
+    # verl's own GRPO on the replayed rewards gives verl's advantages (the empty rows' scores
+    # are in their groups' mean and std).
+    again = compute_advantage(replayed, adv_estimator=core_algos.AdvantageEstimator.GRPO)
+    want = data.batch["advantages"]
+    assert float((again.batch["advantages"] - want).abs().max()) <= 1e-6
+    assert float(want.abs().max()) > 0.5
+    sums = store.sql("SELECT unnest(total_utils) AS r FROM groups").column("r").to_pylist()
+    assert sorted(sums).count(1.0) >= 2
 
 
 def test_rope_position_ids_and_odd_dtypes_round_trip(tmp_path):

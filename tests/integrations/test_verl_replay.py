@@ -21,7 +21,7 @@ from verl.utils.torch_functional import logprobs_from_logits  # noqa: E402
 
 from maxent_arrow import ArgumentError, RolloutStore  # noqa: E402
 from maxent_arrow.integrations.verl import LAYOUT_KEY, from_dataproto  # noqa: E402
-from maxent_arrow.integrations.verl_replay import REPLAY_KEY, VerlFeeder  # noqa: E402
+from maxent_arrow.integrations.verl_replay import FedStep, VerlFeeder  # noqa: E402
 from maxent_arrow.store import SamplerOptions  # noqa: E402
 
 STEPS = 3
@@ -71,14 +71,17 @@ def test_fed_batches_are_the_stored_dataprotos_and_verls_loss_runs_on_them(recor
     model = GPT2LMHeadModel(
         GPT2Config(vocab_size=384, n_layer=1, n_embd=32, n_head=2, eos_token_id=1, pad_token_id=0)
     ).eval()
-    fed = list(feeder)
-    steps = [d.meta_info[REPLAY_KEY]["step"] for d in fed]
+    fed = []
+    while (data := feeder.next(step=len(fed))) is not None:
+        fed.append((data, feeder.source))
+    steps = [source.step for _, source in fed]
     assert sorted(steps) == list(range(STEPS)) and steps != list(range(STEPS))
-    for data in fed:
-        replay = data.meta_info.pop(REPLAY_KEY)  # the one key the feeder adds
-        assert replay["policy_version"] == replay["step"]
-        original, layout = originals[replay["step"]]
-        assert_same(data, original, layout)
+    for trainer_step, (data, source) in enumerate(fed):
+        assert source == FedStep(step=source.step, policy_version=source.step,
+                                 trainer_step=trainer_step)  # fmt: skip
+        original, layout = originals[source.step]
+        assert_same(data, original, layout)  # meta_info included: the feeder adds no key
+        assert data.meta_info == original.meta_info
         got, want = _policy_loss(data, model), _policy_loss(original, model)
         assert torch.isfinite(got) and float(got) != 0.0
         assert float(got) == pytest.approx(float(want), abs=1e-7)
@@ -86,17 +89,19 @@ def test_fed_batches_are_the_stored_dataprotos_and_verls_loss_runs_on_them(recor
 
 def test_the_feeder_resumes_and_records_what_it_fed(recorded, tmp_path):
     store, _ = recorded
-    whole = [d.meta_info[REPLAY_KEY]["step"] for d in VerlFeeder(store, seed=1, record=False)]
+    def stream(feeder: VerlFeeder) -> list[int]:
+        return [feeder.source.step for _ in feeder if feeder.source is not None]
+
+    whole = stream(VerlFeeder(store, seed=1, record=False))
     first = VerlFeeder(store, seed=1, record=False)
-    head = first.next()
-    assert head is not None
+    assert first.next() is not None and first.source is not None
     rest = VerlFeeder(store, seed=1, record=False)
     rest.load_state_dict(first.state_dict())
-    steps = [head.meta_info[REPLAY_KEY]["step"]] + [d.meta_info[REPLAY_KEY]["step"] for d in rest]
-    assert steps == whole
+    assert [first.source.step, *stream(rest)] == whole and len(whole) == STEPS
     writer = RolloutStore(store.root, role="verl-feeder")
     feeder = VerlFeeder(writer, sampling="sequential", max_staleness=0)
-    assert feeder.next(current_version=2, step=7).meta_info[REPLAY_KEY]["step"] == 2
+    assert feeder.next(current_version=2, step=7) is not None
+    assert feeder.source == FedStep(step=2, policy_version=2, trainer_step=7)
     events = [(e["event"], e["reason"], e["rollout_step"]) for e in writer.lifecycle().to_pylist()]
     groups = 3  # QUESTIONS
     assert sorted(events) == sorted(
