@@ -12,6 +12,11 @@ exits 1 on a regression.
 
 (``git worktree add /tmp/base <commit>`` makes the other checkout; the two trees share the
 virtual environment: the packages are the same.)
+
+Scripts only this tree has run too (after the pairs, their rows marked new). With
+``--results PATH`` (and ``--doc docs/benchmarks.md``) this tree's runs are also written as
+``run_all.py`` writes them, so that one alternated run gives both the comparison and the
+page's table (``make bench`` figures, each script run once, interleaved with the base's).
 """
 
 from __future__ import annotations
@@ -76,18 +81,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tolerance", type=float, default=0.10)
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--out", type=Path, default=HERE / "compare.json")
+    parser.add_argument("--results", type=Path, default=None, help="this tree's run_all JSON")
+    parser.add_argument("--doc", type=Path, default=None, help="and the page's table from it")
     args = parser.parse_args(argv)
     only = args.only.split(",") if args.only else None
     mine = {p.name: p for p in run_all.scripts(only)}
     theirs = {p.name: p for p in run_all.scripts(only, args.base / "benchmarks")}
     report: list[dict[str, Any]] = []
     regressions = 0
+    session = run_all.Session(quick=args.quick)
+    runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name in sorted(set(mine) & set(theirs)):
+        for name in sorted(mine):
             docs = []
-            for tree, script in (("base", theirs[name]), ("new", mine[name])):
+            pair = (("base", theirs[name]),) if name in theirs else ()
+            for tree, script in (*pair, ("new", mine[name])):
                 out = Path(tmp) / f"{tree}-{script.stem}.json"
                 docs.append(run_all.run_one(script, out, quick=args.quick, timeout=args.timeout))
+            runs.append(docs[-1])
+            if not pair:
+                rows = [{"name": n, "new": True, "regression": None} for n in _rows(docs[0])]
+                report.append({"script": name, "rc": [None, docs[0]["rc"]], "rows": rows})
+                continue
             rows = compare_rows(docs[0], docs[1], args.tolerance)
             regressions += sum(r["regression"] is not None for r in rows)
             report.append(
@@ -105,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {mark}{row['name']}: met {row.get('met')}" +
                   (f" -- {row['regression']}" if row["regression"] else ""))  # fmt: skip
     args.out.write_text(json.dumps({"tolerance": args.tolerance, "scripts": report}, indent=1))
+    if args.results is not None:
+        session.write(runs, args.results, args.doc)
     print(f"\n{regressions} regressions; comparison: {args.out}")
     return 1 if regressions else 0
 

@@ -139,6 +139,43 @@ def summary(runs: list[dict[str, Any]]) -> tuple[str, bool]:
     return "\n".join(lines), ok
 
 
+class Session:
+    """One benchmark run: when it started, the load before it, and, at the end, the combined
+    JSON document of its scripts' runs (and the page's table regenerated from it)."""
+
+    def __init__(self, *, quick: bool):
+        self.quick = quick
+        self.started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+        self.t0 = time.perf_counter()
+        self.load_before = harness.load()
+
+    def write(self, runs: list[dict[str, Any]], out: Path, page: Path | None) -> bool:
+        """Print the summary, write ``out`` (and ``page``'s table); whether every script
+        exited 0."""
+        text, ok = summary(runs)
+        print(text)
+        doc = {
+            "schema": harness.SCHEMA,
+            "kind": "run_all",
+            "quick": self.quick,
+            "started": self.started,
+            "wall_s": round(time.perf_counter() - self.t0, 1),
+            "machine": next((r["machine"] for r in runs if "machine" in r), harness.machine()),
+            "load_before": self.load_before,
+            "load_after": harness.load(),
+            "ok": ok,
+            "runs": runs,
+        }
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(doc, indent=1) + "\n")
+        print(f"results: {out} ({doc['wall_s']:.0f} s in all)")
+        if page is not None:
+            import readme_table
+
+            readme_table.main([str(out), "--doc", str(page)])
+        return ok
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="every script with --quick")
@@ -157,9 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     out = args.out or (DEFAULT_OUT if not args.quick else HERE / "results-quick.json")
     todo = scripts(args.only.split(",") if args.only else None, args.scripts_dir)
-    started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    t0 = time.perf_counter()
-    load_before = harness.load()
+    session = Session(quick=args.quick)
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
         for script in todo:
@@ -167,28 +202,7 @@ def main(argv: list[str] | None = None) -> int:
                 run_one(script, Path(tmp) / f"{script.stem}.json", quick=args.quick,
                         timeout=args.timeout)
             )  # fmt: skip
-    text, ok = summary(runs)
-    print(text)
-    doc = {
-        "schema": harness.SCHEMA,
-        "kind": "run_all",
-        "quick": args.quick,
-        "started": started,
-        "wall_s": round(time.perf_counter() - t0, 1),
-        "machine": next((r["machine"] for r in runs if "machine" in r), harness.machine()),
-        "load_before": load_before,
-        "load_after": harness.load(),
-        "ok": ok,
-        "runs": runs,
-    }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"results: {out} ({doc['wall_s']:.0f} s in all)")
-    if args.doc is not None:
-        import readme_table
-
-        readme_table.main([str(out), "--doc", str(args.doc)])
-    return 0 if ok else 1
+    return 0 if session.write(runs, out, args.doc) else 1
 
 
 if __name__ == "__main__":
