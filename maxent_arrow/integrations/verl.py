@@ -33,10 +33,10 @@ right-padded to ``R``, ``attention_mask`` over ``[prompt | response]``):
   holds one (verl pads with the pad token and 0), else 0 (verl's log-probs of padded
   positions are whatever the forward gave there, and no loss reads them; the layout's
   ``pad_kept`` is false then); padded positions holding another value, at most as many as
-  rows, are kept exactly (the entry's ``off_mask``): a reward manager writes an empty response's score
-  at its index -1, the last padded position; masks (a name ending in ``mask``) are stored as int8 and
-  token ids as int32 when their values fit; a dtype Arrow has no type for (bfloat16,
-  float16) is stored as float32 and restored;
+  rows, are kept exactly (the entry's ``off_mask``): a reward manager writes an empty
+  response's score at its index -1, the last padded position; masks (a name ending in
+  ``mask``) are stored as int8 and token ids as int32 when their values fit; a dtype Arrow
+  has no type for (bfloat16, float16) is stored as float32 and restored;
 - ``total_utils``: the sequence reward verl's GRPO uses (``token_level_rewards`` summed, or
   ``token_level_scores``, or ``rm_scores``); ``advantages``: verl's advantage per completion
   when it is constant over each response's ``response_mask`` (outcome estimators such as
