@@ -42,6 +42,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+# `compute` is a lazy package: torch loads at the first function called from it, so the CLI's
+# argument parsing and the analytics that need no torch run without it.
+from maxent_arrow import compute
 from maxent_arrow.analytics.attempts import TRAINER, role_lifecycle
 from maxent_arrow.analytics.jsonsafe import finite
 from maxent_arrow.arguments import int_set
@@ -276,13 +279,6 @@ def _log_prob_parts(table: pa.Table, report: dict[str, Any], cap: float) -> None
         mask = flags != 0
     import torch
 
-    from maxent_arrow.compute import (
-        offpolicy_metrics,
-        rollout_is_weights,
-        rollout_rejection_mask,
-        trl_importance_ratio,
-    )
-
     cur = torch.from_numpy(pi.astype(np.float64))
     beh = torch.from_numpy(mu.astype(np.float64))
     offsets = torch.from_numpy(pi_off)
@@ -292,9 +288,11 @@ def _log_prob_parts(table: pa.Table, report: dict[str, Any], cap: float) -> None
     if counted == 0:
         report["notes"].append("no counted token")
         return
-    metrics = offpolicy_metrics(cur, beh, offsets=offsets, mask=m)
+    metrics = compute.offpolicy_metrics(cur, beh, offsets=offsets, mask=m)
     report["diagnostics"] = {k: metrics[k] for k in _DIAGNOSTICS}
-    tis = rollout_is_weights(cur, beh, offsets=offsets, mask=m, level="token", threshold=2.0)
+    tis = compute.rollout_is_weights(
+        cur, beh, offsets=offsets, mask=m, level="token", threshold=2.0
+    )
     report["ess"] = tis.metrics["rollout_is_eff_sample_size"]
     corrections: dict[str, dict[str, Any]] = {}
     counted_mask = m if m is not None else torch.ones(len(cur), dtype=torch.bool)
@@ -305,9 +303,9 @@ def _log_prob_parts(table: pa.Table, report: dict[str, Any], cap: float) -> None
     )  # fmt: skip
     for mode in ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"):
         whole = "token_mask" if mode.startswith("token") else "sequence_mask"
-        raw = trl_importance_ratio(cur, beh, offsets=offsets, mask=m, mode=whole,
+        raw = compute.trl_importance_ratio(cur, beh, offsets=offsets, mask=m, mode=whole,
                                    clip_max=None)  # fmt: skip
-        fixed = trl_importance_ratio(cur, beh, offsets=offsets, mask=m, mode=mode,  # type: ignore[arg-type]
+        fixed = compute.trl_importance_ratio(cur, beh, offsets=offsets, mask=m, mode=mode,  # type: ignore[arg-type]
                                      clip_max=cap)  # fmt: skip
         changed = fixed != raw
         if mode.startswith("token"):
@@ -321,15 +319,19 @@ def _log_prob_parts(table: pa.Table, report: dict[str, Any], cap: float) -> None
         ("sequence", "verl/is_sequence_tis(2.0)"),
     )
     for level, name in levels:
-        w = rollout_is_weights(cur, beh, offsets=offsets, mask=m, level=level, threshold=2.0)
+        w = compute.rollout_is_weights(
+            cur, beh, offsets=offsets, mask=m, level=level, threshold=2.0
+        )
         key = "rollout_is_ratio_fraction_high"
         corrections[name] = {"unit": CORRECTION_MODES[name], "fraction": w.metrics[key],
                              "threshold": 2.0}  # fmt: skip
-    ice = rollout_is_weights(cur, beh, offsets=offsets, mask=m, level="token", threshold="0.5_2.0")
+    ice = compute.rollout_is_weights(
+        cur, beh, offsets=offsets, mask=m, level="token", threshold="0.5_2.0"
+    )
     corrections["verl/is_token_icepop(0.5_2.0)"] = {
         "unit": "tokens", "fraction": ice.metrics["rollout_is_oob_ratio"], "threshold": "0.5_2.0"
     }  # fmt: skip
-    rs = rollout_rejection_mask(cur, beh, offsets=offsets, mask=m, modes="seq_mean_k1",
+    rs = compute.rollout_rejection_mask(cur, beh, offsets=offsets, mask=m, modes="seq_mean_k1",
                                 thresholds="0.5_2.0")  # fmt: skip
     corrections["verl/rs_seq_mean_k1(0.5_2.0)"] = {
         "unit": "sequences", "fraction": rs.metrics["rollout_rs_seq_masked_fraction"],
@@ -366,9 +368,7 @@ def _kept_mass(table: pa.Table, report: dict[str, Any]) -> None:
     values = np.where(found, top_logp[np.maximum(at, 0)] if len(top_logp) else 0.0, -math.inf)
     import torch
 
-    from maxent_arrow.compute import kept_mass_audit, kept_set_log_mass
-
-    log_s = kept_set_log_mass(
+    log_s = compute.kept_set_log_mass(
         torch.from_numpy(values), None, set_offsets=torch.from_numpy(kept_off)
     )
     covered_tokens = torch.from_numpy(
@@ -378,7 +378,7 @@ def _kept_mass(table: pa.Table, report: dict[str, Any]) -> None:
     if not bool(covered_tokens.any()):
         report["notes"].append("no kept set is covered by its top-k log-probs: no kept mass")
         return
-    audit = kept_mass_audit(log_s, offsets=torch.from_numpy(per_token), mask=covered_tokens)
+    audit = compute.kept_mass_audit(log_s, offsets=torch.from_numpy(per_token), mask=covered_tokens)
     report["kept_mass"] = {
         "mean_log_s": audit.mean_log,
         "mean_s": audit.mean,

@@ -484,8 +484,9 @@ def _tensor_entry(
         first = padded[first_pad].reshape(-1)[0]  # its first channel, for [B, L, C]
         on = masks.of(level) if tensor.dim() == 2 else masks.of(level)[:, None, :]
         differs = ~(tensor.eq(first) | on)
-        off_mask = _off_mask(tensor, differs) if key not in ("prompts", "responses") else None
-        constant = off_mask is not None or not bool(differs.any())
+        if bool(differs.any()):
+            off_mask = _off_mask(tensor, differs) if key not in ("prompts", "responses") else None
+            constant = off_mask is not None
         pad = first.item() if constant else 0
     if not constant and key in ("prompts", "responses"):
         raise LayoutError(
@@ -510,13 +511,11 @@ def _tensor_entry(
 
 
 def _off_mask(tensor: torch.Tensor, differs: torch.Tensor) -> list[list[Any]] | None:
-    """The padded positions of a 2-D tensor that hold something other than its padding, as
-    ``[row, position, value]`` (the DataProto's row), when there are at most as many as rows
-    and all finite: verl's reward managers write a sequence's score at ``valid_response_length
-    - 1``, which for an empty response is the last, padded, position. ``[]``: none; ``None``:
-    too many to keep (a log-prob's padding holds whatever the forward gave there)."""
-    if not bool(differs.any()):
-        return []
+    """The padded positions of a 2-D tensor that hold something other than its padding
+    (``differs``, some), as ``[row, position, value]`` (the DataProto's row), when there are
+    at most as many as rows and all finite: verl's reward managers write a sequence's score at
+    ``valid_response_length - 1``, which for an empty response is the last, padded, position.
+    ``None``: too many to keep (a log-prob's padding holds whatever the forward gave there)."""
     if tensor.dim() != 2 or tensor.dtype == torch.bool:
         return None
     where = differs.nonzero()
@@ -804,8 +803,9 @@ class _StoredRows:
             out = torch.full(shape, entry["pad"], dtype=dtype)
             out[mask] = tokens.to(dtype)
             out = self._in_place(out)
-            for row, position, value in entry.get("off_mask", ()):
-                out[row, position] = value
+            if entry.get("off_mask"):
+                rows, positions, values = zip(*entry["off_mask"], strict=True)
+                out[list(rows), list(positions)] = torch.tensor(values, dtype=dtype)
             return out
         channels = shape[1]
         out = torch.full([self.b, shape[2], channels], entry["pad"], dtype=dtype)

@@ -61,7 +61,6 @@ class VerlFeeder:
             )
         self.sampler = ReplaySampler(store, options)
         self.last: SampledBatch | None = None
-        self.source: FedStep | None = None
 
     def next(self, *, current_version: int | None = None, step: int | None = None) -> Any:
         """The next stored step as a ``DataProto`` (``None`` at the end of the stream);
@@ -73,12 +72,18 @@ class VerlFeeder:
         if sampled is None:
             return None
         self.last = sampled
-        self.source = FedStep(
-            step=sampled.stored_steps[0],
-            policy_version=int(sampled.versions.min()),
-            trainer_step=sampled.step,
-        )
         return to_dataproto(sampled.rollout_batch())
+
+    @property
+    def source(self) -> FedStep | None:
+        """Where the last fed batch came from (``None`` before the first)."""
+        if self.last is None:
+            return None
+        return FedStep(
+            step=self.last.stored_steps[0],
+            policy_version=int(self.last.versions.min()),
+            trainer_step=self.last.step,
+        )
 
     def __iter__(self) -> Iterator[Any]:
         while (data := self.next()) is not None:
