@@ -945,6 +945,20 @@ class ArrowFsBackend(Backend):
             )
         return self._s3
 
+    def _get(self, rel: str) -> pa.Buffer:
+        """All bytes of ``rel`` in one GET: one version of an object that commits overwrite
+        (the log's head, the checkpoint pointer). pyarrow's stream asks for the size first and
+        then GETs that many bytes, so an overwrite in between gives the new bytes cut or padded
+        to the old size."""
+        bucket, _, key = str(self.root / rel).partition("/")
+        client = self._s3_client()
+        try:
+            return pa.py_buffer(client.get_object(Bucket=bucket, Key=key)["Body"].read())
+        except client.exceptions.ClientError as exc:
+            if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 404:
+                raise missing_error(f"{self.root / rel}: missing") from None
+            raise StoreError(f"{self.root / rel}: cannot read ({exc})") from None
+
     def put_if_absent(
         self, rel: str, data: bytes, *, hint: tuple[str, bytes] | None = None
     ) -> bool:
@@ -1017,6 +1031,8 @@ class ArrowFsBackend(Backend):
         return self._info(rel).type == _pafs().FileType.Directory
 
     def read(self, rel: str) -> pa.Buffer:
+        if self.exclusive_create:
+            return self._get(rel)
         try:
             with self._fs.open_input_stream(str(self.root / rel)) as stream:
                 return stream.read_buffer()
